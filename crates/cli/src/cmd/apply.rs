@@ -1,0 +1,36 @@
+use crate::common::{self, Ctx};
+use anyhow::bail;
+use slipstream_testbed::ipc::{Request, Response};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub fn apply(ctx: &Ctx, files: &[PathBuf], wait: bool, timeout: Duration) -> anyhow::Result<()> {
+    common::require_root("apply")?;
+    let objects = common::load(files)?.into_iter().map(|l| l.object).collect();
+    send(ctx, Request::Apply { objects })?;
+    if wait {
+        common::wait_converged(ctx, timeout, false)?;
+    }
+    Ok(())
+}
+
+pub fn delete(ctx: &Ctx, files: &[PathBuf], ignore_not_found: bool, wait: bool, timeout: Duration) -> anyhow::Result<()> {
+    common::require_root("delete")?;
+    let keys = common::load(files)?.into_iter().map(|l| l.object.key()).collect();
+    send(ctx, Request::Delete { keys, ignore_not_found })?;
+    if wait {
+        common::wait_converged(ctx, timeout, true)?;
+    }
+    Ok(())
+}
+
+fn send(ctx: &Ctx, req: Request) -> anyhow::Result<()> {
+    match ctx.call(&req, Duration::from_secs(120))? {
+        Response::Done { lines } => {
+            lines.iter().for_each(|l| println!("{l}"));
+            Ok(())
+        }
+        Response::Rejected { errors } => bail!("rejected, nothing was changed:\n{}", errors.join("\n")),
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+}

@@ -1,0 +1,7 @@
+pub mod agent;
+pub mod apply;
+pub mod down;
+pub mod exec;
+pub mod logs;
+pub mod status;
+pub mod up;

@@ -1,0 +1,73 @@
+use crate::common::Ctx;
+use anyhow::bail;
+use slipstream_testbed::status::ClusterStatus;
+
+pub fn run(ctx: &Ctx, output: &str) -> anyhow::Result<()> {
+    let st = ctx.status()?;
+    match output {
+        "json" => println!("{}", serde_json::to_string_pretty(&st)?),
+        "table" | "wide" => print!("{}", table(&st)),
+        other => bail!("unknown output format {other:?}: use table or json"),
+    }
+    Ok(())
+}
+
+fn columns(rows: &[Vec<String>]) -> String {
+    let n = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..n).map(|i| rows.iter().map(|r| r.get(i).map(|c| c.len()).unwrap_or(0)).max().unwrap_or(0)).collect();
+    let mut s = String::new();
+    for r in rows {
+        let line: Vec<String> = r.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        s.push_str(line.join("  ").trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+pub fn table(st: &ClusterStatus) -> String {
+    let mut s = format!(
+        "cluster {} ({})\n\n",
+        st.cluster,
+        if st.agent.running { format!("agent pid {}", st.agent.pid) } else { "AGENT NOT RUNNING: showing its last recorded state".into() }
+    );
+    let mut rows = vec![vec!["NODE".into(), "IP".into(), "POD CIDR".into(), "NETNS".into()]];
+    for n in &st.nodes {
+        rows.push(vec![n.name.clone(), n.ip.clone(), n.pod_cidr.clone(), n.netns.clone()]);
+    }
+    s.push_str(&columns(&rows));
+    let mut rows = vec![["NAMESPACE", "POD", "READY", "STATUS", "RESTARTS", "NODE", "IP", "SERVICE ACCOUNT"].map(String::from).to_vec()];
+    for p in &st.pods {
+        let ready = p.containers.iter().filter(|c| c.ready).count();
+        let status = if p.reason.is_empty() || p.reason == "NotReady" { format!("{:?}", p.phase) } else { p.reason.clone() };
+        rows.push(vec![
+            p.namespace.clone(),
+            p.name.clone(),
+            format!("{ready}/{}", p.containers.len()),
+            status,
+            p.restarts.to_string(),
+            p.node.clone(),
+            p.ip.clone(),
+            p.service_account.clone(),
+        ]);
+    }
+    s.push('\n');
+    s.push_str(&columns(&rows));
+    let mut rows = vec![["NAMESPACE", "SERVICE", "VIP", "PORTS", "ENDPOINTS"].map(String::from).to_vec()];
+    for svc in &st.services {
+        let ports: Vec<String> = svc.ports.iter().map(|p| format!("{}->{}/{}", p.port, p.target_port, p.protocol)).collect();
+        let eps: Vec<String> = svc.endpoints.iter().map(|e| e.ip.clone()).collect();
+        rows.push(vec![
+            svc.namespace.clone(),
+            svc.name.clone(),
+            svc.vip.clone(),
+            ports.join(","),
+            if eps.is_empty() { "<none>".into() } else { eps.join(",") },
+        ]);
+    }
+    s.push('\n');
+    s.push_str(&columns(&rows));
+    if !st.other_objects.is_empty() {
+        s.push_str(&format!("\nstored, not acted on yet: {}\n", st.other_objects.join(", ")));
+    }
+    s
+}

@@ -1,0 +1,126 @@
+use crate::common::{self, Ctx};
+use crate::examples;
+use anyhow::{bail, Context};
+use slipstream_testbed::agent::store::{ClusterFacts, Store};
+use slipstream_testbed::ipc::{Request, Response};
+use slipstream_testbed::{plan, sweep, sys};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub fn run(ctx: &Ctx, files: &[PathBuf], nodes: usize, timeout: Duration) -> anyhow::Result<()> {
+    common::require_root("up")?;
+    if !(1..=plan::MAX_NODES).contains(&nodes) {
+        bail!("--nodes must be between 1 and {}", plan::MAX_NODES);
+    }
+    preflight()?;
+    let loaded = if files.is_empty() {
+        println!("using the bundled example {}", examples::QUICKSTART_NAME);
+        let l = slipstream_k8s::load_str(examples::QUICKSTART, &slipstream_k8s::Source(examples::QUICKSTART_NAME.into()))
+            .map_err(|e| anyhow::anyhow!("the bundled example is invalid (a bug): {e}"))?;
+        common::print_warnings(&l);
+        l
+    } else {
+        common::load(files)?
+    };
+    let objects: Vec<_> = loaded.into_iter().map(|l| l.object).collect();
+
+    // Check the whole apply against the cluster-to-be before touching anything.
+    let node_names: Vec<String> = (1..=nodes).map(plan::node_name).collect();
+    let vips = Default::default();
+    if let Err(errors) = Store::new().plan_apply(objects.clone(), &ClusterFacts { nodes: &node_names, vips: &vips }) {
+        bail!("invalid manifests, nothing was changed:\n{}", errors.join("\n"));
+    }
+
+    let paths = &ctx.paths;
+    let left = sweep::find(paths);
+    if let Some(pid) = left.agent {
+        bail!(
+            "cluster {:?} is already running (agent pid {pid}); change it with `slipstream apply -f FILE`, or remove it with `slipstream down` first",
+            paths.cluster.as_str()
+        );
+    }
+    if !left.is_empty() {
+        println!("removing leftovers of cluster {:?} that did not shut down cleanly: {}", paths.cluster.as_str(), left.describe());
+        let problems = sweep::sweep(paths);
+        if !problems.is_empty() {
+            bail!("cannot remove the leftovers:\n{}", problems.join("\n"));
+        }
+    }
+
+    println!("creating cluster {:?}: {nodes} node(s)", paths.cluster.as_str());
+    std::fs::create_dir_all(&paths.state_dir).with_context(|| format!("creating {}", paths.state_dir.display()))?;
+    let exe = std::env::current_exe()?.display().to_string();
+    let argv = vec![exe, "--cluster".into(), paths.cluster.to_string(), "agent".into(), "--nodes".into(), nodes.to_string()];
+    let mut agent = sys::spawn::spawn_daemon(&argv, &paths.agent_log()).context("starting the cluster agent")?;
+
+    // Wait for the agent to have built the network and to answer.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(st)) = agent.try_wait() {
+            let tail = common::log_tail(&paths.agent_log().display().to_string(), 15);
+            sweep::sweep(paths);
+            bail!("the cluster agent exited ({st}) while creating the cluster; nothing was left behind. Its log:\n{tail}");
+        }
+        if paths.socket().exists() && ctx.call(&Request::Status, Duration::from_secs(5)).is_ok() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = agent.kill();
+            sweep::sweep(paths);
+            bail!("the cluster agent did not come up within 60 s; see the log above");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    match ctx.call(&Request::Apply { objects }, Duration::from_secs(120))? {
+        Response::Done { lines } => lines.iter().for_each(|l| println!("{l}")),
+        Response::Rejected { errors } => {
+            // Cannot happen after the check above unless the agent disagrees.
+            bail!("the cluster rejected the manifests:\n{}", errors.join("\n"))
+        }
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+    println!("waiting for pods to be ready (timeout {timeout:?})");
+    let st = common::wait_converged(ctx, timeout, false)?;
+    println!(
+        "\ncluster {:?} is up: {} node(s), {} pod(s), {} service(s). Try:",
+        paths.cluster.as_str(),
+        st.nodes.len(),
+        st.pods.len(),
+        st.services.len()
+    );
+    let flag = if paths.cluster.as_str() == slipstream_testbed::names::DEFAULT_CLUSTER { String::new() } else { format!(" --cluster {}", paths.cluster) };
+    println!("  slipstream{flag} status");
+    // Suggest reaching a service from a pod that is not one of its endpoints.
+    if let Some(svc) = st.services.first() {
+        let serving: Vec<&str> = svc.endpoints.iter().map(|e| e.pod.as_str()).collect();
+        if let Some(client) = st.pods.iter().find(|p| !serving.contains(&p.name.as_str())).or(st.pods.first()) {
+            let port = svc.ports.first().map(|p| p.port).unwrap_or(80);
+            let target = match client.owner.as_deref().and_then(|o| o.strip_prefix("Deployment/")) {
+                Some(d) => format!("deploy/{d}"),
+                None => client.name.clone(),
+            };
+            println!("  slipstream{flag} exec -n {} {target} -- curl -s http://{}.{}:{port}/", client.namespace, svc.name, svc.namespace);
+        }
+    }
+    println!("  slipstream{flag} down");
+    Ok(())
+}
+
+/// The tools and kernel features `up` needs, each with what to do if absent.
+fn preflight() -> anyhow::Result<()> {
+    let mut missing = Vec::new();
+    for (tool, pkg) in [("ip", "iproute2"), ("nft", "nftables")] {
+        let found = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+            .unwrap_or(false)
+            || ["/usr/sbin", "/sbin"].iter().any(|d| std::path::Path::new(d).join(tool).is_file());
+        if !found {
+            missing.push(format!("{tool} (package {pkg})"));
+        }
+    }
+    if !missing.is_empty() {
+        bail!("missing tools: {}; run `sudo scripts/setup.sh`", missing.join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! What the commands share: the cluster's paths, privilege checks, manifest
+//! loading, reading status and waiting for pods.
+
+use anyhow::{bail, Context};
+use slipstream_k8s::load::Loaded;
+use slipstream_testbed::ipc::{self, Request, Response};
+use slipstream_testbed::status::{ClusterStatus, PodPhase};
+use slipstream_testbed::{ClusterName, Paths};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub struct Ctx {
+    pub paths: Paths,
+}
+
+impl Ctx {
+    pub fn new(cluster: &str) -> anyhow::Result<Ctx> {
+        let name = ClusterName::new(cluster).map_err(anyhow::Error::msg)?;
+        Ok(Ctx { paths: Paths::new(name).map_err(anyhow::Error::msg)? })
+    }
+
+    pub fn call(&self, req: &Request, timeout: Duration) -> anyhow::Result<Response> {
+        Ok(ipc::call(&self.paths.socket(), req, timeout)?)
+    }
+
+    /// Status from the agent, or from its last state file if it is down.
+    pub fn status(&self) -> anyhow::Result<ClusterStatus> {
+        match self.call(&Request::Status, Duration::from_secs(10)) {
+            Ok(Response::Status { status }) => Ok(*status),
+            Ok(other) => bail!("unexpected answer from the agent: {other:?}"),
+            Err(e) => {
+                let text = std::fs::read_to_string(self.paths.state_file()).map_err(|_| {
+                    anyhow::anyhow!("no cluster {:?} is running (start one with `slipstream up`)", self.paths.cluster.as_str())
+                })?;
+                let mut st: ClusterStatus = serde_json::from_str(&text).context("reading the state file")?;
+                st.agent.running = false;
+                if std::env::var_os("SLIPSTREAM_DEBUG").is_some() {
+                    eprintln!("debug: agent not answering: {e}");
+                }
+                Ok(st)
+            }
+        }
+    }
+}
+
+pub fn require_root(what: &str) -> anyhow::Result<()> {
+    if !is_root() {
+        bail!("`slipstream {what}` needs root (it creates network namespaces and cgroups); run it with sudo");
+    }
+    Ok(())
+}
+
+pub fn is_root() -> bool {
+    // /proc/self/status Uid line: real, effective, saved, fs.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// Loads manifests, printing their warnings; every error at once.
+pub fn load(files: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
+    let loaded = slipstream_k8s::load_paths(files).map_err(|e| anyhow::anyhow!("invalid manifests, nothing was changed:\n{e}"))?;
+    print_warnings(&loaded);
+    Ok(loaded)
+}
+
+pub fn print_warnings(loaded: &[Loaded]) {
+    for l in loaded {
+        for w in &l.warnings {
+            eprintln!("warning: {}: {w}", l.source);
+        }
+    }
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration (examples: 30s, 2m, 500ms)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Why a pod blocks convergence, if it does: Some(Err) for a failure that
+/// waiting will not fix.
+fn pod_blocker(p: &slipstream_testbed::status::PodStatus) -> Option<Result<String, String>> {
+    let id = format!("pod {}/{}", p.namespace, p.name);
+    match p.phase {
+        PodPhase::Failed => Some(Err(format!("{id} failed: {} {}", p.reason, p.message))),
+        PodPhase::Succeeded => None,
+        PodPhase::Terminating => Some(Ok(format!("{id} is stopping"))),
+        _ if p.reason == "CrashLoopBackOff" || p.reason == "StartError" => {
+            Some(Err(format!("{id} is not starting: {}: {}", p.reason, p.message)))
+        }
+        _ if !p.ready => Some(Ok(format!("{id} is {:?}{}", p.phase, if p.message.is_empty() { String::new() } else { format!(" ({})", p.message) }))),
+        _ => None,
+    }
+}
+
+/// Waits until every pod is ready (or completed) and no pod is stopping.
+/// Prints each pod once as it becomes ready. Fails fast on a crashing pod,
+/// naming it, the reason and the end of its log.
+pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool) -> anyhow::Result<ClusterStatus> {
+    let deadline = Instant::now() + timeout;
+    let mut shown = std::collections::BTreeSet::new();
+    loop {
+        let st = ctx.status()?;
+        if !st.agent.running {
+            bail!("the cluster agent stopped; see {}", ctx.paths.agent_log().display());
+        }
+        for p in &st.pods {
+            if p.ready && shown.insert((p.namespace.clone(), p.name.clone())) && !quiet {
+                println!("  pod {}/{} running on {} ({})", p.namespace, p.name, p.node, p.ip);
+            }
+        }
+        let mut waiting = Vec::new();
+        for p in &st.pods {
+            match pod_blocker(p) {
+                Some(Err(e)) => {
+                    let tail = p.containers.iter().find(|c| c.last_exit_code.is_some() || c.state != "running").map(|c| log_tail(&c.log, 8)).unwrap_or_default();
+                    let mut msg = e;
+                    if !tail.is_empty() {
+                        msg.push_str(&format!("\nlast lines of its log:\n{tail}"));
+                    }
+                    msg.push_str(&format!(
+                        "\nthe cluster is still up: inspect with `slipstream logs -n {} {}`, remove it with `slipstream down`",
+                        p.namespace, p.name
+                    ));
+                    bail!(msg);
+                }
+                Some(Ok(w)) => waiting.push(w),
+                None => {}
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(st);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for:\n  {}", waiting.join("\n  "));
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+}
+
+pub fn log_tail(path: &str, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].iter().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+}

@@ -1,0 +1,159 @@
+//! `slipstream`: one binary for the local cluster, the mesh's processes and
+//! the sample applications.
+#![forbid(unsafe_code)]
+
+mod cmd;
+mod common;
+mod examples;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "slipstream",
+    version,
+    about = "Slipstream: a sidecar-less service mesh with an eBPF datapath",
+    long_about = "Slipstream: a sidecar-less service mesh with an eBPF datapath.\n\n\
+        `slipstream up` builds a local cluster out of network namespaces on this machine \
+        (root required) from ordinary Kubernetes manifests, and the other commands inspect \
+        and change it. Start with `slipstream up`, then `slipstream status`.",
+    after_help = "Every command that changes the machine needs root. Run `slipstream <command> --help` for details."
+)]
+struct Cli {
+    /// Name of the local cluster to act on; several can run side by side.
+    #[arg(long, global = true, env = "SLIPSTREAM_CLUSTER", default_value = slipstream_testbed::names::DEFAULT_CLUSTER)]
+    cluster: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a local cluster from Kubernetes manifests and start its pods.
+    ///
+    /// Creates one network namespace per node joined by a shared bridge, a
+    /// namespace per pod wired to its node by a veth pair, service VIPs and
+    /// DNS names, and runs every container's command in its pod. Returns
+    /// once every pod runs (and passes its readiness probe), leaving the
+    /// cluster running in the background.
+    Up {
+        /// Manifest file or directory (repeatable). Default: the bundled
+        /// quickstart example (a client and an echo server on two nodes).
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<PathBuf>,
+        /// Number of nodes.
+        #[arg(long, default_value_t = 2)]
+        nodes: usize,
+        /// How long to wait for every pod to be ready.
+        #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
+        timeout: Duration,
+    },
+    /// Remove everything `up` made: processes, namespaces, veths, routes,
+    /// nftables rules, cgroups, state. Safe to run twice, and after a crash.
+    Down,
+    /// Show nodes, pods and services.
+    Status {
+        /// Output format: `table` (default) or `json` (a stable interface,
+        /// see docs/status-json.md).
+        #[arg(short = 'o', long = "output", default_value = "table")]
+        output: String,
+    },
+    /// Create or update objects in the running cluster, then wait for the
+    /// pods to be ready and deleted pods to be gone.
+    Apply {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+        /// Return as soon as the change is accepted.
+        #[arg(long)]
+        no_wait: bool,
+        #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
+        timeout: Duration,
+    },
+    /// Delete the objects a manifest names (deleting a Namespace deletes
+    /// everything in it), and wait for their pods to stop.
+    Delete {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+        /// Do not fail when an object does not exist.
+        #[arg(long)]
+        ignore_not_found: bool,
+        #[arg(long)]
+        no_wait: bool,
+        #[arg(long, default_value = "60s", value_parser = common::parse_duration)]
+        timeout: Duration,
+    },
+    /// Run a command inside a pod (its network, names and cgroup) and
+    /// return its exit code.
+    ///
+    /// POD is a pod name or `deploy/NAME` (the first ready pod of a
+    /// Deployment).
+    Exec {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        /// Container whose environment to use (default: the first).
+        #[arg(short = 'c', long = "container")]
+        container: Option<String>,
+        pod: String,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Print a pod's container output.
+    Logs {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        #[arg(short = 'c', long = "container")]
+        container: Option<String>,
+        /// Keep printing new output until the pod goes away.
+        #[arg(short = 'f', long = "follow")]
+        follow: bool,
+        pod: String,
+    },
+    /// Built-in sample applications (run inside pods).
+    #[command(subcommand)]
+    App(AppCommand),
+    /// The cluster agent (started by `up`; not for direct use).
+    #[command(hide = true)]
+    Agent {
+        #[arg(long, default_value_t = 2)]
+        nodes: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum AppCommand {
+    /// HTTP echo server (`/echo?size=N`, `/headers`) and raw TCP echo.
+    Echo(slipstream_apps::EchoArgs),
+    /// One service of the bookinfo sample (productpage, details, reviews, ratings).
+    Bookinfo(slipstream_apps::BookinfoArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::App(AppCommand::Echo(a)) => slipstream_apps::run_echo(a),
+        Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
+        cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
+            Command::Up { files, nodes, timeout } => cmd::up::run(&ctx, &files, nodes, timeout),
+            Command::Down => cmd::down::run(&ctx),
+            Command::Status { output } => cmd::status::run(&ctx, &output),
+            Command::Apply { files, no_wait, timeout } => cmd::apply::apply(&ctx, &files, !no_wait, timeout),
+            Command::Delete { files, ignore_not_found, no_wait, timeout } => {
+                cmd::apply::delete(&ctx, &files, ignore_not_found, !no_wait, timeout)
+            }
+            Command::Exec { namespace, container, pod, command } => {
+                cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), &command).map(|code| std::process::exit(code))
+            }
+            Command::Logs { namespace, container, follow, pod } => {
+                cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow)
+            }
+            Command::Agent { nodes } => cmd::agent::run(&ctx, nodes),
+            Command::App(_) => unreachable!("handled above"),
+        }),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

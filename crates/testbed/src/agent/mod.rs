@@ -1,0 +1,319 @@
+//! The agent: one background process per cluster that holds the applied
+//! objects and makes the machine match them, level-triggered: every tick
+//! compares what should run with what runs.
+
+pub mod pods;
+pub mod services;
+pub mod store;
+
+use crate::ipc::{self, Request, Response};
+use crate::names::Paths;
+use crate::plan;
+use crate::status::{AgentStatus, ClusterStatus, NodeStatus, STATUS_VERSION};
+use crate::sys::{cgroup, net, signals};
+use pods::{Node, PodRuntime};
+use slipstream_k8s::desired_pods;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::os::unix::net::UnixListener;
+use std::time::{Duration, Instant};
+use store::{ClusterFacts, Store};
+
+const TICK: Duration = Duration::from_millis(100);
+/// How long a pod may take to stop when deleted (Kubernetes' grace period,
+/// capped so that `delete` and `down` stay quick).
+const MAX_GRACE: Duration = Duration::from_secs(10);
+
+pub struct AgentConfig {
+    pub paths: Paths,
+    pub nodes: usize,
+}
+
+pub struct Agent {
+    paths: Paths,
+    nodes: Vec<Node>,
+    store: Store,
+    pods: BTreeMap<(String, String), PodRuntime>,
+    /// Pods being stopped (a replaced pod may reuse its name meanwhile).
+    stopping: Vec<PodRuntime>,
+    vips: services::Vips,
+    last_rules: Option<String>,
+    last_hosts: Option<Vec<plan::HostsEntry>>,
+    last_state: String,
+    shutdown: bool,
+}
+
+/// Runs the agent until SIGTERM or a Shutdown request; removes the cluster
+/// on the way out.
+pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
+    signals::install_termination_flag();
+    let paths = cfg.paths;
+    std::fs::create_dir_all(&paths.state_dir)?;
+    cgroup::create(&paths.agent_cgroup())?;
+    std::fs::write(paths.agent_cgroup().join("cgroup.procs"), std::process::id().to_string())?;
+    std::fs::write(paths.agent_pid_file(), std::process::id().to_string())?;
+
+    let mut agent = Agent {
+        nodes: Vec::new(),
+        store: Store::new(),
+        pods: BTreeMap::new(),
+        stopping: Vec::new(),
+        vips: BTreeMap::new(),
+        last_rules: None,
+        last_hosts: None,
+        last_state: String::new(),
+        shutdown: false,
+        paths,
+    };
+    if let Err(e) = agent.create_network(cfg.nodes) {
+        tracing::error!("cannot create the cluster network: {e:#}");
+        agent.teardown();
+        return Err(e);
+    }
+    let _ = std::fs::remove_file(agent.paths.socket());
+    let listener = UnixListener::bind(agent.paths.socket())?;
+    listener.set_nonblocking(true)?;
+    agent.sync_services();
+    agent.persist();
+    tracing::info!(cluster = %agent.paths.cluster, nodes = cfg.nodes, "agent ready on {}", agent.paths.socket().display());
+
+    while !agent.shutdown && !signals::terminate_requested() {
+        loop {
+            match listener.accept() {
+                Ok((conn, _)) => agent.serve(conn),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    break;
+                }
+            }
+        }
+        agent.tick();
+        std::thread::sleep(TICK);
+    }
+    tracing::info!("shutting down");
+    drop(listener);
+    let _ = std::fs::remove_file(agent.paths.socket());
+    agent.teardown();
+    Ok(())
+}
+
+impl Agent {
+    fn create_network(&mut self, count: usize) -> anyhow::Result<()> {
+        anyhow::ensure!((1..=plan::MAX_NODES).contains(&count), "--nodes must be between 1 and {}", plan::MAX_NODES);
+        let fabric = self.paths.fabric_netns();
+        net::create_fabric(&fabric)?;
+        for i in 1..=count {
+            let name = plan::node_name(i);
+            let netns = self.paths.node_netns(&name);
+            net::create_node(&fabric, &netns, &name, plan::node_ip(i))?;
+            net::apply_nft(&netns, &plan::nft_ruleset(&[]))?;
+            self.nodes.push(Node { name, index: i, netns, ip: plan::node_ip(i) });
+        }
+        for a in &self.nodes {
+            for b in &self.nodes {
+                if a.index != b.index {
+                    net::route_to_node(&a.netns, &plan::format_cidr(plan::pod_cidr(b.index)), b.ip)?;
+                }
+            }
+        }
+        tracing::info!("network ready: {} node(s) on fabric {fabric}", count);
+        Ok(())
+    }
+
+    fn serve(&mut self, conn: std::os::unix::net::UnixStream) {
+        let _ = conn.set_nonblocking(false);
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+        let resp = match ipc::read_request(&conn) {
+            Ok(req) => self.handle(req),
+            Err(e) => Response::Rejected { errors: vec![format!("bad request: {e}")] },
+        };
+        if let Err(e) = ipc::write_response(&conn, &resp) {
+            tracing::warn!("answering a client failed: {e}");
+        }
+    }
+
+    fn handle(&mut self, req: Request) -> Response {
+        match req {
+            Request::Status => Response::Status { status: Box::new(self.status()) },
+            Request::Shutdown => {
+                self.shutdown = true;
+                Response::Done { lines: vec![format!("cluster {} stopping", self.paths.cluster)] }
+            }
+            Request::Apply { objects } => {
+                let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+                let facts = ClusterFacts { nodes: &names, vips: &self.vips };
+                match self.store.plan_apply(objects, &facts) {
+                    Ok((store, lines)) => {
+                        for l in &lines {
+                            tracing::info!("apply: {l}");
+                        }
+                        self.store = store;
+                        self.reconcile();
+                        Response::Done { lines }
+                    }
+                    Err(errors) => Response::Rejected { errors },
+                }
+            }
+            Request::Delete { keys, ignore_not_found } => match self.store.plan_delete(&keys, ignore_not_found) {
+                Ok((store, lines)) => {
+                    for l in &lines {
+                        tracing::info!("delete: {l}");
+                    }
+                    self.store = store;
+                    self.reconcile();
+                    Response::Done { lines }
+                }
+                Err(errors) => Response::Rejected { errors },
+            },
+        }
+    }
+
+    /// Makes the set of pods match the store: stops pods no longer wanted
+    /// (or whose spec changed), creates the missing ones.
+    fn reconcile(&mut self) {
+        let desired = desired_pods(self.store.objects());
+        let wanted: BTreeMap<(String, String), &slipstream_k8s::PodInstance> =
+            desired.iter().map(|p| ((p.namespace.clone(), p.name.clone()), p)).collect();
+        let stale: Vec<(String, String)> = self
+            .pods
+            .iter()
+            .filter(|(k, p)| wanted.get(*k).is_none_or(|w| w.spec_hash != p.inst.spec_hash))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            if let Some(mut p) = self.pods.remove(&k) {
+                p.stop(MAX_GRACE);
+                self.stopping.push(p);
+            }
+        }
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        for inst in desired {
+            let key = (inst.namespace.clone(), inst.name.clone());
+            // A pod replaced under the same name waits for the old one.
+            if self.pods.contains_key(&key) || self.stopping.iter().any(|p| p.inst.namespace == key.0 && p.inst.name == key.1) {
+                continue;
+            }
+            let loads: Vec<usize> = self.nodes.iter().map(|n| self.pods.values().filter(|p| p.node == n.index).count()).collect();
+            let Ok(pos) = plan::place(&names, &loads, inst.spec.node_name.as_deref()) else { continue };
+            let node = &self.nodes[pos];
+            let used: BTreeSet<Ipv4Addr> = self.pods.values().chain(self.stopping.iter()).map(|p| p.ip).collect();
+            let Some(ip) = plan::next_pod_ip(node.index, &used) else {
+                tracing::error!(node = %node.name, "no pod address left for {}/{}", key.0, key.1);
+                continue;
+            };
+            let pod = PodRuntime::create(&self.paths, inst, node, ip);
+            self.pods.insert(key, pod);
+        }
+        self.sync_services();
+    }
+
+    fn tick(&mut self) {
+        self.reconcile();
+        let mut changed = false;
+        for p in self.pods.values_mut() {
+            changed |= p.tick(&self.paths, &self.nodes);
+        }
+        let before = self.stopping.len();
+        self.stopping.retain_mut(|p| !p.progress_stop());
+        if changed || before != self.stopping.len() {
+            self.sync_services();
+        }
+        self.persist();
+    }
+
+    /// Brings VIPs, nftables rules and hosts files in step with the store
+    /// and pod readiness. Writes only what changed.
+    fn sync_services(&mut self) {
+        services::allocate_vips(&self.store, &mut self.vips);
+        let pods: Vec<&PodRuntime> = self.pods.values().collect();
+        let view = services::view(&self.store, &pods, &self.nodes, &self.vips);
+        let rules = plan::nft_ruleset(&view.rules);
+        if self.last_rules.as_deref() != Some(rules.as_str()) {
+            let mut ok = true;
+            for n in &self.nodes {
+                if let Err(e) = net::apply_nft(&n.netns, &rules) {
+                    tracing::error!(node = %n.name, "service rules not applied: {e}");
+                    ok = false;
+                }
+            }
+            if ok {
+                self.last_rules = Some(rules);
+            }
+        }
+        let hosts_changed = self.last_hosts.as_ref().map(|h| format!("{h:?}")) != Some(format!("{:?}", view.hosts));
+        for p in self.pods.values() {
+            if p.sandbox_error.is_some() {
+                continue;
+            }
+            // Rewrite in place: the file is bind-mounted by inode into the
+            // pod's processes, so it must never be replaced by a rename.
+            if hosts_changed || !p.hosts_path().exists() {
+                let text = plan::hosts_file(&p.inst.namespace, &p.inst.name, p.ip, &view.hosts);
+                if let Err(e) = std::fs::write(p.hosts_path(), text) {
+                    tracing::warn!(pod = %p.key(), "cannot write hosts: {e}");
+                }
+            }
+            if !p.resolv_path().exists() {
+                let _ = std::fs::write(p.resolv_path(), plan::resolv_conf(&p.inst.namespace));
+            }
+        }
+        self.last_hosts = Some(view.hosts);
+    }
+
+    fn status(&self) -> ClusterStatus {
+        let pods: Vec<&PodRuntime> = self.pods.values().collect();
+        let view = services::view(&self.store, &pods, &self.nodes, &self.vips);
+        let mut pod_status: Vec<_> = self.pods.values().chain(self.stopping.iter()).map(|p| p.status(&self.paths, &self.nodes)).collect();
+        pod_status.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        ClusterStatus {
+            version: STATUS_VERSION,
+            cluster: self.paths.cluster.to_string(),
+            agent: AgentStatus { pid: std::process::id() as i32, running: true },
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| NodeStatus {
+                    name: n.name.clone(),
+                    netns: n.netns.clone(),
+                    ip: n.ip.to_string(),
+                    pod_cidr: plan::format_cidr(plan::pod_cidr(n.index)),
+                })
+                .collect(),
+            pods: pod_status,
+            services: view.status,
+            other_objects: self.store.kept_objects(),
+        }
+    }
+
+    /// Writes state.json when it changed (atomically: write, then rename).
+    fn persist(&mut self) {
+        let Ok(text) = serde_json::to_string_pretty(&self.status()) else { return };
+        if text == self.last_state {
+            return;
+        }
+        let tmp = self.paths.state_file().with_extension("json.tmp");
+        if std::fs::write(&tmp, &text).and_then(|_| std::fs::rename(&tmp, self.paths.state_file())).is_ok() {
+            self.last_state = text;
+        }
+    }
+
+    /// Stops every pod gracefully, then removes the network and cgroups.
+    fn teardown(&mut self) {
+        for (_, mut p) in std::mem::take(&mut self.pods) {
+            p.stop(MAX_GRACE);
+            self.stopping.push(p);
+        }
+        let deadline = Instant::now() + MAX_GRACE + Duration::from_secs(5);
+        while !self.stopping.is_empty() && Instant::now() < deadline {
+            self.stopping.retain_mut(|p| !p.progress_stop());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for n in &self.nodes {
+            let _ = net::del_netns(&n.netns);
+        }
+        let _ = net::del_netns(&self.paths.fabric_netns());
+        let _ = cgroup::remove_tree(&self.paths.cgroup_root.join("pods"));
+        tracing::info!("cluster {} removed", self.paths.cluster);
+    }
+}

@@ -1,0 +1,459 @@
+//! A pod at run time: its sandbox (network namespace, veth, cgroup, files)
+//! and its containers, supervised with restart policy, back-off and
+//! readiness probes.
+
+use crate::names::{netns_path, Paths};
+use crate::status::{ContainerStatus, PodPhase, PodStatus};
+use crate::sys::{cgroup, net, netns, spawn};
+use slipstream_k8s::{Container, IntOrString, PodInstance, RestartPolicy};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+const BACKOFF_START: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A container that ran this long before exiting restarts without back-off.
+const BACKOFF_RESET: Duration = Duration::from_secs(60);
+
+pub struct Node {
+    pub name: String,
+    pub index: usize,
+    pub netns: String,
+    pub ip: Ipv4Addr,
+}
+
+pub struct PodRuntime {
+    pub inst: PodInstance,
+    pub node: usize,
+    pub ip: Ipv4Addr,
+    pub netns: String,
+    pub cgroup: PathBuf,
+    pub dir: PathBuf,
+    pub containers: Vec<ContainerRuntime>,
+    /// Set when the pod is being stopped: SIGKILL at this instant.
+    pub kill_at: Option<Instant>,
+    pub sandbox_error: Option<String>,
+}
+
+pub struct ContainerRuntime {
+    pub spec: Container,
+    child: Option<Child>,
+    pub restarts: u32,
+    pub last_exit: Option<i32>,
+    /// Terminated and not to be restarted.
+    pub done: bool,
+    next_start: Option<Instant>,
+    backoff: Duration,
+    started_at: Option<Instant>,
+    pub ready: bool,
+    probe_at: Instant,
+    probe_failures: u32,
+    pub start_error: Option<String>,
+}
+
+impl ContainerRuntime {
+    fn new(spec: Container) -> Self {
+        ContainerRuntime {
+            spec,
+            child: None,
+            restarts: 0,
+            last_exit: None,
+            done: false,
+            next_start: Some(Instant::now()),
+            backoff: BACKOFF_START,
+            started_at: None,
+            ready: false,
+            probe_at: Instant::now(),
+            probe_failures: 0,
+            start_error: None,
+        }
+    }
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl PodRuntime {
+    /// Creates the sandbox. On error the partial sandbox is removed and the
+    /// error kept, so the pod shows as Failed with the reason.
+    pub fn create(paths: &Paths, inst: PodInstance, node: &Node, ip: Ipv4Addr) -> PodRuntime {
+        let netns_name = paths.pod_netns(&inst.namespace, &inst.name);
+        let mut pod = PodRuntime {
+            cgroup: paths.pod_cgroup(&inst.namespace, &inst.name),
+            dir: paths.pod_dir(&inst.namespace, &inst.name),
+            containers: inst.spec.containers.iter().cloned().map(ContainerRuntime::new).collect(),
+            inst,
+            node: node.index,
+            ip,
+            netns: netns_name,
+            kill_at: None,
+            sandbox_error: None,
+        };
+        if let Err(e) = pod.create_sandbox(node) {
+            tracing::error!(pod = %pod.key(), "sandbox failed: {e}");
+            let _ = net::del_netns(&pod.netns);
+            let _ = cgroup::remove_tree(&pod.cgroup);
+            pod.sandbox_error = Some(e);
+        } else {
+            tracing::info!(pod = %pod.key(), node = %node.name, ip = %ip, "sandbox created");
+        }
+        pod
+    }
+
+    fn create_sandbox(&self, node: &Node) -> Result<(), String> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
+        cgroup::create(&self.cgroup).map_err(|e| format!("cannot create cgroup {}: {e}", self.cgroup.display()))?;
+        net::create_pod_network(&node.netns, &self.netns, self.ip).map_err(|e| e.to_string())
+    }
+
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.inst.namespace, self.inst.name)
+    }
+
+    pub fn hosts_path(&self) -> PathBuf {
+        self.dir.join("hosts")
+    }
+    pub fn resolv_path(&self) -> PathBuf {
+        self.dir.join("resolv.conf")
+    }
+
+    pub fn terminating(&self) -> bool {
+        self.kill_at.is_some()
+    }
+
+    /// Begins a graceful stop: SIGTERM now, SIGKILL after the grace period.
+    pub fn stop(&mut self, max_grace: Duration) {
+        if self.kill_at.is_some() {
+            return;
+        }
+        let grace = Duration::from_secs(self.inst.spec.grace_period_secs()).min(max_grace);
+        tracing::info!(pod = %self.key(), "stopping (grace {grace:?})");
+        self.kill_at = Some(Instant::now() + grace);
+        cgroup::signal_tree(&self.cgroup, libc::SIGTERM);
+    }
+
+    /// Drives a terminating pod; true once it is fully gone.
+    pub fn progress_stop(&mut self) -> bool {
+        let Some(kill_at) = self.kill_at else { return false };
+        self.reap();
+        let empty = cgroup::pids_recursive(&self.cgroup).is_empty();
+        if !empty && Instant::now() < kill_at {
+            return false;
+        }
+        if let Err(e) = cgroup::kill_tree(&self.cgroup, Duration::from_secs(5)) {
+            tracing::warn!(pod = %self.key(), "{e}");
+        }
+        for c in &mut self.containers {
+            if let Some(mut ch) = c.child.take() {
+                let _ = ch.wait();
+            }
+        }
+        if let Err(e) = net::del_netns(&self.netns) {
+            tracing::warn!(pod = %self.key(), "{e}");
+        }
+        if let Err(e) = cgroup::remove_tree(&self.cgroup) {
+            tracing::warn!(pod = %self.key(), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        tracing::info!(pod = %self.key(), "deleted");
+        true
+    }
+
+    /// Collects exited containers and decides their restart.
+    fn reap(&mut self) {
+        let policy = self.inst.spec.restart_policy();
+        let terminating = self.terminating();
+        let key = self.key();
+        for c in &mut self.containers {
+            let Some(child) = c.child.as_mut() else { continue };
+            let Ok(Some(status)) = child.try_wait() else { continue };
+            use std::os::unix::process::ExitStatusExt;
+            let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+            c.child = None;
+            c.ready = false;
+            c.last_exit = Some(code);
+            let ran = c.started_at.map(|t| t.elapsed()).unwrap_or_default();
+            if terminating {
+                continue;
+            }
+            let restart = match policy {
+                RestartPolicy::Always => true,
+                RestartPolicy::OnFailure => code != 0,
+                RestartPolicy::Never => false,
+            };
+            if restart {
+                c.backoff = if ran >= BACKOFF_RESET { BACKOFF_START } else if c.restarts == 0 { BACKOFF_START } else { (c.backoff * 2).min(BACKOFF_MAX) };
+                c.next_start = Some(Instant::now() + c.backoff);
+                tracing::warn!(pod = %key, container = %c.spec.name, code, "container exited; restarting in {:?}", c.backoff);
+            } else {
+                c.done = true;
+                tracing::info!(pod = %key, container = %c.spec.name, code, "container exited");
+            }
+        }
+    }
+
+    /// One supervision step: reap, (re)start, probe. True if readiness changed.
+    pub fn tick(&mut self, paths: &Paths, nodes: &[Node]) -> bool {
+        if self.sandbox_error.is_some() || self.terminating() {
+            return false;
+        }
+        let before: Vec<bool> = self.containers.iter().map(|c| c.ready).collect();
+        self.reap();
+        let now = Instant::now();
+        for i in 0..self.containers.len() {
+            let due = self.containers[i].next_start.is_some_and(|t| t <= now);
+            if self.containers[i].child.is_none() && !self.containers[i].done && due {
+                self.start_container(i, paths, nodes);
+            }
+        }
+        for i in 0..self.containers.len() {
+            self.probe(i);
+        }
+        before != self.containers.iter().map(|c| c.ready).collect::<Vec<_>>()
+    }
+
+    fn start_container(&mut self, i: usize, paths: &Paths, nodes: &[Node]) {
+        let env = self.env_for(i, nodes);
+        let c = &self.containers[i];
+        let mut argv = c.spec.command.clone();
+        argv.extend(c.spec.args.iter().cloned());
+        let spec = spawn::SandboxSpec {
+            argv,
+            env,
+            cwd: c.spec.working_dir.as_ref().map(PathBuf::from),
+            netns: netns_path(&self.netns),
+            cgroup: self.cgroup.clone(),
+            hostname: self.inst.name.clone(),
+            hosts: Some(self.hosts_path()),
+            resolv: Some(self.resolv_path()),
+            log: Some(paths.container_log(&self.inst.namespace, &self.inst.name, &c.spec.name)),
+            new_session: true,
+        };
+        let key = self.key();
+        let c = &mut self.containers[i];
+        if c.last_exit.is_some() || c.start_error.is_some() {
+            c.restarts += 1;
+        }
+        c.next_start = None;
+        match spawn::spawn(&spec) {
+            Ok(child) => {
+                tracing::info!(pod = %key, container = %c.spec.name, pid = child.id(), "container started");
+                c.child = Some(child);
+                c.started_at = Some(Instant::now());
+                c.start_error = None;
+                c.probe_failures = 0;
+                let delay = c.spec.readiness_probe.as_ref().and_then(|p| p.initial_delay_seconds).unwrap_or(0);
+                c.probe_at = Instant::now() + Duration::from_secs(delay.max(0) as u64);
+            }
+            Err(e) => {
+                tracing::error!(pod = %key, container = %c.spec.name, "{e}");
+                c.start_error = Some(e.to_string());
+                c.last_exit = Some(127);
+                c.backoff = if c.restarts == 0 { BACKOFF_START } else { (c.backoff * 2).min(BACKOFF_MAX) };
+                c.next_start = Some(Instant::now() + c.backoff);
+            }
+        }
+    }
+
+    /// Environment of a container: PATH and HOSTNAME, then its own `env`
+    /// with downward-API references resolved.
+    fn env_for(&self, i: usize, nodes: &[Node]) -> Vec<(String, String)> {
+        let node = nodes.iter().find(|n| n.index == self.node);
+        let mut env = vec![
+            ("PATH".to_string(), spawn::pod_path()),
+            ("HOSTNAME".to_string(), self.inst.name.clone()),
+        ];
+        if let Ok(home) = std::env::var("HOME") {
+            env.push(("HOME".into(), home));
+        }
+        for e in &self.containers[i].spec.env {
+            let v = match (&e.value, e.value_from.as_ref().and_then(|v| v.field_ref.as_ref())) {
+                (_, Some(fr)) => match fr.field_path.as_str() {
+                    "metadata.name" => self.inst.name.clone(),
+                    "metadata.namespace" => self.inst.namespace.clone(),
+                    "status.podIP" => self.ip.to_string(),
+                    "status.hostIP" => node.map(|n| n.ip.to_string()).unwrap_or_default(),
+                    "spec.nodeName" => node.map(|n| n.name.clone()).unwrap_or_default(),
+                    "spec.serviceAccountName" => self.inst.spec.service_account().to_string(),
+                    _ => String::new(),
+                },
+                (Some(v), None) => v.clone(),
+                (None, None) => String::new(),
+            };
+            env.retain(|(k, _)| k != &e.name);
+            env.push((e.name.clone(), v));
+        }
+        env
+    }
+
+    fn probe(&mut self, i: usize) {
+        let ip = self.ip;
+        let netns = netns_path(&self.netns);
+        let sandbox = spawn::SandboxSpec {
+            argv: Vec::new(),
+            env: vec![("PATH".into(), spawn::pod_path())],
+            cwd: None,
+            netns: netns.clone(),
+            cgroup: self.cgroup.clone(),
+            hostname: self.inst.name.clone(),
+            hosts: Some(self.hosts_path()),
+            resolv: Some(self.resolv_path()),
+            log: Some(PathBuf::from("/dev/null")),
+            new_session: true,
+        };
+        let c = &mut self.containers[i];
+        if c.child.is_none() {
+            return;
+        }
+        let Some(probe) = c.spec.readiness_probe.clone() else {
+            c.ready = true;
+            return;
+        };
+        if Instant::now() < c.probe_at {
+            return;
+        }
+        let period = probe.period_seconds.filter(|p| *p > 0).unwrap_or(1) as u64;
+        // Probe quickly until first ready, then at the configured period.
+        c.probe_at = Instant::now() + if c.ready { Duration::from_secs(period) } else { Duration::from_millis(200) };
+        let timeout = Duration::from_secs(probe.timeout_seconds.filter(|t| *t > 0).unwrap_or(1) as u64);
+        let port_of = |p: &IntOrString| match p {
+            IntOrString::Int(n) => *n as u16,
+            IntOrString::Str(name) => {
+                c.spec.ports.iter().find(|x| x.name.as_deref() == Some(name)).map(|x| x.container_port as u16).unwrap_or(0)
+            }
+        };
+        let ok = if let Some(t) = &probe.tcp_socket {
+            let addr = SocketAddr::from((ip, port_of(&t.port)));
+            netns::in_netns(&netns, move || TcpStream::connect_timeout(&addr, timeout).is_ok()).unwrap_or(false)
+        } else if let Some(h) = &probe.http_get {
+            let addr = SocketAddr::from((ip, port_of(&h.port)));
+            let path = h.path.clone().unwrap_or_else(|| "/".into());
+            netns::in_netns(&netns, move || http_probe(addr, &path, timeout)).unwrap_or(false)
+        } else if let Some(e) = &probe.exec {
+            exec_probe(&sandbox, e.command.clone(), timeout)
+        } else {
+            false
+        };
+        if ok {
+            c.probe_failures = 0;
+            c.ready = true;
+        } else {
+            c.probe_failures += 1;
+            if c.probe_failures >= probe.failure_threshold.filter(|t| *t > 0).unwrap_or(3) as u32 || !c.ready {
+                c.ready = false;
+            }
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        self.sandbox_error.is_none()
+            && !self.terminating()
+            && self.containers.iter().all(|c| c.running() && c.ready)
+    }
+
+    pub fn status(&self, paths: &Paths, nodes: &[Node]) -> PodStatus {
+        let (phase, reason, message) = self.phase();
+        PodStatus {
+            namespace: self.inst.namespace.clone(),
+            name: self.inst.name.clone(),
+            node: nodes.iter().find(|n| n.index == self.node).map(|n| n.name.clone()).unwrap_or_default(),
+            ip: self.ip.to_string(),
+            service_account: self.inst.spec.service_account().to_string(),
+            labels: self.inst.labels.clone(),
+            phase,
+            ready: self.ready(),
+            reason,
+            message,
+            restarts: self.containers.iter().map(|c| c.restarts).sum(),
+            netns: self.netns.clone(),
+            veth: crate::plan::pod_veth(self.ip),
+            cgroup: self.cgroup.display().to_string(),
+            owner: self.inst.owner.as_ref().map(|o| format!("Deployment/{o}")),
+            containers: self
+                .containers
+                .iter()
+                .map(|c| ContainerStatus {
+                    name: c.spec.name.clone(),
+                    state: if c.running() { "running" } else if c.done { "terminated" } else { "waiting" }.into(),
+                    pid: c.pid(),
+                    ready: c.ready && c.running(),
+                    restarts: c.restarts,
+                    last_exit_code: c.last_exit,
+                    log: paths.container_log(&self.inst.namespace, &self.inst.name, &c.spec.name).display().to_string(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Phase, reason and message, in Kubernetes' vocabulary.
+    fn phase(&self) -> (PodPhase, String, String) {
+        if let Some(e) = &self.sandbox_error {
+            return (PodPhase::Failed, "SandboxError".into(), e.clone());
+        }
+        if self.terminating() {
+            return (PodPhase::Terminating, String::new(), String::new());
+        }
+        if let Some(c) = self.containers.iter().find(|c| c.start_error.is_some() && !c.running()) {
+            return (PodPhase::Pending, "StartError".into(), format!("container {}: {}", c.spec.name, c.start_error.as_deref().unwrap_or("")));
+        }
+        if let Some(c) = self.containers.iter().find(|c| !c.running() && !c.done && c.last_exit.is_some()) {
+            return (
+                PodPhase::Running,
+                "CrashLoopBackOff".into(),
+                format!("container {} exited with code {} (restarts: {})", c.spec.name, c.last_exit.unwrap_or(0), c.restarts),
+            );
+        }
+        if self.containers.iter().all(|c| c.done) {
+            let failed = self.containers.iter().find(|c| c.last_exit != Some(0));
+            return match failed {
+                Some(c) => (PodPhase::Failed, "Error".into(), format!("container {} exited with code {}", c.spec.name, c.last_exit.unwrap_or(0))),
+                None => (PodPhase::Succeeded, "Completed".into(), String::new()),
+            };
+        }
+        if self.containers.iter().any(|c| c.running()) {
+            let not_ready: Vec<&str> = self.containers.iter().filter(|c| !c.ready).map(|c| c.spec.name.as_str()).collect();
+            if not_ready.is_empty() {
+                return (PodPhase::Running, String::new(), String::new());
+            }
+            return (PodPhase::Running, "NotReady".into(), format!("readiness probe not yet passing: {}", not_ready.join(", ")));
+        }
+        (PodPhase::Pending, "ContainerCreating".into(), String::new())
+    }
+}
+
+fn http_probe(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout) else { return false };
+    let _ = s.set_read_timeout(Some(timeout));
+    let _ = s.set_write_timeout(Some(timeout));
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {}\r\nUser-Agent: slipstream-probe\r\n\r\n", addr.ip());
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 32];
+    let n = s.read(&mut buf).unwrap_or(0);
+    let line = String::from_utf8_lossy(&buf[..n]);
+    line.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok()).is_some_and(|c| (200..400).contains(&c))
+}
+
+/// Runs an exec probe in the pod; success is exit code 0 within the timeout.
+fn exec_probe(sandbox: &spawn::SandboxSpec, argv: Vec<String>, timeout: Duration) -> bool {
+    let spec = spawn::SandboxSpec { argv, ..sandbox.clone() };
+    let Ok(mut child) = spawn::spawn(&spec) else { return false };
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return st.success(),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+        }
+    }
+}

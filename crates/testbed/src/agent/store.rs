@@ -1,0 +1,309 @@
+//! The objects the cluster holds, and the checks that need the whole
+//! cluster. `plan_apply` and `plan_delete` return a new store or every
+//! error, and change nothing themselves: a rejected apply changes nothing.
+
+use crate::plan;
+use slipstream_k8s::{Object, ObjectKey};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+/// Namespaces every cluster has, as in Kubernetes.
+pub const BUILTIN_NAMESPACES: &[&str] = &["default", "kube-system", "istio-system"];
+
+#[derive(Debug, Clone, Default)]
+pub struct Store {
+    /// Insertion order matters for placement and display; keep a sequence.
+    objects: BTreeMap<ObjectKey, (u64, Object)>,
+    next_seq: u64,
+}
+
+/// What the checks need to know about the running cluster.
+pub struct ClusterFacts<'a> {
+    pub nodes: &'a [String],
+    /// Allocated VIPs and their service (namespace, name).
+    pub vips: &'a BTreeMap<(String, String), Ipv4Addr>,
+}
+
+impl Store {
+    pub fn new() -> Self {
+        let mut s = Store::default();
+        for ns in BUILTIN_NAMESPACES {
+            let o: Object = serde_json::from_value(serde_json::json!({"kind": "Namespace", "metadata": {"name": ns}}))
+                .expect("builtin namespace");
+            s.insert(o);
+        }
+        s
+    }
+
+    fn insert(&mut self, o: Object) {
+        let key = o.key();
+        let seq = self.objects.get(&key).map(|(s, _)| *s).unwrap_or_else(|| {
+            self.next_seq += 1;
+            self.next_seq
+        });
+        self.objects.insert(key, (seq, o));
+    }
+
+    /// Objects in the order they were first applied.
+    pub fn objects(&self) -> Vec<&Object> {
+        let mut v: Vec<&(u64, Object)> = self.objects.values().collect();
+        v.sort_by_key(|(s, _)| *s);
+        v.into_iter().map(|(_, o)| o).collect()
+    }
+
+    pub fn get(&self, key: &ObjectKey) -> Option<&Object> {
+        self.objects.get(key).map(|(_, o)| o)
+    }
+
+    pub fn has_namespace(&self, ns: &str) -> bool {
+        self.get(&key("Namespace", "", ns)).is_some()
+    }
+
+    fn has_service_account(&self, ns: &str, sa: &str) -> bool {
+        // Every namespace has `default`, as the Kubernetes controller creates it.
+        sa == "default" || self.get(&key("ServiceAccount", ns, sa)).is_some()
+    }
+
+    /// The store after applying `objects`, and one line per object, or every
+    /// error found.
+    pub fn plan_apply(&self, objects: Vec<Object>, facts: &ClusterFacts) -> Result<(Store, Vec<String>), Vec<String>> {
+        let mut next = self.clone();
+        let mut lines = Vec::new();
+        let mut errors = Vec::new();
+        // Namespaces first, so one file can create a namespace and its contents.
+        let (nss, rest): (Vec<Object>, Vec<Object>) = objects.into_iter().partition(|o| matches!(o, Object::Namespace(_)));
+        for o in nss.into_iter().chain(rest) {
+            let key = o.key();
+            let verb = match self.get(&key) {
+                None => "created",
+                Some(old) if *old == o => "unchanged",
+                Some(_) => "configured",
+            };
+            if let Some(e) = check_immutable(self.get(&key), &o, facts) {
+                errors.push(format!("{key}: {e}"));
+            }
+            lines.push(format!("{} {verb}", resource_name(&o)));
+            next.insert(o);
+        }
+        errors.extend(next.check_references(facts));
+        if errors.is_empty() {
+            Ok((next, lines))
+        } else {
+            Err(errors)
+        }
+    }
+
+    pub fn plan_delete(&self, keys: &[ObjectKey], ignore_not_found: bool) -> Result<(Store, Vec<String>), Vec<String>> {
+        let mut next = self.clone();
+        let mut lines = Vec::new();
+        let mut errors = Vec::new();
+        for k in keys {
+            if k.kind == "Namespace" && BUILTIN_NAMESPACES.contains(&k.name.as_str()) {
+                errors.push(format!("{k}: a built-in namespace cannot be deleted"));
+                continue;
+            }
+            match next.objects.remove(k) {
+                Some((_, o)) => {
+                    lines.push(format!("{} deleted", resource_name(&o)));
+                    if k.kind == "Namespace" {
+                        // Deleting a namespace deletes everything in it.
+                        let inside: Vec<ObjectKey> = next.objects.keys().filter(|x| x.namespace == k.name).cloned().collect();
+                        for x in inside {
+                            if let Some((_, o)) = next.objects.remove(&x) {
+                                lines.push(format!("{} deleted (namespace {} deleted)", resource_name(&o), k.name));
+                            }
+                        }
+                    }
+                }
+                None if ignore_not_found || self.get(k).is_none() && keys_deleted_by_namespace(keys, k) => {}
+                None => errors.push(format!("{k}: not found")),
+            }
+        }
+        if errors.is_empty() {
+            Ok((next, lines))
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Cross-object rules of the whole store.
+    fn check_references(&self, facts: &ClusterFacts) -> Vec<String> {
+        let mut errors = Vec::new();
+        let mut claimed: BTreeMap<Ipv4Addr, String> = BTreeMap::new();
+        for o in self.objects() {
+            let m = o.metadata();
+            let k = o.key();
+            if !o.is_cluster_scoped() && !self.has_namespace(&m.namespace) {
+                errors.push(format!(
+                    "{k}: metadata.namespace: namespace {:?} does not exist (add a Namespace object to the same apply, or apply it first)",
+                    m.namespace
+                ));
+                continue;
+            }
+            let spec = match o {
+                Object::Pod(p) => Some((&p.spec, "spec")),
+                Object::Deployment(d) => Some((&d.spec.template.spec, "spec.template.spec")),
+                _ => None,
+            };
+            if let Some((spec, f)) = spec {
+                let sa = spec.service_account();
+                if !self.has_service_account(&m.namespace, sa) {
+                    errors.push(format!(
+                        "{k}: {f}.serviceAccountName: service account {:?} does not exist in namespace {:?}",
+                        sa, m.namespace
+                    ));
+                }
+                if let Some(n) = &spec.node_name {
+                    if !facts.nodes.contains(n) {
+                        errors.push(format!("{k}: {f}.nodeName: node {n:?} does not exist (the cluster has {})", facts.nodes.join(", ")));
+                    }
+                }
+            }
+            if let Object::Service(s) = o {
+                if let Some(ip) = s.spec.cluster_ip.as_deref().filter(|i| !i.is_empty() && *i != "None") {
+                    let Ok(ip) = ip.parse::<Ipv4Addr>() else { continue };
+                    let me = (m.namespace.clone(), m.name.clone());
+                    if !plan::is_service_ip(ip) {
+                        errors.push(format!("{k}: spec.clusterIP: {ip} is outside the service range 10.96.0.0/16"));
+                    } else if let Some(other) = facts.vips.iter().find(|(svc, v)| **v == ip && **svc != me).map(|(s, _)| s) {
+                        errors.push(format!("{k}: spec.clusterIP: {ip} is already allocated to service {}/{}", other.0, other.1));
+                    } else if let Some(other) = claimed.insert(ip, k.to_string()) {
+                        errors.push(format!("{k}: spec.clusterIP: {ip} is also requested by {other}"));
+                    }
+                }
+            }
+        }
+        errors
+    }
+
+    pub fn kept_objects(&self) -> Vec<String> {
+        self.objects().into_iter().filter(|o| matches!(o, Object::Kept(_))).map(|o| o.key().to_string()).collect()
+    }
+}
+
+fn keys_deleted_by_namespace(keys: &[ObjectKey], k: &ObjectKey) -> bool {
+    keys.iter().any(|x| x.kind == "Namespace" && x.name == k.namespace)
+}
+
+/// Fields Kubernetes does not let an update change.
+fn check_immutable(old: Option<&Object>, new: &Object, facts: &ClusterFacts) -> Option<String> {
+    match (old, new) {
+        (Some(Object::Service(_)), Object::Service(n)) => {
+            let cur = facts.vips.get(&(n.metadata.namespace.clone(), n.metadata.name.clone()));
+            let want = n.spec.cluster_ip.as_deref().filter(|s| !s.is_empty());
+            match (cur, want) {
+                (Some(cur), Some(w)) if w != cur.to_string() => Some(format!("spec.clusterIP: is immutable (currently {cur})")),
+                (None, Some(w)) if w != "None" => Some("spec.clusterIP: is immutable (the service is headless)".into()),
+                (Some(cur), _) if n.spec.is_headless() => Some(format!("spec.clusterIP: is immutable (currently {cur})")),
+                _ => None,
+            }
+        }
+        (Some(Object::Deployment(o)), Object::Deployment(n)) if o.spec.selector != n.spec.selector => {
+            Some("spec.selector: is immutable".into())
+        }
+        _ => None,
+    }
+}
+
+fn key(kind: &str, ns: &str, name: &str) -> ObjectKey {
+    ObjectKey { kind: kind.into(), namespace: ns.into(), name: name.into() }
+}
+
+/// kubectl's way of naming an object in output: `deployment.apps/echo`.
+pub fn resource_name(o: &Object) -> String {
+    let kind = match o {
+        Object::Deployment(_) => "deployment.apps".to_string(),
+        Object::Kept(k) => {
+            let group = k.api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+            if group.is_empty() { k.kind.to_lowercase() } else { format!("{}.{group}", k.kind.to_lowercase()) }
+        }
+        other => other.kind().to_lowercase(),
+    };
+    let m = o.metadata();
+    if o.is_cluster_scoped() {
+        format!("{kind}/{}", m.name)
+    } else {
+        format!("{kind}/{} ({})", m.name, m.namespace)
+    }
+}
+
+/// Services of the store: namespace, name, object.
+pub fn services(store: &Store) -> Vec<&slipstream_k8s::Service> {
+    store.objects().into_iter().filter_map(|o| if let Object::Service(s) = o { Some(s) } else { None }).collect()
+}
+
+pub fn namespaces_used(store: &Store) -> BTreeSet<String> {
+    store.objects().into_iter().map(|o| o.metadata().namespace.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slipstream_k8s::{load_str, Source};
+
+    fn objs(y: &str) -> Vec<Object> {
+        load_str(y, &Source("t".into())).unwrap().into_iter().map(|l| l.object).collect()
+    }
+
+    const NODES: &[&str] = &["node1", "node2"];
+
+    fn facts<'a>(nodes: &'a [String], vips: &'a BTreeMap<(String, String), Ipv4Addr>) -> ClusterFacts<'a> {
+        ClusterFacts { nodes, vips }
+    }
+
+    const APP: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: web, namespace: demo}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: demo}\nspec: {serviceAccountName: web, nodeName: node2, containers: [{name: c, command: [sleep, infinity]}]}\n";
+
+    #[test]
+    fn namespace_in_the_same_apply_counts_and_lines_say_what_changed() {
+        let nodes: Vec<String> = NODES.iter().map(|s| s.to_string()).collect();
+        let vips = BTreeMap::new();
+        let (s, lines) = Store::new().plan_apply(objs(APP), &facts(&nodes, &vips)).unwrap();
+        assert_eq!(lines, vec!["namespace/demo created", "serviceaccount/web (demo) created", "pod/web (demo) created"]);
+        let (_, lines) = s.plan_apply(objs(APP), &facts(&nodes, &vips)).unwrap();
+        assert!(lines.iter().all(|l| l.ends_with("unchanged")), "{lines:?}");
+    }
+
+    #[test]
+    fn missing_references_reject_the_whole_apply() {
+        let nodes: Vec<String> = NODES.iter().map(|s| s.to_string()).collect();
+        let vips = BTreeMap::new();
+        let y = APP.replace("name: demo}\n---", "name: demo2}\n---").replace("nodeName: node2", "nodeName: node7");
+        let errs = Store::new().plan_apply(objs(&y), &facts(&nodes, &vips)).unwrap_err();
+        let all = errs.join("\n");
+        assert!(all.contains("ServiceAccount demo/web: metadata.namespace: namespace \"demo\" does not exist"), "{all}");
+        assert!(all.contains("Pod demo/web: metadata.namespace"), "{all}");
+        let y = APP.replace("serviceAccountName: web", "serviceAccountName: nobody").replace("nodeName: node2", "nodeName: node7");
+        let all = Store::new().plan_apply(objs(&y), &facts(&nodes, &vips)).unwrap_err().join("\n");
+        assert!(all.contains("Pod demo/web: spec.serviceAccountName: service account \"nobody\" does not exist in namespace \"demo\""), "{all}");
+        assert!(all.contains("Pod demo/web: spec.nodeName: node \"node7\" does not exist (the cluster has node1, node2)"), "{all}");
+    }
+
+    #[test]
+    fn cluster_ip_rules() {
+        let nodes: Vec<String> = NODES.iter().map(|s| s.to_string()).collect();
+        let mut vips = BTreeMap::new();
+        vips.insert(("default".to_string(), "a".to_string()), Ipv4Addr::new(10, 96, 0, 10));
+        let svc = |name: &str, ip: &str| format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n");
+        let e = Store::new().plan_apply(objs(&svc("b", "10.96.0.10")), &facts(&nodes, &vips)).unwrap_err();
+        assert!(e[0].contains("Service default/b: spec.clusterIP: 10.96.0.10 is already allocated to service default/a"), "{e:?}");
+        let e = Store::new().plan_apply(objs(&svc("b", "10.1.0.10")), &facts(&nodes, &vips)).unwrap_err();
+        assert!(e[0].contains("outside the service range"), "{e:?}");
+        let (s, _) = Store::new().plan_apply(objs(&svc("a", "10.96.0.10")), &facts(&nodes, &vips)).unwrap();
+        let e = s.plan_apply(objs(&svc("a", "10.96.0.99")), &facts(&nodes, &vips)).unwrap_err();
+        assert!(e[0].contains("spec.clusterIP: is immutable (currently 10.96.0.10)"), "{e:?}");
+    }
+
+    #[test]
+    fn deleting_a_namespace_cascades_and_builtins_stay() {
+        let nodes: Vec<String> = NODES.iter().map(|s| s.to_string()).collect();
+        let vips = BTreeMap::new();
+        let (s, _) = Store::new().plan_apply(objs(APP), &facts(&nodes, &vips)).unwrap();
+        let (s2, lines) = s.plan_delete(&[key("Namespace", "", "demo")], false).unwrap();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(s2.get(&key("Pod", "demo", "web")).is_none());
+        assert!(s.plan_delete(&[key("Namespace", "", "default")], false).is_err());
+        let e = s.plan_delete(&[key("Pod", "demo", "nope")], false).unwrap_err();
+        assert_eq!(e, vec!["Pod demo/nope: not found"]);
+        assert!(s.plan_delete(&[key("Pod", "demo", "nope")], true).is_ok());
+    }
+}

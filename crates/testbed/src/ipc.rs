@@ -1,0 +1,71 @@
+//! CLI <-> agent: one JSON request line, one JSON answer line, over the Unix
+//! socket in the cluster's state directory.
+
+use crate::status::ClusterStatus;
+use serde::{Deserialize, Serialize};
+use slipstream_k8s::{Object, ObjectKey};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+/// Requests are small except applies; bound what the agent will read.
+pub const MAX_MESSAGE: u64 = 64 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum Request {
+    Apply { objects: Vec<Object> },
+    Delete { keys: Vec<ObjectKey>, ignore_not_found: bool },
+    Status,
+    /// Stop every pod gracefully, remove the network, exit.
+    Shutdown,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "camelCase")]
+pub enum Response {
+    /// One line per object: `deployment.apps/echo created`.
+    Done { lines: Vec<String> },
+    Status { status: Box<ClusterStatus> },
+    /// Nothing was changed.
+    Rejected { errors: Vec<String> },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    #[error("the cluster agent is not running (no answer on {0}); start a cluster with `slipstream up`")]
+    NotRunning(String),
+    #[error("talking to the cluster agent failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the cluster agent sent an answer that cannot be read: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Response, IpcError> {
+    let mut s = UnixStream::connect(socket).map_err(|_| IpcError::NotRunning(socket.display().to_string()))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut line = serde_json::to_vec(req)?;
+    line.push(b'\n');
+    s.write_all(&line)?;
+    let mut answer = String::new();
+    BufReader::new(s.take(MAX_MESSAGE)).read_line(&mut answer)?;
+    if answer.is_empty() {
+        return Err(IpcError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the agent closed the connection")));
+    }
+    Ok(serde_json::from_str(&answer)?)
+}
+
+pub fn read_request(s: &UnixStream) -> Result<Request, IpcError> {
+    let mut line = String::new();
+    BufReader::new(s.take(MAX_MESSAGE)).read_line(&mut line)?;
+    Ok(serde_json::from_str(&line)?)
+}
+
+pub fn write_response(mut s: &UnixStream, r: &Response) -> Result<(), IpcError> {
+    let mut line = serde_json::to_vec(r)?;
+    line.push(b'\n');
+    s.write_all(&line)?;
+    Ok(())
+}

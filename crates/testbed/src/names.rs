@@ -1,0 +1,119 @@
+//! Names and paths of everything a cluster creates. Cleanup finds resources
+//! by these names alone, so it works without any state file.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A cluster's name: `[a-z0-9-]{1,20}`. No dots, so that `<cluster>.` is an
+/// unambiguous prefix of every network namespace the cluster owns.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClusterName(String);
+
+impl ClusterName {
+    pub fn new(s: &str) -> Result<Self, String> {
+        let ok = !s.is_empty()
+            && s.len() <= 20
+            && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !s.starts_with('-');
+        if ok {
+            Ok(ClusterName(s.to_string()))
+        } else {
+            Err(format!(
+                "invalid cluster name {s:?}: use 1 to 20 lower-case letters, digits and '-', not starting with '-'"
+            ))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ClusterName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub const DEFAULT_CLUSTER: &str = "slipstream";
+
+/// Every location a cluster uses on the machine.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub cluster: ClusterName,
+    /// `/run/slipstream/<cluster>`: state, socket, logs.
+    pub state_dir: PathBuf,
+    /// `<cgroup2>/slipstream/<cluster>`.
+    pub cgroup_root: PathBuf,
+    /// `/sys/fs/bpf/slipstream/<cluster>`.
+    pub bpf_dir: PathBuf,
+}
+
+impl Paths {
+    pub fn new(cluster: ClusterName) -> Result<Self, String> {
+        let run = std::env::var_os("SLIPSTREAM_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| "/run/slipstream".into());
+        let cg = crate::sys::cgroup::cgroup2_mount()?;
+        Ok(Paths {
+            state_dir: run.join(cluster.as_str()),
+            cgroup_root: cg.join("slipstream").join(cluster.as_str()),
+            bpf_dir: PathBuf::from("/sys/fs/bpf/slipstream").join(cluster.as_str()),
+            cluster,
+        })
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.state_dir.join("agent.sock")
+    }
+    pub fn state_file(&self) -> PathBuf {
+        self.state_dir.join("state.json")
+    }
+    pub fn agent_pid_file(&self) -> PathBuf {
+        self.state_dir.join("agent.pid")
+    }
+    pub fn agent_log(&self) -> PathBuf {
+        self.state_dir.join("agent.log")
+    }
+    pub fn pod_dir(&self, ns: &str, pod: &str) -> PathBuf {
+        self.state_dir.join("pods").join(ns).join(pod)
+    }
+    pub fn container_log(&self, ns: &str, pod: &str, container: &str) -> PathBuf {
+        self.pod_dir(ns, pod).join(format!("{container}.log"))
+    }
+    pub fn pod_cgroup(&self, ns: &str, pod: &str) -> PathBuf {
+        self.cgroup_root.join("pods").join(format!("{ns}.{pod}"))
+    }
+    pub fn agent_cgroup(&self) -> PathBuf {
+        self.cgroup_root.join("agent")
+    }
+    pub fn netns_prefix(&self) -> String {
+        format!("{}.", self.cluster)
+    }
+    pub fn fabric_netns(&self) -> String {
+        format!("{}.fabric", self.cluster)
+    }
+    pub fn node_netns(&self, node: &str) -> String {
+        format!("{}.node.{node}", self.cluster)
+    }
+    /// Pod namespaces: `<cluster>.pod.<ns>.<pod>`; both parts are DNS labels
+    /// of at most 63 characters, so the name stays far below NAME_MAX.
+    pub fn pod_netns(&self, ns: &str, pod: &str) -> String {
+        format!("{}.pod.{ns}.{pod}", self.cluster)
+    }
+}
+
+pub fn netns_path(name: &str) -> PathBuf {
+    Path::new("/run/netns").join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_names() {
+        assert!(ClusterName::new("slipstream").is_ok());
+        assert!(ClusterName::new("t-1").is_ok());
+        assert!(ClusterName::new("a.b").is_err(), "dots would make netns prefixes ambiguous");
+        assert!(ClusterName::new("").is_err());
+        assert!(ClusterName::new("-x").is_err());
+        assert!(ClusterName::new(&"a".repeat(21)).is_err());
+    }
+}

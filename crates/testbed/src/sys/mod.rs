@@ -1,0 +1,8 @@
+//! Everything that changes the machine. Each module has one concern.
+
+pub mod cgroup;
+pub mod cmd;
+pub mod net;
+pub mod netns;
+pub mod signals;
+pub mod spawn;

@@ -1,0 +1,110 @@
+//! The cluster's network: fabric bridge, nodes, pod sandboxes, nftables.
+//! Built with iproute2 and nft, each step in the namespace it concerns.
+
+use super::cmd::{ip_batch, run, CmdError};
+use crate::plan;
+use std::net::Ipv4Addr;
+
+/// Network namespaces whose names start with `prefix`.
+pub fn list_netns(prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+pub fn add_netns(name: &str) -> Result<(), CmdError> {
+    run(&["ip", "netns", "add", name], None)?;
+    ip_batch(Some(name), &["link set lo up".into()])
+}
+
+/// Deletes a namespace; every veth with an end inside goes with it.
+pub fn del_netns(name: &str) -> Result<(), CmdError> {
+    if !crate::names::netns_path(name).exists() {
+        return Ok(());
+    }
+    run(&["ip", "netns", "del", name], None).map(|_| ())
+}
+
+pub fn sysctl(netns: &str, settings: &[(&str, &str)]) -> Result<(), CmdError> {
+    let mut argv = vec!["ip", "netns", "exec", netns, "sysctl", "-q", "-w"];
+    let kv: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    argv.extend(kv.iter().map(|s| s.as_str()));
+    run(&argv, None).map(|_| ())
+}
+
+pub fn create_fabric(netns: &str) -> Result<(), CmdError> {
+    add_netns(netns)?;
+    ip_batch(Some(netns), &["link add fabric type bridge".into(), "link set fabric up".into()])
+}
+
+/// One node: a namespace plugged into the fabric bridge, forwarding on.
+pub fn create_node(fabric: &str, netns: &str, name: &str, ip: Ipv4Addr) -> Result<(), CmdError> {
+    add_netns(netns)?;
+    // Create the pair inside the fabric, then move one end into the node.
+    ip_batch(
+        Some(fabric),
+        &[
+            format!("link add {name} type veth peer name eth0 netns {netns}"),
+            format!("link set {name} master fabric"),
+            format!("link set {name} up"),
+        ],
+    )?;
+    ip_batch(
+        Some(netns),
+        &[format!("addr add {ip}/{} dev eth0", plan::NODE_PREFIX_LEN), "link set eth0 up".into()],
+    )?;
+    sysctl(
+        netns,
+        &[
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+            // Keep neighbour entries of pods that restart on a reused IP fresh.
+            ("net.ipv4.conf.all.arp_ignore", "0"),
+        ],
+    )
+}
+
+/// Routes from one node to another node's pod CIDR.
+pub fn route_to_node(netns: &str, cidr: &str, via: Ipv4Addr) -> Result<(), CmdError> {
+    ip_batch(Some(netns), &[format!("route replace {cidr} via {via} dev eth0")])
+}
+
+/// A pod sandbox: its namespace, the veth to its node, addresses, routes
+/// and static neighbours on both sides.
+pub fn create_pod_network(node_netns: &str, pod_netns: &str, ip: Ipv4Addr) -> Result<(), CmdError> {
+    add_netns(pod_netns)?;
+    let veth = plan::pod_veth(ip);
+    let pod_mac = plan::pod_mac(ip);
+    ip_batch(
+        Some(node_netns),
+        &[
+            format!("link add {veth} address {} type veth peer name eth0 address {pod_mac} netns {pod_netns}", plan::GATEWAY_MAC),
+            format!("link set {veth} up"),
+            format!("route replace {ip}/32 dev {veth} scope link"),
+            format!("neigh replace {ip} lladdr {pod_mac} dev {veth} nud permanent"),
+        ],
+    )?;
+    ip_batch(
+        Some(pod_netns),
+        &[
+            format!("addr add {ip}/32 dev eth0"),
+            "link set eth0 up".into(),
+            format!("route add {} dev eth0 scope link", plan::GATEWAY_IP),
+            format!("route add default via {} dev eth0", plan::GATEWAY_IP),
+            format!("neigh replace {} lladdr {} dev eth0 nud permanent", plan::GATEWAY_IP, plan::GATEWAY_MAC),
+        ],
+    )
+}
+
+/// Replaces the service table of a node (one atomic nft transaction).
+pub fn apply_nft(node_netns: &str, ruleset: &str) -> Result<(), CmdError> {
+    run(&["ip", "netns", "exec", node_netns, "nft", "-f", "-"], Some(ruleset)).map(|_| ())
+}

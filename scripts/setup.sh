@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs what Slipstream needs on a Debian/Ubuntu machine. Idempotent: a
+# second run installs nothing and takes a second. Run as root.
+#
+# What each package is for:
+#   iproute2        ip netns / veth / routes for the local cluster
+#   nftables        service VIPs (kernel DNAT) and, in l4-nft mode, capture
+#   curl            the tour and the integration tests use it from inside pods
+#   iperf3          benchmark T1/T2 and throughput tests
+#   tcpdump         tests that prove only TLS crosses the node network
+#   procps psmisc   ps/pkill for debugging
+#   clang llvm libbpf-dev bpftool   the eBPF datapath (built by build.rs)
+#   protobuf-compiler  the workload API / CA protos
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: must run as root (it installs packages with apt-get)" >&2
+  exit 1
+fi
+
+PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc clang llvm libbpf-dev bpftool protobuf-compiler)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup.sh: system packages present"
+fi
+
+# bpffs: the node proxy pins its maps here.
+if ! grep -q " /sys/fs/bpf bpf " /proc/mounts; then
+  mkdir -p /sys/fs/bpf
+  mount -t bpf bpf /sys/fs/bpf
+  echo "setup.sh: mounted bpffs at /sys/fs/bpf"
+fi
+
+# fortio (benchmarks and load tests). BENCHMARKS.md pins v1.63.0: newer
+# versions pull a module the package proxy refuses.
+if ! command -v fortio >/dev/null 2>&1 && [ ! -x "${GOPATH:-$HOME/go}/bin/fortio" ]; then
+  if command -v go >/dev/null 2>&1; then
+    echo "setup.sh: installing fortio v1.63.0 with go install"
+    GOFLAGS=-mod=mod go install fortio.org/fortio@v1.63.0
+  else
+    echo "setup.sh: WARNING: go not found; fortio not installed (needed only by benchmarks)" >&2
+  fi
+fi
+if [ -x "${GOPATH:-$HOME/go}/bin/fortio" ] && [ ! -e /usr/local/bin/fortio ]; then
+  ln -sf "${GOPATH:-$HOME/go}/bin/fortio" /usr/local/bin/fortio
+fi
+
+# Rust toolchain is expected (rustup); say so clearly if missing.
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup.sh: cargo not found: install Rust (https://rustup.rs) and rerun" >&2
+  exit 1
+fi
+echo "setup.sh: ready"
