@@ -4,7 +4,8 @@
 use anyhow::{bail, Context};
 use slipstream_k8s::load::Loaded;
 use slipstream_testbed::ipc::{self, Request, Response};
-use slipstream_testbed::status::{ClusterStatus, PodPhase};
+use slipstream_k8s::{Object, ObjectKey};
+use slipstream_testbed::status::{ClusterStatus, PodPhase, PodStatus};
 use slipstream_testbed::{ClusterName, Paths};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -88,7 +89,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Why a pod blocks convergence, if it does: Some(Err) for a failure that
 /// waiting will not fix.
-fn pod_blocker(p: &slipstream_testbed::status::PodStatus) -> Option<Result<String, String>> {
+fn pod_blocker(p: &PodStatus) -> Option<Result<String, String>> {
     let id = format!("pod {}/{}", p.namespace, p.name);
     match p.phase {
         PodPhase::Failed => Some(Err(format!("{id} failed: {} {}", p.reason, p.message))),
@@ -105,7 +106,7 @@ fn pod_blocker(p: &slipstream_testbed::status::PodStatus) -> Option<Result<Strin
 /// Waits until every pod is ready (or completed) and no pod is stopping.
 /// Prints each pod once as it becomes ready. Fails fast on a crashing pod,
 /// naming it, the reason and the end of its log.
-pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool) -> anyhow::Result<ClusterStatus> {
+pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool, scope: &Scope) -> anyhow::Result<ClusterStatus> {
     let deadline = Instant::now() + timeout;
     let mut shown = std::collections::BTreeSet::new();
     loop {
@@ -113,13 +114,14 @@ pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool) -> anyhow::Resu
         if !st.agent.running {
             bail!("the cluster agent stopped; see {}", ctx.paths.agent_log().display());
         }
-        for p in &st.pods {
+        let pods: Vec<&PodStatus> = st.pods.iter().filter(|p| scope.contains(p)).collect();
+        for p in &pods {
             if p.ready && shown.insert((p.namespace.clone(), p.name.clone())) && !quiet {
                 println!("  pod {}/{} running on {} ({})", p.namespace, p.name, p.node, p.ip);
             }
         }
         let mut waiting = Vec::new();
-        for p in &st.pods {
+        for p in pods {
             match pod_blocker(p) {
                 Some(Err(e)) => {
                     let tail = p.containers.iter().find(|c| c.last_exit_code.is_some() || c.state != "running").map(|c| log_tail(&c.log, 8)).unwrap_or_default();
@@ -151,4 +153,30 @@ pub fn log_tail(path: &str, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let v: Vec<&str> = text.lines().collect();
     v[v.len().saturating_sub(lines)..].iter().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+}
+
+/// Which pods a command waits for: all of them (`up`), or those of the
+/// objects it applied or deleted, so that an unrelated failing pod does not
+/// fail an apply.
+pub enum Scope {
+    All,
+    Objects(Vec<ObjectKey>),
+}
+
+impl Scope {
+    pub fn of(objects: &[Object]) -> Scope {
+        Scope::Objects(objects.iter().map(|o| o.key()).collect())
+    }
+
+    fn contains(&self, p: &PodStatus) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Objects(keys) => keys.iter().any(|k| match k.kind.as_str() {
+                "Pod" => k.namespace == p.namespace && k.name == p.name,
+                "Deployment" => k.namespace == p.namespace && p.owner.as_deref() == Some(&format!("Deployment/{}", k.name)),
+                "Namespace" => k.name == p.namespace,
+                _ => false,
+            }),
+        }
+    }
 }

@@ -1,5 +1,10 @@
-//! Calls from one bookinfo service to another: a pooled HTTP/1.1 client with
-//! a deadline, trace/user header propagation and a bounded answer size.
+//! Calls from one bookinfo service to another: an HTTP/1.1 client with a
+//! deadline, trace/user header propagation and a bounded answer size.
+//!
+//! No connection pooling, like the real bookinfo: each call is a new
+//! connection, so an L4 balancer (kube-proxy, nftables, a node proxy) spreads
+//! calls over every version instead of pinning one keep-alive connection to
+//! one backend.
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -84,7 +89,7 @@ impl Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(TIMEOUT));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);
         Upstream { client }
     }
 
@@ -97,13 +102,24 @@ impl Upstream {
         path: &str,
         incoming: &HeaderMap,
     ) -> Result<Value, UpstreamError> {
-        let fail = |cause| UpstreamError { service, authority: authority.clone(), cause };
+        let fail = |cause| UpstreamError {
+            service,
+            authority: authority.clone(),
+            cause,
+        };
         let call = async {
             let uri = format!("http://{authority}{path}");
-            let mut req = Request::get(uri).body(Empty::new()).map_err(|e| Cause::Request(e.to_string()))?;
+            let mut req = Request::get(uri)
+                .body(Empty::new())
+                .map_err(|e| Cause::Request(e.to_string()))?;
             *req.headers_mut() = propagated(incoming);
-            req.headers_mut().insert(ACCEPT, HeaderValue::from_static("application/json"));
-            let resp = self.client.request(req).await.map_err(|e| Cause::Request(chain(&e)))?;
+            req.headers_mut()
+                .insert(ACCEPT, HeaderValue::from_static("application/json"));
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| Cause::Request(chain(&e)))?;
             if !resp.status().is_success() {
                 return Err(Cause::Status(resp.status()));
             }
@@ -153,7 +169,10 @@ mod tests {
         let out = propagated(&incoming);
         assert_eq!(out.get("end-user").unwrap(), "jason");
         assert_eq!(out.get("x-request-id").unwrap(), "abc");
-        assert_eq!(out.get_all("cookie").iter().collect::<Vec<_>>(), ["a=1", "b=2"]);
+        assert_eq!(
+            out.get_all("cookie").iter().collect::<Vec<_>>(),
+            ["a=1", "b=2"]
+        );
         assert!(out.get("authorization").is_none() && out.get("host").is_none());
         assert_eq!(out.len(), 4);
     }
@@ -161,11 +180,21 @@ mod tests {
     #[tokio::test]
     async fn a_refused_connection_is_reported_with_its_cause() {
         // Bind then drop, so the port is (almost certainly) closed.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let authority: Authority = format!("127.0.0.1:{port}").parse().unwrap();
-        let err = Upstream::new().get_json("ratings", &authority, "/ratings/0", &HeaderMap::new()).await.unwrap_err();
+        let err = Upstream::new()
+            .get_json("ratings", &authority, "/ratings/0", &HeaderMap::new())
+            .await
+            .unwrap_err();
         let text = err.to_string();
-        assert!(text.starts_with(&format!("ratings at 127.0.0.1:{port}: request failed")), "{text}");
+        assert!(
+            text.starts_with(&format!("ratings at 127.0.0.1:{port}: request failed")),
+            "{text}"
+        );
         assert!(text.to_lowercase().contains("refused"), "{text}");
     }
 }

@@ -66,7 +66,11 @@ impl Echo {
                 .iter()
                 .map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()))
                 .collect();
-            let value = if values.len() == 1 { values.remove(0) } else { Value::Array(values) };
+            let value = if values.len() == 1 {
+                values.remove(0)
+            } else {
+                Value::Array(values)
+            };
             headers.insert(name.as_str().to_owned(), value);
         }
         json!({
@@ -94,10 +98,16 @@ async fn echo(req: Request<Incoming>) -> Response<Body> {
     let status = params.status.pick(&mut rand::thread_rng());
     let (parts, body) = req.into_parts();
     let (body, content_type) = match params.size {
-        Some(size) => (Payload::new(size).boxed(), Some(HeaderValue::from_static("text/plain"))),
+        Some(size) => (
+            Payload::new(size).boxed(),
+            Some(HeaderValue::from_static("text/plain")),
+        ),
         // Streamed, not collected: memory stays bounded whatever the size,
         // and flow control pushes back on a client that does not read.
-        None => (body.map_err(Into::into).boxed(), parts.headers.get(CONTENT_TYPE).cloned()),
+        None => (
+            body.map_err(Into::into).boxed(),
+            parts.headers.get(CONTENT_TYPE).cloned(),
+        ),
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;

@@ -2,13 +2,13 @@
 //! prior knowledge on one port), the access log, and response helpers.
 
 mod access_log;
-pub(crate) mod respond;
+mod respond;
 mod server;
 
 pub use access_log::AccessLog;
-pub(crate) use respond::{json, text};
-pub use server::ConnInfo;
+pub(crate) use respond::{json, text, with_type};
 pub(crate) use server::serve;
+pub use server::ConnInfo;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;

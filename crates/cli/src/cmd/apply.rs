@@ -6,20 +6,22 @@ use std::time::Duration;
 
 pub fn apply(ctx: &Ctx, files: &[PathBuf], wait: bool, timeout: Duration) -> anyhow::Result<()> {
     common::require_root("apply")?;
-    let objects = common::load(files)?.into_iter().map(|l| l.object).collect();
+    let objects: Vec<_> = common::load(files)?.into_iter().map(|l| l.object).collect();
+    let scope = common::Scope::of(&objects);
     send(ctx, Request::Apply { objects })?;
     if wait {
-        common::wait_converged(ctx, timeout, false)?;
+        common::wait_converged(ctx, timeout, false, &scope)?;
     }
     Ok(())
 }
 
 pub fn delete(ctx: &Ctx, files: &[PathBuf], ignore_not_found: bool, wait: bool, timeout: Duration) -> anyhow::Result<()> {
     common::require_root("delete")?;
-    let keys = common::load(files)?.into_iter().map(|l| l.object.key()).collect();
+    let keys: Vec<_> = common::load(files)?.into_iter().map(|l| l.object.key()).collect();
+    let scope = common::Scope::Objects(keys.clone());
     send(ctx, Request::Delete { keys, ignore_not_found })?;
     if wait {
-        common::wait_converged(ctx, timeout, true)?;
+        common::wait_converged(ctx, timeout, true, &scope)?;
     }
     Ok(())
 }

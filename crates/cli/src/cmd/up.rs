@@ -81,7 +81,7 @@ pub fn run(ctx: &Ctx, files: &[PathBuf], nodes: usize, timeout: Duration) -> any
         other => bail!("unexpected answer from the agent: {other:?}"),
     }
     println!("waiting for pods to be ready (timeout {timeout:?})");
-    let st = common::wait_converged(ctx, timeout, false)?;
+    let st = common::wait_converged(ctx, timeout, false, &common::Scope::All)?;
     println!(
         "\ncluster {:?} is up: {} node(s), {} pod(s), {} service(s). Try:",
         paths.cluster.as_str(),

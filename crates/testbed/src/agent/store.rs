@@ -115,7 +115,8 @@ impl Store {
                         }
                     }
                 }
-                None if ignore_not_found || self.get(k).is_none() && keys_deleted_by_namespace(keys, k) => {}
+                // Already removed with its namespace earlier in this same request.
+                None if ignore_not_found || keys_deleted_by_namespace(keys, k) => {}
                 None => errors.push(format!("{k}: not found")),
             }
         }
@@ -301,6 +302,10 @@ mod tests {
         let (s2, lines) = s.plan_delete(&[key("Namespace", "", "demo")], false).unwrap();
         assert_eq!(lines.len(), 3, "{lines:?}");
         assert!(s2.get(&key("Pod", "demo", "web")).is_none());
+        // A file that deletes a namespace and what is inside it (the usual
+        // `delete -f` of the file that created them) is not "not found".
+        let (_, lines) = s.plan_delete(&[key("Namespace", "", "demo"), key("Pod", "demo", "web")], false).unwrap();
+        assert_eq!(lines.len(), 3, "{lines:?}");
         assert!(s.plan_delete(&[key("Namespace", "", "default")], false).is_err());
         let e = s.plan_delete(&[key("Pod", "demo", "nope")], false).unwrap_err();
         assert_eq!(e, vec!["Pod demo/nope: not found"]);

@@ -1,0 +1,32 @@
+# The two commands of the README:
+#   make up     install system packages, build, install the binary, start the quickstart
+#   make test   install system packages, build, run every test
+# Both need root (network namespaces, cgroups, apt-get).
+
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),/var/tmp/slipstream-target)
+BIN        := $(TARGET_DIR)/release/slipstream
+PREFIX     ?= /usr/local
+
+.PHONY: setup build install up test down clean
+
+setup:
+	./scripts/setup.sh
+
+build: setup
+	cargo build --release --locked -p slipstream-cli
+
+install: build
+	install -m 0755 $(BIN) $(PREFIX)/bin/slipstream
+	@echo "installed $(PREFIX)/bin/slipstream"
+
+up: install
+	$(PREFIX)/bin/slipstream up
+
+down:
+	$(BIN) down
+
+test: setup
+	./scripts/test.sh
+
+clean:
+	cargo clean

@@ -1,0 +1,154 @@
+//! Test tier 3: the real binary, real network namespaces, real processes.
+//! Each test uses its own cluster name, so tests run in parallel without
+//! seeing each other, and checks that `down` leaves nothing of it behind.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_slipstream")
+}
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// These tests create network namespaces and cgroups: without root they
+/// cannot run, and they fail loudly rather than pass silently.
+pub fn require_root() {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2).map(String::from))
+        .unwrap();
+    assert_eq!(uid, "0", "integration tests need root (network namespaces, cgroups): run `make test` as root");
+}
+
+pub struct Cluster {
+    pub name: String,
+    down_on_drop: bool,
+}
+
+pub fn run(cluster: &str, args: &[&str]) -> Output {
+    Command::new(bin()).arg("--cluster").arg(cluster).args(args).output().expect("run slipstream")
+}
+
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+impl Cluster {
+    /// `slipstream up` with `args`; panics with its output if it fails.
+    pub fn up(name: &str, args: &[&str]) -> Cluster {
+        require_root();
+        // A previous crashed run of this same test may have left a cluster.
+        let _ = run(name, &["down"]);
+        let mut a = vec!["up"];
+        a.extend_from_slice(args);
+        let o = run(name, &a);
+        let c = Cluster { name: name.to_string(), down_on_drop: true };
+        assert!(o.status.success(), "up failed:\n{}", text(&o));
+        c
+    }
+
+    pub fn adopt(name: &str) -> Cluster {
+        Cluster { name: name.to_string(), down_on_drop: true }
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        run(&self.name, args)
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(o.status.success(), "slipstream {args:?} failed:\n{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    pub fn status(&self) -> Value {
+        serde_json::from_str(&self.ok(&["status", "-o", "json"])).expect("status json")
+    }
+
+    /// Runs a command in a pod; returns (exit code, stdout).
+    pub fn exec(&self, ns: &str, pod: &str, cmd: &[&str]) -> (i32, String) {
+        let mut a = vec!["exec", "-n", ns, pod, "--"];
+        a.extend_from_slice(cmd);
+        let o = self.run(&a);
+        (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
+    pub fn pods(&self, prefix: &str) -> Vec<Value> {
+        self.status()["pods"].as_array().unwrap().iter().filter(|p| p["name"].as_str().unwrap().starts_with(prefix)).cloned().collect()
+    }
+
+    /// `down`, then proof that nothing of this cluster is left.
+    pub fn down(mut self) {
+        self.down_on_drop = false;
+        let o = self.run(&["down"]);
+        assert!(o.status.success(), "down failed:\n{}", text(&o));
+        assert_clean(&self.name);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.down_on_drop {
+            let _ = run(&self.name, &["down"]);
+        }
+    }
+}
+
+/// Nothing of the cluster remains: no network namespace, cgroup, process,
+/// state or pinned object.
+pub fn assert_clean(name: &str) {
+    let netns: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|rd| rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| n.starts_with(&format!("{name}."))).collect())
+        .unwrap_or_default();
+    assert!(netns.is_empty(), "network namespaces left: {netns:?}");
+    let cg = cgroup2().join("slipstream").join(name);
+    assert!(!cg.exists(), "cgroup left: {}", cg.display());
+    assert!(!Path::new("/run/slipstream").join(name).exists(), "state directory left");
+    assert!(!Path::new("/sys/fs/bpf/slipstream").join(name).exists(), "pinned BPF objects left");
+    let procs = processes_mentioning(&format!("--cluster {name} "));
+    assert!(procs.is_empty(), "processes left: {procs:?}");
+}
+
+pub fn cgroup2() -> PathBuf {
+    let m = std::fs::read_to_string("/proc/mounts").unwrap();
+    m.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
+    }).expect("cgroup2 mounted")
+}
+
+/// Command lines (space-joined) of live processes containing `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let line = c.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect::<Vec<_>>().join(" ") + " ";
+            if line.contains(needle) {
+                out.push(line);
+            }
+        }
+    }
+    out
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn write_manifest(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let p = dir.path().join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
