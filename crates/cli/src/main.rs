@@ -49,6 +49,13 @@ enum Command {
         /// How long to wait for every pod to be ready.
         #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
         timeout: Duration,
+        /// Mesh root certificate (PEM) to sign workload certificates with;
+        /// with --ca-key. Default: a new root for this cluster.
+        #[arg(long, requires = "ca_key")]
+        ca_cert: Option<PathBuf>,
+        /// Private key (PEM) of --ca-cert.
+        #[arg(long, requires = "ca_cert")]
+        ca_key: Option<PathBuf>,
     },
     /// Remove everything `up` made: processes, namespaces, veths, routes,
     /// nftables rules, cgroups, state. Safe to run twice, and after a crash.
@@ -110,6 +117,9 @@ enum Command {
         follow: bool,
         pod: String,
     },
+    /// The node proxy: carries meshed pods' connections in mTLS (HBONE).
+    /// Started by `up` on every node; see docs/node-proxy.md.
+    Node(slipstream_node::NodeArgs),
     /// Built-in sample applications (run inside pods).
     #[command(subcommand)]
     App(AppCommand),
@@ -118,6 +128,10 @@ enum Command {
     Agent {
         #[arg(long, default_value_t = 2)]
         nodes: usize,
+        #[arg(long)]
+        ca_cert: Option<PathBuf>,
+        #[arg(long)]
+        ca_key: Option<PathBuf>,
     },
 }
 
@@ -135,7 +149,8 @@ fn main() {
         Command::App(AppCommand::Echo(a)) => slipstream_apps::run_echo(a),
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
-            Command::Up { files, nodes, timeout } => cmd::up::run(&ctx, &files, nodes, timeout),
+            Command::Up { files, nodes, timeout, ca_cert, ca_key } => cmd::up::run(&ctx, &files, nodes, timeout, ca_cert, ca_key),
+            Command::Node(args) => cmd::node::run(&ctx, args),
             Command::Down => cmd::down::run(&ctx),
             Command::Status { output } => cmd::status::run(&ctx, &output),
             Command::Apply { files, no_wait, timeout } => cmd::apply::apply(&ctx, &files, !no_wait, timeout),
@@ -148,7 +163,7 @@ fn main() {
             Command::Logs { namespace, container, follow, pod } => {
                 cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow)
             }
-            Command::Agent { nodes } => cmd::agent::run(&ctx, nodes),
+            Command::Agent { nodes, ca_cert, ca_key } => cmd::agent::run(&ctx, nodes, ca_cert, ca_key),
             Command::App(_) => unreachable!("handled above"),
         }),
     };

@@ -80,6 +80,19 @@ impl Paths {
     pub fn pod_cgroup(&self, ns: &str, pod: &str) -> PathBuf {
         self.cgroup_root.join("pods").join(format!("{ns}.{pod}"))
     }
+    pub fn node_proxy_cgroup(&self, node: &str) -> PathBuf {
+        self.cgroup_root.join("nodes").join(node)
+    }
+    pub fn node_proxy_log(&self, node: &str) -> PathBuf {
+        self.state_dir.join("nodes").join(format!("{node}.log"))
+    }
+    /// Configuration the agent writes for the node proxies.
+    pub fn mesh_dir(&self) -> PathBuf {
+        self.state_dir.join("mesh")
+    }
+    pub fn ca_dir(&self) -> PathBuf {
+        self.state_dir.join("ca")
+    }
     pub fn agent_cgroup(&self) -> PathBuf {
         self.cgroup_root.join("agent")
     }

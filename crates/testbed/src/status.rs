@@ -38,6 +38,19 @@ pub struct NodeStatus {
     pub ip: String,
     #[serde(rename = "podCIDR")]
     pub pod_cidr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    pub restarts: u32,
+    /// Meshed pods of the node whose listeners the proxy has open.
+    pub serving: usize,
+    pub log: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -72,6 +85,9 @@ pub struct PodStatus {
     pub cgroup: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// In the mesh: its traffic is carried by the node proxy.
+    #[serde(default)]
+    pub meshed: bool,
     pub containers: Vec<ContainerStatus>,
 }
 

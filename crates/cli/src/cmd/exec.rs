@@ -53,6 +53,7 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, argv: &[Stri
         resolv: Some(dir.join("resolv.conf")),
         log: None,
         new_session: false,
+        private_mounts: true,
     };
     let mut child = spawn::spawn(&spec).with_context(|| format!("running {:?} in pod {ns}/{}", argv[0], p.name))?;
     let status = child.wait()?;

@@ -7,7 +7,7 @@ use slipstream_testbed::{plan, sweep, sys};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub fn run(ctx: &Ctx, files: &[PathBuf], nodes: usize, timeout: Duration) -> anyhow::Result<()> {
+pub fn run(ctx: &Ctx, files: &[PathBuf], nodes: usize, timeout: Duration, ca_cert: Option<PathBuf>, ca_key: Option<PathBuf>) -> anyhow::Result<()> {
     common::require_root("up")?;
     if !(1..=plan::MAX_NODES).contains(&nodes) {
         bail!("--nodes must be between 1 and {}", plan::MAX_NODES);
@@ -50,7 +50,13 @@ pub fn run(ctx: &Ctx, files: &[PathBuf], nodes: usize, timeout: Duration) -> any
     println!("creating cluster {:?}: {nodes} node(s)", paths.cluster.as_str());
     std::fs::create_dir_all(&paths.state_dir).with_context(|| format!("creating {}", paths.state_dir.display()))?;
     let exe = std::env::current_exe()?.display().to_string();
-    let argv = vec![exe, "--cluster".into(), paths.cluster.to_string(), "agent".into(), "--nodes".into(), nodes.to_string()];
+    let mut argv = vec![exe, "--cluster".into(), paths.cluster.to_string(), "agent".into(), "--nodes".into(), nodes.to_string()];
+    for (flag, p) in [("--ca-cert", &ca_cert), ("--ca-key", &ca_key)] {
+        if let Some(p) = p {
+            let abs = std::fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display()))?;
+            argv.extend([flag.to_string(), abs.display().to_string()]);
+        }
+    }
     let mut agent = sys::spawn::spawn_daemon(&argv, &paths.agent_log()).context("starting the cluster agent")?;
 
     // Wait for the agent to have built the network and to answer.

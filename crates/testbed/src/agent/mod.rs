@@ -2,6 +2,8 @@
 //! objects and makes the machine match them, level-triggered: every tick
 //! compares what should run with what runs.
 
+pub mod mesh;
+pub mod nodeproxy;
 pub mod pods;
 pub mod services;
 pub mod store;
@@ -9,7 +11,7 @@ pub mod store;
 use crate::ipc::{self, Request, Response};
 use crate::names::Paths;
 use crate::plan;
-use crate::status::{AgentStatus, ClusterStatus, NodeStatus, STATUS_VERSION};
+use crate::status::{AgentStatus, ClusterStatus, NodeStatus, ProxyStatus, STATUS_VERSION};
 use crate::sys::{cgroup, net, signals};
 use pods::{Node, PodRuntime};
 use slipstream_k8s::desired_pods;
@@ -27,6 +29,10 @@ const MAX_GRACE: Duration = Duration::from_secs(10);
 pub struct AgentConfig {
     pub paths: Paths,
     pub nodes: usize,
+    /// Bring-your-own mesh root (certificate and key PEM files); generated
+    /// when absent.
+    pub ca_cert: Option<std::path::PathBuf>,
+    pub ca_key: Option<std::path::PathBuf>,
 }
 
 pub struct Agent {
@@ -41,6 +47,10 @@ pub struct Agent {
     last_hosts: Option<Vec<plan::HostsEntry>>,
     last_state: String,
     shutdown: bool,
+    proxies: Vec<nodeproxy::NodeProxy>,
+    /// Per node: the workload uids its proxy reports as served.
+    served: BTreeMap<String, BTreeSet<String>>,
+    last_mesh: BTreeMap<std::path::PathBuf, String>,
 }
 
 /// Runs the agent until SIGTERM or a Shutdown request; removes the cluster
@@ -63,8 +73,16 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         last_hosts: None,
         last_state: String::new(),
         shutdown: false,
+        proxies: Vec::new(),
+        served: BTreeMap::new(),
+        last_mesh: BTreeMap::new(),
         paths,
     };
+    if let Err(e) = ensure_ca(&agent.paths, cfg.ca_cert.as_deref(), cfg.ca_key.as_deref()) {
+        tracing::error!("cannot set up the mesh CA: {e:#}");
+        agent.teardown();
+        return Err(e);
+    }
     if let Err(e) = agent.create_network(cfg.nodes) {
         tracing::error!("cannot create the cluster network: {e:#}");
         agent.teardown();
@@ -108,7 +126,9 @@ impl Agent {
             let netns = self.paths.node_netns(&name);
             net::create_node(&fabric, &netns, &name, plan::node_ip(i))?;
             net::apply_nft(&netns, &plan::nft_ruleset(&[]))?;
-            self.nodes.push(Node { name, index: i, netns, ip: plan::node_ip(i) });
+            let node = Node { name, index: i, netns, ip: plan::node_ip(i) };
+            self.proxies.push(nodeproxy::NodeProxy::new(&node));
+            self.nodes.push(node);
         }
         for a in &self.nodes {
             for b in &self.nodes {
@@ -202,7 +222,8 @@ impl Agent {
                 tracing::error!(node = %node.name, "no pod address left for {}/{}", key.0, key.1);
                 continue;
             };
-            let pod = PodRuntime::create(&self.paths, inst, node, ip);
+            let meshed = mesh::is_meshed(&mesh::namespace_labels(&self.store, &inst.namespace), &inst.labels);
+            let pod = PodRuntime::create(&self.paths, inst, node, ip, meshed);
             self.pods.insert(key, pod);
         }
         self.sync_services();
@@ -210,16 +231,57 @@ impl Agent {
 
     fn tick(&mut self) {
         self.reconcile();
+        for (proxy, node) in self.proxies.iter_mut().zip(&self.nodes) {
+            proxy.tick(&self.paths, node);
+        }
+        self.read_served();
         let mut changed = false;
+        let cluster = self.paths.cluster.to_string();
         for p in self.pods.values_mut() {
-            changed |= p.tick(&self.paths, &self.nodes);
+            let node = &self.nodes[p.node - 1].name;
+            let uid = mesh::workload_uid(&cluster, &p.inst.namespace, &p.inst.name);
+            let may_start = !p.meshed || self.served.get(node).is_some_and(|s| s.contains(&uid));
+            changed |= p.tick(&self.paths, &self.nodes, may_start);
         }
         let before = self.stopping.len();
         self.stopping.retain_mut(|p| !p.progress_stop());
         if changed || before != self.stopping.len() {
             self.sync_services();
         }
+        self.sync_mesh();
         self.persist();
+    }
+
+    /// Writes the node proxies' configuration when it changed (atomically).
+    fn sync_mesh(&mut self) {
+        let pods: Vec<&PodRuntime> = self.pods.values().collect();
+        let cluster = self.paths.cluster.to_string();
+        let mut files = vec![(
+            self.paths.mesh_dir().join("workloads.json"),
+            serde_json::to_string_pretty(&mesh::mesh_config(&cluster, &self.store, &pods, &self.nodes, &self.vips)),
+        )];
+        for n in &self.nodes {
+            files.push((self.paths.mesh_dir().join(&n.name).join("pods.json"), serde_json::to_string_pretty(&mesh::node_pods(&cluster, n.index, &pods))));
+        }
+        for (path, text) in files {
+            let Ok(text) = text else { continue };
+            if self.last_mesh.get(&path) == Some(&text) {
+                continue;
+            }
+            if let Err(e) = write_atomic(&path, &text) {
+                tracing::error!("cannot write {}: {e}", path.display());
+                continue;
+            }
+            self.last_mesh.insert(path, text);
+        }
+    }
+
+    fn read_served(&mut self) {
+        for n in &self.nodes {
+            let path = self.paths.mesh_dir().join(&n.name).join("served.json");
+            let served: slipstream_core::Served = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+            self.served.insert(n.name.clone(), served.uids.into_iter().collect());
+        }
     }
 
     /// Brings VIPs, nftables rules and hosts files in step with the store
@@ -273,11 +335,18 @@ impl Agent {
             nodes: self
                 .nodes
                 .iter()
-                .map(|n| NodeStatus {
+                .zip(&self.proxies)
+                .map(|(n, proxy)| NodeStatus {
                     name: n.name.clone(),
                     netns: n.netns.clone(),
                     ip: n.ip.to_string(),
                     pod_cidr: plan::format_cidr(plan::pod_cidr(n.index)),
+                    proxy: Some(ProxyStatus {
+                        pid: proxy.pid(),
+                        restarts: proxy.restarts,
+                        serving: self.served.get(&n.name).map(|s| s.len()).unwrap_or(0),
+                        log: self.paths.node_proxy_log(&n.name).display().to_string(),
+                    }),
                 })
                 .collect(),
             pods: pod_status,
@@ -300,6 +369,11 @@ impl Agent {
 
     /// Stops every pod gracefully, then removes the network and cgroups.
     fn teardown(&mut self) {
+        // Proxies first: their sockets inside pod namespaces would otherwise
+        // keep those namespaces (and their veths) alive after deletion.
+        for proxy in &mut self.proxies {
+            proxy.stop();
+        }
         for (_, mut p) in std::mem::take(&mut self.pods) {
             p.stop(MAX_GRACE);
             self.stopping.push(p);
@@ -316,4 +390,46 @@ impl Agent {
         let _ = cgroup::remove_tree(&self.paths.cgroup_root.join("pods"));
         tracing::info!("cluster {} removed", self.paths.cluster);
     }
+}
+
+fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The mesh root: the operator's (copied in) or a new one.
+fn ensure_ca(paths: &Paths, cert: Option<&std::path::Path>, key: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let dir = paths.ca_dir();
+    std::fs::create_dir_all(&dir)?;
+    let (cert_out, key_out) = (dir.join("root-cert.pem"), dir.join("root-key.pem"));
+    match (cert, key) {
+        (Some(c), Some(k)) => {
+            // Validate before use: a bad root is an error now, not at the first connection.
+            slipstream_identity::Ca::from_pem_files(c, k, None).with_context(|| format!("loading the CA from {} and {}", c.display(), k.display()))?;
+            std::fs::copy(c, &cert_out)?;
+            std::fs::copy(k, &key_out)?;
+            tracing::info!("mesh root from {}", c.display());
+        }
+        (None, None) => {
+            let td = slipstream_identity::TrustDomain::new(slipstream_core::DEFAULT_TRUST_DOMAIN)?;
+            let ca = slipstream_identity::Ca::generate(&td)?;
+            std::fs::write(&cert_out, ca.cert_pem())?;
+            write_private(&key_out, &ca.key_pem())?;
+            tracing::info!("generated a mesh root in {}", dir.display());
+        }
+        _ => anyhow::bail!("--ca-cert and --ca-key go together"),
+    }
+    Ok(())
+}
+
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())
 }

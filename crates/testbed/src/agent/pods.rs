@@ -35,6 +35,8 @@ pub struct PodRuntime {
     /// Set when the pod is being stopped: SIGKILL at this instant.
     pub kill_at: Option<Instant>,
     pub sandbox_error: Option<String>,
+    /// Carried by the node proxy (capture installed before containers start).
+    pub meshed: bool,
 }
 
 pub struct ContainerRuntime {
@@ -81,7 +83,7 @@ impl ContainerRuntime {
 impl PodRuntime {
     /// Creates the sandbox. On error the partial sandbox is removed and the
     /// error kept, so the pod shows as Failed with the reason.
-    pub fn create(paths: &Paths, inst: PodInstance, node: &Node, ip: Ipv4Addr) -> PodRuntime {
+    pub fn create(paths: &Paths, inst: PodInstance, node: &Node, ip: Ipv4Addr, meshed: bool) -> PodRuntime {
         let netns_name = paths.pod_netns(&inst.namespace, &inst.name);
         let mut pod = PodRuntime {
             cgroup: paths.pod_cgroup(&inst.namespace, &inst.name),
@@ -93,6 +95,7 @@ impl PodRuntime {
             netns: netns_name,
             kill_at: None,
             sandbox_error: None,
+            meshed,
         };
         if let Err(e) = pod.create_sandbox(node) {
             tracing::error!(pod = %pod.key(), "sandbox failed: {e}");
@@ -108,7 +111,13 @@ impl PodRuntime {
     fn create_sandbox(&self, node: &Node) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
         cgroup::create(&self.cgroup).map_err(|e| format!("cannot create cgroup {}: {e}", self.cgroup.display()))?;
-        net::create_pod_network(&node.netns, &self.netns, self.ip).map_err(|e| e.to_string())
+        net::create_pod_network(&node.netns, &self.netns, self.ip).map_err(|e| e.to_string())?;
+        if self.meshed {
+            // Before any container runs: a meshed app never sends a byte
+            // outside the mesh (if the proxy is not there, it fails closed).
+            crate::sys::capture::enable(&self.netns).map_err(|e| format!("capture: {e}"))?;
+        }
+        Ok(())
     }
 
     pub fn key(&self) -> String {
@@ -198,7 +207,8 @@ impl PodRuntime {
     }
 
     /// One supervision step: reap, (re)start, probe. True if readiness changed.
-    pub fn tick(&mut self, paths: &Paths, nodes: &[Node]) -> bool {
+    /// `may_start` is false while a meshed pod's node proxy does not serve it yet.
+    pub fn tick(&mut self, paths: &Paths, nodes: &[Node], may_start: bool) -> bool {
         if self.sandbox_error.is_some() || self.terminating() {
             return false;
         }
@@ -207,7 +217,7 @@ impl PodRuntime {
         let now = Instant::now();
         for i in 0..self.containers.len() {
             let due = self.containers[i].next_start.is_some_and(|t| t <= now);
-            if self.containers[i].child.is_none() && !self.containers[i].done && due {
+            if self.containers[i].child.is_none() && !self.containers[i].done && due && may_start {
                 self.start_container(i, paths, nodes);
             }
         }
@@ -233,6 +243,7 @@ impl PodRuntime {
             resolv: Some(self.resolv_path()),
             log: Some(paths.container_log(&self.inst.namespace, &self.inst.name, &c.spec.name)),
             new_session: true,
+            private_mounts: true,
         };
         let key = self.key();
         let c = &mut self.containers[i];
@@ -305,6 +316,7 @@ impl PodRuntime {
             resolv: Some(self.resolv_path()),
             log: Some(PathBuf::from("/dev/null")),
             new_session: true,
+            private_mounts: true,
         };
         let c = &mut self.containers[i];
         if c.child.is_none() {
@@ -374,6 +386,7 @@ impl PodRuntime {
             veth: crate::plan::pod_veth(self.ip),
             cgroup: self.cgroup.display().to_string(),
             owner: self.inst.owner.as_ref().map(|o| format!("Deployment/{o}")),
+            meshed: self.meshed,
             containers: self
                 .containers
                 .iter()
@@ -421,6 +434,9 @@ impl PodRuntime {
                 return (PodPhase::Running, String::new(), String::new());
             }
             return (PodPhase::Running, "NotReady".into(), format!("readiness probe not yet passing: {}", not_ready.join(", ")));
+        }
+        if self.meshed && self.containers.iter().all(|c| c.restarts == 0 && c.last_exit.is_none()) {
+            return (PodPhase::Pending, "WaitingForNodeProxy".into(), "the node proxy has not opened this pod's listeners yet".into());
         }
         (PodPhase::Pending, "ContainerCreating".into(), String::new())
     }

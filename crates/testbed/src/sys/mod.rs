@@ -1,5 +1,6 @@
 //! Everything that changes the machine. Each module has one concern.
 
+pub mod capture;
 pub mod cgroup;
 pub mod cmd;
 pub mod net;

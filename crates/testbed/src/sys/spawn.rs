@@ -27,6 +27,10 @@ pub struct SandboxSpec {
     /// Own session (pods) or stay in the caller's (interactive `exec`, so
     /// that Ctrl-C reaches the command).
     pub new_session: bool,
+    /// A private mount and UTS namespace (pods). The node proxy shares the
+    /// host's, so that network namespaces created later under /run/netns
+    /// stay visible to it.
+    pub private_mounts: bool,
 }
 
 struct Prepared {
@@ -36,6 +40,7 @@ struct Prepared {
     hostname: CString,
     root: CString,
     new_session: bool,
+    private_mounts: bool,
 }
 
 pub fn spawn(spec: &SandboxSpec) -> io::Result<Child> {
@@ -61,6 +66,7 @@ pub fn spawn(spec: &SandboxSpec) -> io::Result<Child> {
         hostname: cstr(spec.hostname.as_bytes()),
         root: cstr(b"/"),
         new_session: spec.new_session,
+        private_mounts: spec.private_mounts,
     };
     let program = resolve_program(&spec.argv[0]);
     let mut cmd = Command::new(&program);
@@ -90,13 +96,15 @@ fn enter(p: &Prepared) -> io::Result<()> {
             return Err(io::Error::last_os_error());
         }
         check(libc::setns(p.netns.as_raw_fd(), libc::CLONE_NEWNET))?;
-        check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS))?;
-        // Keep our bind mounts from propagating back to the host.
-        check(libc::mount(std::ptr::null(), p.root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
-        for (src, dst) in &p.mounts {
-            check(libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
+        if p.private_mounts {
+            check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS))?;
+            // Keep our bind mounts from propagating back to the host.
+            check(libc::mount(std::ptr::null(), p.root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+            for (src, dst) in &p.mounts {
+                check(libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
+            }
+            check(libc::sethostname(p.hostname.as_ptr(), p.hostname.as_bytes().len()))?;
         }
-        check(libc::sethostname(p.hostname.as_ptr(), p.hostname.as_bytes().len()))?;
         if p.new_session && libc::setsid() < 0 {
             return Err(io::Error::last_os_error());
         }

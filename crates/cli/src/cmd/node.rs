@@ -1,0 +1,16 @@
+use crate::common::Ctx;
+
+/// The node proxy's process. Diagnostics go to stderr, access logs to
+/// stdout; `up` sends both to /run/slipstream/<cluster>/nodes/<node>.log.
+pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SLIPSTREAM_LOG").unwrap_or_else(|_| "info".into()))
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
+    let config = slipstream_node::Config::from_args(ctx.paths.cluster.as_str(), args);
+    // Two workers, as the established node proxy of the field: enough for
+    // a 2-core node, and memory stays small.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(slipstream_node::proxy::run(config))
+}

@@ -1,0 +1,163 @@
+//! Workloads and services as the node proxy sees them. Field names follow
+//! `istio.workload` so that converting from the wire (`TryFrom<proto::...>`)
+//! is a field-by-field copy.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TunnelProtocol {
+    /// Not meshed: traffic to it passes through in plaintext.
+    #[default]
+    None,
+    Hbone,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WorkloadStatus {
+    #[default]
+    Healthy,
+    Unhealthy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WorkloadType {
+    #[default]
+    Deployment,
+    Cronjob,
+    Pod,
+    Job,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Port {
+    pub service_port: u16,
+    pub target_port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Workload {
+    /// Resource name: `<cluster>//Pod/<namespace>/<name>` as Istio forms it.
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub addresses: Vec<IpAddr>,
+    #[serde(default)]
+    pub network: String,
+    #[serde(default)]
+    pub tunnel_protocol: TunnelProtocol,
+    /// Empty means cluster.local.
+    #[serde(default)]
+    pub trust_domain: String,
+    /// Empty means `default`.
+    #[serde(default)]
+    pub service_account: String,
+    #[serde(default)]
+    pub node: String,
+    #[serde(default)]
+    pub canonical_name: String,
+    #[serde(default)]
+    pub canonical_revision: String,
+    #[serde(default)]
+    pub workload_type: WorkloadType,
+    #[serde(default)]
+    pub workload_name: String,
+    /// `namespace/hostname` of each service selecting it, with the ports
+    /// resolved for this workload.
+    #[serde(default)]
+    pub services: BTreeMap<String, Vec<Port>>,
+    #[serde(default)]
+    pub authorization_policies: Vec<String>,
+    #[serde(default)]
+    pub status: WorkloadStatus,
+    #[serde(default)]
+    pub cluster_id: String,
+    /// Load-balancing weight; 0 is read as the default, 1.
+    #[serde(default)]
+    pub capacity: u32,
+}
+
+impl Workload {
+    pub fn trust_domain(&self) -> &str {
+        if self.trust_domain.is_empty() { DEFAULT_TRUST_DOMAIN } else { &self.trust_domain }
+    }
+    pub fn service_account(&self) -> &str {
+        if self.service_account.is_empty() { "default" } else { &self.service_account }
+    }
+    /// `spiffe://<td>/ns/<ns>/sa/<sa>`.
+    pub fn spiffe_id(&self) -> String {
+        format!("spiffe://{}/ns/{}/sa/{}", self.trust_domain(), self.namespace, self.service_account())
+    }
+    pub fn capacity(&self) -> u32 {
+        self.capacity.max(1)
+    }
+    pub fn meshed(&self) -> bool {
+        self.tunnel_protocol == TunnelProtocol::Hbone
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkAddress {
+    #[serde(default)]
+    pub network: String,
+    pub address: IpAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Service {
+    pub name: String,
+    pub namespace: String,
+    /// `name.namespace.svc.cluster.local`.
+    pub hostname: String,
+    pub addresses: Vec<NetworkAddress>,
+    pub ports: Vec<Port>,
+    #[serde(default)]
+    pub subject_alt_names: Vec<String>,
+}
+
+impl Service {
+    /// Resource name in the workload API: `namespace/hostname`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.hostname)
+    }
+}
+
+/// The whole mesh configuration as one document (the state-of-the-world
+/// form of the workload API's `Address` resources).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MeshConfig {
+    pub workloads: Vec<Workload>,
+    pub services: Vec<Service>,
+}
+
+/// A pod of this node and the network namespace it lives in: what the CNI
+/// plugin hands the node proxy in Kubernetes (ztunnel's in-pod protocol).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRegistration {
+    pub uid: String,
+    /// Path of the network namespace (`/run/netns/<name>`).
+    pub netns: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct NodePods {
+    pub pods: Vec<PodRegistration>,
+}
+
+/// What the node proxy reports back: the pods it serves (listeners open).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Served {
+    pub uids: Vec<String>,
+}
+
+/// The proxy's own ports, which CONNECT may never target.
+pub const OUTBOUND_PORT: u16 = 15001;
+pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
+pub const HBONE_PORT: u16 = 15008;
+pub const PROXY_PORTS: [u16; 3] = [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT];

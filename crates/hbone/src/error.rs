@@ -1,0 +1,244 @@
+//! One error type for the HBONE data path. Each variant knows the HTTP status
+//! an HBONE server answers with, the response flag the access log and
+//! metrics carry, and which side was at fault, so the places that answer,
+//! log and count cannot disagree.
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use http::StatusCode;
+use slipstream_identity::tls::IdentityMismatch;
+use slipstream_identity::{FetchError, SpiffeId};
+
+/// The `response_flags` label value (PROTOCOLS.md section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResponseFlag {
+    /// `-`: no failure.
+    None,
+    /// Authorization denied the connection.
+    Deny,
+    /// The next hop could not be reached (TCP connect, or the peer's 503).
+    Connect,
+    TlsFailure,
+    /// The peer's certificate named none of the expected identities.
+    IdentityError,
+    Timeout,
+    /// The peer spoke HTTP/2 or HBONE wrongly (or asked wrongly: 400).
+    ProtocolError,
+    /// An established tunnel broke mid-stream.
+    ConnectionTerminated,
+}
+
+impl ResponseFlag {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "-",
+            Self::Deny => "DENY",
+            Self::Connect => "CONNECT",
+            Self::TlsFailure => "TLS_FAILURE",
+            Self::IdentityError => "IDENTITY_ERROR",
+            Self::Timeout => "TIMEOUT",
+            Self::ProtocolError => "PROTOCOL_ERROR",
+            Self::ConnectionTerminated => "CONNECTION_TERMINATED",
+        }
+    }
+}
+
+impl fmt::Display for ResponseFlag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which side caused a failure, from the point of view of the proxy that
+/// reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The side we connect to (the peer proxy, or the application).
+    Upstream,
+    /// The side that connected to us (it asked for something wrong or forbidden).
+    Downstream,
+    /// This proxy (e.g. it has no certificate to present).
+    Local,
+}
+
+/// What timed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutStage {
+    /// TCP, TLS and HTTP/2 handshakes towards the peer.
+    Connect,
+    /// Waiting for the peer's answer to CONNECT.
+    Response,
+    /// The peer stopped answering HTTP/2 PINGs.
+    Keepalive,
+    /// An inbound TLS or HTTP/2 handshake.
+    Handshake,
+}
+
+impl fmt::Display for TimeoutStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Connect => "connecting to the peer",
+            Self::Response => "waiting for the CONNECT response",
+            Self::Keepalive => "waiting for a PING answer",
+            Self::Handshake => "in the inbound handshake",
+        })
+    }
+}
+
+/// Everything that can fail on an HBONE tunnel, client or server side.
+/// Cheap to clone, so one failed dial can be reported to every waiter.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HboneError {
+    // ----- dialing -----
+    #[error("TCP connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    #[error("TLS with {addr}: {source}")]
+    Tls {
+        addr: SocketAddr,
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("TLS with {addr}: {mismatch}")]
+    IdentityMismatch {
+        addr: SocketAddr,
+        mismatch: IdentityMismatch,
+    },
+    #[error("no certificate for {identity}: {source}")]
+    Certificate {
+        identity: SpiffeId,
+        #[source]
+        source: FetchError,
+    },
+    #[error("timed out {0}")]
+    Timeout(TimeoutStage),
+    #[error("HTTP/2: {0}")]
+    H2(Arc<h2::Error>),
+    /// The peer answered the CONNECT with this non-200 status.
+    #[error("the peer answered {0}")]
+    Status(StatusCode),
+
+    // ----- answering a CONNECT (server side) -----
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    #[error("authority {authority} does not belong to the tunnel destination {tunnel}")]
+    AuthorityMismatch { authority: SocketAddr, tunnel: IpAddr },
+    #[error("no local workload has address {0}")]
+    NoWorkload(SocketAddr),
+    #[error("workload at {0} does not serve that port")]
+    UnknownPort(SocketAddr),
+    #[error("port {0} is one of the node proxy's own ports")]
+    ProxyPort(u16),
+    #[error("denied by authorization policy: {0}")]
+    Denied(Arc<str>),
+
+    // ----- after the tunnel is up -----
+    #[error("tunnel I/O: {0}")]
+    Io(Arc<io::Error>),
+}
+
+impl HboneError {
+    pub fn io(e: io::Error) -> Self {
+        Self::Io(Arc::new(e))
+    }
+
+    pub fn denied(reason: impl Into<Arc<str>>) -> Self {
+        Self::Denied(reason.into())
+    }
+
+    /// The status an HBONE server answers when this error stops a CONNECT
+    /// (PROTOCOLS.md section 2), or the status the peer answered.
+    pub fn response_code(&self) -> StatusCode {
+        match self {
+            Self::Status(code) => *code,
+            Self::BadRequest(_) | Self::AuthorityMismatch { .. } => StatusCode::BAD_REQUEST,
+            Self::Denied(_) => StatusCode::UNAUTHORIZED,
+            // No such workload or port, a proxy port, or the app refused /
+            // did not answer in time: all "service unavailable" to the peer.
+            Self::NoWorkload(_)
+            | Self::UnknownPort(_)
+            | Self::ProxyPort(_)
+            | Self::Connect { .. }
+            | Self::Timeout(_)
+            | Self::Tls { .. }
+            | Self::IdentityMismatch { .. }
+            | Self::Certificate { .. }
+            | Self::H2(_)
+            | Self::Io(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    pub fn flag(&self) -> ResponseFlag {
+        match self {
+            Self::Connect { .. } | Self::NoWorkload(_) | Self::UnknownPort(_) | Self::ProxyPort(_) => {
+                ResponseFlag::Connect
+            }
+            Self::Tls { .. } | Self::Certificate { .. } => ResponseFlag::TlsFailure,
+            Self::IdentityMismatch { .. } => ResponseFlag::IdentityError,
+            Self::Timeout(_) => ResponseFlag::Timeout,
+            Self::Denied(_) => ResponseFlag::Deny,
+            Self::Status(code) => match *code {
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ResponseFlag::Deny,
+                StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => ResponseFlag::Connect,
+                StatusCode::GATEWAY_TIMEOUT => ResponseFlag::Timeout,
+                _ => ResponseFlag::ProtocolError,
+            },
+            Self::H2(_) | Self::BadRequest(_) | Self::AuthorityMismatch { .. } => {
+                ResponseFlag::ProtocolError
+            }
+            Self::Io(_) => ResponseFlag::ConnectionTerminated,
+        }
+    }
+
+    pub fn fault(&self) -> Fault {
+        match self {
+            Self::Certificate { .. } => Fault::Local,
+            Self::BadRequest(_)
+            | Self::AuthorityMismatch { .. }
+            | Self::NoWorkload(_)
+            | Self::UnknownPort(_)
+            | Self::ProxyPort(_)
+            | Self::Denied(_) => Fault::Downstream,
+            Self::Connect { .. }
+            | Self::Tls { .. }
+            | Self::IdentityMismatch { .. }
+            | Self::Timeout(_)
+            | Self::H2(_)
+            | Self::Status(_)
+            | Self::Io(_) => Fault::Upstream,
+        }
+    }
+
+    /// Classifies an HTTP/2 error: one that wraps a TLS failure (for example
+    /// the alert a server sends after rejecting our client certificate, which
+    /// in TLS 1.3 arrives after our handshake finished) is a TLS error.
+    pub(crate) fn from_h2(err: h2::Error, addr: SocketAddr) -> Self {
+        let is_tls = err
+            .get_io()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<rustls::Error>());
+        if is_tls {
+            Self::Tls {
+                addr,
+                source: Arc::new(err),
+            }
+        } else {
+            Self::H2(Arc::new(err))
+        }
+    }
+
+    /// Whether a CONNECT that failed this way was certainly not seen by the
+    /// peer's application, so it may be retried on another connection.
+    pub(crate) fn is_retryable(&self) -> bool {
+        match self {
+            Self::H2(e) => e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! What the node proxy plugs into the server: certificate choice by
+//! destination IP, and what to do with a validated CONNECT.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, StatusCode};
+use slipstream_identity::{FetchError, SpiffeId, WorkloadCert};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::copy::CopyStats;
+use crate::error::HboneError;
+
+/// Why no certificate is available for a destination IP.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ResolveError {
+    #[error("no local workload has address {0}")]
+    NoWorkload(IpAddr),
+    #[error("certificate for the workload at {ip}: {source}")]
+    Fetch {
+        ip: IpAddr,
+        #[source]
+        source: FetchError,
+    },
+}
+
+/// Chooses the certificate the server presents: the one of the workload
+/// that owns the connection's original destination IP (PROTOCOLS.md
+/// section 2: the destination workload's own certificate, never a node
+/// identity).
+pub trait CertResolver: Send + Sync + 'static {
+    fn resolve(&self, local_ip: IpAddr) -> BoxFuture<'_, Result<Arc<WorkloadCert>, ResolveError>>;
+}
+
+/// The application side of a tunnel.
+pub trait Upstream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Upstream for T {}
+
+/// A CONNECT that passed the protocol checks.
+#[derive(Debug, Clone)]
+pub struct InboundRequest {
+    /// The verified client identity (first SPIFFE SAN of its certificate).
+    pub peer_identity: SpiffeId,
+    /// The TCP peer of the tunnel (the source node proxy or waypoint).
+    pub peer_addr: SocketAddr,
+    /// The tunnel's local address: the original destination `<ip>:15008`.
+    pub tunnel_local: SocketAddr,
+    /// The `:authority`.
+    pub target: SocketAddr,
+    /// All request headers (`baggage`, `forwarded`, `traceparent`, ...).
+    pub headers: HeaderMap,
+}
+
+/// The outcome of one CONNECT stream, for metrics and access logs.
+#[derive(Debug, Clone)]
+pub struct StreamRecord {
+    pub peer_identity: SpiffeId,
+    pub peer_addr: SocketAddr,
+    pub tunnel_local: SocketAddr,
+    /// `None` when the authority could not be parsed.
+    pub target: Option<SocketAddr>,
+    /// The status answered to the peer.
+    pub status: StatusCode,
+    pub bytes: CopyStats,
+    pub duration: Duration,
+    /// `Err` for refused streams and for tunnels that broke.
+    pub result: Result<(), HboneError>,
+}
+
+/// Decides what a validated CONNECT connects to.
+pub trait Handler: Send + Sync + 'static {
+    /// Connects to the application, or refuses: [`HboneError::NoWorkload`],
+    /// [`HboneError::UnknownPort`] or [`HboneError::ProxyPort`] (503),
+    /// [`HboneError::Denied`] (401), [`HboneError::Connect`] (503). The
+    /// server answers 200 only after this returned the upstream.
+    fn connect<'a>(&'a self, request: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>>;
+
+    /// Whether this proxy accepts tunnels for `target` although it is not
+    /// the address the tunnel arrived on: true for a waypoint serving that
+    /// target.
+    fn accepts_foreign_target(&self, _tunnel_local: SocketAddr, _target: SocketAddr) -> bool {
+        false
+    }
+
+    /// Called once per stream when it is finished or refused.
+    fn on_stream_end(&self, _record: &StreamRecord) {}
+}

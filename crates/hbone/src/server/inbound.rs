@@ -1,0 +1,151 @@
+//! One inbound CONNECT stream: validate in PROTOCOLS.md order, ask the
+//! handler for the upstream, answer, copy, record.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode};
+use slipstream_identity::SpiffeId;
+use tokio::time::Instant;
+
+use super::handler::{Handler, InboundRequest, StreamRecord};
+use super::stats::ServerStats;
+use crate::authority::parse_authority;
+use crate::copy::{self, CopyStats};
+use crate::error::HboneError;
+use crate::stream::TunnelStream;
+
+/// What every stream of one connection shares.
+pub(crate) struct ConnContext {
+    pub peer_identity: SpiffeId,
+    pub peer_addr: SocketAddr,
+    pub tunnel_local: SocketAddr,
+    pub handler: Arc<dyn Handler>,
+    pub stats: Arc<ServerStats>,
+    pub proxy_ports: Arc<[u16]>,
+}
+
+pub(crate) async fn serve_stream(
+    ctx: Arc<ConnContext>,
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
+    let start = Instant::now();
+    ctx.stats.stream();
+    let (parts, body) = request.into_parts();
+
+    let target = match validate(&parts, &ctx) {
+        Ok(target) => target,
+        Err((target, err)) => return refuse(&ctx, &mut respond, target, err, start),
+    };
+
+    let inbound = InboundRequest {
+        peer_identity: ctx.peer_identity.clone(),
+        peer_addr: ctx.peer_addr,
+        tunnel_local: ctx.tunnel_local,
+        target,
+        headers: parts.headers,
+    };
+    let upstream = match ctx.handler.connect(&inbound).await {
+        Ok(upstream) => upstream,
+        Err(err) => return refuse(&ctx, &mut respond, Some(target), err, start),
+    };
+
+    // Only now that the application accepted: 200, then bytes.
+    let send = match respond.send_response(status_only(StatusCode::OK), false) {
+        Ok(send) => send,
+        Err(e) => {
+            // The peer reset the stream while we were connecting.
+            let err = HboneError::H2(Arc::new(e));
+            return finish(&ctx, Some(target), StatusCode::OK, CopyStats::default(), Err(err), start);
+        }
+    };
+    ctx.stats.answered(StatusCode::OK);
+    let tunnel = TunnelStream::new(send, body, None);
+    let (bytes, result) = copy::bidirectional(tunnel, upstream).await;
+    ctx.stats
+        .tunnel_finished(bytes.from_tunnel, bytes.to_tunnel, result.is_err());
+    finish(&ctx, Some(target), StatusCode::OK, bytes, result, start);
+}
+
+/// The checks of PROTOCOLS.md section 2 that need no handler, in order:
+/// method, authority syntax, authority IP vs. the tunnel's IP, proxy ports.
+/// On failure also returns the target if it was parsed, for the record.
+fn validate(parts: &Parts, ctx: &ConnContext) -> Result<SocketAddr, (Option<SocketAddr>, HboneError)> {
+    if parts.method != Method::CONNECT {
+        return Err((None, HboneError::BadRequest("method is not CONNECT")));
+    }
+    // A plain CONNECT has only :method and :authority; h2 already rejects
+    // :scheme/:path on CONNECT, this keeps the contract explicit.
+    if parts.uri.scheme().is_some() || parts.uri.path_and_query().is_some() {
+        return Err((None, HboneError::BadRequest("CONNECT with :scheme or :path")));
+    }
+    let target = parts
+        .uri
+        .authority()
+        .and_then(|a| parse_authority(a.as_str()))
+        .ok_or((None, HboneError::BadRequest("authority is not <ip>:<port>")))?;
+    // A dual-stack listener may see IPv4 destinations as IPv4-mapped IPv6.
+    let tunnel_ip = ctx.tunnel_local.ip().to_canonical();
+    if target.ip().to_canonical() != tunnel_ip
+        && !ctx.handler.accepts_foreign_target(ctx.tunnel_local, target)
+    {
+        return Err((
+            Some(target),
+            HboneError::AuthorityMismatch {
+                authority: target,
+                tunnel: tunnel_ip,
+            },
+        ));
+    }
+    // Tunnelling into the proxy's own ports would loop or bypass policy.
+    if ctx.proxy_ports.contains(&target.port()) {
+        return Err((Some(target), HboneError::ProxyPort(target.port())));
+    }
+    Ok(target)
+}
+
+fn refuse(
+    ctx: &ConnContext,
+    respond: &mut SendResponse<Bytes>,
+    target: Option<SocketAddr>,
+    err: HboneError,
+    start: Instant,
+) {
+    let status = err.response_code();
+    tracing::debug!(peer = %ctx.peer_identity, ?target, %status, error = %err, "CONNECT refused");
+    // HEADERS with END_STREAM; fails only if the peer already reset.
+    let _ = respond.send_response(status_only(status), true);
+    ctx.stats.answered(status);
+    finish(ctx, target, status, CopyStats::default(), Err(err), start);
+}
+
+fn finish(
+    ctx: &ConnContext,
+    target: Option<SocketAddr>,
+    status: StatusCode,
+    bytes: CopyStats,
+    result: Result<(), HboneError>,
+    start: Instant,
+) {
+    ctx.handler.on_stream_end(&StreamRecord {
+        peer_identity: ctx.peer_identity.clone(),
+        peer_addr: ctx.peer_addr,
+        tunnel_local: ctx.tunnel_local,
+        target,
+        status,
+        bytes,
+        duration: start.elapsed(),
+        result,
+    });
+}
+
+fn status_only(status: StatusCode) -> Response<()> {
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    response
+}

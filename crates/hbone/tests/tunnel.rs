@@ -1,0 +1,255 @@
+//! Tunnels over real loopback TCP and real TLS: bytes, half-close, what the
+//! server sees, flow control.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use slipstream_hbone::headers::{Baggage, Forwarded, TraceParent, WorkloadKind};
+use slipstream_hbone::{ConnectRequest, PoolConfig, ServerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+const TEN_MIB: usize = 10 * 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_with_client_half_close_first() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
+    let pool = mesh.pool(PoolConfig::default());
+    let k = key(&client, &[server_id.clone()], server.addr);
+
+    for (i, size) in [1usize, TEN_MIB].into_iter().enumerate() {
+        let tunnel = pool
+            .connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 8080)))
+            .await
+            .unwrap();
+        let (mut rx, mut tx) = tunnel.into_split();
+        let data = pattern(size, i as u8);
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            tx.write_all(&sent).await.unwrap();
+            // Half-close: the echo server sees EOF, echoes the rest and
+            // closes its side; our read side stays open until then.
+            tx.shutdown().await.unwrap();
+            tx
+        });
+        let echoed = read_all(&mut rx).await.unwrap();
+        assert_eq!(echoed.len(), size);
+        assert!(echoed == data, "echo of {size} bytes is intact");
+        drop(writer.await.unwrap());
+    }
+
+    let records = server.handler.wait_records(2).await;
+    for (record, size) in records.iter().zip([1u64, TEN_MIB as u64]) {
+        assert_eq!(record.status, StatusCode::OK);
+        assert!(record.result.is_ok(), "{:?}", record.result);
+        assert_eq!(record.bytes.from_tunnel, size);
+        assert_eq!(record.bytes.to_tunnel, size);
+        assert_eq!(record.peer_identity, client);
+    }
+    let stats = server.stats.snapshot();
+    assert_eq!(stats.status_200, 2);
+    assert_eq!(stats.bytes_from_peer, 1 + TEN_MIB as u64);
+    assert_eq!(stats.connections_accepted, 1, "both tunnels shared one connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_with_server_half_close_first() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
+    let pool = mesh.pool(PoolConfig::default());
+    let k = key(&client, &[server_id.clone()], server.addr);
+
+    for (port, size) in [(9001u16, 1usize), (9002, TEN_MIB)] {
+        server.handler.set(port, Behavior::Greet(size));
+        let mut tunnel = pool
+            .connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, port)))
+            .await
+            .unwrap();
+        // The application speaks first and half-closes: we read to EOF
+        // while our own write side is still open...
+        let greeting = read_all(&mut tunnel).await.unwrap();
+        assert!(greeting == pattern(size, 7), "greeting of {size} bytes intact");
+        // ...and can still send, then half-close ourselves.
+        tunnel.write_all(&pattern(size, 9)).await.unwrap();
+        tunnel.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(tunnel.read_to_end(&mut rest).await.unwrap(), 0);
+    }
+    let records = server.handler.wait_records(2).await;
+    assert!(records.iter().all(|r| r.result.is_ok()));
+    let mut got = server.handler.greet_results();
+    got.sort();
+    assert_eq!(got, vec![1, TEN_MIB as u64]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_sees_identity_target_and_headers() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("productpage"), id("reviews"));
+    let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
+    let pool = mesh.pool(PoolConfig::default());
+
+    let trace = TraceParent::random();
+    let baggage = Baggage {
+        cluster_name: "Kubernetes".into(),
+        namespace: "default".into(),
+        workload: Some((WorkloadKind::Deployment, "productpage-v1".into())),
+        service_name: "productpage".into(),
+        service_version: "v1".into(),
+    };
+    let app = SocketAddr::new(LOCALHOST, 43210);
+    let forwarded = Forwarded::new(app, Some("reviews.default.svc.cluster.local".into()));
+    let target = SocketAddr::new(LOCALHOST, 9080);
+    let request = ConnectRequest::new(target)
+        .with_baggage(&baggage)
+        .with_forwarded(&forwarded)
+        .with_traceparent(trace);
+    let mut tunnel = pool
+        .connect(&key(&client, &[server_id.clone()], server.addr), request)
+        .await
+        .unwrap();
+    tunnel.shutdown().await.unwrap();
+    read_all(&mut tunnel).await.unwrap();
+
+    let seen = server.handler.requests.lock().unwrap()[0].clone();
+    assert_eq!(seen.peer_identity, client);
+    assert_eq!(seen.peer_addr.ip(), LOCALHOST);
+    assert_eq!(seen.tunnel_local, server.addr);
+    assert_eq!(seen.target, target);
+    let h = &seen.headers;
+    assert_eq!(h["traceparent"], trace.to_string());
+    assert_eq!(
+        h["forwarded"],
+        "for=\"127.0.0.1:43210\";host=reviews.default.svc.cluster.local"
+    );
+    assert_eq!(Baggage::parse(h["baggage"].to_str().unwrap()), baggage);
+    assert_eq!(h.len(), 3, "no other headers: {h:?}");
+}
+
+/// The pool against a bare h2 server: what arrives on the wire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_carries_only_method_and_authority() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let server_cert = mesh.cert(&server_id).await;
+    let config = mesh.server_tls().config_for(&server_cert).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let tls = TlsAcceptor::from(config).accept(tcp).await.unwrap();
+        let mut conn = h2::server::handshake(tls).await.unwrap();
+        let (request, mut respond) = conn.accept().await.unwrap().unwrap();
+        let _ = seen_tx.send(request.into_parts().0);
+        let _send = respond
+            .send_response(http::Response::new(()), false)
+            .unwrap();
+        while conn.accept().await.is_some() {}
+    });
+
+    let pool = mesh.pool(PoolConfig::default());
+    let target: SocketAddr = "[fd00::1]:8080".parse().unwrap();
+    let _tunnel = pool
+        .connect(
+            &key(&client, &[server_id], addr),
+            ConnectRequest::new(target).with_fresh_traceparent(),
+        )
+        .await
+        .unwrap();
+    let parts = seen_rx.await.unwrap();
+    assert_eq!(parts.method, http::Method::CONNECT);
+    assert_eq!(parts.uri.scheme(), None, ":scheme absent");
+    assert_eq!(parts.uri.path_and_query(), None, ":path absent");
+    assert_eq!(parts.uri.authority().unwrap().as_str(), "[fd00::1]:8080");
+    assert_eq!(parts.version, http::Version::HTTP_2);
+    let names: Vec<_> = parts.headers.keys().map(|k| k.as_str()).collect();
+    assert_eq!(names, vec!["traceparent"], "no host or other header");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_tunnel() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let v6: std::net::IpAddr = "::1".parse().unwrap();
+    let server =
+        start_server_on(&mesh, "[::1]:0".parse().unwrap(), &[(v6, server_id.clone())], ServerConfig::default())
+            .await;
+    let pool = mesh.pool(PoolConfig::default());
+    let target = SocketAddr::new(v6, 8080);
+    let mut tunnel = pool
+        .connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(target))
+        .await
+        .unwrap();
+    tunnel.write_all(b"hello over v6").await.unwrap();
+    tunnel.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut tunnel).await.unwrap(), b"hello over v6");
+    assert_eq!(server.handler.requests.lock().unwrap()[0].target, target);
+}
+
+/// A destination application that never reads: the client's writes must
+/// stall at about one stream window instead of piling up in the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_reader_on_server_blocks_the_client_writer() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
+    server.handler.set(7000, Behavior::Sink);
+    let pool = mesh.pool(PoolConfig::default());
+    let mut tunnel = pool
+        .connect(
+            &key(&client, &[server_id], server.addr),
+            ConnectRequest::new(SocketAddr::new(LOCALHOST, 7000)),
+        )
+        .await
+        .unwrap();
+
+    let chunk = vec![1u8; 1024 * 1024];
+    let mut written = 0usize;
+    let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+        while written < 64 * 1024 * 1024 {
+            written += tunnel.write(&chunk).await.unwrap();
+        }
+    })
+    .await;
+    assert!(attempt.is_err(), "the writer must block, it wrote {written} bytes");
+    // One 4 MiB stream window, plus what sits in the copy loop and the
+    // application's socket buffer.
+    assert!(written >= 1024 * 1024, "made progress: {written}");
+    assert!(written <= 6 * 1024 * 1024, "bounded by flow control: {written}");
+}
+
+/// A client that never reads: the server's copy from the application must
+/// stall instead of buffering the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_reader_on_client_blocks_the_application() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
+    server.handler.set(7001, Behavior::Flood);
+    let pool = mesh.pool(PoolConfig::default());
+    let tunnel = pool
+        .connect(
+            &key(&client, &[server_id], server.addr),
+            ConnectRequest::new(SocketAddr::new(LOCALHOST, 7001)),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let first = server.handler.flood_written.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = server.handler.flood_written.load(Ordering::Relaxed);
+    assert_eq!(first, second, "the application is blocked");
+    assert!(first >= 1024 * 1024, "made progress: {first}");
+    assert!(first <= 8 * 1024 * 1024, "bounded by flow control: {first}");
+    drop(tunnel);
+}

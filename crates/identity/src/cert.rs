@@ -1,0 +1,267 @@
+//! Workload certificates (X.509 SVIDs with their key) and trust bundles.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use rustls::sign::CertifiedKey;
+use rustls::RootCertStore;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+use crate::error::CertError;
+use crate::pem;
+use crate::spiffe::SpiffeId;
+use crate::x509;
+
+/// A set of trusted roots. Several concatenated PEM roots are all trusted
+/// (root rotation, or joining meshes).
+#[derive(Clone)]
+pub struct TrustBundle {
+    certs: Arc<[CertificateDer<'static>]>,
+    store: Arc<RootCertStore>,
+}
+
+impl TrustBundle {
+    pub fn from_der(certs: Vec<CertificateDer<'static>>) -> Result<Self, CertError> {
+        if certs.is_empty() {
+            return Err(CertError::PemMissing {
+                what: "root bundle",
+                label: "CERTIFICATE",
+            });
+        }
+        let mut store = RootCertStore::empty();
+        for (i, cert) in certs.iter().enumerate() {
+            store
+                .add(cert.clone())
+                .map_err(|e| CertError::X509(format!("root {i} of the bundle: {e}")))?;
+        }
+        Ok(Self {
+            certs: certs.into(),
+            store: Arc::new(store),
+        })
+    }
+
+    pub fn from_pem(pem: &str) -> Result<Self, CertError> {
+        Self::from_der(pem::certs(pem, "root bundle")?)
+    }
+
+    pub fn from_pem_file(path: &Path) -> Result<Self, CertError> {
+        Self::from_pem(&pem::read_file(path)?)
+    }
+
+    pub fn certs(&self) -> &[CertificateDer<'static>] {
+        &self.certs
+    }
+
+    pub fn root_store(&self) -> Arc<RootCertStore> {
+        self.store.clone()
+    }
+
+    /// All roots, concatenated (the last element of an Istio `cert_chain`).
+    pub fn to_pem(&self) -> String {
+        pem::encode_certs(self.certs.iter())
+    }
+
+    pub(crate) fn contains(&self, cert: &CertificateDer<'_>) -> bool {
+        self.certs.iter().any(|c| c.as_ref() == cert.as_ref())
+    }
+}
+
+impl fmt::Debug for TrustBundle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TrustBundle")
+            .field("roots", &self.certs.len())
+            .finish()
+    }
+}
+
+/// A workload private key (PKCS#8). Its `Debug` never prints the key.
+pub struct WorkloadKey(PrivatePkcs8KeyDer<'static>);
+
+impl WorkloadKey {
+    pub(crate) fn from_pkcs8(der: Vec<u8>) -> Self {
+        Self(PrivatePkcs8KeyDer::from(der))
+    }
+
+    pub fn from_pem(pem_text: &str) -> Result<Self, CertError> {
+        match pem::private_key(pem_text, "workload key")? {
+            PrivateKeyDer::Pkcs8(k) => Ok(Self(k)),
+            _ => Err(CertError::Key("workload keys must be PKCS#8".into())),
+        }
+    }
+
+    pub fn to_pem(&self) -> String {
+        pem::encode("PRIVATE KEY", self.0.secret_pkcs8_der())
+    }
+
+    pub fn to_der(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::Pkcs8(self.0.clone_key())
+    }
+}
+
+impl Clone for WorkloadKey {
+    fn clone(&self) -> Self {
+        Self(self.0.clone_key())
+    }
+}
+
+impl fmt::Debug for WorkloadKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WorkloadKey(<redacted>)")
+    }
+}
+
+/// A workload's certificate chain, its key and the roots that issued it.
+///
+/// `chain` is what the workload presents in TLS: leaf first, then
+/// intermediates. The roots travel separately (Istio puts them last in
+/// `cert_chain`); presenting them would only waste bytes.
+#[derive(Clone)]
+pub struct WorkloadCert {
+    identity: SpiffeId,
+    chain: Vec<CertificateDer<'static>>,
+    roots: TrustBundle,
+    key: WorkloadKey,
+    not_before: SystemTime,
+    not_after: SystemTime,
+    serial: String,
+    certified_key: Arc<CertifiedKey>,
+}
+
+impl WorkloadCert {
+    /// Builds a workload certificate, checking that the leaf carries exactly
+    /// one URI SAN that is a SPIFFE ID and that the key matches it.
+    pub fn new(
+        chain: Vec<CertificateDer<'static>>,
+        roots: TrustBundle,
+        key: WorkloadKey,
+    ) -> Result<Self, CertError> {
+        let leaf = chain.first().ok_or(CertError::IncompleteChain)?;
+        let info = x509::leaf_info(leaf)?;
+        let identity = match info.uri_sans.as_slice() {
+            [uri] => uri
+                .parse::<SpiffeId>()
+                .map_err(|e| CertError::LeafIdentity(e.to_string()))?,
+            other => {
+                return Err(CertError::LeafIdentity(format!(
+                    "the leaf must carry exactly one URI SAN, it has {other:?}"
+                )))
+            }
+        };
+        if info.not_after <= info.not_before {
+            return Err(CertError::Validity("notAfter is not after notBefore".into()));
+        }
+        let certified_key =
+            CertifiedKey::from_der(chain.clone(), key.to_der(), &crate::tls::provider())
+                .map_err(|e| match e {
+                    rustls::Error::InconsistentKeys(_) => CertError::KeyMismatch,
+                    other => CertError::Tls(other),
+                })?;
+        Ok(Self {
+            identity,
+            chain,
+            roots,
+            key,
+            not_before: info.not_before,
+            not_after: info.not_after,
+            serial: info.serial,
+            certified_key: Arc::new(certified_key),
+        })
+    }
+
+    /// Builds a workload certificate from an Istio `IstioCertificateResponse.cert_chain`:
+    /// leaf first, then intermediates, and the last element is the root
+    /// bundle (possibly several concatenated roots). An element may itself
+    /// hold several PEM blocks.
+    pub fn from_istio_chain(cert_chain: &[String], key: WorkloadKey) -> Result<Self, CertError> {
+        let (root_pem, presented) = cert_chain.split_last().ok_or(CertError::IncompleteChain)?;
+        if presented.is_empty() {
+            return Err(CertError::IncompleteChain);
+        }
+        let mut chain = Vec::new();
+        for element in presented {
+            chain.extend(pem::certs(element, "certificate chain")?);
+        }
+        let roots = TrustBundle::from_pem(root_pem)?;
+        Self::new(chain, roots, key)
+    }
+
+    /// The Istio response shape: leaf, intermediates, root bundle last.
+    pub fn to_istio_chain(&self) -> Vec<String> {
+        self.chain
+            .iter()
+            .map(|c| pem::encode("CERTIFICATE", c.as_ref()))
+            .chain(std::iter::once(self.roots.to_pem()))
+            .collect()
+    }
+
+    pub fn identity(&self) -> &SpiffeId {
+        &self.identity
+    }
+
+    /// Leaf first, then intermediates: what is presented in TLS.
+    pub fn chain(&self) -> &[CertificateDer<'static>] {
+        &self.chain
+    }
+
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.chain[0]
+    }
+
+    pub fn roots(&self) -> &TrustBundle {
+        &self.roots
+    }
+
+    pub fn key(&self) -> &WorkloadKey {
+        &self.key
+    }
+
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
+    }
+
+    pub fn not_after(&self) -> SystemTime {
+        self.not_after
+    }
+
+    /// Serial number in lower-case hex.
+    pub fn serial(&self) -> &str {
+        &self.serial
+    }
+
+    /// When the certificate should be replaced: at half of its lifetime, as
+    /// Istio and ztunnel do.
+    pub fn renew_at(&self) -> SystemTime {
+        let lifetime = self
+            .not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default();
+        self.not_before + lifetime / 2
+    }
+
+    pub fn should_renew(&self, now: SystemTime) -> bool {
+        now >= self.renew_at()
+    }
+
+    pub fn is_expired(&self, now: SystemTime) -> bool {
+        now >= self.not_after
+    }
+
+    /// The chain and key in the form rustls signs with; parsed once.
+    pub(crate) fn certified_key(&self) -> Arc<CertifiedKey> {
+        self.certified_key.clone()
+    }
+}
+
+impl fmt::Debug for WorkloadCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkloadCert")
+            .field("identity", &self.identity)
+            .field("serial", &self.serial)
+            .field("not_before", &self.not_before)
+            .field("not_after", &self.not_after)
+            .field("chain_len", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}

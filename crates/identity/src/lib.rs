@@ -1,0 +1,33 @@
+//! slipstream-identity: SPIFFE workload identities, X.509 SVIDs, a local CA
+//! and the rustls configurations HBONE uses (PROTOCOLS.md section 1 and the
+//! TLS half of section 2).
+//!
+//! - [`SpiffeId`]: `spiffe://<td>/ns/<ns>/sa/<sa>`, validated once.
+//! - [`Ca`]: issues workload certificates directly or from a CSR
+//!   ([`generate_csr`]) the way Istio's certificate service does.
+//! - [`WorkloadCert`]: chain, key, validity; renewal at half-life.
+//! - [`tls`]: client and server configurations, peer identity.
+//! - [`CertManager`]: per-identity cache with background renewal over a
+//!   [`CertificateProvider`].
+
+#![forbid(unsafe_code)]
+
+mod ca;
+mod cert;
+mod csr;
+mod error;
+mod manager;
+mod pem;
+mod provider;
+mod spiffe;
+pub mod tls;
+mod x509;
+
+pub use ca::{Ca, CLOCK_SKEW_ALLOWANCE, DEFAULT_WORKLOAD_VALIDITY, ROOT_VALIDITY};
+pub use cert::{TrustBundle, WorkloadCert, WorkloadKey};
+pub use csr::generate_csr;
+pub use error::CertError;
+pub use manager::{CertManager, CertManagerConfig, CertStatus, CertSummary};
+pub use provider::{CertificateProvider, FetchError, LocalCaProvider};
+pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, DEFAULT_TRUST_DOMAIN, SPIFFE_PREFIX};
+pub use x509::SanError;

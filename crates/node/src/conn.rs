@@ -1,0 +1,109 @@
+//! The record of one proxied connection, from open to close. The one place
+//! that turns an outcome into metrics and an access-log line, so neither can
+//! forget a connection or disagree with the other.
+
+use crate::accesslog::AccessLogEntry;
+use crate::metrics::{Metrics, Peer, Reporter, ResponseFlag, TcpLabels};
+use slipstream_core::{Service, Workload};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct Telemetry {
+    pub metrics: Metrics,
+    pub json_log: bool,
+}
+
+impl Telemetry {
+    pub fn log(&self, e: &AccessLogEntry) {
+        println!("{}", e.render(self.json_log));
+    }
+}
+
+/// What is known about a connection when it opens.
+pub struct ConnInfo {
+    pub reporter: Reporter,
+    pub src_addr: SocketAddr,
+    pub src: Option<Arc<Workload>>,
+    /// Verified (inbound) or our own (outbound) identity; empty if none.
+    pub src_identity: String,
+    pub dst_addr: SocketAddr,
+    pub hbone_addr: Option<SocketAddr>,
+    pub dst: Option<Arc<Workload>>,
+    pub dst_identity: String,
+    pub service: Option<Arc<Service>>,
+    pub mutual_tls: bool,
+}
+
+pub struct ConnRecord {
+    info: ConnInfo,
+    labels: TcpLabels,
+    start: Instant,
+    telemetry: Arc<Telemetry>,
+}
+
+fn peer(w: &Option<Arc<Workload>>, identity: &str) -> Peer {
+    match w {
+        Some(w) => Peer {
+            workload: w.workload_name.clone(),
+            namespace: w.namespace.clone(),
+            principal: identity.to_string(),
+            app: w.canonical_name.clone(),
+            version: w.canonical_revision.clone(),
+            cluster: w.cluster_id.clone(),
+        },
+        None => Peer { principal: identity.to_string(), ..Default::default() },
+    }
+}
+
+impl ConnRecord {
+    /// Counts the connection as opened.
+    pub fn open(info: ConnInfo, telemetry: Arc<Telemetry>) -> ConnRecord {
+        let labels = TcpLabels {
+            reporter: info.reporter,
+            source: peer(&info.src, &info.src_identity),
+            destination: peer(&info.dst, &info.dst_identity),
+            destination_service: info.service.as_ref().map(|s| s.hostname.clone()).unwrap_or_default(),
+            destination_service_name: info.service.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+            destination_service_namespace: info.service.as_ref().map(|s| s.namespace.clone()).unwrap_or_default(),
+            response_flags: ResponseFlag::None,
+            mutual_tls: info.mutual_tls,
+        };
+        telemetry.metrics.opened(&labels);
+        ConnRecord { info, labels, start: Instant::now(), telemetry }
+    }
+
+    /// Counts the close and writes the access-log line. `received` is client
+    /// to server, `sent` server to client.
+    pub fn close(mut self, received: u64, sent: u64, failure: Option<(ResponseFlag, String)>) {
+        if let Some((flag, _)) = &failure {
+            // Opened with "-", closed with the flag: the close carries it.
+            self.labels.response_flags = *flag;
+        }
+        self.telemetry.metrics.closed(&self.labels, received, sent);
+        let i = &self.info;
+        let (direction, bytes_sent, bytes_recv) = match i.reporter {
+            // From this proxy's point of view toward its own pod's peer.
+            Reporter::Source => ("outbound", received, sent),
+            Reporter::Destination => ("inbound", sent, received),
+        };
+        self.telemetry.log(&AccessLogEntry {
+            src_addr: i.src_addr.to_string(),
+            src_workload: i.src.as_ref().map(|w| w.name.clone()).unwrap_or_default(),
+            src_namespace: i.src.as_ref().map(|w| w.namespace.clone()).unwrap_or_default(),
+            src_identity: i.src_identity.clone(),
+            dst_addr: i.dst_addr.to_string(),
+            dst_hbone_addr: i.hbone_addr.map(|a| a.to_string()).unwrap_or_default(),
+            dst_service: i.service.as_ref().map(|s| s.hostname.clone()).unwrap_or_default(),
+            dst_workload: i.dst.as_ref().map(|w| w.name.clone()).unwrap_or_default(),
+            dst_namespace: i.dst.as_ref().map(|w| w.namespace.clone()).unwrap_or_default(),
+            dst_identity: i.dst_identity.clone(),
+            direction,
+            bytes_sent,
+            bytes_recv,
+            duration: self.start.elapsed().as_millis() as u64,
+            error: failure.as_ref().map(|(_, e)| e.clone()),
+            flag: failure.as_ref().map(|(f, _)| f.as_str()),
+        });
+    }
+}

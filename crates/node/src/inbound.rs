@@ -1,0 +1,174 @@
+//! Inbound: HBONE on `<pod IP>:15008` (the server checks the protocol; this
+//! module picks the certificate and connects to the app) and plaintext on
+//! :15006 from outside the mesh. Either way the app sees the client pod's
+//! IP as the source address.
+
+use crate::conn::{ConnInfo, ConnRecord};
+use crate::inpod::LocalPod;
+use crate::metrics::{Reporter, ResponseFlag};
+use crate::proxy::Shared;
+use crate::sockets::original_dst;
+use futures_util::future::BoxFuture;
+use slipstream_hbone::{CertResolver, Handler, HboneError, InboundRequest, ResolveError, Upstream};
+use slipstream_identity::{SpiffeId, WorkloadCert};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// The server presents the destination workload's own certificate.
+pub struct Certs(pub Arc<Shared>);
+
+impl CertResolver for Certs {
+    fn resolve(&self, local_ip: IpAddr) -> BoxFuture<'_, Result<Arc<WorkloadCert>, ResolveError>> {
+        Box::pin(async move {
+            let w = self.0.pods.get(local_ip).and_then(|p| self.0.snapshot.borrow().mesh.workload(&p.uid)).ok_or(ResolveError::NoWorkload(local_ip))?;
+            let id = workload_id(&self.0, &w).map_err(|_| ResolveError::NoWorkload(local_ip))?;
+            self.0.certs.fetch_certificate(&id).await.map_err(|source| ResolveError::Fetch { ip: local_ip, source })
+        })
+    }
+}
+
+pub fn workload_id(shared: &Shared, w: &slipstream_core::Workload) -> Result<SpiffeId, slipstream_identity::SpiffeIdError> {
+    let _ = shared;
+    w.spiffe_id().parse()
+}
+
+pub struct HboneHandler {
+    pub shared: Arc<Shared>,
+    pub pod: LocalPod,
+}
+
+impl Handler for HboneHandler {
+    fn connect<'a>(&'a self, req: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>> {
+        Box::pin(async move {
+            let snap = self.shared.snapshot.borrow().clone();
+            let dst = snap.mesh.workload(&self.pod.uid);
+            let src = snap.mesh.workload_by_ip(req.peer_addr.ip());
+            let info = ConnInfo {
+                reporter: Reporter::Destination,
+                src_addr: req.peer_addr,
+                src,
+                src_identity: req.peer_identity.to_string(),
+                dst_addr: req.target,
+                hbone_addr: Some(req.tunnel_local),
+                dst: dst.clone(),
+                dst_identity: dst.as_ref().map(|w| w.spiffe_id()).unwrap_or_default(),
+                service: None,
+                mutual_tls: true,
+            };
+            let record = ConnRecord::open(info, self.shared.telemetry.clone());
+            if dst.is_none() {
+                let e = HboneError::NoWorkload(req.target);
+                record.close(0, 0, Some((e.flag(), e.to_string())));
+                return Err(e);
+            }
+            // Authorization policies are evaluated here once they exist
+            // (HboneError::Denied answers 401).
+            match self.pod.sockets.connect_transparent(req.peer_addr.ip(), req.target, self.shared.config.connect_timeout).await {
+                Ok(s) => Ok(Box::new(Metered::new(s, record)) as Box<dyn Upstream>),
+                Err(e) => {
+                    let err = HboneError::Connect { addr: req.target, source: Arc::new(e) };
+                    record.close(0, 0, Some((err.flag(), err.to_string())));
+                    Err(err)
+                }
+            }
+        })
+    }
+}
+
+/// Plaintext from outside the mesh to a meshed pod (PeerAuthentication
+/// PERMISSIVE, the default): passed to the app with the client's address.
+pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStream, peer: SocketAddr) {
+    let Ok(dst) = original_dst(&client) else {
+        shared.telemetry.metrics.rejected(ResponseFlag::ProtocolError);
+        return;
+    };
+    let snap = shared.snapshot.borrow().clone();
+    let w = snap.mesh.workload(&pod.uid);
+    let info = ConnInfo {
+        reporter: Reporter::Destination,
+        src_addr: peer,
+        src: snap.mesh.workload_by_ip(peer.ip()),
+        src_identity: String::new(),
+        dst_addr: dst,
+        hbone_addr: None,
+        dst: w.clone(),
+        dst_identity: w.as_ref().map(|w| w.spiffe_id()).unwrap_or_default(),
+        service: None,
+        mutual_tls: false,
+    };
+    let record = ConnRecord::open(info, shared.telemetry.clone());
+    if slipstream_core::PROXY_PORTS.contains(&dst.port()) {
+        record.close(0, 0, Some((ResponseFlag::ProtocolError, format!("port {} is one of the node proxy's own ports", dst.port()))));
+        return;
+    }
+    match pod.sockets.connect_transparent(peer.ip(), dst, shared.config.connect_timeout).await {
+        Ok(app) => {
+            let mut app = Metered::new(app, record);
+            let mut client = client;
+            let _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut app, 64 * 1024, 64 * 1024).await;
+        }
+        Err(e) => record.close(0, 0, Some((ResponseFlag::Connect, format!("connect to {dst}: {e}")))),
+    }
+}
+
+/// The app side of an inbound connection: counts bytes each way and closes
+/// the connection's record when dropped (end of stream, error or reset).
+pub struct Metered {
+    inner: TcpStream,
+    to_app: u64,
+    from_app: u64,
+    failed: Option<String>,
+    record: Option<ConnRecord>,
+}
+
+impl Metered {
+    pub fn new(inner: TcpStream, record: ConnRecord) -> Self {
+        Metered { inner, to_app: 0, from_app: 0, failed: None, record: Some(record) }
+    }
+    fn note<T>(&mut self, r: &Poll<io::Result<T>>) {
+        if let Poll::Ready(Err(e)) = r {
+            self.failed.get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        if let Some(r) = self.record.take() {
+            let failure = self.failed.take().map(|e| (ResponseFlag::ConnectionTerminated, e));
+            r.close(self.to_app, self.from_app, failure);
+        }
+    }
+}
+
+impl AsyncRead for Metered {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.from_app += (buf.filled().len() - before) as u64;
+        self.note(&r);
+        r
+    }
+}
+
+impl AsyncWrite for Metered {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.to_app += n as u64;
+        }
+        self.note(&r);
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,75 @@
+//! Wiring: what every part of the node proxy shares, and the main loop.
+
+use crate::admin;
+use crate::config::Config;
+use crate::conn::Telemetry;
+use crate::inpod::{InPod, LocalPods};
+use crate::metrics::Metrics;
+use crate::watch::{Snapshot, Watcher};
+use anyhow::Context;
+use slipstream_hbone::{Pool, PoolConfig};
+use slipstream_identity::tls::ServerTls;
+use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, TrustDomain};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+pub struct Shared {
+    pub config: Config,
+    pub snapshot: watch::Receiver<Snapshot>,
+    pub certs: CertManager,
+    pub trust_domain: TrustDomain,
+    pub server_tls: ServerTls,
+    pub pool: Pool,
+    pub telemetry: Arc<Telemetry>,
+    pub pods: LocalPods,
+}
+
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Bind before serving: a port conflict fails start-up, not a request.
+    let admin_listeners = admin::bind(&config).await?;
+    let ca_cert = config.ca_dir.join("root-cert.pem");
+    let ca_key = config.ca_dir.join("root-key.pem");
+    let ca = Ca::from_pem_files(&ca_cert, &ca_key, None)
+        .with_context(|| format!("loading the mesh CA from {}", config.ca_dir.display()))?;
+    let trust_domain = TrustDomain::new(slipstream_core::DEFAULT_TRUST_DOMAIN)?;
+    let server_tls = ServerTls::new(ca.roots(), trust_domain.clone()).context("building the TLS server configuration")?;
+    let certs = CertManager::new(Arc::new(LocalCaProvider::new(Arc::new(ca), config.cert_validity)), CertManagerConfig::default());
+
+    let mut watcher = Watcher::new(config.workloads_file(), config.pods_file());
+    watcher.poll();
+    let (tx, rx) = watch::channel(watcher.current());
+    tokio::spawn(watcher.run(tx, config.poll_interval));
+
+    let pods = LocalPods::default();
+    let pool = Pool::new(PoolConfig::default(), Arc::new(certs.clone()), Arc::new(pods.connector()));
+    let shared = Arc::new(Shared {
+        telemetry: Arc::new(Telemetry { metrics: Metrics::default(), json_log: config.json_access_log }),
+        config,
+        snapshot: rx.clone(),
+        certs,
+        trust_domain,
+        server_tls,
+        pool,
+        pods,
+    });
+    admin::serve(admin_listeners, shared.clone());
+    tracing::info!(node = %shared.config.node, "node proxy ready");
+
+    let mut inpod = InPod::new(shared.clone());
+    let mut rx = rx;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        let snap = rx.borrow_and_update().clone();
+        inpod.reconcile(&snap).await;
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { break },
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            // Retry pods whose listeners failed, even without a change.
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)), if inpod.has_failures() => {}
+        }
+    }
+    tracing::info!("draining");
+    inpod.drain_all().await;
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! Traffic capture for meshed pods with nftables, installed inside the pod's
+//! network namespace before its containers start (the CNI plugin's role in
+//! Kubernetes). This is the one place that knows how capture is done; the
+//! eBPF datapath replaces it behind the same two functions.
+//!
+//! Modeled on ztunnel's in-pod rules: the pod's outbound TCP goes to the
+//! node proxy's listener on 127.0.0.1:15001, plaintext inbound to :15006,
+//! HBONE to the proxy's :15008 listener untouched; the proxy's own sockets
+//! carry mark 0x539 (skip capture) or 0x111 (transparent inbound, whose
+//! replies are routed back to the proxy through table 100).
+
+use super::cmd::{ip_batch, run, CmdError};
+
+/// Mark on the node proxy's outbound sockets: never captured.
+pub const PROXY_MARK: u32 = 0x539;
+/// Mark on the node proxy's transparent inbound sockets; saved in conntrack
+/// so the app's replies can be routed to the proxy.
+pub const INPOD_MARK: u32 = 0x111;
+pub const MARK_MASK: u32 = 0xfff;
+pub const ROUTE_TABLE: u32 = 100;
+pub const TABLE: &str = "slipstream_mesh";
+
+pub fn ruleset() -> String {
+    format!(
+        r#"table inet {TABLE} {{}}
+delete table inet {TABLE}
+table inet {TABLE} {{
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "eth0" meta nfproto ipv4 meta l4proto tcp tcp dport != 15008 redirect to :15006
+  }}
+  chain output {{
+    type nat hook output priority -100; policy accept;
+    meta mark & {MARK_MASK:#x} == {PROXY_MARK:#x} return
+    meta mark & {MARK_MASK:#x} == {INPOD_MARK:#x} return
+    oifname "lo" return
+    fib daddr type local return
+    meta nfproto ipv4 meta l4proto tcp redirect to :15001
+  }}
+  chain output_route {{
+    type route hook output priority mangle; policy accept;
+    meta mark & {MARK_MASK:#x} == {INPOD_MARK:#x} ct mark set {INPOD_MARK:#x}
+    ct mark {INPOD_MARK:#x} meta mark set {INPOD_MARK:#x}
+  }}
+}}
+"#
+    )
+}
+
+/// Installs capture in a new pod network namespace.
+pub fn enable(pod_netns: &str) -> Result<(), CmdError> {
+    run(&["ip", "netns", "exec", pod_netns, "nft", "-f", "-"], Some(&ruleset()))?;
+    ip_batch(
+        Some(pod_netns),
+        &[
+            format!("rule add fwmark {INPOD_MARK:#x}/{MARK_MASK:#x} pref 32764 lookup {ROUTE_TABLE}"),
+            format!("route replace local 0.0.0.0/0 dev lo table {ROUTE_TABLE}"),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ruleset_replaces_atomically_and_skips_proxy_sockets() {
+        let r = super::ruleset();
+        assert!(r.starts_with("table inet slipstream_mesh {}\ndelete table inet slipstream_mesh\n"));
+        assert!(r.contains("meta mark & 0xfff == 0x539 return"));
+        assert!(r.contains("tcp dport != 15008 redirect to :15006"));
+        assert!(r.contains("redirect to :15001"));
+    }
+}
