@@ -5,7 +5,7 @@
 # What each package is for:
 #   iproute2        ip netns / veth / routes for the local cluster
 #   nftables        service VIPs (kernel DNAT) and, in l4-nft mode, capture
-#   curl            the tour and the integration tests use it from inside pods
+#   curl python3    the tour and the integration tests use them from inside pods
 #   iperf3          benchmark T1/T2 and throughput tests
 #   tcpdump         tests that prove only TLS crosses the node network
 #   procps psmisc   ps/pkill for debugging
@@ -18,7 +18,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc clang llvm libbpf-dev bpftool protobuf-compiler)
+PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 clang llvm libbpf-dev bpftool protobuf-compiler)
 
 missing=()
 for p in "${PKGS[@]}"; do

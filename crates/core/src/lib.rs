@@ -4,6 +4,7 @@
 //! Kubernetes; the control plane and the local cluster both produce it.
 #![forbid(unsafe_code)]
 
+pub mod policy;
 pub mod state;
 pub mod workload;
 

@@ -1,6 +1,7 @@
 //! The index the data path decides with: lookups by address, endpoints of a
 //! service, weighted endpoint choice. Built from a `MeshConfig` snapshot.
 
+use crate::policy::{Authorization, Scope};
 use crate::workload::*;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -12,6 +13,7 @@ pub struct MeshState {
     by_ip: HashMap<IpAddr, String>,
     services: HashMap<String, Arc<Service>>,
     by_vip: HashMap<IpAddr, String>,
+    policies: HashMap<String, Arc<Authorization>>,
 }
 
 /// What an address names.
@@ -31,6 +33,9 @@ impl MeshState {
                 s.by_ip.insert(*a, w.uid.clone());
             }
             s.workloads.insert(w.uid.clone(), w);
+        }
+        for p in &cfg.policies {
+            s.policies.insert(p.key(), Arc::new(p.clone()));
         }
         for svc in &cfg.services {
             let svc = Arc::new(svc.clone());
@@ -72,6 +77,24 @@ impl MeshState {
             Some(w) => Destination::Workload(w),
             None => Destination::Unknown,
         }
+    }
+
+    /// The policies that apply to a workload: GLOBAL ones of the root
+    /// namespace, NAMESPACE ones of its namespace, and the WORKLOAD_SELECTOR
+    /// ones it lists.
+    pub fn policies_for(&self, w: &Workload) -> Vec<Arc<Authorization>> {
+        let mut v: Vec<Arc<Authorization>> = self
+            .policies
+            .values()
+            .filter(|p| match p.scope {
+                Scope::Global => p.namespace == ROOT_NAMESPACE,
+                Scope::Namespace => p.namespace == w.namespace,
+                Scope::WorkloadSelector => w.authorization_policies.iter().any(|k| *k == p.key()),
+            })
+            .cloned()
+            .collect();
+        v.sort_by_key(|p| p.key());
+        v
     }
 
     /// Healthy endpoints of a service port: (workload, target port).
@@ -160,6 +183,7 @@ mod tests {
                 ports: vec![Port { service_port: 80, target_port: 8080 }],
                 subject_alt_names: vec![],
             }],
+            policies: vec![],
         }
     }
 

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// Istio's root namespace: its policies apply mesh-wide.
+pub const ROOT_NAMESPACE: &str = "istio-system";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -134,6 +136,8 @@ impl Service {
 pub struct MeshConfig {
     pub workloads: Vec<Workload>,
     pub services: Vec<Service>,
+    #[serde(default)]
+    pub policies: Vec<crate::policy::Authorization>,
 }
 
 /// A pod of this node and the network namespace it lives in: what the CNI

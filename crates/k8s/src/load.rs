@@ -223,7 +223,9 @@ fn object_from_value(value: serde_json::Value) -> Result<(Object, Vec<String>), 
         }
         None => match kept_note(&api_version, &kind) {
             Some(note) => {
-                warnings.push(format!("{label}: {note}"));
+                if !note.is_empty() {
+                    warnings.push(format!("{label}: {note}"));
+                }
                 Object::Kept(typed(value).map_err(|e| with(&label, e))?)
             }
             None => {

@@ -326,8 +326,9 @@ pub struct KeptObject {
     pub spec: serde_json::Value,
 }
 
+/// Externally tagged when serialized (`{"Pod": {...}}`): kept objects carry
+/// a `kind` field of their own, so the kind cannot double as the tag.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind")]
 pub enum Object {
     Namespace(Namespace),
     ServiceAccount(ServiceAccount),
@@ -407,7 +408,7 @@ impl Object {
 /// shown to the user when one is applied.
 pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     ("security.istio.io", "AuthorizationPolicy", "stored; enforced by the node proxy"),
-    ("security.istio.io", "PeerAuthentication", "stored; enforced by the node proxy"),
+    ("security.istio.io", "PeerAuthentication", ""),
     ("networking.k8s.io", "NetworkPolicy", "stored; enforced by the eBPF datapath"),
     ("cilium.io", "CiliumNetworkPolicy", "stored; enforced by the eBPF datapath"),
     ("gateway.networking.k8s.io", "Gateway", "stored; waypoints are not available in this version"),
@@ -417,7 +418,13 @@ pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     ("", "ConfigMap", "stored; the local cluster mounts no volumes"),
 ];
 
-/// The note for a kept kind, if `api_version`/`kind` is one.
+/// Whether the mesh acts on this kind (an empty note in `KEPT_KINDS`).
+pub fn is_enforced(kind: &str) -> bool {
+    KEPT_KINDS.iter().any(|(_, k, n)| *k == kind && n.is_empty())
+}
+
+/// The note for a kept kind, if `api_version`/`kind` is one (empty for the
+/// kinds the mesh enforces).
 pub fn kept_note(api_version: &str, kind: &str) -> Option<&'static str> {
     let group = api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
     KEPT_KINDS.iter().find(|(g, k, _)| *g == group && *k == kind).map(|(_, _, n)| *n)

@@ -69,6 +69,11 @@ pub fn validate(o: &Object) -> Result<Vec<String>, Vec<FieldError>> {
         }
         Object::Deployment(d) => check_deployment(&mut c, d),
         Object::Service(s) => check_service(&mut c, s),
+        Object::Kept(k) if k.kind == "PeerAuthentication" => {
+            if let Err(es) = crate::istio::peer_authentication(k) {
+                c.errors.extend(es);
+            }
+        }
         Object::Namespace(_) | Object::ServiceAccount(_) | Object::Kept(_) => {}
     }
     if c.errors.is_empty() {

@@ -48,6 +48,7 @@ impl Handler for HboneHandler {
             let snap = self.shared.snapshot.borrow().clone();
             let dst = snap.mesh.workload(&self.pod.uid);
             let src = snap.mesh.workload_by_ip(req.peer_addr.ip());
+            let service = addressed_service(&snap.mesh, &req.headers);
             let info = ConnInfo {
                 reporter: Reporter::Destination,
                 src_addr: req.peer_addr,
@@ -57,7 +58,7 @@ impl Handler for HboneHandler {
                 hbone_addr: Some(req.tunnel_local),
                 dst: dst.clone(),
                 dst_identity: dst.as_ref().map(|w| w.spiffe_id()).unwrap_or_default(),
-                service: None,
+                service,
                 mutual_tls: true,
             };
             let record = ConnRecord::open(info, self.shared.telemetry.clone());
@@ -66,8 +67,12 @@ impl Handler for HboneHandler {
                 record.close(0, 0, Some((e.flag(), e.to_string())));
                 return Err(e);
             }
-            // Authorization policies are evaluated here once they exist
-            // (HboneError::Denied answers 401).
+            let principal = req.peer_identity.principal();
+            if let Err(why) = crate::authz::authorize(&self.shared, &self.pod.uid, Some(&principal), req.peer_addr, req.target) {
+                let e = HboneError::denied(why);
+                record.close(0, 0, Some((ResponseFlag::Deny, e.to_string())));
+                return Err(e);
+            }
             match self.pod.sockets.connect_transparent(req.peer_addr.ip(), req.target, self.shared.config.connect_timeout).await {
                 Ok(s) => Ok(Box::new(Metered::new(s, record)) as Box<dyn Upstream>),
                 Err(e) => {
@@ -104,6 +109,13 @@ pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStr
     let record = ConnRecord::open(info, shared.telemetry.clone());
     if slipstream_core::PROXY_PORTS.contains(&dst.port()) {
         record.close(0, 0, Some((ResponseFlag::ProtocolError, format!("port {} is one of the node proxy's own ports", dst.port()))));
+        return;
+    }
+    // PeerAuthentication STRICT arrives as a DENY policy on connections
+    // without a peer identity, which is what plaintext is.
+    if let Err(why) = crate::authz::authorize(&shared, &pod.uid, None, peer, dst) {
+        let _ = socket2::SockRef::from(&client).set_linger(Some(std::time::Duration::ZERO));
+        record.close(0, 0, Some((ResponseFlag::Deny, format!("plaintext refused: {why}"))));
         return;
     }
     match pod.sockets.connect_transparent(peer.ip(), dst, shared.config.connect_timeout).await {
@@ -171,4 +183,14 @@ impl AsyncWrite for Metered {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
+}
+
+/// The service the client addressed, from the `forwarded` header's `host=`
+/// (the source proxy adds it when the app dialed a service).
+fn addressed_service(mesh: &slipstream_core::MeshState, headers: &http::HeaderMap) -> Option<Arc<slipstream_core::Service>> {
+    let f = headers.get("forwarded")?.to_str().ok()?;
+    let host = f.split(';').find_map(|p| p.trim().strip_prefix("host="))?.trim_matches('"');
+    // name.namespace.svc.<domain>
+    let ns = host.split('.').nth(1)?;
+    mesh.service(&format!("{ns}/{host}"))
 }

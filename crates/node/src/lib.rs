@@ -9,6 +9,7 @@
 
 pub mod accesslog;
 pub mod admin;
+pub mod authz;
 pub mod config;
 pub mod conn;
 pub mod inbound;

@@ -202,6 +202,7 @@ mod tests {
                 ports: vec![Port { service_port: 80, target_port: 8080 }],
                 subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/extra".into()],
             }],
+            policies: vec![],
         })
     }
 

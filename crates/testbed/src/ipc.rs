@@ -38,7 +38,7 @@ pub enum IpcError {
     NotRunning(String),
     #[error("talking to the cluster agent failed: {0}")]
     Io(#[from] std::io::Error),
-    #[error("the cluster agent sent an answer that cannot be read: {0}")]
+    #[error("a message between the CLI and the cluster agent cannot be decoded (are both the same slipstream version?): {0}")]
     Decode(#[from] serde_json::Error),
 }
 

@@ -90,6 +90,13 @@ pub fn mesh_config(cluster: &str, store: &Store, pods: &[&PodRuntime], nodes: &[
                 .collect();
             services_map.insert(format!("{}/{}", s.metadata.namespace, hostname(&s.metadata.name, &s.metadata.namespace)), ports);
         }
+        let mut authorization_policies = Vec::new();
+        if p.meshed {
+            if let Some(pol) = peer_authentication::for_pod(store, &p.inst.namespace, &p.inst.name, &p.inst.labels) {
+                authorization_policies.push(pol.key());
+                cfg.policies.push(pol);
+            }
+        }
         cfg.workloads.push(Workload {
             uid: workload_uid(cluster, &p.inst.namespace, &p.inst.name),
             name: p.inst.name.clone(),
@@ -106,6 +113,7 @@ pub fn mesh_config(cluster: &str, store: &Store, pods: &[&PodRuntime], nodes: &[
             status: if p.ready() { WorkloadStatus::Healthy } else { WorkloadStatus::Unhealthy },
             cluster_id: cluster.to_string(),
             capacity: 1,
+            authorization_policies,
             ..Default::default()
         });
     }
@@ -149,5 +157,115 @@ mod tests {
     fn canonical_names() {
         assert_eq!(canonical(&labels(&[("app", "echo"), ("version", "v2")]), "x"), ("echo".into(), "v2".into()));
         assert_eq!(canonical(&labels(&[]), "web"), ("web".into(), "latest".into()));
+    }
+}
+
+/// PeerAuthentication, resolved per workload as Istio does (workload
+/// selector over namespace over mesh-wide in the root namespace; UNSET
+/// inherits; port-level settings override for their port), and converted
+/// the way istiod hands it to ztunnel: a DENY policy on connections without
+/// a peer identity, scoped to the workload.
+pub mod peer_authentication {
+    use super::*;
+    use slipstream_core::policy::{Action, Authorization, Clause, Match, Rule, Scope, StringMatch};
+    use slipstream_core::ROOT_NAMESPACE;
+    use slipstream_k8s::istio::{peer_authentication as parse, MtlsMode, PeerAuthenticationSpec};
+
+    pub fn policy_name(pod: &str) -> String {
+        format!("istio_converted_strict_{pod}")
+    }
+
+    fn specs(store: &Store) -> Vec<(String, PeerAuthenticationSpec)> {
+        store
+            .objects()
+            .into_iter()
+            .filter_map(|o| match o {
+                Object::Kept(k) if k.kind == "PeerAuthentication" => parse(k).ok().map(|s| (k.metadata.namespace.clone(), s)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The converted policy for one pod, if its effective mode makes
+    /// plaintext refused on any port.
+    pub fn for_pod(store: &Store, ns: &str, name: &str, labels: &Labels) -> Option<Authorization> {
+        let all = specs(store);
+        let selected = all.iter().find(|(n, s)| n == ns && s.selector.as_ref().is_some_and(|sel| !sel.match_labels.is_empty() && selector_matches(&sel.match_labels, labels)));
+        let namespace = all.iter().find(|(n, s)| n == ns && s.selector.is_none());
+        let mesh = all.iter().find(|(n, s)| n == ROOT_NAMESPACE && s.selector.is_none());
+        let inherit = |m: MtlsMode, parent: MtlsMode| if m == MtlsMode::Unset { parent } else { m };
+        let mesh_mode = inherit(mesh.map(|(_, s)| s.mode()).unwrap_or(MtlsMode::Unset), MtlsMode::Permissive);
+        let ns_mode = inherit(namespace.map(|(_, s)| s.mode()).unwrap_or(MtlsMode::Unset), mesh_mode);
+        let base = inherit(selected.map(|(_, s)| s.mode()).unwrap_or(MtlsMode::Unset), ns_mode);
+        let ports: Vec<(u16, MtlsMode)> = selected.map(|(_, s)| s.port_modes()).unwrap_or_default().into_iter().map(|(p, m)| (p, inherit(m, base))).collect();
+        let mut m = Match { not_principals: vec![StringMatch::Presence], ..Default::default() };
+        if base == MtlsMode::Strict {
+            m.not_destination_ports = ports.iter().filter(|(_, md)| *md != MtlsMode::Strict).map(|(p, _)| *p).collect();
+        } else {
+            m.destination_ports = ports.iter().filter(|(_, md)| *md == MtlsMode::Strict).map(|(p, _)| *p).collect();
+            if m.destination_ports.is_empty() {
+                return None;
+            }
+        }
+        Some(Authorization {
+            name: policy_name(name),
+            namespace: ns.to_string(),
+            scope: Scope::WorkloadSelector,
+            action: Action::Deny,
+            rules: vec![Rule { clauses: vec![Clause { matches: vec![m] }] }],
+            dry_run: false,
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::agent::store::ClusterFacts;
+        use slipstream_k8s::{load_str, Source};
+
+        fn store(y: &str) -> Store {
+            let objs = load_str(y, &Source("t".into())).unwrap().into_iter().map(|l| l.object).collect();
+            let nodes = vec!["node1".to_string()];
+            let vips = Default::default();
+            Store::new().plan_apply(objs, &ClusterFacts { nodes: &nodes, vips: &vips }).unwrap().0
+        }
+
+        fn pa(ns: &str, name: &str, spec: &str) -> String {
+            format!("---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n")
+        }
+
+        const NS: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n";
+
+        fn app() -> Labels {
+            [("app".to_string(), "echo".to_string())].into()
+        }
+
+        #[test]
+        fn permissive_by_default_strict_by_namespace_or_mesh() {
+            assert!(for_pod(&store(NS), "demo", "p", &app()).is_none());
+            let p = for_pod(&store(&format!("{NS}{}", pa("demo", "default", "{mtls: {mode: STRICT}}"))), "demo", "p", &app()).unwrap();
+            assert_eq!(p.key(), "demo/istio_converted_strict_p");
+            assert_eq!(p.rules[0].clauses[0].matches[0].not_principals, vec![StringMatch::Presence]);
+            assert!(for_pod(&store(&format!("{NS}{}", pa("istio-system", "default", "{mtls: {mode: STRICT}}"))), "demo", "p", &app()).is_some());
+        }
+
+        #[test]
+        fn workload_overrides_namespace_and_ports_override_workload() {
+            let y = format!(
+                "{NS}{}{}",
+                pa("demo", "default", "{mtls: {mode: STRICT}}"),
+                pa("demo", "echo", "{selector: {matchLabels: {app: echo}}, mtls: {mode: PERMISSIVE}, portLevelMtls: {9000: {mode: STRICT}}}")
+            );
+            let s = store(&y);
+            let p = for_pod(&s, "demo", "p", &app()).unwrap();
+            assert_eq!(p.rules[0].clauses[0].matches[0].destination_ports, vec![9000], "only port 9000 is strict");
+            // Another workload of the namespace keeps the namespace's STRICT.
+            let other: Labels = [("app".to_string(), "web".to_string())].into();
+            assert!(for_pod(&s, "demo", "q", &other).unwrap().rules[0].clauses[0].matches[0].destination_ports.is_empty());
+            // Namespace STRICT with a PERMISSIVE port exception.
+            let y = format!("{NS}{}", pa("demo", "echo", "{selector: {matchLabels: {app: echo}}, mtls: {mode: STRICT}, portLevelMtls: {8080: {mode: PERMISSIVE}}}"));
+            let p = for_pod(&store(&y), "demo", "p", &app()).unwrap();
+            assert_eq!(p.rules[0].clauses[0].matches[0].not_destination_ports, vec![8080]);
+        }
     }
 }

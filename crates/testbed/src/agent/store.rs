@@ -28,7 +28,7 @@ impl Store {
     pub fn new() -> Self {
         let mut s = Store::default();
         for ns in BUILTIN_NAMESPACES {
-            let o: Object = serde_json::from_value(serde_json::json!({"kind": "Namespace", "metadata": {"name": ns}}))
+            let o: Object = serde_json::from_value(serde_json::json!({"Namespace": {"metadata": {"name": ns}}}))
                 .expect("builtin namespace");
             s.insert(o);
         }
@@ -178,7 +178,11 @@ impl Store {
     }
 
     pub fn kept_objects(&self) -> Vec<String> {
-        self.objects().into_iter().filter(|o| matches!(o, Object::Kept(_))).map(|o| o.key().to_string()).collect()
+        self.objects()
+            .into_iter()
+            .filter(|o| matches!(o, Object::Kept(k) if !slipstream_k8s::is_enforced(&k.kind)))
+            .map(|o| o.key().to_string())
+            .collect()
     }
 }
 
