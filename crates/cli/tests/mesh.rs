@@ -29,6 +29,23 @@ while True:
 print(n)
 "#;
 
+/// Holds a connection open, echoing a byte a second; prints `closed` when
+/// the other side closes it (or `timeout` after 20 s).
+const HOLD_OPEN: &str = r#"
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+deadline = time.time() + 20
+try:
+    while time.time() < deadline:
+        s.sendall(b"x")
+        if not s.recv(1):
+            print("closed"); sys.exit(0)
+        time.sleep(0.2)
+    print("timeout")
+except OSError:
+    print("closed")
+"#;
+
 fn metrics(cluster: &str, node: &str) -> String {
     let o = Command::new("ip")
         .args(["netns", "exec", &format!("{cluster}.node.{node}"), "curl", "-sS", "--max-time", "5", "http://127.0.0.1:15020/metrics"])
@@ -207,9 +224,21 @@ fn peer_authentication_strict_refuses_plaintext_from_outside_the_mesh() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["client_addr"].as_str().unwrap().starts_with(stranger["ip"].as_str().unwrap()));
 
+    // An open plaintext connection (held by a background client that
+    // reports when the server closes it) ...
+    let holder = Command::new(bin())
+        .args(["--cluster", "t-peerauth", "exec", "-n", "outside", "stranger", "--", "python3", "-c", HOLD_OPEN, &echo_ip, "9000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+
     // STRICT: plaintext is refused; the meshed client still gets through.
     let strict = write_manifest(&dir, "strict.yaml", STRICT);
     c.ok(&["apply", "-f", &strict]);
+    // ... is closed by the policy change, not left running.
+    let held = holder.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&held.stdout).trim(), "closed", "the open plaintext connection was closed when STRICT applied");
     wait_until("STRICT in force", Duration::from_secs(10), || curl("outside", "stranger").0 != 0);
     assert_eq!(curl("default", "deploy/client").0, 0, "mTLS traffic is still allowed");
     let log = node_log("t-peerauth", "node2");

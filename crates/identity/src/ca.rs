@@ -124,9 +124,17 @@ impl Ca {
     }
 
     /// [`Ca::from_pem`] reading files. `roots` may hold several roots.
-    pub fn from_pem_files(cert: &Path, key: &Path, roots: Option<&Path>) -> Result<Self, CertError> {
+    pub fn from_pem_files(
+        cert: &Path,
+        key: &Path,
+        roots: Option<&Path>,
+    ) -> Result<Self, CertError> {
         let roots = roots.map(pem::read_file).transpose()?;
-        Self::from_pem(&pem::read_file(cert)?, &pem::read_file(key)?, roots.as_deref())
+        Self::from_pem(
+            &pem::read_file(cert)?,
+            &pem::read_file(key)?,
+            roots.as_deref(),
+        )
     }
 
     /// The roots every issued certificate chains to.
@@ -150,7 +158,11 @@ impl Ca {
         let leaf = self.sign(id, validity, &key)?;
         let mut chain = vec![leaf];
         chain.extend(self.intermediates.iter().cloned());
-        WorkloadCert::new(chain, self.roots.clone(), WorkloadKey::from_pkcs8(key.serialize_der()))
+        WorkloadCert::new(
+            chain,
+            self.roots.clone(),
+            WorkloadKey::from_pkcs8(key.serialize_der()),
+        )
     }
 
     /// Signs a PEM CSR the way Istio's certificate service does, refusing it
@@ -169,7 +181,11 @@ impl Ca {
         let leaf = self.sign(expected, validity, &csr.public_key)?;
         let mut out = Vec::with_capacity(self.intermediates.len() + 2);
         out.push(pem::encode("CERTIFICATE", leaf.as_ref()));
-        out.extend(self.intermediates.iter().map(|c| pem::encode("CERTIFICATE", c.as_ref())));
+        out.extend(
+            self.intermediates
+                .iter()
+                .map(|c| pem::encode("CERTIFICATE", c.as_ref())),
+        );
         out.push(self.roots.to_pem());
         Ok(out)
     }
@@ -181,7 +197,9 @@ impl Ca {
         public_key: &impl PublicKeyData,
     ) -> Result<CertificateDer<'static>, CertError> {
         if validity.is_zero() {
-            return Err(CertError::Validity("a certificate needs a non-zero lifetime".into()));
+            return Err(CertError::Validity(
+                "a certificate needs a non-zero lifetime".into(),
+            ));
         }
         let now = SystemTime::now();
         // Backdate for clock skew, but never by more than a tenth of the
@@ -217,8 +235,8 @@ impl Ca {
     /// or non-signing CA, and subject names that rcgen would re-encode
     /// differently from the original certificate.
     fn self_check(&self) -> Result<(), CertError> {
-        let probe_id = SpiffeId::new("probe.invalid", "probe", "probe")
-            .expect("static identity is valid");
+        let probe_id =
+            SpiffeId::new("probe.invalid", "probe", "probe").expect("static identity is valid");
         let probe = self.issue(&probe_id, Duration::from_secs(600))?;
         let leaf = ParsedCertificate::try_from(probe.leaf())
             .map_err(|e| CertError::Chain(e.to_string()))?;
@@ -278,7 +296,10 @@ fn push_der_len(out: &mut Vec<u8>, len: usize) {
         out.push(len as u8);
     } else {
         let bytes = len.to_be_bytes();
-        let first = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len() - 1);
+        let first = bytes
+            .iter()
+            .position(|b| *b != 0)
+            .unwrap_or(bytes.len() - 1);
         out.push(0x80 | (bytes.len() - first) as u8);
         out.extend_from_slice(&bytes[first..]);
     }

@@ -150,14 +150,17 @@ impl WorkloadCert {
             }
         };
         if info.not_after <= info.not_before {
-            return Err(CertError::Validity("notAfter is not after notBefore".into()));
+            return Err(CertError::Validity(
+                "notAfter is not after notBefore".into(),
+            ));
         }
         let certified_key =
-            CertifiedKey::from_der(chain.clone(), key.to_der(), &crate::tls::provider())
-                .map_err(|e| match e {
+            CertifiedKey::from_der(chain.clone(), key.to_der(), &crate::tls::provider()).map_err(
+                |e| match e {
                     rustls::Error::InconsistentKeys(_) => CertError::KeyMismatch,
                     other => CertError::Tls(other),
-                })?;
+                },
+            )?;
         Ok(Self {
             identity,
             chain,

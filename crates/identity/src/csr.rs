@@ -1,7 +1,9 @@
 //! Certificate signing requests, the way Istio's certificate service takes
 //! them: PEM PKCS#10, empty subject, one URI SAN, ECDSA P-256 key.
 
-use rcgen::{CertificateParams, CertificateSigningRequestParams, DistinguishedName, KeyPair, SanType};
+use rcgen::{
+    CertificateParams, CertificateSigningRequestParams, DistinguishedName, KeyPair, SanType,
+};
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY};
 use x509_parser::prelude::FromDer;
@@ -50,7 +52,9 @@ pub(crate) fn verify_csr(csr_pem: &str, expected: &SpiffeId) -> Result<VerifiedC
         .parameters
         .as_ref()
         .and_then(|p| p.as_oid().ok());
-    if spki.algorithm.algorithm != OID_KEY_TYPE_EC_PUBLIC_KEY || curve.as_ref() != Some(&OID_EC_P256) {
+    if spki.algorithm.algorithm != OID_KEY_TYPE_EC_PUBLIC_KEY
+        || curve.as_ref() != Some(&OID_EC_P256)
+    {
         return Err(CertError::CsrKeyType(format!(
             "algorithm {}, parameters {:?}",
             spki.algorithm.algorithm,

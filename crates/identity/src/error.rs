@@ -37,7 +37,9 @@ pub enum CertError {
     Csr(String),
     #[error("CSR key type refused: {0} (workload keys must be ECDSA P-256)")]
     CsrKeyType(String),
-    #[error("CSR identity refused: expected exactly one URI SAN {expected}, the CSR asks for {found:?}")]
+    #[error(
+        "CSR identity refused: expected exactly one URI SAN {expected}, the CSR asks for {found:?}"
+    )]
     CsrIdentity {
         expected: SpiffeId,
         found: Vec<String>,

@@ -7,7 +7,10 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use crate::error::CertError;
 
 /// Every `CERTIFICATE` block of `pem`, in order; at least one.
-pub(crate) fn certs(pem: &str, what: &'static str) -> Result<Vec<CertificateDer<'static>>, CertError> {
+pub(crate) fn certs(
+    pem: &str,
+    what: &'static str,
+) -> Result<Vec<CertificateDer<'static>>, CertError> {
     let certs = rustls_pemfile::certs(&mut pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CertError::Pem(format!("{what}: {e}")))?;
@@ -21,7 +24,10 @@ pub(crate) fn certs(pem: &str, what: &'static str) -> Result<Vec<CertificateDer<
 }
 
 /// The first private key of `pem` (PKCS#8, SEC1 or PKCS#1).
-pub(crate) fn private_key(pem: &str, what: &'static str) -> Result<PrivateKeyDer<'static>, CertError> {
+pub(crate) fn private_key(
+    pem: &str,
+    what: &'static str,
+) -> Result<PrivateKeyDer<'static>, CertError> {
     rustls_pemfile::private_key(&mut pem.as_bytes())
         .map_err(|e| CertError::Pem(format!("{what}: {e}")))?
         .ok_or(CertError::PemMissing {
@@ -65,12 +71,24 @@ fn base64(data: &[u8]) -> String {
     const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         out.push(TABLE[(n >> 18) as usize & 63] as char);
         out.push(TABLE[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 { TABLE[(n >> 6) as usize & 63] as char } else { '=' });
-        out.push(if chunk.len() > 2 { TABLE[n as usize & 63] as char } else { '=' });
+        out.push(if chunk.len() > 1 {
+            TABLE[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if chunk.len() > 2 {
+            TABLE[n as usize & 63] as char
+        } else {
+            '='
+        });
     }
     out
 }

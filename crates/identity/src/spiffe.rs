@@ -34,7 +34,9 @@ pub enum SpiffeIdError {
     },
     #[error("{input:?} is not a workload SPIFFE ID: the {what} is empty")]
     EmptyPart { input: String, what: &'static str },
-    #[error("{input:?} is not a workload SPIFFE ID: the {what} contains the invalid character {ch:?}")]
+    #[error(
+        "{input:?} is not a workload SPIFFE ID: the {what} contains the invalid character {ch:?}"
+    )]
     InvalidCharacter {
         input: String,
         what: &'static str,
@@ -243,26 +245,53 @@ mod tests {
         assert_eq!(id.to_string(), s);
         assert_eq!(id.principal(), "cluster.local/ns/default/sa/sleep");
         assert_eq!(SpiffeId::from_principal(&id.principal()).unwrap(), id);
-        assert_eq!(SpiffeId::new("cluster.local", "default", "sleep").unwrap(), id);
+        assert_eq!(
+            SpiffeId::new("cluster.local", "default", "sleep").unwrap(),
+            id
+        );
     }
 
     #[test]
     fn rejections() {
         let cases = [
             ("cluster.local/ns/default/sa/sleep", "must start with"),
-            ("http://cluster.local/ns/default/sa/sleep", "must start with"),
+            (
+                "http://cluster.local/ns/default/sa/sleep",
+                "must start with",
+            ),
             ("spiffe://cluster.local/ns/default/sa", "found 4"),
-            ("spiffe://cluster.local/ns/default/sa/sleep/extra", "found 6"),
+            (
+                "spiffe://cluster.local/ns/default/sa/sleep/extra",
+                "found 6",
+            ),
             ("spiffe://cluster.local/ns/default/sa/sleep/", "found 6"),
             ("spiffe://cluster.local", "found 1"),
-            ("spiffe://cluster.local/namespace/default/sa/sleep", "part 2 must be \"ns\""),
-            ("spiffe://cluster.local/ns/default/serviceaccount/sleep", "part 4 must be \"sa\""),
+            (
+                "spiffe://cluster.local/namespace/default/sa/sleep",
+                "part 2 must be \"ns\"",
+            ),
+            (
+                "spiffe://cluster.local/ns/default/serviceaccount/sleep",
+                "part 4 must be \"sa\"",
+            ),
             ("spiffe:///ns/default/sa/sleep", "trust domain is empty"),
             ("spiffe://cluster.local/ns//sa/sleep", "namespace is empty"),
-            ("spiffe://cluster.local/ns/default/sa/", "service account is empty"),
-            ("spiffe://cluster.local/ns/def ault/sa/x", "invalid character ' '"),
-            ("spiffe://cluster.local/ns/default/sa/x?y", "invalid character '?'"),
-            ("spiffe://cluster.local/ns/default/sa/é", "invalid character"),
+            (
+                "spiffe://cluster.local/ns/default/sa/",
+                "service account is empty",
+            ),
+            (
+                "spiffe://cluster.local/ns/def ault/sa/x",
+                "invalid character ' '",
+            ),
+            (
+                "spiffe://cluster.local/ns/default/sa/x?y",
+                "invalid character '?'",
+            ),
+            (
+                "spiffe://cluster.local/ns/default/sa/é",
+                "invalid character",
+            ),
         ];
         for (input, want) in cases {
             let err = input.parse::<SpiffeId>().unwrap_err().to_string();

@@ -20,9 +20,12 @@ pub(crate) struct LeafInfo {
 }
 
 pub(crate) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, CertError> {
-    let (rest, cert) = X509Certificate::from_der(der).map_err(|e| CertError::X509(e.to_string()))?;
+    let (rest, cert) =
+        X509Certificate::from_der(der).map_err(|e| CertError::X509(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(CertError::X509("trailing bytes after the certificate".into()));
+        return Err(CertError::X509(
+            "trailing bytes after the certificate".into(),
+        ));
     }
     Ok(cert)
 }

@@ -92,7 +92,12 @@ async fn renews_at_half_life() {
     assert!(!first.should_renew(SystemTime::now()));
 
     let wait_until = first.renew_at() + Duration::from_millis(700);
-    tokio::time::sleep(wait_until.duration_since(SystemTime::now()).unwrap_or_default()).await;
+    tokio::time::sleep(
+        wait_until
+            .duration_since(SystemTime::now())
+            .unwrap_or_default(),
+    )
+    .await;
     let second = manager.fetch_certificate(&who).await.unwrap();
     assert_ne!(second.serial(), first.serial(), "renewed in the background");
     assert_eq!(provider.fetches.load(Ordering::SeqCst), 2);
@@ -110,7 +115,10 @@ async fn failure_is_shared_and_retried() {
     };
     let manager = CertManager::new(provider.clone(), config);
     let who = id("spiffe://cluster.local/ns/default/sa/sleep");
-    let (a, b) = tokio::join!(manager.fetch_certificate(&who), manager.fetch_certificate(&who));
+    let (a, b) = tokio::join!(
+        manager.fetch_certificate(&who),
+        manager.fetch_certificate(&who)
+    );
     assert!(matches!(a, Err(FetchError::Provider(_))));
     assert!(matches!(b, Err(FetchError::Provider(_))));
     assert_eq!(provider.fetches.load(Ordering::SeqCst), 1);
@@ -136,8 +144,18 @@ async fn renewal_failure_keeps_the_valid_certificate() {
     let who = id("spiffe://cluster.local/ns/default/sa/sleep");
     let first = manager.fetch_certificate(&who).await.unwrap();
     provider.fail.store(true, Ordering::SeqCst);
-    tokio::time::sleep(first.renew_at().duration_since(SystemTime::now()).unwrap_or_default() + Duration::from_millis(300)).await;
-    assert!(provider.fetches.load(Ordering::SeqCst) >= 2, "renewal was attempted");
+    tokio::time::sleep(
+        first
+            .renew_at()
+            .duration_since(SystemTime::now())
+            .unwrap_or_default()
+            + Duration::from_millis(300),
+    )
+    .await;
+    assert!(
+        provider.fetches.load(Ordering::SeqCst) >= 2,
+        "renewal was attempted"
+    );
     let still = manager.fetch_certificate(&who).await.unwrap();
     assert_eq!(still.serial(), first.serial());
 }

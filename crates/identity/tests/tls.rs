@@ -27,10 +27,16 @@ struct Fixture {
 fn fixture() -> Fixture {
     let ca = Ca::generate(&TrustDomain::default()).unwrap();
     let client = ca
-        .issue(&id("spiffe://cluster.local/ns/default/sa/sleep"), Duration::from_secs(3600))
+        .issue(
+            &id("spiffe://cluster.local/ns/default/sa/sleep"),
+            Duration::from_secs(3600),
+        )
         .unwrap();
     let server = ca
-        .issue(&id("spiffe://cluster.local/ns/default/sa/httpbin"), Duration::from_secs(3600))
+        .issue(
+            &id("spiffe://cluster.local/ns/default/sa/httpbin"),
+            Duration::from_secs(3600),
+        )
         .unwrap();
     let server_tls = ServerTls::new(ca.roots(), TrustDomain::default()).unwrap();
     Fixture {
@@ -50,7 +56,18 @@ type ServerResult = Result<Option<SpiffeId>, std::io::Error>;
 async fn handshake(
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
-) -> (Result<(SpiffeId, Option<Vec<u8>>, Option<CipherSuite>, HandshakeKind), std::io::Error>, ServerResult) {
+) -> (
+    Result<
+        (
+            SpiffeId,
+            Option<Vec<u8>>,
+            Option<CipherSuite>,
+            HandshakeKind,
+        ),
+        std::io::Error,
+    >,
+    ServerResult,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server_task = tokio::spawn(async move {
@@ -91,7 +108,8 @@ async fn handshake(
 async fn mutual_handshake_with_right_identities() {
     let f = fixture();
     let server = f.server_tls.config_for(&f.server).unwrap();
-    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client =
+        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, s) = handshake(server, client).await;
     let (server_id, alpn, suite, kind) = c.unwrap();
     assert_eq!(&server_id, f.server.identity());
@@ -119,7 +137,8 @@ async fn wrong_server_san_is_an_identity_error() {
     let f = fixture();
     let server = f.server_tls.config_for(&f.server).unwrap();
     let expected = id("spiffe://cluster.local/ns/default/sa/reviews");
-    let client = tls::client_config(&f.client, f.ca.roots(), std::slice::from_ref(&expected)).unwrap();
+    let client =
+        tls::client_config(&f.client, f.ca.roots(), std::slice::from_ref(&expected)).unwrap();
     let (c, s) = handshake(server, client).await;
     let err = c.unwrap_err();
     let mismatch = identity_mismatch(&err).expect("classified as identity mismatch");
@@ -132,22 +151,31 @@ async fn wrong_server_san_is_an_identity_error() {
 async fn server_from_another_ca_is_a_plain_tls_error() {
     let f = fixture();
     let other = Ca::generate(&TrustDomain::default()).unwrap();
-    let impostor = other.issue(f.server.identity(), Duration::from_secs(600)).unwrap();
+    let impostor = other
+        .issue(f.server.identity(), Duration::from_secs(600))
+        .unwrap();
     let server = f.server_tls.config_for(&impostor).unwrap();
-    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client =
+        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, _) = handshake(server, client).await;
     let err = c.unwrap_err();
-    assert!(identity_mismatch(&err).is_none(), "untrusted chain is not an identity error: {err}");
+    assert!(
+        identity_mismatch(&err).is_none(),
+        "untrusted chain is not an identity error: {err}"
+    );
 }
 
 #[tokio::test]
 async fn client_cert_from_another_ca_is_rejected() {
     let f = fixture();
     let other = Ca::generate(&TrustDomain::default()).unwrap();
-    let stranger = other.issue(f.client.identity(), Duration::from_secs(600)).unwrap();
+    let stranger = other
+        .issue(f.client.identity(), Duration::from_secs(600))
+        .unwrap();
     let server = f.server_tls.config_for(&f.server).unwrap();
     // The stranger trusts our roots, so only the server side can refuse.
-    let client = tls::client_config(&stranger, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client =
+        tls::client_config(&stranger, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, s) = handshake(server, client).await;
     assert!(s.is_err(), "server must refuse");
     assert!(c.is_err(), "client sees the alert");
@@ -157,15 +185,20 @@ async fn client_cert_from_another_ca_is_rejected() {
 async fn client_identity_from_another_trust_domain_is_rejected() {
     let f = fixture();
     // Same CA, so the chain is fine; only the trust domain is wrong.
-    let foreign = f
-        .ca
-        .issue(&id("spiffe://other.domain/ns/default/sa/sleep"), Duration::from_secs(600))
+    let foreign =
+        f.ca.issue(
+            &id("spiffe://other.domain/ns/default/sa/sleep"),
+            Duration::from_secs(600),
+        )
         .unwrap();
     let server = f.server_tls.config_for(&f.server).unwrap();
-    let client = tls::client_config(&foreign, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client =
+        tls::client_config(&foreign, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, s) = handshake(server, client).await;
     let err = s.unwrap_err();
-    let inner = err.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
+    let inner = err
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>());
     match inner {
         Some(rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o))) => {
             let untrusted = o.0.downcast_ref::<UntrustedPeer>().expect("UntrustedPeer");
@@ -179,7 +212,8 @@ async fn client_identity_from_another_trust_domain_is_rejected() {
 #[tokio::test]
 async fn refusing_config_fails_the_handshake() {
     let f = fixture();
-    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client =
+        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, s) = handshake(f.server_tls.refusing_config(), client).await;
     assert!(c.is_err() && s.is_err());
 }
@@ -188,7 +222,8 @@ async fn refusing_config_fails_the_handshake() {
 async fn no_session_resumption() {
     let f = fixture();
     let server = f.server_tls.config_for(&f.server).unwrap();
-    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client =
+        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     for _ in 0..2 {
         let (c, _) = handshake(server.clone(), client.clone()).await;
         assert_eq!(c.unwrap().3, HandshakeKind::Full);
@@ -199,7 +234,8 @@ async fn no_session_resumption() {
 #[tokio::test]
 async fn client_offers_only_tls13_aes_gcm_h2_and_no_sni() {
     let f = fixture();
-    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client =
+        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let dial = tokio::spawn(async move {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ClientHello, NoServerSessionStorage, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::{
+    ClientHello, NoServerSessionStorage, ResolvesServerCert, WebPkiClientVerifier,
+};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
@@ -31,7 +33,8 @@ impl ServerTls {
     /// Client certificates must chain to `roots` and carry a SPIFFE URI SAN
     /// in `trust_domain`.
     pub fn new(roots: &TrustBundle, trust_domain: TrustDomain) -> Result<Self, TlsError> {
-        let inner = WebPkiClientVerifier::builder_with_provider(roots.root_store(), provider()).build()?;
+        let inner =
+            WebPkiClientVerifier::builder_with_provider(roots.root_store(), provider()).build()?;
         let verifier: Arc<dyn ClientCertVerifier> = Arc::new(TrustDomainVerifier {
             inner,
             trust_domain,
@@ -108,7 +111,8 @@ impl ClientCertVerifier for TrustDomainVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)?;
         // As ztunnel does: accept when any SPIFFE SAN is in our trust domain;
         // the peer identity is then the first SPIFFE SAN (PROTOCOLS.md 2).
         let presented = x509::spiffe_ids(end_entity).map_err(to_rustls)?;

@@ -16,6 +16,10 @@ const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A container that ran this long before exiting restarts without back-off.
 const BACKOFF_RESET: Duration = Duration::from_secs(60);
+/// Without a readiness probe, a container counts as ready once it has run
+/// this long: a command that fails at once is reported as crashing instead
+/// of slipping through as "ready" for a few milliseconds.
+const MIN_READY: Duration = Duration::from_millis(500);
 
 pub struct Node {
     pub name: String,
@@ -323,7 +327,7 @@ impl PodRuntime {
             return;
         }
         let Some(probe) = c.spec.readiness_probe.clone() else {
-            c.ready = true;
+            c.ready = c.started_at.is_some_and(|t| t.elapsed() >= MIN_READY);
             return;
         };
         if Instant::now() < c.probe_at {
