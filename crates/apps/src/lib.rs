@@ -23,6 +23,6 @@ pub mod net;
 mod runtime;
 
 pub use bookinfo::{run_bookinfo, serve_bookinfo, BookinfoArgs, BookinfoConfig, Role, Upstreams};
-pub use echo::{run_echo, serve_echo_http, serve_echo_tcp, EchoArgs, EchoConfig};
+pub use echo::{run_echo, serve_banner_tcp, serve_echo_http, serve_echo_tcp, EchoArgs, EchoConfig};
 pub use http::AccessLog;
 pub use net::bind_listener;

@@ -106,7 +106,8 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Print a pod's container output.
+    /// Print a pod's container output, or with `node/NODE` the node proxy's
+    /// log (its diagnostics and one access-log line per connection).
     Logs {
         #[arg(short = 'n', long = "namespace", default_value = "default")]
         namespace: String,
@@ -120,6 +121,11 @@ enum Command {
     /// The node proxy: carries meshed pods' connections in mTLS (HBONE).
     /// Started by `up` on every node; see docs/node-proxy.md.
     Node(slipstream_node::NodeArgs),
+    Bench(slipstream_bench::BenchArgs),
+    /// Data-path debugging: HBONE as any identity, raw TCP, many held
+    /// connections (see docs/node-proxy.md, "Debugging").
+    #[command(subcommand, hide = true)]
+    Debug(cmd::debug::DebugCommand),
     /// Built-in sample applications (run inside pods).
     #[command(subcommand)]
     App(AppCommand),
@@ -151,6 +157,8 @@ fn main() {
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
             Command::Up { files, nodes, timeout, ca_cert, ca_key } => cmd::up::run(&ctx, &files, nodes, timeout, ca_cert, ca_key),
             Command::Node(args) => cmd::node::run(&ctx, args),
+            Command::Bench(args) => slipstream_bench::run(args),
+            Command::Debug(d) => cmd::debug::run(&ctx, d),
             Command::Down => cmd::down::run(&ctx),
             Command::Status { output } => cmd::status::run(&ctx, &output),
             Command::Apply { files, no_wait, timeout } => cmd::apply::apply(&ctx, &files, !no_wait, timeout),

@@ -33,7 +33,12 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        for s in ["10.1.2.3:8080", "[fd00::1]:80", "[::1]:15008", "127.0.0.1:1"] {
+        for s in [
+            "10.1.2.3:8080",
+            "[fd00::1]:80",
+            "[::1]:15008",
+            "127.0.0.1:1",
+        ] {
             let addr = parse_authority(s).unwrap();
             assert_eq!(format_authority(addr), s);
         }

@@ -108,13 +108,13 @@ pub enum HboneError {
     #[error("TLS with {addr}: {mismatch}")]
     IdentityMismatch {
         addr: SocketAddr,
-        mismatch: IdentityMismatch,
+        mismatch: Arc<IdentityMismatch>,
     },
     #[error("no certificate for {identity}: {source}")]
     Certificate {
         identity: SpiffeId,
         #[source]
-        source: FetchError,
+        source: Arc<FetchError>,
     },
     #[error("timed out {0}")]
     Timeout(TimeoutStage),
@@ -128,7 +128,10 @@ pub enum HboneError {
     #[error("bad request: {0}")]
     BadRequest(&'static str),
     #[error("authority {authority} does not belong to the tunnel destination {tunnel}")]
-    AuthorityMismatch { authority: SocketAddr, tunnel: IpAddr },
+    AuthorityMismatch {
+        authority: SocketAddr,
+        tunnel: IpAddr,
+    },
     #[error("no local workload has address {0}")]
     NoWorkload(SocketAddr),
     #[error("workload at {0} does not serve that port")]
@@ -142,6 +145,9 @@ pub enum HboneError {
     #[error("tunnel I/O: {0}")]
     Io(Arc<io::Error>),
 }
+
+// Every `Result` of the data path carries this type: keep it small.
+const _: () = assert!(std::mem::size_of::<HboneError>() <= 64);
 
 impl HboneError {
     pub fn io(e: io::Error) -> Self {
@@ -176,9 +182,10 @@ impl HboneError {
 
     pub fn flag(&self) -> ResponseFlag {
         match self {
-            Self::Connect { .. } | Self::NoWorkload(_) | Self::UnknownPort(_) | Self::ProxyPort(_) => {
-                ResponseFlag::Connect
-            }
+            Self::Connect { .. }
+            | Self::NoWorkload(_)
+            | Self::UnknownPort(_)
+            | Self::ProxyPort(_) => ResponseFlag::Connect,
             Self::Tls { .. } | Self::Certificate { .. } => ResponseFlag::TlsFailure,
             Self::IdentityMismatch { .. } => ResponseFlag::IdentityError,
             Self::Timeout(_) => ResponseFlag::Timeout,
@@ -215,21 +222,21 @@ impl HboneError {
         }
     }
 
-    /// Classifies an HTTP/2 error: one that wraps a TLS failure (for example
-    /// the alert a server sends after rejecting our client certificate, which
-    /// in TLS 1.3 arrives after our handshake finished) is a TLS error.
-    pub(crate) fn from_h2(err: h2::Error, addr: SocketAddr) -> Self {
-        let is_tls = err
-            .get_io()
-            .and_then(|io| io.get_ref())
-            .is_some_and(|inner| inner.is::<rustls::Error>());
-        if is_tls {
-            Self::Tls {
+    /// Classifies an HTTP/2 error. `tls_error` is the TLS failure recorded
+    /// on the connection, if any: then the HTTP/2 error is only its echo
+    /// (for example the alert a server sends after rejecting our client
+    /// certificate, which in TLS 1.3 arrives after our handshake finished).
+    pub(crate) fn from_h2(
+        err: h2::Error,
+        addr: SocketAddr,
+        tls_error: Option<&rustls::Error>,
+    ) -> Self {
+        match tls_error {
+            Some(tls) => Self::Tls {
                 addr,
-                source: Arc::new(err),
-            }
-        } else {
-            Self::H2(Arc::new(err))
+                source: Arc::new(tls.clone()),
+            },
+            None => Self::H2(Arc::new(err)),
         }
     }
 
@@ -237,7 +244,14 @@ impl HboneError {
     /// peer's application, so it may be retried on another connection.
     pub(crate) fn is_retryable(&self) -> bool {
         match self {
-            Self::H2(e) => e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM),
+            // A graceful GOAWAY (NO_ERROR: the peer drains) refuses streams
+            // for a reason another connection does not share. An error
+            // GOAWAY (the peer found this request abusive, e.g. headers far
+            // over its limit) would only repeat on the next connection.
+            Self::H2(e) => {
+                (e.is_go_away() && e.reason() == Some(h2::Reason::NO_ERROR))
+                    || e.reason() == Some(h2::Reason::REFUSED_STREAM)
+            }
             _ => false,
         }
     }

@@ -82,7 +82,11 @@ impl fmt::Display for TraceParent {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+    if s.len() % 2 != 0
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    {
         return None;
     }
     (0..s.len())
@@ -217,7 +221,8 @@ impl Baggage {
 fn percent_encode(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
-        let plain = matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E) && b != b'%';
+        let plain =
+            matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E) && b != b'%';
         if plain {
             out.push(b as char);
         } else {
@@ -288,7 +293,10 @@ mod tests {
             "for=\"[fd00::7]:80\";host=reviews.default.svc.cluster.local"
         );
         let odd = Forwarded::new("10.0.0.1:1".parse().unwrap(), Some("a b".into()));
-        assert_eq!(odd.header_value().unwrap(), "for=\"10.0.0.1:1\";host=\"a b\"");
+        assert_eq!(
+            odd.header_value().unwrap(),
+            "for=\"10.0.0.1:1\";host=\"a b\""
+        );
     }
 
     #[test]
@@ -317,6 +325,9 @@ mod tests {
         assert_eq!(v, "service.name=a%2Cb=c%20%25d");
         assert_eq!(Baggage::parse(v.to_str().unwrap()), weird);
         // Malformed escapes pass through instead of panicking.
-        assert_eq!(Baggage::parse("service.name=%a\u{e9}%").service_name, "%a\u{e9}%");
+        assert_eq!(
+            Baggage::parse("service.name=%a\u{e9}%").service_name,
+            "%a\u{e9}%"
+        );
     }
 }

@@ -156,7 +156,9 @@ fn recv_error(e: h2::Error) -> Option<io::Error> {
 
 pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
     if e.is_io() {
-        return e.into_io().unwrap_or_else(|| io::Error::other("h2 I/O error"));
+        return e
+            .into_io()
+            .unwrap_or_else(|| io::Error::other("h2 I/O error"));
     }
     let kind = if e.is_reset() || e.is_go_away() {
         io::ErrorKind::ConnectionReset
@@ -231,7 +233,11 @@ impl TunnelWriter {
 }
 
 impl AsyncWrite for TunnelWriter {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
@@ -264,7 +270,11 @@ impl AsyncRead for TunnelStream {
 }
 
 impl AsyncWrite for TunnelStream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().writer).poll_write(cx, buf)
     }
 

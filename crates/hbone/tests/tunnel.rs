@@ -23,7 +23,7 @@ async fn round_trip_with_client_half_close_first() {
     let (client, server_id) = (id("sleep"), id("httpbin"));
     let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
     let pool = mesh.pool(PoolConfig::default());
-    let k = key(&client, &[server_id.clone()], server.addr);
+    let k = key(&client, std::slice::from_ref(&server_id), server.addr);
 
     for (i, size) in [1usize, TEN_MIB].into_iter().enumerate() {
         let tunnel = pool
@@ -57,7 +57,10 @@ async fn round_trip_with_client_half_close_first() {
     let stats = server.stats.snapshot();
     assert_eq!(stats.status_200, 2);
     assert_eq!(stats.bytes_from_peer, 1 + TEN_MIB as u64);
-    assert_eq!(stats.connections_accepted, 1, "both tunnels shared one connection");
+    assert_eq!(
+        stats.connections_accepted, 1,
+        "both tunnels shared one connection"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,7 +69,7 @@ async fn round_trip_with_server_half_close_first() {
     let (client, server_id) = (id("sleep"), id("httpbin"));
     let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
     let pool = mesh.pool(PoolConfig::default());
-    let k = key(&client, &[server_id.clone()], server.addr);
+    let k = key(&client, std::slice::from_ref(&server_id), server.addr);
 
     for (port, size) in [(9001u16, 1usize), (9002, TEN_MIB)] {
         server.handler.set(port, Behavior::Greet(size));
@@ -77,7 +80,10 @@ async fn round_trip_with_server_half_close_first() {
         // The application speaks first and half-closes: we read to EOF
         // while our own write side is still open...
         let greeting = read_all(&mut tunnel).await.unwrap();
-        assert!(greeting == pattern(size, 7), "greeting of {size} bytes intact");
+        assert!(
+            greeting == pattern(size, 7),
+            "greeting of {size} bytes intact"
+        );
         // ...and can still send, then half-close ourselves.
         tunnel.write_all(&pattern(size, 9)).await.unwrap();
         tunnel.shutdown().await.unwrap();
@@ -114,7 +120,10 @@ async fn server_sees_identity_target_and_headers() {
         .with_forwarded(&forwarded)
         .with_traceparent(trace);
     let mut tunnel = pool
-        .connect(&key(&client, &[server_id.clone()], server.addr), request)
+        .connect(
+            &key(&client, std::slice::from_ref(&server_id), server.addr),
+            request,
+        )
         .await
         .unwrap();
     tunnel.shutdown().await.unwrap();
@@ -135,7 +144,11 @@ async fn server_sees_identity_target_and_headers() {
     assert_eq!(h.len(), 3, "no other headers: {h:?}");
 }
 
-/// The pool against a bare h2 server: what arrives on the wire.
+/// The pool against a bare h2 server: what arrives on the wire. h2's server
+/// turns the pseudo-headers into the request and refuses a CONNECT that has
+/// `:scheme`, `:path` or (unless enabled, as here) `:protocol`, so a request
+/// seen with method CONNECT, an authority and no scheme/path carried exactly
+/// `:method` and `:authority`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_carries_only_method_and_authority() {
     let mesh = Mesh::new();
@@ -172,6 +185,10 @@ async fn connect_carries_only_method_and_authority() {
     assert_eq!(parts.uri.path_and_query(), None, ":path absent");
     assert_eq!(parts.uri.authority().unwrap().as_str(), "[fd00::1]:8080");
     assert_eq!(parts.version, http::Version::HTTP_2);
+    assert!(
+        parts.extensions.get::<h2::ext::Protocol>().is_none(),
+        "no :protocol"
+    );
     let names: Vec<_> = parts.headers.keys().map(|k| k.as_str()).collect();
     assert_eq!(names, vec!["traceparent"], "no host or other header");
 }
@@ -181,13 +198,20 @@ async fn ipv6_tunnel() {
     let mesh = Mesh::new();
     let (client, server_id) = (id("sleep"), id("httpbin"));
     let v6: std::net::IpAddr = "::1".parse().unwrap();
-    let server =
-        start_server_on(&mesh, "[::1]:0".parse().unwrap(), &[(v6, server_id.clone())], ServerConfig::default())
-            .await;
+    let server = start_server_on(
+        &mesh,
+        "[::1]:0".parse().unwrap(),
+        &[(v6, server_id.clone())],
+        ServerConfig::default(),
+    )
+    .await;
     let pool = mesh.pool(PoolConfig::default());
     let target = SocketAddr::new(v6, 8080);
     let mut tunnel = pool
-        .connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(target))
+        .connect(
+            &key(&client, &[server_id], server.addr),
+            ConnectRequest::new(target),
+        )
         .await
         .unwrap();
     tunnel.write_all(b"hello over v6").await.unwrap();
@@ -221,11 +245,17 @@ async fn slow_reader_on_server_blocks_the_client_writer() {
         }
     })
     .await;
-    assert!(attempt.is_err(), "the writer must block, it wrote {written} bytes");
+    assert!(
+        attempt.is_err(),
+        "the writer must block, it wrote {written} bytes"
+    );
     // One 4 MiB stream window, plus what sits in the copy loop and the
     // application's socket buffer.
     assert!(written >= 1024 * 1024, "made progress: {written}");
-    assert!(written <= 6 * 1024 * 1024, "bounded by flow control: {written}");
+    assert!(
+        written <= 6 * 1024 * 1024,
+        "bounded by flow control: {written}"
+    );
 }
 
 /// A client that never reads: the server's copy from the application must
@@ -252,4 +282,68 @@ async fn slow_reader_on_client_blocks_the_application() {
     assert!(first >= 1024 * 1024, "made progress: {first}");
     assert!(first <= 8 * 1024 * 1024, "bounded by flow control: {first}");
     drop(tunnel);
+}
+
+/// How the client reads the ways a peer can end a stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_read_as_eof_or_error_by_reason() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let server_cert = mesh.cert(&server_id).await;
+    let config = mesh.server_tls().config_for(&server_cert).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // A bare h2 server: answers 200, sends "hi", then ends the stream the
+    // way the target port says.
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let tls = TlsAcceptor::from(config).accept(tcp).await.unwrap();
+        let mut conn = h2::server::handshake(tls).await.unwrap();
+        while let Some(Ok((request, mut respond))) = conn.accept().await {
+            let port = request.uri().port_u16().unwrap();
+            tokio::spawn(async move {
+                let mut send = respond
+                    .send_response(http::Response::new(()), false)
+                    .unwrap();
+                send.send_data(bytes::Bytes::from_static(b"hi"), port == 4)
+                    .unwrap();
+                // Let the DATA frame go out before the reset discards queues.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                match port {
+                    1 => send.send_reset(h2::Reason::NO_ERROR),
+                    2 => send.send_reset(h2::Reason::CANCEL),
+                    3 => send.send_reset(h2::Reason::INTERNAL_ERROR),
+                    _ => {} // 4: END_STREAM was on the DATA frame
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                drop(request);
+            });
+        }
+    });
+
+    let pool = mesh.pool(PoolConfig::default());
+    let k = key(&client, &[server_id], addr);
+    for (port, eof) in [(1u16, true), (2, true), (3, false), (4, true)] {
+        let mut tunnel = pool
+            .connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, port)))
+            .await
+            .unwrap();
+        let mut hi = [0u8; 2];
+        tunnel.read_exact(&mut hi).await.unwrap();
+        assert_eq!(&hi, b"hi");
+        let mut rest = Vec::new();
+        let end = tokio::time::timeout(Duration::from_secs(5), tunnel.read_to_end(&mut rest))
+            .await
+            .expect("stream ends");
+        if eof {
+            assert_eq!(end.unwrap(), 0, "port {port}: end of stream");
+        } else {
+            let err = end.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                std::io::ErrorKind::ConnectionReset,
+                "port {port}: {err}"
+            );
+        }
+    }
 }

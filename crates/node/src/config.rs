@@ -19,8 +19,9 @@ pub struct NodeArgs {
     /// Directory with root-cert.pem and root-key.pem of the local CA.
     #[arg(long, env = "SLIPSTREAM_CA_DIR")]
     pub ca_dir: PathBuf,
-    /// Access-log format: plain or json.
-    #[arg(long, default_value = "plain", value_parser = ["plain", "json"])]
+    /// Access-log format: plain or json (`SLIPSTREAM_ACCESS_LOG=json
+    /// slipstream up` sets it for every node proxy of a local cluster).
+    #[arg(long, env = "SLIPSTREAM_ACCESS_LOG", default_value = "plain", value_parser = ["plain", "json"])]
     pub log_format: String,
     /// Admin server (config dump); keep it on loopback.
     #[arg(long, default_value = "127.0.0.1:15000")]

@@ -74,7 +74,10 @@ impl Handler for HboneHandler {
                 return Err(e);
             }
             match self.pod.sockets.connect_transparent(req.peer_addr.ip(), req.target, self.shared.config.connect_timeout).await {
-                Ok(s) => Ok(Box::new(Metered::new(s, record)) as Box<dyn Upstream>),
+                Ok(s) => {
+                    let m = Metered::new(s, record).tracked(&self.shared, &self.pod.uid, Some(principal.clone()), req.peer_addr, req.target);
+                    Ok(Box::new(m) as Box<dyn Upstream>)
+                }
                 Err(e) => {
                     let err = HboneError::Connect { addr: req.target, source: Arc::new(e) };
                     record.close(0, 0, Some((err.flag(), err.to_string())));
@@ -82,6 +85,14 @@ impl Handler for HboneHandler {
                 }
             }
         })
+    }
+
+    fn on_stream_end(&self, record: &slipstream_hbone::StreamRecord) {
+        crate::refusals::record_refused_stream(&self.shared, &self.pod, record);
+    }
+
+    fn on_handshake_failure(&self, failure: &slipstream_hbone::HandshakeFailure) {
+        crate::refusals::record_handshake_failure(&self.shared, failure);
     }
 }
 
@@ -120,7 +131,7 @@ pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStr
     }
     match pod.sockets.connect_transparent(peer.ip(), dst, shared.config.connect_timeout).await {
         Ok(app) => {
-            let mut app = Metered::new(app, record);
+            let mut app = Metered::new(app, record).tracked(&shared, &pod.uid, None, peer, dst);
             let mut client = client;
             let _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut app, 64 * 1024, 64 * 1024).await;
         }
@@ -136,11 +147,19 @@ pub struct Metered {
     from_app: u64,
     failed: Option<String>,
     record: Option<ConnRecord>,
+    /// In the open-connection tracker while alive (policy re-evaluation).
+    _tracked: Option<crate::tracker::Registration>,
 }
 
 impl Metered {
     pub fn new(inner: TcpStream, record: ConnRecord) -> Self {
-        Metered { inner, to_app: 0, from_app: 0, failed: None, record: Some(record) }
+        Metered { inner, to_app: 0, from_app: 0, failed: None, record: Some(record), _tracked: None }
+    }
+
+    /// Registers the connection so a later policy change can close it.
+    pub fn tracked(mut self, shared: &Shared, pod_uid: &str, principal: Option<String>, src: SocketAddr, dst: SocketAddr) -> Self {
+        self._tracked = Some(shared.tracker.register(&self.inner, pod_uid, principal, src, dst));
+        self
     }
     fn note<T>(&mut self, r: &Poll<io::Result<T>>) {
         if let Poll::Ready(Err(e)) = r {
@@ -151,6 +170,9 @@ impl Metered {
 
 impl Drop for Metered {
     fn drop(&mut self) {
+        // Leave the tracker before `inner` (a field, dropped after this
+        // body) closes the socket: the tracker holds its raw descriptor.
+        drop(self._tracked.take());
         if let Some(r) = self.record.take() {
             let failure = self.failed.take().map(|e| (ResponseFlag::ConnectionTerminated, e));
             r.close(self.to_app, self.from_app, failure);

@@ -131,7 +131,8 @@ impl InPod {
             Arc::new(inbound::Certs(self.shared.clone())),
             Arc::new(inbound::HboneHandler { shared: self.shared.clone(), pod: pod.clone() }),
             ServerConfig::default(),
-        );
+        )
+        .with_stats(self.shared.telemetry.metrics.hbone.clone());
         tokio::spawn(server.serve(watch.clone()));
         tokio::spawn(accept_loop(out, watch.clone(), {
             let (shared, pod) = (self.shared.clone(), pod.clone());

@@ -4,7 +4,8 @@
 //! identity, terminates HBONE for the pod, and records L4 telemetry.
 //! See docs/node-proxy.md.
 //!
-//! `unsafe` is allowed only in `sys` (setns around socket creation).
+//! `unsafe` is allowed only in `sys` (setns around socket creation, the
+//! open-file limit, socket options socket2 lacks).
 #![deny(unsafe_code)]
 
 pub mod accesslog;
@@ -12,13 +13,16 @@ pub mod admin;
 pub mod authz;
 pub mod config;
 pub mod conn;
+pub mod debug;
 pub mod inbound;
 pub mod inpod;
 pub mod metrics;
 pub mod outbound;
 pub mod proxy;
+pub mod refusals;
 pub mod sockets;
 pub mod sys;
+pub mod tracker;
 pub mod watch;
 
 pub use config::{Config, NodeArgs};

@@ -4,7 +4,9 @@
 use serde::Serialize;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use slipstream_hbone::{ServerStats, StatsSnapshot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -54,8 +56,10 @@ pub struct TcpCounters {
 pub struct Metrics {
     tcp: Mutex<HashMap<TcpLabels, TcpCounters>>,
     /// Connections refused before any workload could be named (TLS failures
-    /// on :15008, garbage), by flag.
-    rejected: Mutex<HashMap<&'static str, u64>>,
+    /// on :15008, garbage), by flag and reason (both from fixed sets).
+    rejected: Mutex<HashMap<(&'static str, &'static str), u64>>,
+    /// The HBONE servers' own counters, shared by every pod's server.
+    pub hbone: Arc<ServerStats>,
 }
 
 fn or_unknown(s: &str) -> &str {
@@ -76,7 +80,12 @@ impl Metrics {
     }
 
     pub fn rejected(&self, flag: ResponseFlag) {
-        *self.rejected.lock().expect("metrics lock").entry(flag.as_str()).or_default() += 1;
+        self.rejected_because(flag, "unknown");
+    }
+
+    /// A refusal with its reason, a label value from a fixed set.
+    pub fn rejected_because(&self, flag: ResponseFlag, reason: &'static str) {
+        *self.rejected.lock().expect("metrics lock").entry((flag.as_str(), reason)).or_default() += 1;
     }
 
     /// Counters for tests and the admin dump.
@@ -100,10 +109,58 @@ impl Metrics {
             }
         }
         let _ = writeln!(out, "# HELP slipstream_rejected_connections_total Connections refused before a workload could be named.\n# TYPE slipstream_rejected_connections_total counter");
-        for (flag, n) in self.rejected.lock().expect("metrics lock").iter() {
-            let _ = writeln!(out, "slipstream_rejected_connections_total{{response_flags=\"{flag}\"}} {n}");
+        for ((flag, reason), n) in self.rejected.lock().expect("metrics lock").iter() {
+            let _ = writeln!(out, "slipstream_rejected_connections_total{{response_flags=\"{flag}\",reason=\"{reason}\"}} {n}");
         }
+        render_hbone(&mut out, &self.hbone.snapshot());
         out
+    }
+}
+
+/// A counter family: name, help, label name ("" for none) and the values
+/// by label value.
+type Family = (&'static str, &'static str, &'static str, Vec<(&'static str, u64)>);
+
+/// The HBONE servers' counters (all pods of the node together).
+fn render_hbone(out: &mut String, s: &StatsSnapshot) {
+    let families: [Family; 7] = [
+        ("slipstream_hbone_inbound_connections_total", "HBONE connections accepted on :15008", "", vec![("", s.connections_accepted)]),
+        (
+            "slipstream_hbone_inbound_handshake_failures_total",
+            "HBONE connections that ended before a stream, by stage",
+            "stage",
+            vec![("refused", s.refused_no_workload + s.refused_cert_unavailable), ("tls", s.tls_failures), ("http2", s.h2_failures)],
+        ),
+        (
+            "slipstream_hbone_inbound_connection_closes_total",
+            "HBONE connections the server closed",
+            "reason",
+            vec![("keepalive_timeout", s.keepalive_timeouts), ("protocol_error", s.protocol_errors), ("drain_deadline", s.drain_forced_closes)],
+        ),
+        ("slipstream_hbone_inbound_streams_total", "CONNECT streams received", "", vec![("", s.streams)]),
+        (
+            "slipstream_hbone_inbound_responses_total",
+            "CONNECT answers by status",
+            "code",
+            vec![("200", s.status_200), ("400", s.status_400), ("401", s.status_401), ("503", s.status_503), ("other", s.status_other)],
+        ),
+        ("slipstream_hbone_inbound_tunnels_failed_total", "Tunnels answered 200 that ended with an error", "", vec![("", s.tunnels_failed)]),
+        (
+            "slipstream_hbone_inbound_bytes_total",
+            "Bytes carried by inbound tunnels",
+            "direction",
+            vec![("from_peer", s.bytes_from_peer), ("to_peer", s.bytes_to_peer)],
+        ),
+    ];
+    for (name, help, label, values) in families {
+        let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
+        for (value, n) in values {
+            if label.is_empty() {
+                let _ = writeln!(out, "{name} {n}");
+            } else {
+                let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
+            }
+        }
     }
 }
 
@@ -163,5 +220,19 @@ mod tests {
         assert!(text.contains("connection_security_policy=\"mutual_tls\"} 2"));
         let snap = m.snapshot();
         assert_eq!(snap[0].1, TcpCounters { opened: 2, closed: 1, received_bytes: 10, sent_bytes: 20 });
+    }
+
+    #[test]
+    fn refusals_by_reason_and_hbone_server_counters() {
+        let m = Metrics::default();
+        m.rejected_because(ResponseFlag::TlsFailure, "not_tls");
+        m.rejected_because(ResponseFlag::TlsFailure, "not_tls");
+        m.rejected(ResponseFlag::ProtocolError);
+        let text = m.render();
+        assert!(text.contains("slipstream_rejected_connections_total{response_flags=\"TLS_FAILURE\",reason=\"not_tls\"} 2"), "{text}");
+        assert!(text.contains("slipstream_rejected_connections_total{response_flags=\"PROTOCOL_ERROR\",reason=\"unknown\"} 1"), "{text}");
+        assert!(text.contains("slipstream_hbone_inbound_connections_total 0"), "{text}");
+        assert!(text.contains("slipstream_hbone_inbound_responses_total{code=\"400\"} 0"), "{text}");
+        assert!(text.contains("slipstream_hbone_inbound_connection_closes_total{reason=\"protocol_error\"} 0"), "{text}");
     }
 }

@@ -22,9 +22,15 @@ pub struct Shared {
     pub pool: Pool,
     pub telemetry: Arc<Telemetry>,
     pub pods: LocalPods,
+    pub tracker: Arc<crate::tracker::Tracker>,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Every proxied connection costs one or two descriptors.
+    match crate::sys::rlimit::raise_nofile() {
+        Ok(l) => tracing::info!(before = l.before, hard = l.hard, "open-file limit (RLIMIT_NOFILE): {}", l.soft),
+        Err(e) => tracing::warn!("cannot raise the open-file limit (RLIMIT_NOFILE): {e}"),
+    }
     // Bind before serving: a port conflict fails start-up, not a request.
     let admin_listeners = admin::bind(&config).await?;
     let ca_cert = config.ca_dir.join("root-cert.pem");
@@ -51,6 +57,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         server_tls,
         pool,
         pods,
+        tracker: Default::default(),
     });
     admin::serve(admin_listeners, shared.clone());
     tracing::info!(node = %shared.config.node, "node proxy ready");
@@ -61,6 +68,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     loop {
         let snap = rx.borrow_and_update().clone();
         inpod.reconcile(&snap).await;
+        // Policy changes apply to open connections too.
+        let closed = shared.tracker.revoke(|t| crate::authz::authorize(&shared, &t.pod_uid, t.principal.as_deref(), t.src, t.dst));
+        if closed > 0 {
+            tracing::info!(closed, "open connections closed after a policy change");
+        }
         tokio::select! {
             r = rx.changed() => if r.is_err() { break },
             _ = term.recv() => break,

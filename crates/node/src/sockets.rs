@@ -62,6 +62,8 @@ impl PodSockets {
             s.set_ip_transparent_v6(true)?;
         }
         s.set_tcp_nodelay(true)?;
+        // The port is chosen at connect() by the 4-tuple, not at bind().
+        crate::sys::sockopt::set_bind_address_no_port(&s)?;
         s.bind(&SockAddr::from(SocketAddr::new(src, 0)))?;
         connect(s, dst, timeout).await
     }

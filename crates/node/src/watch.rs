@@ -49,10 +49,16 @@ impl Watcher {
         if w.is_some() && w != self.seen.0 {
             match load::<MeshConfig>(&self.workloads) {
                 Ok(cfg) => {
+                    let counts = |c: &MeshConfig| (c.workloads.len(), c.services.len(), c.policies.len());
+                    // Readiness flips rewrite the file often; say so only when the shape changes.
+                    if counts(&cfg) != counts(&self.current.config) {
+                        tracing::info!(workloads = cfg.workloads.len(), services = cfg.services.len(), policies = cfg.policies.len(), "mesh configuration loaded");
+                    } else {
+                        tracing::debug!("mesh configuration reloaded");
+                    }
                     self.current.mesh = Arc::new(MeshState::new(&cfg));
                     self.current.config = Arc::new(cfg);
                     changed = true;
-                    tracing::info!(workloads = self.current.config.workloads.len(), services = self.current.config.services.len(), "mesh configuration loaded");
                 }
                 Err(e) => tracing::error!("keeping the last good configuration: {e}"),
             }

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use crate::http::AccessLog;
 use crate::net::bind_listener;
 
-pub use tcp::serve_echo_tcp;
+pub use tcp::{serve_banner_tcp, serve_echo_tcp};
 
 /// Command-line flags of `slipstream app echo`.
 #[derive(clap::Args, Debug, Clone)]
@@ -28,6 +28,13 @@ pub struct EchoArgs {
     /// Port of the raw TCP echo (every byte is sent back); 0 disables it.
     #[arg(long, default_value_t = 9000, value_name = "PORT")]
     pub tcp_port: u16,
+
+    /// Instead of echoing, the TCP port sends TEXT, shuts down its write
+    /// side, and keeps reading until the client ends its side (the other
+    /// direction of half-close); a line per connection on stdout says how
+    /// many bytes arrived after the half-close.
+    #[arg(long, value_name = "TEXT")]
+    pub tcp_banner: Option<String>,
 
     /// Address to listen on. `::` is dual-stack and falls back to 0.0.0.0 when IPv6 is unavailable.
     #[arg(long, default_value = "::", value_name = "IP")]
@@ -85,9 +92,10 @@ pub fn run_echo(args: EchoArgs) -> anyhow::Result<()> {
                     .context("echo: TCP echo listener")?,
             ),
         };
-        let tcp_desc = match &tcp {
-            Some(l) => format!("TCP echo on {}", l.local_addr()?),
-            None => "TCP echo disabled".to_owned(),
+        let tcp_desc = match (&tcp, &args.tcp_banner) {
+            (Some(l), Some(_)) => format!("TCP banner on {}", l.local_addr()?),
+            (Some(l), None) => format!("TCP echo on {}", l.local_addr()?),
+            (None, _) => "TCP echo disabled".to_owned(),
         };
         println!(
             "echo server {:?}: HTTP/1.1 and h2c on {}, {tcp_desc}",
@@ -97,9 +105,14 @@ pub fn run_echo(args: EchoArgs) -> anyhow::Result<()> {
 
         let http = serve_echo_http(http, config);
         match tcp {
-            Some(tcp) => {
-                tokio::join!(http, serve_echo_tcp(tcp));
-            }
+            Some(tcp) => match args.tcp_banner {
+                Some(banner) => {
+                    tokio::join!(http, serve_banner_tcp(tcp, banner.into_bytes().into()));
+                }
+                None => {
+                    tokio::join!(http, serve_echo_tcp(tcp));
+                }
+            },
             None => http.await,
         }
         Ok(())

@@ -1,9 +1,12 @@
-//! The raw TCP echo: every byte back, half-close propagated.
+//! The raw TCP echo: every byte back, half-close propagated. Or, with a
+//! banner, the other direction of half-close: the server speaks first,
+//! ends its side, and keeps reading.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Per-connection copy buffer: bounded, so a client that writes without
@@ -26,6 +29,43 @@ pub async fn serve_echo_tcp(listener: TcpListener) {
                 tracing::warn!("tcp echo accept failed: {err}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        }
+    }
+}
+
+/// Serves the banner mode on `listener`: each connection gets `banner`,
+/// then our write side is shut down, and everything the client sends
+/// afterwards is read and counted; one line per connection on stdout says
+/// how much arrived after our half-close.
+pub async fn serve_banner_tcp(listener: TcpListener, banner: Arc<[u8]>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let banner = banner.clone();
+                tokio::spawn(async move {
+                    match banner_connection(stream, &banner).await {
+                        Ok(n) => println!("tcp banner: {peer} sent {n} bytes after our half-close, then ended its side"),
+                        Err(err) => println!("tcp banner: {peer}: {err}"),
+                    }
+                });
+            }
+            Err(err) => {
+                tracing::warn!("tcp banner accept failed: {err}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn banner_connection(mut stream: TcpStream, banner: &[u8]) -> io::Result<u64> {
+    stream.write_all(banner).await?;
+    stream.shutdown().await?;
+    let mut buf = vec![0u8; COPY_BUF];
+    let mut total = 0u64;
+    loop {
+        match stream.read(&mut buf).await? {
+            0 => return Ok(total),
+            n => total += n as u64,
         }
     }
 }

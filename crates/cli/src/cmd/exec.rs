@@ -37,6 +37,8 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, argv: &[Stri
     }
     let dir = ctx.paths.pod_dir(&p.namespace, &p.name);
     let mut env = vec![("PATH".to_string(), spawn::pod_path()), ("HOSTNAME".to_string(), p.name.clone())];
+    // `slipstream` run in the pod (e.g. `debug hbone`) acts on this cluster.
+    env.push(("SLIPSTREAM_CLUSTER".to_string(), ctx.paths.cluster.as_str().to_string()));
     for k in ["TERM", "HOME", "LANG"] {
         if let Ok(v) = std::env::var(k) {
             env.push((k.to_string(), v));

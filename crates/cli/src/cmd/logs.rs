@@ -2,9 +2,13 @@ use crate::cmd::exec::find_pod;
 use crate::common::Ctx;
 use anyhow::bail;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
 use std::time::Duration;
 
 pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, follow: bool) -> anyhow::Result<()> {
+    if let Some(node) = pod.strip_prefix("node/") {
+        return node_proxy(ctx, node, follow);
+    }
     let st = ctx.status()?;
     let p = find_pod(&st, ns, pod)?;
     let containers: Vec<_> = match container {
@@ -20,39 +24,49 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, follow: bool
     if follow && containers.len() > 1 {
         bail!("pod {ns}/{} has several containers; choose one with -c to follow", p.name);
     }
-    let (name, pod_name) = (p.name.clone(), p.name.clone());
-    let mut out = std::io::stdout().lock();
+    let name = p.name.clone();
     for c in &containers {
         if containers.len() > 1 {
-            writeln!(out, "==> container {} <==", c.name)?;
+            println!("==> container {} <==", c.name);
         }
-        let mut f = match std::fs::File::open(&c.log) {
-            Ok(f) => f,
-            Err(_) => continue, // not started yet: no output
-        };
-        let mut buf = Vec::new();
-        f.read_to_end(&mut buf)?;
-        out.write_all(&buf)?;
-        out.flush()?;
-        if follow {
-            let mut pos = f.stream_position()?;
-            loop {
-                std::thread::sleep(Duration::from_millis(200));
-                let len = std::fs::metadata(&c.log).map(|m| m.len()).unwrap_or(0);
-                if len > pos {
-                    f.seek(SeekFrom::Start(pos))?;
-                    let mut chunk = Vec::new();
-                    f.read_to_end(&mut chunk)?;
-                    pos += chunk.len() as u64;
-                    out.write_all(&chunk)?;
-                    out.flush()?;
-                }
-                if ctx.status().map(|s| s.pod(ns, &pod_name).is_none()).unwrap_or(true) {
-                    eprintln!("pod {ns}/{name} is gone");
-                    return Ok(());
-                }
-            }
+        // Not started yet: no output.
+        if Path::new(&c.log).exists() {
+            print_file(Path::new(&c.log), follow, || ctx.status().map(|s| s.pod(ns, &name).is_none()).unwrap_or(true))?;
         }
     }
+    if follow {
+        eprintln!("pod {ns}/{name} is gone");
+    }
     Ok(())
+}
+
+/// `logs node/NODE`: the node proxy's diagnostics and access logs.
+fn node_proxy(ctx: &Ctx, node: &str, follow: bool) -> anyhow::Result<()> {
+    let path = ctx.paths.node_proxy_log(node);
+    if !path.exists() {
+        let st = ctx.status()?;
+        let names: Vec<&str> = st.nodes.iter().map(|n| n.name.as_str()).collect();
+        bail!("no node proxy log for node {node:?} (nodes: {})", names.join(", "));
+    }
+    print_file(&path, follow, || !path.exists())
+}
+
+/// Prints the file; with `follow`, keeps printing what is appended until
+/// `gone` says the writer is gone.
+fn print_file(path: &Path, follow: bool, gone: impl Fn() -> bool) -> anyhow::Result<()> {
+    let mut f = std::fs::File::open(path)?;
+    let mut out = std::io::stdout().lock();
+    let mut pos = 0u64;
+    loop {
+        f.seek(SeekFrom::Start(pos))?;
+        let mut chunk = Vec::new();
+        f.read_to_end(&mut chunk)?;
+        pos += chunk.len() as u64;
+        out.write_all(&chunk)?;
+        out.flush()?;
+        if !follow || gone() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -30,12 +30,19 @@ pub fn table(st: &ClusterStatus) -> String {
         st.cluster,
         if st.agent.running { format!("agent pid {}", st.agent.pid) } else { "AGENT NOT RUNNING: showing its last recorded state".into() }
     );
-    let mut rows = vec![vec!["NODE".into(), "IP".into(), "POD CIDR".into(), "NETNS".into()]];
+    let mut rows = vec![["NODE", "IP", "POD CIDR", "NETNS", "NODE PROXY"].map(String::from).to_vec()];
     for n in &st.nodes {
-        rows.push(vec![n.name.clone(), n.ip.clone(), n.pod_cidr.clone(), n.netns.clone()]);
+        let proxy = match &n.proxy {
+            Some(p) => match p.pid {
+                Some(pid) => format!("pid {pid}, serving {} pod(s), {} restart(s)", p.serving, p.restarts),
+                None => format!("not running ({} restart(s))", p.restarts),
+            },
+            None => "-".into(),
+        };
+        rows.push(vec![n.name.clone(), n.ip.clone(), n.pod_cidr.clone(), n.netns.clone(), proxy]);
     }
     s.push_str(&columns(&rows));
-    let mut rows = vec![["NAMESPACE", "POD", "READY", "STATUS", "RESTARTS", "NODE", "IP", "SERVICE ACCOUNT"].map(String::from).to_vec()];
+    let mut rows = vec![["NAMESPACE", "POD", "READY", "STATUS", "RESTARTS", "NODE", "IP", "MESH", "SERVICE ACCOUNT"].map(String::from).to_vec()];
     for p in &st.pods {
         let ready = p.containers.iter().filter(|c| c.ready).count();
         let status = if p.reason.is_empty() || p.reason == "NotReady" { format!("{:?}", p.phase) } else { p.reason.clone() };
@@ -47,6 +54,7 @@ pub fn table(st: &ClusterStatus) -> String {
             p.restarts.to_string(),
             p.node.clone(),
             p.ip.clone(),
+            if p.meshed { "mTLS".into() } else { "-".into() },
             p.service_account.clone(),
         ]);
     }

@@ -16,7 +16,7 @@ use h2::client::SendRequest;
 use http::StatusCode;
 use tokio::sync::watch;
 
-use super::dial::{dial, CertSource, H2Connection};
+use super::dial::{dial, CertSource, H2Connection, TlsErrorSlot};
 use super::request::{ConnectRequest, PoolKey};
 use crate::connector::Connector;
 use crate::error::{HboneError, TimeoutStage};
@@ -70,7 +70,7 @@ pub struct PoolSnapshot {
     pub connections: Vec<ConnectionSnapshot>,
 }
 
-type DialOutcome = Option<Result<(), HboneError>>;
+type DialOutcome = Option<Result<Arc<PooledConn>, HboneError>>;
 
 struct PoolInner {
     config: PoolConfig,
@@ -95,6 +95,7 @@ struct PooledConn {
     active: watch::Sender<usize>,
     /// No new streams: the connection is closing, broke, or got GOAWAY.
     closed: Arc<AtomicBool>,
+    tls_error: TlsErrorSlot,
 }
 
 impl PooledConn {
@@ -122,7 +123,11 @@ impl Drop for Slot {
 }
 
 impl Pool {
-    pub fn new(config: PoolConfig, certs: Arc<dyn CertSource>, connector: Arc<dyn Connector>) -> Self {
+    pub fn new(
+        config: PoolConfig,
+        certs: Arc<dyn CertSource>,
+        connector: Arc<dyn Connector>,
+    ) -> Self {
         Self {
             inner: Arc::new(PoolInner {
                 config,
@@ -136,7 +141,11 @@ impl Pool {
 
     /// Opens a tunnel: a CONNECT stream on a pooled connection for `key`.
     /// Fails with the peer's status if it answers anything but 200.
-    pub async fn connect(&self, key: &PoolKey, request: ConnectRequest) -> Result<TunnelStream, HboneError> {
+    pub async fn connect(
+        &self,
+        key: &PoolKey,
+        request: ConnectRequest,
+    ) -> Result<TunnelStream, HboneError> {
         // A stream refused by GOAWAY never reached the peer's application,
         // so it is retried once on another connection.
         let mut retried = false;
@@ -207,10 +216,22 @@ impl Pool {
                 }
             };
             let outcome = dialing.wait_for(Option::is_some).await.map(|o| o.clone());
-            if let Ok(Some(Err(e))) = outcome {
-                return Err(e);
+            match outcome {
+                Ok(Some(Err(e))) => return Err(e),
+                Ok(Some(Ok(conn))) => {
+                    // Use the connection this dial produced even if it has
+                    // already died: the stream then fails with its real
+                    // error, instead of this caller dialing again and again
+                    // against a peer that drops every connection.
+                    let _keys = self.inner.lock();
+                    if *conn.active.borrow() < max {
+                        return Ok(Slot::reserve(&conn));
+                    }
+                    // Full: others took its streams; look for room again.
+                }
+                // The dial task vanished (runtime shutting down): retry.
+                _ => {}
             }
-            // Success (or a vanished dial task): look for room again.
         }
     }
 }
@@ -241,7 +262,7 @@ impl PoolInner {
         let state = keys.entry(key.clone()).or_default();
         state.dialing = None;
         match dialed {
-            Ok((send, mut connection)) => {
+            Ok((send, mut connection, tls_error)) => {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 let (active, active_rx) = watch::channel(0);
                 let closed = Arc::new(AtomicBool::new(false));
@@ -257,14 +278,16 @@ impl PoolInner {
                         active: active_rx,
                     },
                 ));
-                state.conns.push(Arc::new(PooledConn {
+                let conn = Arc::new(PooledConn {
                     id,
                     send,
                     active,
                     closed,
-                }));
+                    tls_error,
+                });
+                state.conns.push(conn.clone());
                 tracing::debug!(dst = %key.dst(), id, "HBONE connection established");
-                done.send_replace(Some(Ok(())));
+                done.send_replace(Some(Ok(conn)));
             }
             Err(e) => {
                 tracing::debug!(dst = %key.dst(), error = %e, "HBONE dial failed");
@@ -391,19 +414,15 @@ async fn open_stream(
     config: &PoolConfig,
 ) -> Result<(h2::SendStream<Bytes>, h2::RecvStream), HboneError> {
     let addr = key.dst();
-    let mut send = conn
-        .send
-        .clone()
-        .ready()
-        .await
-        .map_err(|e| HboneError::from_h2(e, addr))?;
+    let h2_error = |e| HboneError::from_h2(e, addr, conn.tls_error.get());
+    let mut send = conn.send.clone().ready().await.map_err(h2_error)?;
     let (response, stream) = send
         .send_request(request.to_http(), false)
-        .map_err(|e| HboneError::from_h2(e, addr))?;
+        .map_err(h2_error)?;
     let response = tokio::time::timeout(config.response_timeout, response)
         .await
         .map_err(|_| HboneError::Timeout(TimeoutStage::Response))?
-        .map_err(|e| HboneError::from_h2(e, addr))?;
+        .map_err(h2_error)?;
     if response.status() != StatusCode::OK {
         return Err(HboneError::Status(response.status()));
     }

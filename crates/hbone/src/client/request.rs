@@ -117,7 +117,8 @@ impl ConnectRequest {
     /// The h2 request: method CONNECT and a URI that is only the authority,
     /// so h2 sends exactly `:method` and `:authority` (no `:scheme`/`:path`).
     pub(crate) fn to_http(&self) -> Request<()> {
-        let uri = Uri::try_from(format_authority(self.authority)).expect("ip:port is a valid authority");
+        let uri =
+            Uri::try_from(format_authority(self.authority)).expect("ip:port is a valid authority");
         let mut request = Request::new(());
         *request.method_mut() = Method::CONNECT;
         *request.uri_mut() = uri;

@@ -4,30 +4,45 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::Request;
 use slipstream_identity::tls::peer_identity;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 use tokio_rustls::TlsAcceptor;
 
 use super::handler::ResolveError;
+use super::handshake::{
+    classify_tls, FirstBytes, HandshakeFailure, HandshakeFailureKind, PEEK_LEN,
+};
 use super::inbound::{serve_stream, ConnContext};
 use super::Shared;
 use crate::drain::DrainWatch;
 use crate::h2config::keepalive;
 
+type Accepted = Option<Result<(Request<RecvStream>, SendResponse<Bytes>), h2::Error>>;
+
+// One short-lived value per loop turn; boxing the big variant would cost an
+// allocation per stream for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Event {
-    Stream(Option<Result<(Request<RecvStream>, SendResponse<Bytes>), h2::Error>>),
+    Stream(Accepted),
     KeepaliveTimeout,
     Drain(Instant),
     DrainDeadline,
 }
 
-pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shared: Arc<Shared>, drain: DrainWatch) {
+pub(crate) async fn serve_connection(
+    tcp: TcpStream,
+    peer_addr: SocketAddr,
+    shared: Arc<Shared>,
+    drain: DrainWatch,
+) {
     let stats = &shared.stats;
     stats.connection_accepted();
     let Ok(local) = tcp.local_addr() else {
@@ -35,49 +50,119 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
     };
     let _ = tcp.set_nodelay(true);
     let deadline = Instant::now() + shared.config.handshake_timeout;
+    // Every way this connection can end before its first stream is reported
+    // once, here, with a reason from a fixed set.
+    let fail = |kind: HandshakeFailureKind, detail: String| {
+        tracing::debug!(%peer_addr, %local, reason = %kind, "inbound handshake failed: {detail}");
+        shared.handler.on_handshake_failure(&HandshakeFailure {
+            peer_addr,
+            local_addr: local,
+            kind,
+            detail,
+        });
+    };
+
+    // The first bytes tell a TLS client from plaintext or garbage; peeking
+    // leaves them for the handshake.
+    let mut buf = [0u8; PEEK_LEN];
+    let first = match timeout_at(deadline, tcp.peek(&mut buf)).await {
+        Ok(Ok(0)) => {
+            stats.tls_failure();
+            return fail(
+                HandshakeFailureKind::Closed,
+                "the peer closed the connection without sending anything".to_owned(),
+            );
+        }
+        Ok(Ok(n)) => FirstBytes::new(buf, n),
+        Ok(Err(e)) => {
+            stats.tls_failure();
+            return fail(
+                HandshakeFailureKind::Closed,
+                format!("reading the handshake: {e}"),
+            );
+        }
+        Err(_) => {
+            stats.tls_failure();
+            return fail(
+                HandshakeFailureKind::Timeout,
+                format!(
+                    "the peer sent nothing for {:?}",
+                    shared.config.handshake_timeout
+                ),
+            );
+        }
+    };
 
     // The destination workload's own certificate; an IP with no local
     // workload gets a handshake that fails with an alert.
     let (tls_config, refused) = match timeout_at(deadline, shared.certs.resolve(local.ip())).await {
         Ok(Ok(cert)) => match shared.tls.config_for(&cert) {
-            Ok(config) => (config, false),
+            Ok(config) => (config, None),
             Err(e) => {
-                tracing::warn!(%local, error = %e, "unusable workload certificate");
                 stats.refused_cert_unavailable();
-                (shared.tls.refusing_config(), true)
+                let why = format!("the certificate of the workload at {local} is unusable: {e}");
+                (
+                    shared.tls.refusing_config(),
+                    Some((HandshakeFailureKind::CertUnavailable, why)),
+                )
             }
         },
-        Ok(Err(ResolveError::NoWorkload(_))) => {
+        Ok(Err(e @ ResolveError::NoWorkload(_))) => {
             stats.refused_no_workload();
-            (shared.tls.refusing_config(), true)
+            (
+                shared.tls.refusing_config(),
+                Some((HandshakeFailureKind::NoWorkload, e.to_string())),
+            )
         }
         Ok(Err(e)) => {
-            tracing::warn!(%local, error = %e, "no certificate for inbound connection");
             stats.refused_cert_unavailable();
-            (shared.tls.refusing_config(), true)
+            (
+                shared.tls.refusing_config(),
+                Some((HandshakeFailureKind::CertUnavailable, e.to_string())),
+            )
         }
         Err(_) => {
-            tracing::warn!(%local, "certificate lookup timed out");
             stats.refused_cert_unavailable();
-            (shared.tls.refusing_config(), true)
+            let why = format!("certificate lookup for {local} timed out");
+            (
+                shared.tls.refusing_config(),
+                Some((HandshakeFailureKind::CertUnavailable, why)),
+            )
         }
     };
 
-    let tls = match timeout_at(deadline, TlsAcceptor::from(tls_config).accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
-            if !refused {
-                stats.tls_failure();
+    let accept = TlsAcceptor::from(tls_config).accept(tcp).into_fallible();
+    let tls = match timeout_at(deadline, accept).await {
+        Ok(Ok(tls)) => match refused {
+            None => tls,
+            // The refusing configuration never completes a handshake.
+            Some((kind, detail)) => return fail(kind, detail),
+        },
+        Ok(Err((e, tcp))) => {
+            match refused {
+                Some((kind, detail)) => fail(kind, detail),
+                None => {
+                    stats.tls_failure();
+                    let (kind, detail) = classify_tls(&e, &first);
+                    fail(kind, detail);
+                }
             }
-            tracing::debug!(%peer_addr, %local, error = %e, "inbound TLS handshake failed");
-            return;
+            return close_after_alert(tcp).await;
         }
         Err(_) => {
-            if !refused {
-                stats.tls_failure();
-            }
-            tracing::debug!(%peer_addr, %local, "inbound TLS handshake timed out");
-            return;
+            return match refused {
+                Some((kind, detail)) => fail(kind, detail),
+                None => {
+                    stats.tls_failure();
+                    match first.not_tls() {
+                        Some(detail) => fail(HandshakeFailureKind::NotTls, detail),
+                        None => fail(
+                            HandshakeFailureKind::Timeout,
+                            "the TLS handshake did not finish in time".to_owned(),
+                        ),
+                    }
+                }
+            };
         }
     };
     let identity = match peer_identity(tls.get_ref().1) {
@@ -86,22 +171,32 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
             // Unreachable with our verifier (it requires a SPIFFE SAN), but
             // never serve a tunnel without an identity.
             stats.tls_failure();
-            tracing::warn!(%peer_addr, error = %e, "no peer identity after handshake");
-            return;
+            return fail(
+                HandshakeFailureKind::Tls,
+                format!("no peer identity after the handshake: {e}"),
+            );
         }
     };
 
-    let builder = shared.config.h2.server_builder(shared.config.max_concurrent_streams);
+    let builder = shared
+        .config
+        .h2
+        .server_builder(shared.config.max_concurrent_streams);
     let mut conn = match timeout_at(deadline, builder.handshake::<_, Bytes>(tls)).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
             stats.h2_failure();
-            tracing::debug!(%peer_addr, error = %e, "inbound HTTP/2 handshake failed");
-            return;
+            return fail(
+                HandshakeFailureKind::Http2,
+                format!("HTTP/2 handshake: {e}"),
+            );
         }
         Err(_) => {
             stats.h2_failure();
-            return;
+            return fail(
+                HandshakeFailureKind::Timeout,
+                "the HTTP/2 preface did not arrive in time".to_owned(),
+            );
         }
     };
 
@@ -114,7 +209,10 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
         proxy_ports: shared.config.proxy_ports.clone().into(),
     });
     let ping_pong = conn.ping_pong();
-    let (interval, ka_timeout) = (shared.config.h2.keepalive_interval, shared.config.h2.keepalive_timeout);
+    let (interval, ka_timeout) = (
+        shared.config.h2.keepalive_interval,
+        shared.config.h2.keepalive_timeout,
+    );
     let keepalive = async move {
         match ping_pong {
             Some(pp) => keepalive(pp, interval, ka_timeout).await,
@@ -143,7 +241,15 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
                 });
             }
             Event::Stream(Some(Err(e))) => {
-                tracing::debug!(%peer_addr, error = %e, "inbound HTTP/2 connection failed");
+                if e.is_io() {
+                    // The peer went away (reset, closed mid-frame).
+                    tracing::debug!(%peer_addr, error = %e, "inbound HTTP/2 connection failed");
+                } else {
+                    // A protocol error ends every stream of the connection:
+                    // worth a line and a counter.
+                    stats.protocol_error();
+                    tracing::warn!(%peer_addr, %local, error = %e, "HBONE connection closed on an HTTP/2 protocol error");
+                }
                 break;
             }
             // Closed by the peer, or drained with no stream left.
@@ -164,4 +270,31 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
             }
         }
     }
+}
+
+/// How long a connection whose handshake failed may keep sending before it
+/// is closed, and how much of it is read.
+const ALERT_LINGER: Duration = Duration::from_secs(1);
+const ALERT_LINGER_BYTES: usize = 64 * 1024;
+
+/// Closes a connection whose TLS handshake failed without resetting it. A
+/// TLS 1.3 client considers the handshake done before the server has
+/// checked its certificate and sends its HTTP/2 preface at once; closing
+/// with those bytes unread makes the kernel answer with a reset, and the
+/// client's next write then fails before it reads our alert, so it cannot
+/// tell why it was refused. Ending our side and reading what still comes,
+/// briefly, lets it read the alert.
+async fn close_after_alert(mut tcp: TcpStream) {
+    let _ = tcp.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut total = 0;
+        while total < ALERT_LINGER_BYTES {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(ALERT_LINGER, drain).await;
 }

@@ -10,6 +10,7 @@ use http::{HeaderMap, StatusCode};
 use slipstream_identity::{FetchError, SpiffeId, WorkloadCert};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::handshake::HandshakeFailure;
 use crate::copy::CopyStats;
 use crate::error::HboneError;
 
@@ -68,6 +69,11 @@ pub struct StreamRecord {
     pub duration: Duration,
     /// `Err` for refused streams and for tunnels that broke.
     pub result: Result<(), HboneError>,
+    /// Whether [`Handler::connect`] ran for this stream. When it did, the
+    /// handler has seen the stream (and may have recorded it); when it did
+    /// not, the server refused it on its own checks (400, or 503 for a
+    /// proxy port) and this record is the handler's only news of it.
+    pub reached_handler: bool,
 }
 
 /// Decides what a validated CONNECT connects to.
@@ -76,7 +82,10 @@ pub trait Handler: Send + Sync + 'static {
     /// [`HboneError::UnknownPort`] or [`HboneError::ProxyPort`] (503),
     /// [`HboneError::Denied`] (401), [`HboneError::Connect`] (503). The
     /// server answers 200 only after this returned the upstream.
-    fn connect<'a>(&'a self, request: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>>;
+    fn connect<'a>(
+        &'a self,
+        request: &'a InboundRequest,
+    ) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>>;
 
     /// Whether this proxy accepts tunnels for `target` although it is not
     /// the address the tunnel arrived on: true for a waypoint serving that
@@ -87,4 +96,8 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Called once per stream when it is finished or refused.
     fn on_stream_end(&self, _record: &StreamRecord) {}
+
+    /// Called once per inbound connection that ended before it could carry
+    /// a stream: not TLS, a rejected certificate, a timeout, no HTTP/2.
+    fn on_handshake_failure(&self, _failure: &HandshakeFailure) {}
 }

@@ -40,7 +40,7 @@ pub(crate) async fn serve_stream(
 
     let target = match validate(&parts, &ctx) {
         Ok(target) => target,
-        Err((target, err)) => return refuse(&ctx, &mut respond, target, err, start),
+        Err((target, err)) => return refuse(&ctx, &mut respond, target, err, start, false),
     };
 
     let inbound = InboundRequest {
@@ -52,7 +52,7 @@ pub(crate) async fn serve_stream(
     };
     let upstream = match ctx.handler.connect(&inbound).await {
         Ok(upstream) => upstream,
-        Err(err) => return refuse(&ctx, &mut respond, Some(target), err, start),
+        Err(err) => return refuse(&ctx, &mut respond, Some(target), err, start, true),
     };
 
     // Only now that the application accepted: 200, then bytes.
@@ -61,7 +61,13 @@ pub(crate) async fn serve_stream(
         Err(e) => {
             // The peer reset the stream while we were connecting.
             let err = HboneError::H2(Arc::new(e));
-            return finish(&ctx, Some(target), StatusCode::OK, CopyStats::default(), Err(err), start);
+            let outcome = Outcome {
+                status: StatusCode::OK,
+                bytes: CopyStats::default(),
+                result: Err(err),
+                reached_handler: true,
+            };
+            return finish(&ctx, Some(target), outcome, start);
         }
     };
     ctx.stats.answered(StatusCode::OK);
@@ -69,20 +75,32 @@ pub(crate) async fn serve_stream(
     let (bytes, result) = copy::bidirectional(tunnel, upstream).await;
     ctx.stats
         .tunnel_finished(bytes.from_tunnel, bytes.to_tunnel, result.is_err());
-    finish(&ctx, Some(target), StatusCode::OK, bytes, result, start);
+    let outcome = Outcome {
+        status: StatusCode::OK,
+        bytes,
+        result,
+        reached_handler: true,
+    };
+    finish(&ctx, Some(target), outcome, start);
 }
 
 /// The checks of PROTOCOLS.md section 2 that need no handler, in order:
 /// method, authority syntax, authority IP vs. the tunnel's IP, proxy ports.
 /// On failure also returns the target if it was parsed, for the record.
-fn validate(parts: &Parts, ctx: &ConnContext) -> Result<SocketAddr, (Option<SocketAddr>, HboneError)> {
+fn validate(
+    parts: &Parts,
+    ctx: &ConnContext,
+) -> Result<SocketAddr, (Option<SocketAddr>, HboneError)> {
     if parts.method != Method::CONNECT {
         return Err((None, HboneError::BadRequest("method is not CONNECT")));
     }
     // A plain CONNECT has only :method and :authority; h2 already rejects
     // :scheme/:path on CONNECT, this keeps the contract explicit.
     if parts.uri.scheme().is_some() || parts.uri.path_and_query().is_some() {
-        return Err((None, HboneError::BadRequest("CONNECT with :scheme or :path")));
+        return Err((
+            None,
+            HboneError::BadRequest("CONNECT with :scheme or :path"),
+        ));
     }
     let target = parts
         .uri
@@ -115,32 +133,41 @@ fn refuse(
     target: Option<SocketAddr>,
     err: HboneError,
     start: Instant,
+    reached_handler: bool,
 ) {
     let status = err.response_code();
     tracing::debug!(peer = %ctx.peer_identity, ?target, %status, error = %err, "CONNECT refused");
     // HEADERS with END_STREAM; fails only if the peer already reset.
     let _ = respond.send_response(status_only(status), true);
     ctx.stats.answered(status);
-    finish(ctx, target, status, CopyStats::default(), Err(err), start);
+    let outcome = Outcome {
+        status,
+        bytes: CopyStats::default(),
+        result: Err(err),
+        reached_handler,
+    };
+    finish(ctx, target, outcome, start);
 }
 
-fn finish(
-    ctx: &ConnContext,
-    target: Option<SocketAddr>,
+/// How a stream ended, for its record.
+struct Outcome {
     status: StatusCode,
     bytes: CopyStats,
     result: Result<(), HboneError>,
-    start: Instant,
-) {
+    reached_handler: bool,
+}
+
+fn finish(ctx: &ConnContext, target: Option<SocketAddr>, outcome: Outcome, start: Instant) {
     ctx.handler.on_stream_end(&StreamRecord {
         peer_identity: ctx.peer_identity.clone(),
         peer_addr: ctx.peer_addr,
         tunnel_local: ctx.tunnel_local,
         target,
-        status,
-        bytes,
+        status: outcome.status,
+        bytes: outcome.bytes,
         duration: start.elapsed(),
-        result,
+        result: outcome.result,
+        reached_handler: outcome.reached_handler,
     });
 }
 

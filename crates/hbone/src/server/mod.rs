@@ -2,6 +2,7 @@
 
 mod connection;
 mod handler;
+mod handshake;
 mod inbound;
 mod stats;
 
@@ -14,6 +15,7 @@ use slipstream_identity::tls::ServerTls;
 use tokio::net::TcpListener;
 
 pub use handler::{CertResolver, Handler, InboundRequest, ResolveError, StreamRecord, Upstream};
+pub use handshake::{HandshakeFailure, HandshakeFailureKind};
 pub use stats::{ServerStats, StatsSnapshot};
 
 use crate::drain::DrainWatch;
@@ -21,6 +23,10 @@ use crate::h2config::H2Config;
 
 /// The node proxy's own ports: a CONNECT to one of them is refused (503).
 pub const PROXY_PORTS: [u16; 3] = [15001, 15006, 15008];
+
+/// How long a [`Handler`] should give the application to accept the
+/// upstream connection before answering 503 (PROTOCOLS.md section 2).
+pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Server behaviour. Defaults follow PROTOCOLS.md section 2.
 #[derive(Debug, Clone)]
@@ -58,7 +64,7 @@ pub(crate) struct Shared {
 /// conflict fails at start-up, before anything serves).
 pub struct Server {
     listener: TcpListener,
-    shared: Arc<Shared>,
+    shared: Shared,
 }
 
 impl Server {
@@ -74,14 +80,21 @@ impl Server {
     ) -> Self {
         Self {
             listener,
-            shared: Arc::new(Shared {
+            shared: Shared {
                 tls,
                 certs,
                 handler,
                 config,
                 stats: Arc::default(),
-            }),
+            },
         }
+    }
+
+    /// Counts into `stats` instead of counters of its own: a proxy with one
+    /// server per workload reports them together.
+    pub fn with_stats(mut self, stats: Arc<ServerStats>) -> Self {
+        self.shared.stats = stats;
+        self
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -98,6 +111,7 @@ impl Server {
     /// listener is closed; the drain trigger resolves when every connection
     /// is gone.
     pub async fn serve(self, drain: DrainWatch) {
+        let shared = Arc::new(self.shared);
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => match accepted {
@@ -105,7 +119,7 @@ impl Server {
                         tokio::spawn(connection::serve_connection(
                             tcp,
                             peer,
-                            self.shared.clone(),
+                            shared.clone(),
                             drain.clone(),
                         ));
                     }

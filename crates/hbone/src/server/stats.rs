@@ -13,6 +13,7 @@ pub struct ServerStats {
     tls_failures: AtomicU64,
     h2_failures: AtomicU64,
     keepalive_timeouts: AtomicU64,
+    protocol_errors: AtomicU64,
     drain_forced_closes: AtomicU64,
     streams: AtomicU64,
     status_200: AtomicU64,
@@ -37,6 +38,9 @@ pub struct StatsSnapshot {
     pub tls_failures: u64,
     pub h2_failures: u64,
     pub keepalive_timeouts: u64,
+    /// Established connections ended by an HTTP/2 protocol error (e.g. a
+    /// header block far over the limit).
+    pub protocol_errors: u64,
     pub drain_forced_closes: u64,
     pub streams: u64,
     pub status_200: u64,
@@ -64,6 +68,7 @@ impl ServerStats {
             tls_failures: get(&self.tls_failures),
             h2_failures: get(&self.h2_failures),
             keepalive_timeouts: get(&self.keepalive_timeouts),
+            protocol_errors: get(&self.protocol_errors),
             drain_forced_closes: get(&self.drain_forced_closes),
             streams: get(&self.streams),
             status_200: get(&self.status_200),
@@ -94,6 +99,9 @@ impl ServerStats {
     }
     pub(crate) fn keepalive_timeout(&self) {
         inc(&self.keepalive_timeouts)
+    }
+    pub(crate) fn protocol_error(&self) {
+        inc(&self.protocol_errors)
     }
     pub(crate) fn drain_forced_close(&self) {
         inc(&self.drain_forced_closes)

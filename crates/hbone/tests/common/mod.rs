@@ -14,8 +14,8 @@ use futures_util::future::BoxFuture;
 use rustls_pki_types::ServerName;
 use slipstream_hbone::drain::{self, DrainTrigger};
 use slipstream_hbone::{
-    CertResolver, Handler, HboneError, InboundRequest, Pool, PoolConfig, PoolKey, ResolveError,
-    Server, ServerConfig, ServerStats, StreamRecord, Upstream, PlainConnector,
+    CertResolver, Handler, HboneError, InboundRequest, PlainConnector, Pool, PoolConfig, PoolKey,
+    ResolveError, Server, ServerConfig, ServerStats, StreamRecord, Upstream,
 };
 use slipstream_identity::tls::{client_config, ServerTls};
 use slipstream_identity::{
@@ -34,7 +34,9 @@ pub fn id(sa: &str) -> SpiffeId {
 
 /// A deterministic, position-dependent byte pattern (catches reordering).
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 pub struct Mesh {
@@ -55,7 +57,11 @@ impl Mesh {
     }
 
     pub fn pool(&self, config: PoolConfig) -> Pool {
-        Pool::new(config, Arc::new(self.certs.clone()), Arc::new(PlainConnector))
+        Pool::new(
+            config,
+            Arc::new(self.certs.clone()),
+            Arc::new(PlainConnector),
+        )
     }
 
     pub async fn cert(&self, who: &SpiffeId) -> Arc<WorkloadCert> {
@@ -83,7 +89,10 @@ impl CertResolver for TestResolver {
             self.certs
                 .fetch_certificate(who)
                 .await
-                .map_err(|source| ResolveError::Fetch { ip: local_ip, source })
+                .map_err(|source| ResolveError::Fetch {
+                    ip: local_ip,
+                    source,
+                })
         })
     }
 }
@@ -261,7 +270,13 @@ pub async fn start_server_on(
 
 /// A server on 127.0.0.1 whose only workload is `who`.
 pub async fn start_server(mesh: &Mesh, who: &SpiffeId, config: ServerConfig) -> TestServer {
-    start_server_on(mesh, "127.0.0.1:0".parse().unwrap(), &[(LOCALHOST, who.clone())], config).await
+    start_server_on(
+        mesh,
+        "127.0.0.1:0".parse().unwrap(),
+        &[(LOCALHOST, who.clone())],
+        config,
+    )
+    .await
 }
 
 /// A bare h2 client over our TLS configuration, for requests the pool

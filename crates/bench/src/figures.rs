@@ -1,0 +1,129 @@
+//! From a tool's parsed output to an experiment's figures. Pure.
+
+use crate::experiment::ExperimentId;
+use crate::parse::fortio::FortioRun;
+use crate::parse::iperf::IperfRun;
+use std::collections::BTreeMap;
+
+/// More failed requests than this fraction and the run is not a result.
+pub const MAX_ERROR_FRACTION: f64 = 0.01;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub figures: BTreeMap<String, f64>,
+    pub details: BTreeMap<String, f64>,
+}
+
+fn map(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+pub fn from_iperf(r: &IperfRun) -> Result<Outcome, String> {
+    if r.received_gbps <= 0.0 {
+        return Err("iperf3 measured no throughput".into());
+    }
+    let mut details = map(&[("sent_gbps", r.sent_gbps), ("seconds", r.seconds), ("streams", r.streams as f64)]);
+    if let Some(n) = r.retransmits {
+        details.insert("retransmits".into(), n as f64);
+    }
+    Ok(Outcome { figures: map(&[("gbps", r.received_gbps)]), details })
+}
+
+pub fn from_fortio(e: ExperimentId, r: &FortioRun) -> Result<Outcome, String> {
+    if r.ok == 0 {
+        return Err(format!("no successful request ({} failed)", r.errors));
+    }
+    if r.errors as f64 > MAX_ERROR_FRACTION * r.requests as f64 {
+        return Err(format!("{} of {} requests failed", r.errors, r.requests));
+    }
+    let p = |q: f64| r.percentile_ms(q).ok_or_else(|| format!("fortio reported no p{q}"));
+    let figures = match e {
+        ExperimentId::L1 => map(&[("p50_ms", p(50.0)?), ("p90_ms", p(90.0)?), ("p99_ms", p(99.0)?), ("p99.9_ms", p(99.9)?), ("avg_ms", r.avg_ms)]),
+        ExperimentId::Q1 => map(&[("rps", r.ok_per_sec()), ("p50_ms", p(50.0)?), ("p99_ms", p(99.0)?)]),
+        ExperimentId::C1 => map(&[("cps", r.sockets_per_sec())]),
+        other => return Err(format!("{other} is not a fortio experiment")),
+    };
+    let details = map(&[
+        ("actual_qps", r.actual_qps),
+        ("requests", r.requests as f64),
+        ("errors", r.errors as f64),
+        ("connections", r.sockets as f64),
+        ("seconds", r.duration_s),
+    ]);
+    Ok(Outcome { figures, details })
+}
+
+/// R1: connections held and the largest mesh process's RSS with them open.
+pub fn from_hold(wanted: usize, established: usize, failed: usize, open_s: f64, largest_rss_mb: Option<f64>) -> Result<Outcome, String> {
+    let details = map(&[("wanted", wanted as f64), ("failed", failed as f64), ("open_s", open_s)]);
+    if established < wanted {
+        return Err(format!("only {established} of {wanted} connections could be opened and echoed"));
+    }
+    let mut figures = map(&[("connections", established as f64)]);
+    if let Some(rss) = largest_rss_mb {
+        figures.insert("rss_mb".into(), rss);
+    }
+    Ok(Outcome { figures, details })
+}
+
+/// One line for the progress display.
+pub fn headline(e: ExperimentId, o: &Outcome) -> String {
+    let f = |k: &str| o.figures.get(k).copied().unwrap_or(f64::NAN);
+    match e {
+        ExperimentId::T1 | ExperimentId::T2 => format!("{:.2} Gb/s", f("gbps")),
+        ExperimentId::L1 => format!("p50 {:.2} ms, p99 {:.2} ms", f("p50_ms"), f("p99_ms")),
+        ExperimentId::Q1 => format!("{:.0} req/s, p99 {:.2} ms", f("rps"), f("p99_ms")),
+        ExperimentId::C1 => format!("{:.0} conn/s", f("cps")),
+        ExperimentId::R1 => match o.figures.get("rss_mb") {
+            Some(rss) => format!("{:.0} connections, largest node proxy {rss:.1} MB", f("connections")),
+            None => format!("{:.0} connections", f("connections")),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::{fortio, iperf};
+
+    #[test]
+    fn iperf_figure_is_received_throughput() {
+        let r = iperf::parse(include_str!("../testdata/iperf3-t2.json")).unwrap();
+        let o = from_iperf(&r).unwrap();
+        assert!((o.figures["gbps"] - 21.267005099680112).abs() < 1e-9);
+        assert_eq!(o.details["streams"], 4.0);
+        assert_eq!(headline(ExperimentId::T2, &o), "21.27 Gb/s");
+    }
+
+    #[test]
+    fn fortio_figures_per_experiment() {
+        let q = fortio::parse(include_str!("../testdata/fortio-q1.json")).unwrap();
+        let l1 = from_fortio(ExperimentId::L1, &q).unwrap();
+        assert_eq!(l1.figures.keys().collect::<Vec<_>>(), ["avg_ms", "p50_ms", "p90_ms", "p99.9_ms", "p99_ms"]);
+        for f in ExperimentId::L1.figures() {
+            assert!(l1.figures.contains_key(f.key), "{}", f.key);
+        }
+        let q1 = from_fortio(ExperimentId::Q1, &q).unwrap();
+        assert!((q1.figures["rps"] - 55560.0 / 2.000365209).abs() < 1e-6);
+        assert!(headline(ExperimentId::Q1, &q1).starts_with("27775 req/s, p99 "));
+        let c = fortio::parse(include_str!("../testdata/fortio-c1.json")).unwrap();
+        let c1 = from_fortio(ExperimentId::C1, &c).unwrap();
+        assert!((c1.figures["cps"] - 15105.0 / 2.000604037).abs() < 1e-6);
+        assert_eq!(c1.details["connections"], 15105.0);
+        assert!(from_fortio(ExperimentId::T1, &q).is_err());
+    }
+
+    #[test]
+    fn too_many_failed_requests_is_no_result() {
+        let r = fortio::parse(include_str!("../testdata/fortio-errors.json")).unwrap();
+        assert_eq!(from_fortio(ExperimentId::Q1, &r).unwrap_err(), "3707 of 12191 requests failed");
+    }
+
+    #[test]
+    fn hold_needs_every_connection() {
+        let o = from_hold(1000, 1000, 0, 0.8, Some(21.5)).unwrap();
+        assert_eq!((o.figures["connections"], o.figures["rss_mb"]), (1000.0, 21.5));
+        assert_eq!(headline(ExperimentId::R1, &o), "1000 connections, largest node proxy 21.5 MB");
+        assert!(from_hold(1000, 990, 10, 0.8, Some(21.5)).unwrap_err().contains("990 of 1000"));
+    }
+}

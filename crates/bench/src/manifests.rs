@@ -1,0 +1,138 @@
+//! The bench cluster's manifests: per scenario a namespace with the same two
+//! pods, a server pinned to node2 (fortio's HTTP and TCP echo servers, and
+//! iperf3) behind a Service, and a client pinned to node1. Pure.
+
+use crate::scenario::{Scenario, Setup};
+
+pub const CLIENT: &str = "client";
+pub const SERVER: &str = "server";
+pub const CLIENT_NODE: &str = "node1";
+pub const SERVER_NODE: &str = "node2";
+pub const NODES: usize = 2;
+pub const HTTP_PORT: u16 = 8080;
+pub const IPERF_PORT: u16 = 5201;
+/// fortio's TCP echo server: the target of the held connections (R1).
+pub const TCP_ECHO_PORT: u16 = 8078;
+
+/// YAML for every measurable scenario among `scenarios`.
+pub fn render(scenarios: &[&Scenario]) -> String {
+    let mut docs = Vec::new();
+    for s in scenarios {
+        if let Setup::Namespace { namespace, labels } = s.setup {
+            docs.push(namespace_doc(namespace, labels));
+            docs.push(server_doc(namespace));
+            docs.push(service_doc(namespace));
+            docs.push(client_doc(namespace));
+        }
+    }
+    docs.join("---\n")
+}
+
+fn namespace_doc(ns: &str, labels: &[(&str, &str)]) -> String {
+    let mut s = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n");
+    if !labels.is_empty() {
+        s.push_str("  labels:\n");
+        for (k, v) in labels {
+            s.push_str(&format!("    {k}: {v}\n"));
+        }
+    }
+    s
+}
+
+fn server_doc(ns: &str) -> String {
+    // No readiness probe on iperf3: its server runs one test at a time and a
+    // probe's connection would disturb a running test.
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {SERVER}
+  namespace: {ns}
+  labels: {{app: {SERVER}}}
+spec:
+  nodeName: {SERVER_NODE}
+  containers:
+  - name: fortio
+    command: [fortio, server, -http-port, \"{HTTP_PORT}\", -tcp-port, \"{TCP_ECHO_PORT}\", -grpc-port, disabled, -redirect-port, disabled, -udp-port, disabled]
+    ports:
+    - {{name: http, containerPort: {HTTP_PORT}}}
+    - {{name: tcp-echo, containerPort: {TCP_ECHO_PORT}}}
+    readinessProbe:
+      tcpSocket: {{port: {HTTP_PORT}}}
+  - name: iperf3
+    command: [iperf3, -s, -p, \"{IPERF_PORT}\"]
+    ports:
+    - {{name: iperf, containerPort: {IPERF_PORT}}}
+"
+    )
+}
+
+fn service_doc(ns: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: {SERVER}
+  namespace: {ns}
+spec:
+  selector: {{app: {SERVER}}}
+  ports:
+  - {{name: http, port: {HTTP_PORT}, targetPort: {HTTP_PORT}}}
+  - {{name: iperf, port: {IPERF_PORT}, targetPort: {IPERF_PORT}}}
+  - {{name: tcp-echo, port: {TCP_ECHO_PORT}, targetPort: {TCP_ECHO_PORT}}}
+"
+    )
+}
+
+fn client_doc(ns: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {CLIENT}
+  namespace: {ns}
+spec:
+  nodeName: {CLIENT_NODE}
+  containers:
+  - name: client
+    command: [sleep, infinity]
+"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::SCENARIOS;
+
+    #[test]
+    fn one_namespace_per_measurable_scenario_with_its_labels() {
+        let all: Vec<&Scenario> = SCENARIOS.iter().collect();
+        let y = render(&all);
+        assert_eq!(y.matches("kind: Namespace").count(), 2);
+        assert_eq!(y.matches("kind: Pod").count(), 4);
+        assert_eq!(y.matches("kind: Service").count(), 2);
+        assert!(y.contains("  name: bench-none\n---"), "the baseline namespace has no labels:\n{y}");
+        assert!(y.contains("  name: bench-l4\n  labels:\n    istio.io/dataplane-mode: ambient\n"));
+        assert_eq!(y.matches("nodeName: node2").count(), 2);
+        assert_eq!(y.matches("nodeName: node1").count(), 2);
+    }
+
+    #[test]
+    fn manifests_load_and_validate() {
+        let all: Vec<&Scenario> = SCENARIOS.iter().collect();
+        let loaded = slipstream_k8s::load_str(&render(&all), &slipstream_k8s::Source("bench.yaml".into())).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loaded.len(), 8);
+        assert!(loaded.iter().all(|l| l.warnings.is_empty()), "no warnings");
+    }
+
+    #[test]
+    fn documents_are_separated() {
+        let none: Vec<&Scenario> = SCENARIOS.iter().take(1).collect();
+        let y = render(&none);
+        assert_eq!(y.split("---\n").count(), 4);
+        for d in y.split("---\n") {
+            assert!(d.starts_with("apiVersion: v1\nkind: "), "{d}");
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The order of a run's steps, and the progress line of each. Pure.
+//!
+//! Repetition-major, then experiment, then scenario: the scenarios of one
+//! figure are measured back to back (so slow drift of the machine affects
+//! them alike), and the repetitions of one experiment are far apart (so the
+//! TIME_WAIT sockets of one C1 run are gone before the next).
+
+use crate::experiment::{ExperimentId, EXPERIMENTS};
+use crate::scenario::Scenario;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Step {
+    /// 1-based position in the run.
+    pub index: usize,
+    pub rep: u32,
+    pub experiment: ExperimentId,
+    pub scenario: &'static Scenario,
+}
+
+/// Steps for the measurable scenarios among `scenarios`.
+pub fn steps(scenarios: &[&'static Scenario], reps: u32) -> Vec<Step> {
+    let measured: Vec<&'static Scenario> = scenarios.iter().copied().filter(|s| s.available()).collect();
+    let mut out = Vec::new();
+    for rep in 1..=reps {
+        for experiment in EXPERIMENTS {
+            for scenario in &measured {
+                out.push(Step { index: out.len() + 1, rep, experiment, scenario });
+            }
+        }
+    }
+    out
+}
+
+/// `[ 3/36] l4-nft  Q1 rep 1/3 ... `
+pub fn progress_prefix(step: &Step, total: usize, reps: u32, name_width: usize) -> String {
+    let w = total.to_string().len();
+    format!(
+        "[{:>w$}/{total}] {:<name_width$} {} rep {}/{reps} ... ",
+        step.index, step.scenario.name, step.experiment, step.rep
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::SCENARIOS;
+
+    #[test]
+    fn order_is_rep_experiment_scenario_over_measurable_scenarios() {
+        let all: Vec<&'static Scenario> = SCENARIOS.iter().collect();
+        let s = steps(&all, 3);
+        assert_eq!(s.len(), 3 * EXPERIMENTS.len() * 2);
+        let first: Vec<(u32, ExperimentId, &str)> = s.iter().take(3).map(|x| (x.rep, x.experiment, x.scenario.name)).collect();
+        assert_eq!(first, [(1, ExperimentId::T1, "none"), (1, ExperimentId::T1, "l4-nft"), (1, ExperimentId::T2, "none")]);
+        assert_eq!(s.last().unwrap().rep, 3);
+        assert!(s.iter().enumerate().all(|(i, x)| x.index == i + 1));
+    }
+
+    #[test]
+    fn progress_line() {
+        let all: Vec<&'static Scenario> = SCENARIOS.iter().collect();
+        let s = steps(&all, 3);
+        assert_eq!(progress_prefix(&s[7], s.len(), 3, 6), "[ 8/36] l4-nft Q1 rep 1/3 ... ");
+        assert_eq!(progress_prefix(&s[0], s.len(), 3, 6), "[ 1/36] none   T1 rep 1/3 ... ");
+    }
+}

@@ -1,0 +1,129 @@
+//! `results.json`: every repetition of every experiment, the machine, the
+//! commit and the tools. Fields may be added; `schema` is raised when one is
+//! renamed or removed.
+
+use crate::experiment::ExperimentId;
+use crate::scenario::ScenarioInfo;
+use crate::settings::Settings;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const SCHEMA: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    pub schema: u32,
+    /// The command line that produced these results.
+    pub command: String,
+    /// Version of the `slipstream` binary.
+    pub version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<Commit>,
+    /// UTC, RFC 3339.
+    pub started_at: String,
+    pub duration_s: f64,
+    /// False when the run was interrupted: some runs are missing.
+    pub complete: bool,
+    pub settings: Settings,
+    pub machine: Machine,
+    /// Tool name -> version.
+    pub tools: BTreeMap<String, String>,
+    pub scenarios: Vec<ScenarioInfo>,
+    pub experiments: Vec<ExperimentInfo>,
+    /// Memory of every mesh process after `up`, before any traffic.
+    pub idle: Vec<ProcSample>,
+    pub runs: Vec<Run>,
+    /// Scenario -> figure id (`T1.gbps`, `Q1.mesh_cpu_s`, ...) -> median over
+    /// the successful repetitions. Derived from `runs`, for convenience.
+    #[serde(default)]
+    pub medians: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Commit {
+    pub hash: String,
+    /// Uncommitted changes to tracked files when the run started.
+    pub dirty: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpu_model: String,
+    pub cores: usize,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub os: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExperimentInfo {
+    pub id: ExperimentId,
+    pub title: String,
+    /// The command run in the client pod, or what the bench does.
+    pub command: String,
+}
+
+/// One repetition of one experiment in one scenario.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub scenario: String,
+    pub experiment: ExperimentId,
+    /// 1-based.
+    pub rep: u32,
+    pub started_at: String,
+    pub elapsed_s: f64,
+    /// Set when the run produced no figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The experiment's figures (keys of `ExperimentId::figures`).
+    pub figures: BTreeMap<String, f64>,
+    /// Other numbers read from the tool (actual rate, errors, ...).
+    #[serde(default)]
+    pub details: BTreeMap<String, f64>,
+    /// CPU and memory of every mesh process during the run.
+    #[serde(default)]
+    pub mesh: Vec<ProcUsage>,
+    /// Files (relative to the output directory) with the tool's own output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raw: Vec<String>,
+}
+
+impl Run {
+    pub fn ok(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// CPU seconds of all mesh processes together.
+    pub fn mesh_cpu_s(&self) -> Option<f64> {
+        (!self.mesh.is_empty()).then(|| self.mesh.iter().map(|p| p.cpu_s).sum())
+    }
+
+    /// The largest peak RSS among the mesh processes.
+    pub fn mesh_peak_rss_mb(&self) -> Option<f64> {
+        self.mesh.iter().map(|p| p.peak_rss_mb).reduce(f64::max)
+    }
+}
+
+/// A mesh process (one cgroup, e.g. a node proxy) during a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcUsage {
+    /// `node proxy node1`.
+    pub process: String,
+    pub pids: Vec<i32>,
+    /// User + system CPU time of the cgroup during the run.
+    pub cpu_s: f64,
+    /// Peak resident memory during the run (VmHWM, reset before it).
+    pub peak_rss_mb: f64,
+    /// Resident memory at the end of the run (VmRSS).
+    pub rss_mb: f64,
+    /// Its processes changed during the run (a restart): figures are partial.
+    #[serde(default)]
+    pub restarted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcSample {
+    pub process: String,
+    pub pids: Vec<i32>,
+    pub rss_mb: f64,
+}
