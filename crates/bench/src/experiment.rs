@@ -64,6 +64,14 @@ const CONNECT: &[FigureDef] = &[fig("cps", "connections/s", "conn/s", Better::Hi
 const HOLD: &[FigureDef] = &[
     FigureDef { key: "connections", label: "connections held", unit: "", better: Better::Higher, ratio: false, added: false },
     FigureDef { key: "rss_mb", label: "largest node proxy RSS with them open", unit: "MB", better: Better::Lower, ratio: false, added: false },
+    FigureDef {
+        key: "rss_after_mb",
+        label: "largest node proxy RSS once they are closed",
+        unit: "MB",
+        better: Better::Lower,
+        ratio: false,
+        added: false,
+    },
 ];
 
 /// What a step does in the client pod of its scenario.

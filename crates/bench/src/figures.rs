@@ -12,6 +12,8 @@ pub const MAX_ERROR_FRACTION: f64 = 0.01;
 pub struct Outcome {
     pub figures: BTreeMap<String, f64>,
     pub details: BTreeMap<String, f64>,
+    /// The figures are real but not what was asked for.
+    pub warnings: Vec<String>,
 }
 
 fn map(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
@@ -26,7 +28,7 @@ pub fn from_iperf(r: &IperfRun) -> Result<Outcome, String> {
     if let Some(n) = r.retransmits {
         details.insert("retransmits".into(), n as f64);
     }
-    Ok(Outcome { figures: map(&[("gbps", r.received_gbps)]), details })
+    Ok(Outcome { figures: map(&[("gbps", r.received_gbps)]), details, warnings: vec![] })
 }
 
 pub fn from_fortio(e: ExperimentId, r: &FortioRun) -> Result<Outcome, String> {
@@ -37,6 +39,10 @@ pub fn from_fortio(e: ExperimentId, r: &FortioRun) -> Result<Outcome, String> {
         return Err(format!("{} of {} requests failed", r.errors, r.requests));
     }
     let p = |q: f64| r.percentile_ms(q).ok_or_else(|| format!("fortio reported no p{q}"));
+    let warnings = match r.errors {
+        0 => vec![],
+        n => vec![format!("{n} of {} requests failed", r.requests)],
+    };
     let figures = match e {
         ExperimentId::L1 => map(&[("p50_ms", p(50.0)?), ("p90_ms", p(90.0)?), ("p99_ms", p(99.0)?), ("p99.9_ms", p(99.9)?), ("avg_ms", r.avg_ms)]),
         ExperimentId::Q1 => map(&[("rps", r.ok_per_sec()), ("p50_ms", p(50.0)?), ("p99_ms", p(99.0)?)]),
@@ -50,20 +56,54 @@ pub fn from_fortio(e: ExperimentId, r: &FortioRun) -> Result<Outcome, String> {
         ("connections", r.sockets as f64),
         ("seconds", r.duration_s),
     ]);
-    Ok(Outcome { figures, details })
+    Ok(Outcome { figures, details, warnings })
 }
 
-/// R1: connections held and the largest mesh process's RSS with them open.
-pub fn from_hold(wanted: usize, established: usize, failed: usize, open_s: f64, largest_rss_mb: Option<f64>) -> Result<Outcome, String> {
-    let details = map(&[("wanted", wanted as f64), ("failed", failed as f64), ("open_s", open_s)]);
-    if established < wanted {
-        return Err(format!("only {established} of {wanted} connections could be opened and echoed"));
+/// What R1's holder saw.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hold {
+    pub wanted: usize,
+    pub established: usize,
+    pub failed: usize,
+    pub first_error: Option<String>,
+    pub open_s: f64,
+    /// Largest mesh process RSS with the connections open.
+    pub rss_mb: Option<f64>,
+    /// ... and after they were closed and the proxies let go of them.
+    pub rss_after_mb: Option<f64>,
+    /// How long the proxies took to close their side; None: not within the
+    /// wait.
+    pub drain_s: Option<f64>,
+}
+
+/// R1: connections held and the largest mesh process's RSS with them open
+/// and after. Fewer connections than asked is still a result (the memory
+/// they took is real), with a warning; none at all is not.
+pub fn from_hold(h: &Hold) -> Result<Outcome, String> {
+    let mut details = map(&[("wanted", h.wanted as f64), ("failed", h.failed as f64), ("open_s", h.open_s)]);
+    let why = h.first_error.as_deref().map(|e| format!("; first error: {e}")).unwrap_or_default();
+    if h.established == 0 {
+        return Err(format!("no connection could be opened and echoed{why}"));
     }
-    let mut figures = map(&[("connections", established as f64)]);
-    if let Some(rss) = largest_rss_mb {
-        figures.insert("rss_mb".into(), rss);
+    let mut warnings = vec![];
+    if h.established < h.wanted {
+        warnings.push(format!("only {} of {} connections could be opened and echoed{why}", h.established, h.wanted));
+    } else if h.failed > 0 {
+        warnings.push(format!("{} connection attempts failed before all {} were held{why}", h.failed, h.wanted));
     }
-    Ok(Outcome { figures, details })
+    match h.drain_s {
+        Some(d) => {
+            details.insert("drain_s".into(), d);
+        }
+        None => warnings.push("the node proxies had not closed their side of the connections when the bench stopped waiting".into()),
+    }
+    let mut figures = map(&[("connections", h.established as f64)]);
+    for (k, v) in [("rss_mb", h.rss_mb), ("rss_after_mb", h.rss_after_mb)] {
+        if let Some(v) = v {
+            figures.insert(k.into(), v);
+        }
+    }
+    Ok(Outcome { figures, details, warnings })
 }
 
 /// One line for the progress display.
@@ -117,13 +157,27 @@ mod tests {
     fn too_many_failed_requests_is_no_result() {
         let r = fortio::parse(include_str!("../testdata/fortio-errors.json")).unwrap();
         assert_eq!(from_fortio(ExperimentId::Q1, &r).unwrap_err(), "3707 of 12191 requests failed");
+        let mut few = r.clone();
+        few.errors = 3;
+        few.ok = few.requests - 3;
+        assert_eq!(from_fortio(ExperimentId::Q1, &few).unwrap().warnings, ["3 of 12191 requests failed"]);
     }
 
     #[test]
     fn hold_needs_every_connection() {
-        let o = from_hold(1000, 1000, 0, 0.8, Some(21.5)).unwrap();
-        assert_eq!((o.figures["connections"], o.figures["rss_mb"]), (1000.0, 21.5));
+        let full = Hold { wanted: 1000, established: 1000, open_s: 0.8, rss_mb: Some(21.5), rss_after_mb: Some(19.0), drain_s: Some(0.4), ..Default::default() };
+        let o = from_hold(&full).unwrap();
+        assert_eq!((o.figures["connections"], o.figures["rss_mb"], o.figures["rss_after_mb"]), (1000.0, 21.5, 19.0));
+        assert_eq!(o.details["drain_s"], 0.4);
+        assert!(o.warnings.is_empty());
         assert_eq!(headline(ExperimentId::R1, &o), "1000 connections, largest node proxy 21.5 MB");
-        assert!(from_hold(1000, 990, 10, 0.8, Some(21.5)).unwrap_err().contains("990 of 1000"));
+        let partial = from_hold(&Hold { established: 990, failed: 10, first_error: Some("reset".into()), drain_s: None, ..full.clone() }).unwrap();
+        assert_eq!(partial.figures["connections"], 990.0);
+        assert_eq!(partial.warnings.len(), 2);
+        assert_eq!(partial.warnings[0], "only 990 of 1000 connections could be opened and echoed; first error: reset");
+        let retried = from_hold(&Hold { failed: 3, first_error: Some("reset".into()), ..full.clone() }).unwrap();
+        assert_eq!(retried.warnings, ["3 connection attempts failed before all 1000 were held; first error: reset"]);
+        let none = Hold { established: 0, failed: 20, first_error: Some("refused".into()), ..full };
+        assert!(from_hold(&none).unwrap_err().contains("refused"));
     }
 }

@@ -9,15 +9,28 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A worker gives up after this many failures (the mesh is down, or out of
-/// file descriptors): the run reports how many were held.
-const MAX_FAILURES_PER_WORKER: usize = 20;
+/// A worker gives up after this many failures in a row (the path is down,
+/// or out of file descriptors): the run reports how many were held.
+const MAX_FAILURES_IN_A_ROW: usize = 20;
 
 pub struct Held {
     pub streams: Vec<TcpStream>,
     pub failed: usize,
     pub first_error: Option<String>,
     pub open_s: f64,
+}
+
+impl Held {
+    /// Closes every connection with a reset (SO_LINGER 0), so that the
+    /// client pod is not left with thousands of TIME_WAIT sockets holding
+    /// its ephemeral ports for the next repetition.
+    pub fn release(self) -> usize {
+        let n = self.streams.len();
+        for s in self.streams {
+            let _ = rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO));
+        }
+        n
+    }
 }
 
 /// What one worker thread opened.
@@ -58,11 +71,16 @@ pub fn open(netns: &Path, target: SocketAddr, count: usize, workers: usize, stop
                 scope.spawn(move || {
                     enter_netns(netns)?;
                     let mut share = Share { streams: Vec::with_capacity(n), failed: 0, first_error: None };
-                    while share.streams.len() < n && share.failed < MAX_FAILURES_PER_WORKER && !stop() {
+                    let mut in_a_row = 0;
+                    while share.streams.len() < n && in_a_row < MAX_FAILURES_IN_A_ROW && !stop() {
                         match one(target) {
-                            Ok(s) => share.streams.push(s),
+                            Ok(s) => {
+                                share.streams.push(s);
+                                in_a_row = 0;
+                            }
                             Err(e) => {
                                 share.failed += 1;
+                                in_a_row += 1;
                                 share.first_error.get_or_insert_with(|| e.to_string());
                             }
                         }

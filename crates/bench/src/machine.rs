@@ -45,6 +45,7 @@ pub fn read() -> Machine {
         memory_gib: mem_total_gib(&read("/proc/meminfo")),
         kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
         os: os_name(&read("/etc/os-release")),
+        open_files_limit: 0,
     }
 }
 

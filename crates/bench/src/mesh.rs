@@ -108,6 +108,40 @@ pub fn end(procs: &[MeshProcess], before: &Before) -> Vec<ProcUsage> {
         .collect()
 }
 
+/// Open file descriptors of every mesh process.
+pub fn fd_counts(procs: &[MeshProcess]) -> Vec<usize> {
+    procs.iter().map(|p| pids(p).iter().map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)).sum()).collect()
+}
+
+/// Whether every count is back within `slack` of where it was.
+pub fn drained(before: &[usize], now: &[usize], slack: usize) -> bool {
+    before.len() == now.len() && before.iter().zip(now).all(|(b, n)| *n <= b + slack)
+}
+
+/// Waits until the mesh processes have closed what they opened since
+/// `before` for R1's `held` connections, so that the next step does not pay
+/// for their teardown: every count back within 64 of `before`, or within
+/// `held / 10` and unchanged for a second (a proxy may keep a few new
+/// descriptors, such as pooled tunnels). The time it took, or None after
+/// `timeout` or when `stop()`.
+pub fn wait_drained(procs: &[MeshProcess], before: &[usize], held: usize, timeout: Duration, stop: &dyn Fn() -> bool) -> Option<Duration> {
+    const POLL: Duration = Duration::from_millis(200);
+    let t0 = std::time::Instant::now();
+    let (mut last, mut stable) = (Vec::new(), 0);
+    loop {
+        let now = fd_counts(procs);
+        stable = if now == last { stable + 1 } else { 0 };
+        if drained(before, &now, 64) || (stable >= 5 && drained(before, &now, held / 10)) {
+            return Some(t0.elapsed());
+        }
+        last = now;
+        if t0.elapsed() > timeout || stop() {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
 /// Current resident memory of every mesh process.
 pub fn sample(procs: &[MeshProcess]) -> Vec<ProcSample> {
     procs
@@ -131,6 +165,13 @@ mod tests {
         assert_eq!(status_kb(s, "VmSwap"), None);
         assert_eq!(status_kb("VmRSSx:\t1 kB\n", "VmRSS"), None);
         assert!((mb(16080) - 15.703125).abs() < 1e-9);
+    }
+
+    #[test]
+    fn drained_within_slack() {
+        assert!(drained(&[100, 120], &[164, 100], 64));
+        assert!(!drained(&[100, 120], &[165, 100], 64));
+        assert!(!drained(&[100], &[100, 100], 64));
     }
 
     #[test]

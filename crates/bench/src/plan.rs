@@ -3,7 +3,11 @@
 //! Repetition-major, then experiment, then scenario: the scenarios of one
 //! figure are measured back to back (so slow drift of the machine affects
 //! them alike), and the repetitions of one experiment are far apart (so the
-//! TIME_WAIT sockets of one C1 run are gone before the next).
+//! TIME_WAIT sockets of one C1 run are gone before the next). R1's held
+//! connections come last, after every repetition of the others, scenario by
+//! scenario: a proxy may keep the memory they took, which would inflate the
+//! peak RSS measured later (in other experiments, or in `none`'s R1, the
+//! control that shows the proxies carrying nothing).
 
 use crate::experiment::{ExperimentId, EXPERIMENTS};
 use crate::scenario::Scenario;
@@ -22,10 +26,15 @@ pub fn steps(scenarios: &[&'static Scenario], reps: u32) -> Vec<Step> {
     let measured: Vec<&'static Scenario> = scenarios.iter().copied().filter(|s| s.available()).collect();
     let mut out = Vec::new();
     for rep in 1..=reps {
-        for experiment in EXPERIMENTS {
+        for experiment in EXPERIMENTS.into_iter().filter(|e| *e != ExperimentId::R1) {
             for scenario in &measured {
                 out.push(Step { index: out.len() + 1, rep, experiment, scenario });
             }
+        }
+    }
+    for scenario in &measured {
+        for rep in 1..=reps {
+            out.push(Step { index: out.len() + 1, rep, experiment: ExperimentId::R1, scenario });
         }
     }
     out
@@ -52,8 +61,12 @@ mod tests {
         assert_eq!(s.len(), 3 * EXPERIMENTS.len() * 2);
         let first: Vec<(u32, ExperimentId, &str)> = s.iter().take(3).map(|x| (x.rep, x.experiment, x.scenario.name)).collect();
         assert_eq!(first, [(1, ExperimentId::T1, "none"), (1, ExperimentId::T1, "l4-nft"), (1, ExperimentId::T2, "none")]);
-        assert_eq!(s.last().unwrap().rep, 3);
         assert!(s.iter().enumerate().all(|(i, x)| x.index == i + 1));
+        let holds: Vec<(u32, &str)> = s.iter().skip(30).map(|x| (x.rep, x.scenario.name)).collect();
+        assert!(s.iter().skip(30).all(|x| x.experiment == ExperimentId::R1), "R1 comes last");
+        assert_eq!(holds, [(1, "none"), (2, "none"), (3, "none"), (1, "l4-nft"), (2, "l4-nft"), (3, "l4-nft")]);
+        assert_eq!(s[29].experiment, ExperimentId::C1);
+        assert_eq!(s[29].rep, 3);
     }
 
     #[test]

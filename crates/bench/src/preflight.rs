@@ -82,19 +82,37 @@ pub fn cluster_free(paths: &Paths) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Raises RLIMIT_NOFILE to at least `need` (the cluster started afterwards
-/// inherits it: node proxies and servers hold the connections too).
+/// File descriptors the busiest process of the cluster may need to hold
+/// `connections` through the mesh: a node proxy can use two per proxied
+/// connection, plus its listeners, tunnels and files.
+pub fn nofile_needed(connections: usize) -> u64 {
+    2 * connections as u64 + 4096
+}
+
+/// Raises RLIMIT_NOFILE to at least `need`: the hard limit too when the
+/// bench may (CAP_SYS_RESOURCE), else the soft limit to the hard one, with
+/// a warning. The cluster started afterwards inherits it: the node proxies
+/// (which raise their soft limit to the hard one) and the servers hold the
+/// connections. Returns the limit in force.
 pub fn raise_nofile(need: u64) -> anyhow::Result<u64> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let cur = getrlimit(Resource::Nofile);
     let soft = cur.current.unwrap_or(u64::MAX);
     let hard = cur.maximum.unwrap_or(u64::MAX);
-    if soft >= need {
+    if soft >= need && hard >= need {
         return Ok(soft);
     }
-    let new = Rlimit { current: Some(need.max(soft)), maximum: Some(hard.max(need)) };
-    setrlimit(Resource::Nofile, new).with_context(|| format!("raising the open files limit to {need} (now {soft}, hard {hard})"))?;
-    Ok(need)
+    let wanted = Rlimit { current: Some(need.max(soft)), maximum: Some(hard.max(need)) };
+    if setrlimit(Resource::Nofile, wanted).is_ok() {
+        return Ok(need.max(soft));
+    }
+    setrlimit(Resource::Nofile, Rlimit { current: Some(hard), maximum: Some(hard) })
+        .with_context(|| format!("raising the open-file limit from {soft} to {hard}"))?;
+    eprintln!(
+        "warning: the open-file limit is capped at {hard} here (no CAP_SYS_RESOURCE to raise it to {need}): \
+         a process that needs two descriptors per held connection cannot hold them all"
+    );
+    Ok(hard)
 }
 
 #[cfg(test)]
@@ -110,5 +128,6 @@ mod tests {
         let path = format!("/nonexistent::{}", d.path().display());
         assert_eq!(find_in(&path, "fortio"), Some(d.path().join("fortio")));
         assert_eq!(find_in(&path, "iperf3"), None);
+        assert_eq!(nofile_needed(10_000), 24_096);
     }
 }

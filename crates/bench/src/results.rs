@@ -53,6 +53,9 @@ pub struct Machine {
     pub memory_gib: f64,
     pub kernel: String,
     pub os: String,
+    /// RLIMIT_NOFILE the cluster ran with (R1 needs about 2 per held connection).
+    #[serde(default)]
+    pub open_files_limit: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +78,10 @@ pub struct Run {
     /// Set when the run produced no figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The figures are real but not quite what was asked for (some requests
+    /// failed, fewer connections held).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// The experiment's figures (keys of `ExperimentId::figures`).
     pub figures: BTreeMap<String, f64>,
     /// Other numbers read from the tool (actual rate, errors, ...).

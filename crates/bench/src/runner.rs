@@ -10,7 +10,7 @@ use crate::mesh::{self, MeshProcess};
 use crate::parse::{fortio, iperf};
 use crate::plan::{self, Step};
 use crate::report::{self, Page};
-use crate::results::{ExperimentInfo, Results, Run, SCHEMA};
+use crate::results::{ExperimentInfo, Machine, Results, Run, SCHEMA};
 use crate::scenario::{self, Scenario};
 use crate::settings::{self, Settings};
 use crate::{hold, machine, preflight, timefmt, BenchArgs};
@@ -27,6 +27,9 @@ use std::time::{Duration, Instant, SystemTime};
 pub const CLUSTER: &str = "bench";
 const UP_TIMEOUT: Duration = Duration::from_secs(120);
 const HOLD_WORKERS: usize = 4;
+/// How long R1 waits for the proxies to close their side of the held
+/// connections before the next step.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where a scenario's steps run.
 struct Target {
@@ -48,7 +51,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let paths = Paths::new(ClusterName::new(CLUSTER).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
     preflight::cluster_free(&paths)?;
     let docs = if args.update_docs { Some(docs_dir()?) } else { None };
-    preflight::raise_nofile(settings.hold_connections as u64 + 4096)?;
+    let nofile = preflight::raise_nofile(preflight::nofile_needed(settings.hold_connections))?;
     signals::install_termination_flag();
 
     let started = SystemTime::now();
@@ -72,7 +75,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         duration_s: 0.0,
         complete: false,
         settings: settings.clone(),
-        machine: machine::read(),
+        machine: Machine { open_files_limit: nofile, ..machine::read() },
         tools,
         scenarios: selected.iter().map(|s| s.info()).collect(),
         experiments: EXPERIMENTS
@@ -165,9 +168,17 @@ fn measure(
     write_json(results, out)?;
 
     let width = measured.iter().map(|s| s.name.len()).max().unwrap_or(4);
+    let mut last_hold: Option<(&str, Instant)> = None;
     for step in steps {
         if cluster::interrupted() {
             return Err(Interrupted.into());
+        }
+        if let (ExperimentId::R1, Some((scenario, ended))) = (step.experiment, last_hold) {
+            let wait = Duration::from_millis(settings.hold_cooldown_ms).saturating_sub(ended.elapsed());
+            if scenario == step.scenario.name && !wait.is_zero() {
+                println!("  waiting {} for the TIME_WAIT sockets of the last R1 to expire", timefmt::human(wait));
+                sleep_interruptibly(wait)?;
+            }
         }
         print!("{}", plan::progress_prefix(step, steps.len(), settings.reps, width));
         flush();
@@ -182,11 +193,15 @@ fn measure(
         let took = timefmt::human(Duration::from_secs_f64(run.elapsed_s));
         match &run.error {
             None => {
-                let o = Outcome { figures: run.figures.clone(), details: run.details.clone() };
+                let o = Outcome { figures: run.figures.clone(), ..Default::default() };
                 let cpu = run.mesh_cpu_s().map(|c| format!(", mesh CPU {c:.2} s")).unwrap_or_default();
-                println!("{}{cpu} ({took})", figures::headline(step.experiment, &o));
+                let warn: String = run.warnings.iter().map(|w| format!("; warning: {w}")).collect();
+                println!("{}{cpu} ({took}){warn}", figures::headline(step.experiment, &o));
             }
             Some(e) => println!("FAILED ({took}): {e}"),
+        }
+        if step.experiment == ExperimentId::R1 {
+            last_hold = Some((step.scenario.name, Instant::now()));
         }
         results.runs.push(run);
         write_json(results, out)?;
@@ -235,6 +250,7 @@ fn run_step(cluster: &Cluster, step: &Step, target: &Target, procs: &[MeshProces
         started_at,
         elapsed_s,
         error: None,
+        warnings: vec![],
         figures: Default::default(),
         details: Default::default(),
         mesh: usage,
@@ -244,6 +260,7 @@ fn run_step(cluster: &Cluster, step: &Step, target: &Target, procs: &[MeshProces
         Ok(o) => {
             run.figures = o.figures;
             run.details = o.details;
+            run.warnings = o.warnings;
         }
         Err(e) if e.is::<Interrupted>() => return Err(e),
         Err(e) => run.error = Some(format!("{e:#}")),
@@ -289,19 +306,35 @@ fn tool_step(cluster: &Cluster, target: &Target, e: ExperimentId, action: &Actio
 
 fn hold_step(target: &Target, count: usize, settings: &Settings, procs: &[MeshProcess]) -> anyhow::Result<Outcome> {
     let stop = || cluster::interrupted();
+    let fds_before = mesh::fd_counts(procs);
     let held = hold::open(&target.client_netns, target.echo, count, HOLD_WORKERS, &stop)
         .with_context(|| format!("entering {}", target.client_netns.display()))?;
     if cluster::interrupted() {
         return Err(Interrupted.into());
     }
     std::thread::sleep(Duration::from_millis(settings.hold_settle_ms));
-    let largest = mesh::sample(procs).iter().map(|p| p.rss_mb).reduce(f64::max);
-    let n = held.streams.len();
-    drop(held.streams);
-    figures::from_hold(count, n, held.failed, held.open_s, largest).map_err(|e| match held.first_error {
-        Some(first) => anyhow!("{e}; first error: {first}"),
-        None => anyhow!(e),
-    })
+    let largest = || mesh::sample(procs).iter().map(|p| p.rss_mb).reduce(f64::max);
+    let rss_mb = largest();
+    let (failed, first_error, open_s) = (held.failed, held.first_error.clone(), held.open_s);
+    let established = held.release();
+    let drain = mesh::wait_drained(procs, &fds_before, established, DRAIN_TIMEOUT, &stop);
+    let fds_left: usize = mesh::fd_counts(procs).iter().zip(&fds_before).map(|(n, b)| n.saturating_sub(*b)).sum();
+    if cluster::interrupted() {
+        return Err(Interrupted.into());
+    }
+    let h = figures::Hold {
+        wanted: count,
+        established,
+        failed,
+        first_error,
+        open_s,
+        rss_mb,
+        rss_after_mb: largest(),
+        drain_s: drain.map(|d| d.as_secs_f64()),
+    };
+    let mut o = figures::from_hold(&h).map_err(|e| anyhow!(e))?;
+    o.details.insert("fds_left".into(), fds_left as f64);
+    Ok(o)
 }
 
 fn write_json(results: &Results, out: &Path) -> anyhow::Result<()> {
@@ -352,6 +385,17 @@ fn command_line() -> String {
         .map(|a| if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') { format!("'{}'", a.replace('\'', "'\\''")) } else { a })
         .collect();
     format!("slipstream {}", args.join(" "))
+}
+
+fn sleep_interruptibly(d: Duration) -> anyhow::Result<()> {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        if cluster::interrupted() {
+            return Err(Interrupted.into());
+        }
+        std::thread::sleep(Duration::from_millis(100).min(end.saturating_duration_since(Instant::now())));
+    }
+    Ok(())
 }
 
 fn flush() {

@@ -28,6 +28,10 @@ pub struct Settings {
     pub hold_connections: usize,
     /// R1: how long they are held before the proxies' memory is read.
     pub hold_settle_ms: u64,
+    /// Between two R1 repetitions of a scenario: TCP's TIME_WAIT (60 s on
+    /// Linux), so that the proxies' sockets of the previous 10k connections
+    /// are gone and cannot collide with the next ones.
+    pub hold_cooldown_ms: u64,
     /// Pause between steps (iperf3's server takes a moment to accept the
     /// next test; CPU caches and timers settle).
     pub pause_ms: u64,
@@ -47,6 +51,7 @@ impl Settings {
             payload: 1024,
             hold_connections: 10_000,
             hold_settle_ms: 2000,
+            hold_cooldown_ms: 61_000,
             pause_ms: 1000,
         }
     }
@@ -94,7 +99,8 @@ pub fn estimate(settings: &Settings, scenarios: usize) -> Duration {
         + s.hold_settle_ms
         + s.hold_connections as u64 / 2
         + 6 * (s.pause_ms + 700);
-    Duration::from_millis(per_rep * s.reps as u64 * scenarios as u64 + 10_000)
+    let cooldowns = s.hold_cooldown_ms * s.reps.saturating_sub(1) as u64;
+    Duration::from_millis((per_rep * s.reps as u64 + cooldowns) * scenarios as u64 + 10_000)
 }
 
 #[cfg(test)]

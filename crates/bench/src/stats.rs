@@ -69,6 +69,7 @@ mod tests {
             started_at: String::new(),
             elapsed_s: 1.0,
             error: None,
+            warnings: vec![],
             figures: figures.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             details: Default::default(),
             mesh: cpu

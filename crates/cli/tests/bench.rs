@@ -17,7 +17,7 @@ const FIGURES: &[(&str, &[&str])] = &[
     ("L1", &["p50_ms", "p90_ms", "p99_ms", "p99.9_ms", "avg_ms"]),
     ("Q1", &["rps", "p50_ms", "p99_ms"]),
     ("C1", &["cps"]),
-    ("R1", &["connections", "rss_mb"]),
+    ("R1", &["connections", "rss_mb", "rss_after_mb"]),
 ];
 
 #[test]
@@ -60,6 +60,9 @@ fn quick_bench_measures_every_experiment_of_every_available_scenario() {
                 for f in *figures {
                     let v = r["figures"][f].as_f64().unwrap_or_else(|| panic!("{name} {exp}: no figure {f} in {r}"));
                     assert!(v > 0.0, "{name} {exp} {f} = {v}");
+                }
+                if *exp == "R1" {
+                    assert_eq!(r["figures"]["connections"], r["details"]["wanted"], "{name} R1 held every connection: {r}");
                 }
                 let mesh = r["mesh"].as_array().unwrap();
                 assert!(!mesh.is_empty(), "{name} {exp}: no mesh process measured");

@@ -143,7 +143,7 @@ fn facts(s: &mut String, r: &Results) {
     let _ = writeln!(
         s,
         "Run {} (UTC), slipstream {} ({commit}), {} repetition(s) per figure{}, {}.\n\n\
-         Machine: {}, {} cores, {:.1} GiB, Linux {} ({}). Tools: {}.\n",
+         Machine: {}, {} cores, {:.1} GiB, Linux {} ({}), open-file limit {}. Tools: {}.\n",
         r.started_at.replace('T', " ").trim_end_matches('Z'),
         r.version,
         r.settings.reps,
@@ -154,6 +154,7 @@ fn facts(s: &mut String, r: &Results) {
         m.memory_gib,
         m.kernel,
         m.os,
+        m.open_files_limit,
         if tools.is_empty() { "unknown".into() } else { tools.join(", ") },
     );
 }
@@ -228,6 +229,7 @@ fn resources_table(s: &mut String, v: &View) {
         figure_id(ExperimentId::R1, "rss_mb"),
         ExperimentId::R1,
     );
+    row(s, "RSS once they are closed, largest node proxy (MB)".into(), figure_id(ExperimentId::R1, "rss_after_mb"), ExperimentId::R1);
     s.push('\n');
 }
 
@@ -239,11 +241,14 @@ fn targets_table(s: &mut String, v: &View) {
     let _ = writeln!(s, "## Targets for the L4 mesh\n\nFor reference only: the benchmark measures, it never fails on a target.\n");
     let _ = writeln!(s, "| target | {} |", with.join(" | "));
     let _ = writeln!(s, "|---|{}", "---|".repeat(with.len()));
-    let held = v.r.runs.iter().filter(|r| r.experiment == ExperimentId::R1).filter_map(|r| r.figures.get("connections")).fold(0.0_f64, |a, b| a.max(*b));
     for t in targets::TARGETS {
         let cells: Vec<String> = with
             .iter()
-            .map(|sc| match targets::check(t, v.of(sc), v.of(BASELINE), v.idle_rss(), held as usize) {
+            .map(|sc| {
+                let held = v.get(sc, &figure_id(ExperimentId::R1, "connections")).unwrap_or(0.0) as usize;
+                (sc, held)
+            })
+            .map(|(sc, held)| match targets::check(t, v.of(sc), v.of(BASELINE), v.idle_rss(), held) {
                 targets::Verdict::Met { measured } => format!("{measured}: met"),
                 targets::Verdict::Missed { measured } => format!("{measured}: **missed**"),
                 targets::Verdict::NotMeasured(why) => format!("not measured ({why})"),
@@ -256,14 +261,21 @@ fn targets_table(s: &mut String, v: &View) {
 
 fn failures(s: &mut String, r: &Results) {
     let failed: Vec<_> = r.runs.iter().filter(|x| !x.ok()).collect();
-    if failed.is_empty() {
-        return;
+    if !failed.is_empty() {
+        let _ = writeln!(s, "## Failed runs\n\nThese repetitions produced no figures; the medians are over the others.\n");
+        for f in failed {
+            let _ = writeln!(s, "- {} {} rep {}: {}", f.scenario, f.experiment, f.rep, f.error.as_deref().unwrap_or(""));
+        }
+        s.push('\n');
     }
-    let _ = writeln!(s, "## Failed runs\n");
-    for f in failed {
-        let _ = writeln!(s, "- {} {} rep {}: {}", f.scenario, f.experiment, f.rep, f.error.as_deref().unwrap_or(""));
+    let warned: Vec<_> = r.runs.iter().filter(|x| !x.warnings.is_empty()).collect();
+    if !warned.is_empty() {
+        let _ = writeln!(s, "## Warnings\n\nThese repetitions count, but did not go exactly as asked.\n");
+        for w in warned {
+            let _ = writeln!(s, "- {} {} rep {}: {}", w.scenario, w.experiment, w.rep, w.warnings.join("; "));
+        }
+        s.push('\n');
     }
-    s.push('\n');
 }
 
 fn scenarios(s: &mut String, r: &Results) {
@@ -294,7 +306,10 @@ fn experiments(s: &mut String, r: &Results) {
     let _ = writeln!(
         s,
         "\nSteps run in the order repetition, experiment, scenario: the scenarios compared in one figure are measured \
-         back to back, the repetitions of one experiment minutes apart.\n"
+         back to back, the repetitions of one experiment minutes apart. R1's held connections come last, scenario by \
+         scenario, so that the memory a proxy keeps after them inflates no other figure; each R1 waits until the \
+         proxies have closed their side before the next step, and the next R1 of the same scenario waits a further \
+         TIME_WAIT (60 s) so that its connections cannot collide with the sockets of the last.\n"
     );
 }
 
@@ -338,6 +353,7 @@ pub(crate) mod tests {
             started_at: "2026-11-22T04:18:45Z".into(),
             elapsed_s: 10.0,
             error: None,
+            warnings: vec![],
             figures: figures.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             details: Default::default(),
             mesh: vec![
@@ -365,7 +381,13 @@ pub(crate) mod tests {
             ));
             runs.push(run(sc, ExperimentId::Q1, 1, &[("rps", 20000.0 * k), ("p50_ms", 2.0 * lat), ("p99_ms", 9.0 * lat)], cpu));
             runs.push(run(sc, ExperimentId::C1, 1, &[("cps", 4000.0 * k)], cpu));
-            runs.push(run(sc, ExperimentId::R1, 1, &[("connections", 10_000.0), ("rss_mb", if k < 1.0 { 38.0 } else { 15.0 })], cpu));
+            runs.push(run(
+                sc,
+                ExperimentId::R1,
+                1,
+                &[("connections", 10_000.0), ("rss_mb", if k < 1.0 { 38.0 } else { 15.0 }), ("rss_after_mb", 15.0)],
+                cpu,
+            ));
         }
         let s = Settings::full();
         Results {
@@ -376,7 +398,7 @@ pub(crate) mod tests {
             started_at: "2026-11-22T04:18:45Z".into(),
             duration_s: 600.0,
             complete: true,
-            machine: Machine { cpu_model: "Test CPU".into(), cores: 2, memory_gib: 23.5, kernel: "6.1.0".into(), os: "Debian".into() },
+            machine: Machine { cpu_model: "Test CPU".into(), cores: 2, memory_gib: 23.5, kernel: "6.1.0".into(), os: "Debian".into(), open_files_limit: 65536 },
             tools: [("fortio".to_string(), "1.63.0".to_string()), ("iperf3".to_string(), "3.12".to_string())].into(),
             scenarios: SCENARIOS.iter().map(|x| x.info()).collect(),
             experiments: EXPERIMENTS
@@ -457,6 +479,10 @@ pub(crate) mod tests {
         assert!(line(&md, "| C1 ").ends_with("| 4000 | not run |"));
         assert!(md.contains("- l4-nft Q1 rep 1: fortio: no JSON"));
         assert!(md.contains("interrupted"));
+        assert!(!md.contains("## Warnings"));
+        r.runs[5].warnings = vec!["only 9941 of 10000 connections could be opened and echoed".into()];
+        let md = markdown(&r, &page());
+        assert!(md.contains("## Warnings") && md.contains("- none R1 rep 1: only 9941 of 10000"), "{md}");
     }
 
     #[test]
