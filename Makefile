@@ -1,13 +1,14 @@
 # The two commands of the README:
 #   make up     install system packages, build, install the binary, start the quickstart
 #   make test   install system packages, build, run every test
+# And: make bench  full performance report into docs/benchmarks.{md,json,svg}
 # Both need root (network namespaces, cgroups, apt-get).
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),/var/tmp/slipstream-target)
 BIN        := $(TARGET_DIR)/release/slipstream
 PREFIX     ?= /usr/local
 
-.PHONY: setup build install up test down clean
+.PHONY: setup build install up test bench down clean
 
 setup:
 	./scripts/setup.sh
@@ -21,6 +22,9 @@ install: build
 
 up: install
 	$(PREFIX)/bin/slipstream up
+
+bench: build
+	$(BIN) bench --update-docs
 
 down:
 	$(BIN) down
