@@ -20,6 +20,22 @@ pub enum ExperimentId {
 pub const EXPERIMENTS: [ExperimentId; 6] =
     [ExperimentId::T1, ExperimentId::T2, ExperimentId::L1, ExperimentId::Q1, ExperimentId::C1, ExperimentId::R1];
 
+/// The experiments named in `requested` (comma-separated ids such as `L1,Q1`,
+/// any case), in run order; all of them when empty or `all`.
+pub fn select(requested: &[String]) -> Result<Vec<ExperimentId>, String> {
+    let wanted: Vec<String> = requested.iter().map(|s| s.trim().to_ascii_uppercase()).filter(|s| !s.is_empty()).collect();
+    if wanted.is_empty() || wanted == ["ALL"] {
+        return Ok(EXPERIMENTS.to_vec());
+    }
+    let unknown: Vec<&str> =
+        wanted.iter().map(String::as_str).filter(|w| !EXPERIMENTS.iter().any(|e| e.to_string() == *w)).collect();
+    if !unknown.is_empty() {
+        let known: Vec<String> = EXPERIMENTS.iter().map(|e| e.to_string()).collect();
+        return Err(format!("unknown experiment(s) {}: known are {}", unknown.join(", "), known.join(", ")));
+    }
+    Ok(EXPERIMENTS.into_iter().filter(|e| wanted.contains(&e.to_string())).collect())
+}
+
 impl fmt::Display for ExperimentId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
@@ -194,6 +210,15 @@ mod tests {
         );
         assert_eq!(ExperimentId::R1.action(&s), Action::Hold { connections: 10_000 });
         assert!(ExperimentId::R1.action(&s).command().is_none());
+    }
+
+    #[test]
+    fn select_experiments() {
+        assert_eq!(select(&[]).unwrap(), EXPERIMENTS.to_vec());
+        assert_eq!(select(&["all".into()]).unwrap(), EXPERIMENTS.to_vec());
+        assert_eq!(select(&["q1".into(), " L1".into()]).unwrap(), [ExperimentId::L1, ExperimentId::Q1]);
+        let e = select(&["L1".into(), "X9".into()]).unwrap_err();
+        assert!(e.contains("unknown experiment(s) X9") && e.contains("T1, T2, L1, Q1, C1, R1"), "{e}");
     }
 
     #[test]

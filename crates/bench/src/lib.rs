@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// Those this version cannot measure are listed as not available.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub scenarios: Vec<String>,
+    /// Experiments to run, comma-separated: T1, T2, L1, Q1, C1, R1 (default:
+    /// all). A partial run writes its own report but never the docs.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub experiments: Vec<String>,
     /// Smoke test: one repetition of 2-3 s per experiment and 1000 held
     /// connections, under two minutes. Checks that every experiment
     /// produces numbers; its figures are not measurements.

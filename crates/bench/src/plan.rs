@@ -9,7 +9,7 @@
 //! peak RSS measured later (in other experiments, or in `none`'s R1, the
 //! control that shows the proxies carrying nothing).
 
-use crate::experiment::{ExperimentId, EXPERIMENTS};
+use crate::experiment::ExperimentId;
 use crate::scenario::Scenario;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,18 +21,18 @@ pub struct Step {
     pub scenario: &'static Scenario,
 }
 
-/// Steps for the measurable scenarios among `scenarios`.
-pub fn steps(scenarios: &[&'static Scenario], reps: u32) -> Vec<Step> {
+/// Steps of `experiments` for the measurable scenarios among `scenarios`.
+pub fn steps(scenarios: &[&'static Scenario], experiments: &[ExperimentId], reps: u32) -> Vec<Step> {
     let measured: Vec<&'static Scenario> = scenarios.iter().copied().filter(|s| s.available()).collect();
     let mut out = Vec::new();
     for rep in 1..=reps {
-        for experiment in EXPERIMENTS.into_iter().filter(|e| *e != ExperimentId::R1) {
+        for experiment in experiments.iter().copied().filter(|e| *e != ExperimentId::R1) {
             for scenario in &measured {
                 out.push(Step { index: out.len() + 1, rep, experiment, scenario });
             }
         }
     }
-    for scenario in &measured {
+    for scenario in measured.iter().filter(|_| experiments.contains(&ExperimentId::R1)) {
         for rep in 1..=reps {
             out.push(Step { index: out.len() + 1, rep, experiment: ExperimentId::R1, scenario });
         }
@@ -52,12 +52,13 @@ pub fn progress_prefix(step: &Step, total: usize, reps: u32, name_width: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::experiment::EXPERIMENTS;
     use crate::scenario::SCENARIOS;
 
     #[test]
     fn order_is_rep_experiment_scenario_over_measurable_scenarios() {
         let all: Vec<&'static Scenario> = SCENARIOS.iter().collect();
-        let s = steps(&all, 3);
+        let s = steps(&all, &EXPERIMENTS, 3);
         assert_eq!(s.len(), 3 * EXPERIMENTS.len() * 2);
         let first: Vec<(u32, ExperimentId, &str)> = s.iter().take(3).map(|x| (x.rep, x.experiment, x.scenario.name)).collect();
         assert_eq!(first, [(1, ExperimentId::T1, "none"), (1, ExperimentId::T1, "l4-nft"), (1, ExperimentId::T2, "none")]);
@@ -70,9 +71,23 @@ mod tests {
     }
 
     #[test]
+    fn only_the_selected_experiments() {
+        let all: Vec<&'static Scenario> = SCENARIOS.iter().collect();
+        let s = steps(&all, &[ExperimentId::L1], 2);
+        let got: Vec<(u32, ExperimentId, &str)> = s.iter().map(|x| (x.rep, x.experiment, x.scenario.name)).collect();
+        assert_eq!(
+            got,
+            [(1, ExperimentId::L1, "none"), (1, ExperimentId::L1, "l4-nft"), (2, ExperimentId::L1, "none"), (2, ExperimentId::L1, "l4-nft")]
+        );
+        let r1 = steps(&all, &[ExperimentId::R1], 1);
+        assert_eq!(r1.len(), 2);
+        assert!(r1.iter().all(|x| x.experiment == ExperimentId::R1));
+    }
+
+    #[test]
     fn progress_line() {
         let all: Vec<&'static Scenario> = SCENARIOS.iter().collect();
-        let s = steps(&all, 3);
+        let s = steps(&all, &EXPERIMENTS, 3);
         assert_eq!(progress_prefix(&s[7], s.len(), 3, 6), "[ 8/36] l4-nft Q1 rep 1/3 ... ");
         assert_eq!(progress_prefix(&s[0], s.len(), 3, 6), "[ 1/36] none   T1 rep 1/3 ... ");
     }

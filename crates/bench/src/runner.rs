@@ -3,7 +3,7 @@
 //! this one only sequences them and does the I/O.
 
 use crate::cluster::{self, Cluster, Interrupted, Teardown};
-use crate::experiment::{Action, ExperimentId, EXPERIMENTS};
+use crate::experiment::{self, Action, ExperimentId, EXPERIMENTS};
 use crate::figures::{self, Outcome};
 use crate::manifests::{self, CLIENT, SERVER};
 use crate::mesh::{self, MeshProcess};
@@ -31,6 +31,10 @@ const HOLD_WORKERS: usize = 4;
 /// connections before the next step.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long after the held connections are gone "RSS once they are closed"
+/// is sampled.
+const RSS_AFTER_CLOSE_DELAY: Duration = Duration::from_secs(2);
+
 /// Where a scenario's steps run.
 struct Target {
     namespace: String,
@@ -43,8 +47,12 @@ struct Target {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(args.quick, args.reps, args.hold_connections).map_err(|e| anyhow!(e))?;
     let selected = scenario::select(&args.scenarios).map_err(|e| anyhow!(e))?;
+    let experiments = experiment::select(&args.experiments).map_err(|e| anyhow!(e))?;
     if args.update_docs && settings.quick {
         bail!("--update-docs needs a full run: a --quick run is a smoke test, not a measurement");
+    }
+    if args.update_docs && experiments.len() != EXPERIMENTS.len() {
+        bail!("--update-docs needs every experiment: drop --experiments");
     }
     preflight::require_root()?;
     let tools = preflight::tools()?;
@@ -64,7 +72,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     std::fs::write(&manifest_file, &yaml)?;
     std::fs::write(out.join("manifests.yaml"), &yaml)?;
 
-    let steps = plan::steps(&selected, settings.reps);
+    let steps = plan::steps(&selected, &experiments, settings.reps);
     let measured: Vec<&Scenario> = selected.iter().copied().filter(|s| s.available()).collect();
     let mut results = Results {
         schema: SCHEMA,
@@ -78,7 +86,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         machine: Machine { open_files_limit: nofile, ..machine::read() },
         tools,
         scenarios: selected.iter().map(|s| s.info()).collect(),
-        experiments: EXPERIMENTS
+        experiments: experiments
             .iter()
             .map(|e| ExperimentInfo { id: *e, title: e.title().to_string(), command: e.action(&settings).describe() })
             .collect(),
@@ -91,10 +99,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "slipstream bench: {} scenario(s) ({}), {} experiments, {} repetition(s): {} steps, about {}",
         measured.len(),
         measured.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
-        EXPERIMENTS.len(),
+        experiments.len(),
         settings.reps,
         steps.len(),
-        timefmt::human(settings::estimate(&settings, measured.len()))
+        timefmt::human(settings::estimate(&settings, measured.len(), &experiments))
     );
     for s in selected.iter().filter(|s| !s.available()) {
         println!("  {}: {}", s.name, s.info().not_available.unwrap_or_default());
@@ -319,6 +327,9 @@ fn hold_step(target: &Target, count: usize, settings: &Settings, procs: &[MeshPr
     let established = held.release();
     let drain = mesh::wait_drained(procs, &fds_before, established, DRAIN_TIMEOUT, &stop);
     let fds_left: usize = mesh::fd_counts(procs).iter().zip(&fds_before).map(|(n, b)| n.saturating_sub(*b)).sum();
+    // The node proxy hands freed memory back within a second of a burst of
+    // closes (node crate, memtrim); sample after that.
+    std::thread::sleep(RSS_AFTER_CLOSE_DELAY);
     if cluster::interrupted() {
         return Err(Interrupted.into());
     }

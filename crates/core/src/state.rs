@@ -119,7 +119,7 @@ impl MeshState {
 
     /// Chooses an endpoint weighted by capacity; `draw` is uniform in
     /// [0, total weight) and comes from the caller (tests pass fixed values).
-    pub fn pick<'a>(endpoints: &'a [(Arc<Workload>, u16)], draw: u64) -> Option<&'a (Arc<Workload>, u16)> {
+    pub fn pick(endpoints: &[(Arc<Workload>, u16)], draw: u64) -> Option<&(Arc<Workload>, u16)> {
         let total: u64 = endpoints.iter().map(|(w, _)| w.capacity() as u64).sum();
         if total == 0 {
             return None;

@@ -35,6 +35,10 @@ pub struct NodeArgs {
     /// Workload certificate lifetime, in hours (renewed at half-life).
     #[arg(long, default_value_t = 24)]
     pub cert_hours: u64,
+    /// Runtime threads. 1 runs everything on one thread (fewest context
+    /// switches, at most one core); more spread connections over threads.
+    #[arg(long, env = "SLIPSTREAM_NODE_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub workers: u16,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -5,7 +5,7 @@
 //! See docs/node-proxy.md.
 //!
 //! `unsafe` is allowed only in `sys` (setns around socket creation, the
-//! open-file limit, socket options socket2 lacks).
+//! open-file limit, socket options socket2 lacks, malloc_trim).
 #![deny(unsafe_code)]
 
 pub mod accesslog;
@@ -16,6 +16,7 @@ pub mod conn;
 pub mod debug;
 pub mod inbound;
 pub mod inpod;
+pub mod memtrim;
 pub mod metrics;
 pub mod outbound;
 pub mod proxy;

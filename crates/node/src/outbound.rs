@@ -103,7 +103,9 @@ pub async fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: So
         }
         Ok(Plan::Passthrough { addr, workload, service }) => {
             let record = ConnRecord::open(info(addr, None, workload, service, false), shared.telemetry.clone());
-            match pod.sockets.connect_marked(addr, shared.config.connect_timeout).await {
+            // Setup futures are boxed: their state is freed once connected instead
+            // of staying in the connection's task for its whole life.
+            match Box::pin(pod.sockets.connect_marked(addr, shared.config.connect_timeout)).await {
                 Ok(mut upstream) => {
                     let mut app = app;
                     let r = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await;
@@ -133,7 +135,7 @@ pub async fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: So
             if let Some(w) = &src {
                 req = req.with_baggage(&baggage(w));
             }
-            match shared.pool.connect(&key, req).await {
+            match Box::pin(shared.pool.connect(&key, req)).await {
                 Ok(tunnel) => {
                     let (stats, r) = slipstream_hbone::copy::bidirectional(tunnel, app).await;
                     record.close(stats.to_tunnel, stats.from_tunnel, r.err().map(|e| (e.flag(), e.to_string())));

@@ -60,6 +60,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracker: Default::default(),
     });
     admin::serve(admin_listeners, shared.clone());
+    tokio::spawn(trim_memory(shared.clone()));
     tracing::info!(node = %shared.config.node, "node proxy ready");
 
     let mut inpod = InPod::new(shared.clone());
@@ -84,4 +85,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!("draining");
     inpod.drain_all().await;
     Ok(())
+}
+
+/// Returns the heap of closed connections to the kernel after bursts.
+async fn trim_memory(shared: Arc<Shared>) {
+    let mut trimmer = crate::memtrim::Trimmer::default();
+    let mut tick = tokio::time::interval(crate::memtrim::CHECK_EVERY);
+    loop {
+        tick.tick().await;
+        if trimmer.due(shared.telemetry.metrics.closed_total()) {
+            let released = crate::sys::mem::release_free_heap();
+            tracing::debug!(released, "trimmed the heap after closed connections");
+        }
+    }
 }

@@ -229,7 +229,7 @@ fn resources_table(s: &mut String, v: &View) {
         figure_id(ExperimentId::R1, "rss_mb"),
         ExperimentId::R1,
     );
-    row(s, "RSS once they are closed, largest node proxy (MB)".into(), figure_id(ExperimentId::R1, "rss_after_mb"), ExperimentId::R1);
+    row(s, "RSS 2 s after they are closed, largest node proxy (MB)".into(), figure_id(ExperimentId::R1, "rss_after_mb"), ExperimentId::R1);
     s.push('\n');
 }
 

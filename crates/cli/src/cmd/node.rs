@@ -8,9 +8,13 @@ pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
         .with_ansi(false)
         .with_writer(std::io::stderr)
         .init();
+    slipstream_node::sys::mem::tune_allocator();
+    let workers = usize::from(args.workers);
     let config = slipstream_node::Config::from_args(ctx.paths.cluster.as_str(), args);
-    // Two workers, as the established node proxy of the field: enough for
-    // a 2-core node, and memory stays small.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()?
+    };
     rt.block_on(slipstream_node::proxy::run(config))
 }

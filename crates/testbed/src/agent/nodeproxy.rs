@@ -48,7 +48,7 @@ impl NodeProxy {
         }
         let exe = std::env::current_exe().map(|e| e.display().to_string()).unwrap_or_else(|_| "slipstream".into());
         let mut env = vec![("PATH".to_string(), spawn::pod_path())];
-        for k in ["SLIPSTREAM_LOG", "SLIPSTREAM_ACCESS_LOG", "RUST_LOG", "HOME"] {
+        for k in ["SLIPSTREAM_LOG", "SLIPSTREAM_ACCESS_LOG", "SLIPSTREAM_NODE_WORKERS", "RUST_LOG", "HOME"] {
             if let Ok(v) = std::env::var(k) {
                 env.push((k.to_string(), v));
             }

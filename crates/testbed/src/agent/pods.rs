@@ -200,7 +200,7 @@ impl PodRuntime {
                 RestartPolicy::Never => false,
             };
             if restart {
-                c.backoff = if ran >= BACKOFF_RESET { BACKOFF_START } else if c.restarts == 0 { BACKOFF_START } else { (c.backoff * 2).min(BACKOFF_MAX) };
+                c.backoff = if ran >= BACKOFF_RESET || c.restarts == 0 { BACKOFF_START } else { (c.backoff * 2).min(BACKOFF_MAX) };
                 c.next_start = Some(Instant::now() + c.backoff);
                 tracing::warn!(pod = %key, container = %c.spec.name, code, "container exited; restarting in {:?}", c.backoff);
             } else {
