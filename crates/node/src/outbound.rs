@@ -71,13 +71,42 @@ pub fn plan(state: &MeshState, dst: SocketAddr, draw: u64) -> Result<Plan, PlanE
 
 
 /// Carries out the plan for one captured connection of `pod`.
+///
+/// Two phases, for memory: `setup` (plan, connect, handshake) runs boxed,
+/// so its state is freed once connected; what stays for the connection's
+/// lifetime is only [`Carry`] and the copy.
 pub async fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) {
+    match Box::pin(setup(shared, pod, app, peer)).await {
+        None => {}
+        Some(Carry::Hbone { record, tunnel, app }) => {
+            let (stats, r) = slipstream_hbone::copy::bidirectional(tunnel, app).await;
+            record.close(stats.to_tunnel, stats.from_tunnel, r.err().map(|e| (e.flag(), e.to_string())));
+        }
+        Some(Carry::Passthrough { record, mut app, mut upstream }) => {
+            let r = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await;
+            match r {
+                Ok((up, down)) => record.close(up, down, None),
+                Err(e) => record.close(0, 0, Some((ResponseFlag::ConnectionTerminated, e.to_string()))),
+            }
+        }
+    }
+}
+
+/// A connected connection, ready to carry bytes.
+enum Carry {
+    Hbone { record: ConnRecord, tunnel: slipstream_hbone::TunnelStream, app: TcpStream },
+    Passthrough { record: ConnRecord, app: TcpStream, upstream: TcpStream },
+}
+
+/// Plans and connects; `None` when the connection was refused (and already
+/// recorded).
+async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) -> Option<Carry> {
     let dst = match original_dst(&app) {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(pod = %pod.uid, "captured connection without an original destination: {e}");
             shared.telemetry.metrics.rejected(ResponseFlag::ProtocolError);
-            return;
+            return None;
         }
     };
     let snap = shared.snapshot.borrow().clone();
@@ -100,23 +129,16 @@ pub async fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: So
             let record = ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone());
             reset(app);
             record.close(0, 0, Some((ResponseFlag::Connect, e.to_string())));
+            None
         }
         Ok(Plan::Passthrough { addr, workload, service }) => {
             let record = ConnRecord::open(info(addr, None, workload, service, false), shared.telemetry.clone());
-            // Setup futures are boxed: their state is freed once connected instead
-            // of staying in the connection's task for its whole life.
-            match Box::pin(pod.sockets.connect_marked(addr, shared.config.connect_timeout)).await {
-                Ok(mut upstream) => {
-                    let mut app = app;
-                    let r = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await;
-                    match r {
-                        Ok((up, down)) => record.close(up, down, None),
-                        Err(e) => record.close(0, 0, Some((ResponseFlag::ConnectionTerminated, e.to_string()))),
-                    }
-                }
+            match pod.sockets.connect_marked(addr, shared.config.connect_timeout).await {
+                Ok(upstream) => Some(Carry::Passthrough { record, app, upstream }),
                 Err(e) => {
                     reset(app);
                     record.close(0, 0, Some((ResponseFlag::Connect, format!("connect to {addr}: {e}"))));
+                    None
                 }
             }
         }
@@ -126,7 +148,7 @@ pub async fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: So
             let (Ok(src_id), Ok(ids)) = (src_identity.parse::<SpiffeId>(), ids) else {
                 reset(app);
                 record.close(0, 0, Some((ResponseFlag::IdentityError, "invalid SPIFFE identity in the mesh configuration".into())));
-                return;
+                return None;
             };
             let key = PoolKey::new(src_id, ids, hbone, pod.ip);
             let mut req = ConnectRequest::new(authority)
@@ -135,15 +157,13 @@ pub async fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: So
             if let Some(w) = &src {
                 req = req.with_baggage(&baggage(w));
             }
-            match Box::pin(shared.pool.connect(&key, req)).await {
-                Ok(tunnel) => {
-                    let (stats, r) = slipstream_hbone::copy::bidirectional(tunnel, app).await;
-                    record.close(stats.to_tunnel, stats.from_tunnel, r.err().map(|e| (e.flag(), e.to_string())));
-                }
+            match shared.pool.connect(&key, req).await {
+                Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app }),
                 Err(e) => {
                     tracing::debug!(pod = %pod.uid, %authority, "HBONE connect failed: {e}");
                     reset(app);
                     record.close(0, 0, Some((e.flag(), e.to_string())));
+                    None
                 }
             }
         }

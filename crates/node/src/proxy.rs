@@ -87,13 +87,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Returns the heap of closed connections to the kernel after bursts.
+/// Returns the heap of closed connections to the kernel (see memtrim).
 async fn trim_memory(shared: Arc<Shared>) {
-    let mut trimmer = crate::memtrim::Trimmer::default();
+    let mut trimmer = crate::memtrim::Trimmer::new(std::time::Instant::now());
     let mut tick = tokio::time::interval(crate::memtrim::CHECK_EVERY);
     loop {
         tick.tick().await;
-        if trimmer.due(shared.telemetry.metrics.closed_total()) {
+        if trimmer.due(shared.telemetry.metrics.closed_total(), std::time::Instant::now()) {
             let released = crate::sys::mem::release_free_heap();
             tracing::debug!(released, "trimmed the heap after closed connections");
         }
