@@ -178,7 +178,7 @@ pub struct TunnelWriter {
 impl TunnelWriter {
     /// Waits until the peer's window lets us send, and returns how many bytes
     /// (at most `want`, at most one maximum-size frame).
-    fn poll_capacity(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
+    pub(crate) fn poll_capacity(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
         if self.shut_down {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
@@ -220,6 +220,12 @@ impl TunnelWriter {
                 .map_err(h2_to_io)?;
         }
         Ok(())
+    }
+
+    /// Hands `data` to h2 now; the caller got the capacity for it from
+    /// [`Self::poll_capacity`].
+    pub(crate) fn send_now(&mut self, data: Bytes) -> io::Result<()> {
+        self.send.send_data(data, false).map_err(h2_to_io)
     }
 
     /// Half-closes: an empty DATA frame with END_STREAM.
