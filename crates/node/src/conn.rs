@@ -35,9 +35,11 @@ pub struct ConnInfo {
     pub mutual_tls: bool,
 }
 
+/// Lives as long as the connection. The metric labels (a dozen strings) are
+/// built from `info` when the connection opens and again when it closes
+/// instead of being kept: with 10k open connections that is 10 MB less.
 pub struct ConnRecord {
     info: ConnInfo,
-    labels: TcpLabels,
     start: Instant,
     telemetry: Arc<Telemetry>,
 }
@@ -56,31 +58,32 @@ fn peer(w: &Option<Arc<Workload>>, identity: &str) -> Peer {
     }
 }
 
+fn labels(info: &ConnInfo, response_flags: ResponseFlag) -> TcpLabels {
+    TcpLabels {
+        reporter: info.reporter,
+        source: peer(&info.src, &info.src_identity),
+        destination: peer(&info.dst, &info.dst_identity),
+        destination_service: info.service.as_ref().map(|s| s.hostname.clone()).unwrap_or_default(),
+        destination_service_name: info.service.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+        destination_service_namespace: info.service.as_ref().map(|s| s.namespace.clone()).unwrap_or_default(),
+        response_flags,
+        mutual_tls: info.mutual_tls,
+    }
+}
+
 impl ConnRecord {
     /// Counts the connection as opened.
     pub fn open(info: ConnInfo, telemetry: Arc<Telemetry>) -> ConnRecord {
-        let labels = TcpLabels {
-            reporter: info.reporter,
-            source: peer(&info.src, &info.src_identity),
-            destination: peer(&info.dst, &info.dst_identity),
-            destination_service: info.service.as_ref().map(|s| s.hostname.clone()).unwrap_or_default(),
-            destination_service_name: info.service.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
-            destination_service_namespace: info.service.as_ref().map(|s| s.namespace.clone()).unwrap_or_default(),
-            response_flags: ResponseFlag::None,
-            mutual_tls: info.mutual_tls,
-        };
-        telemetry.metrics.opened(&labels);
-        ConnRecord { info, labels, start: Instant::now(), telemetry }
+        telemetry.metrics.opened(&labels(&info, ResponseFlag::None));
+        ConnRecord { info, start: Instant::now(), telemetry }
     }
 
     /// Counts the close and writes the access-log line. `received` is client
     /// to server, `sent` server to client.
-    pub fn close(mut self, received: u64, sent: u64, failure: Option<(ResponseFlag, String)>) {
-        if let Some((flag, _)) = &failure {
-            // Opened with "-", closed with the flag: the close carries it.
-            self.labels.response_flags = *flag;
-        }
-        self.telemetry.metrics.closed(&self.labels, received, sent);
+    pub fn close(self, received: u64, sent: u64, failure: Option<(ResponseFlag, String)>) {
+        // Opened with "-", closed with the flag: the close carries it.
+        let flag = failure.as_ref().map_or(ResponseFlag::None, |(f, _)| *f);
+        self.telemetry.metrics.closed(&labels(&self.info, flag), received, sent);
         let i = &self.info;
         let (direction, bytes_sent, bytes_recv) = match i.reporter {
             // From this proxy's point of view toward its own pod's peer.

@@ -12,7 +12,7 @@ use http::{Method, Request, Response, StatusCode};
 use slipstream_identity::SpiffeId;
 use tokio::time::Instant;
 
-use super::handler::{Handler, InboundRequest, StreamRecord};
+use super::handler::{Handler, InboundRequest, StreamRecord, Upstream};
 use super::stats::ServerStats;
 use crate::authority::parse_authority;
 use crate::copy::{self, CopyStats};
@@ -32,15 +32,44 @@ pub(crate) struct ConnContext {
 pub(crate) async fn serve_stream(
     ctx: Arc<ConnContext>,
     request: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
+    respond: SendResponse<Bytes>,
 ) {
     let start = Instant::now();
     ctx.stats.stream();
+    // Opening runs boxed: the request's headers, the handler's connect and
+    // the response handle are freed once the tunnel is up, so a long-lived
+    // stream keeps only what the copy needs.
+    let Some((target, tunnel, upstream)) = Box::pin(open(&ctx, request, respond, start)).await else {
+        return;
+    };
+    let (bytes, result) = copy::bidirectional(tunnel, upstream).await;
+    ctx.stats
+        .tunnel_finished(bytes.from_tunnel, bytes.to_tunnel, result.is_err());
+    let outcome = Outcome {
+        status: StatusCode::OK,
+        bytes,
+        result,
+        reached_handler: true,
+    };
+    finish(&ctx, Some(target), outcome, start);
+}
+
+/// Validates, asks the handler to connect, answers 200. `None` when the
+/// stream was refused or failed (already answered and recorded).
+async fn open(
+    ctx: &ConnContext,
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    start: Instant,
+) -> Option<(SocketAddr, TunnelStream, Box<dyn Upstream>)> {
     let (parts, body) = request.into_parts();
 
-    let target = match validate(&parts, &ctx) {
+    let target = match validate(&parts, ctx) {
         Ok(target) => target,
-        Err((target, err)) => return refuse(&ctx, &mut respond, target, err, start, false),
+        Err((target, err)) => {
+            refuse(ctx, &mut respond, target, err, start, false);
+            return None;
+        }
     };
 
     let inbound = InboundRequest {
@@ -52,7 +81,10 @@ pub(crate) async fn serve_stream(
     };
     let upstream = match ctx.handler.connect(&inbound).await {
         Ok(upstream) => upstream,
-        Err(err) => return refuse(&ctx, &mut respond, Some(target), err, start, true),
+        Err(err) => {
+            refuse(ctx, &mut respond, Some(target), err, start, true);
+            return None;
+        }
     };
 
     // Only now that the application accepted: 200, then bytes.
@@ -67,21 +99,12 @@ pub(crate) async fn serve_stream(
                 result: Err(err),
                 reached_handler: true,
             };
-            return finish(&ctx, Some(target), outcome, start);
+            finish(ctx, Some(target), outcome, start);
+            return None;
         }
     };
     ctx.stats.answered(StatusCode::OK);
-    let tunnel = TunnelStream::new(send, body, None);
-    let (bytes, result) = copy::bidirectional(tunnel, upstream).await;
-    ctx.stats
-        .tunnel_finished(bytes.from_tunnel, bytes.to_tunnel, result.is_err());
-    let outcome = Outcome {
-        status: StatusCode::OK,
-        bytes,
-        result,
-        reached_handler: true,
-    };
-    finish(&ctx, Some(target), outcome, start);
+    Some((target, TunnelStream::new(send, body, None), upstream))
 }
 
 /// The checks of PROTOCOLS.md section 2 that need no handler, in order:
