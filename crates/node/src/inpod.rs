@@ -180,12 +180,41 @@ where
         tokio::select! {
             _ = drain.signaled() => return,
             r = l.accept() => match r {
-                Ok((s, peer)) => { f(s, peer); }
+                Ok((s, peer)) => {
+                    // The proxy relays what arrives as it arrives: Nagle
+                    // would hold a small write back until the last is acked.
+                    if let Err(e) = s.set_nodelay(true) {
+                        tracing::debug!("TCP_NODELAY on a connection from {peer}: {e}");
+                    }
+                    f(s, peer);
+                }
                 Err(e) => {
                     tracing::warn!("accept: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nagle on the app side of an outbound connection would hold a response
+    /// back until the app acks the previous segment: every accepted
+    /// connection must leave the loop with TCP_NODELAY set.
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay() {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (_trigger, watch) = drain::channel();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(accept_loop(l, watch, move |s, _| {
+            tx.send(s.nodelay().unwrap()).unwrap();
+            tokio::spawn(async move { drop(s) })
+        }));
+        let _c = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(rx.recv().await, Some(true));
     }
 }
