@@ -2,6 +2,7 @@
 //! TLS with client authentication, then HTTP/2 until the peer leaves, the
 //! keepalive fails or a drain ends it.
 
+use futures_util::FutureExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,13 +233,12 @@ pub(crate) async fn serve_connection(
         };
         match event {
             Event::Stream(Some(Ok((request, respond)))) => {
-                let ctx = ctx.clone();
                 // Each stream holds the drain open until its record is out.
+                // A combinator, not an async block: awaiting the stream in
+                // one would keep it in the task twice (see serve_stream).
                 let drain = drain.clone();
-                tokio::spawn(async move {
-                    serve_stream(ctx, request, respond).await;
-                    drop(drain);
-                });
+                let task = serve_stream(ctx.clone(), request, respond).map(move |()| drop(drain));
+                tokio::spawn(task);
             }
             Event::Stream(Some(Err(e))) => {
                 if e.is_io() {
