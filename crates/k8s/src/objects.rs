@@ -407,10 +407,10 @@ impl Object {
 /// Kinds stored but not acted on by the local cluster yet, with the note
 /// shown to the user when one is applied.
 pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
-    ("security.istio.io", "AuthorizationPolicy", "stored; enforced by the node proxy"),
+    ("security.istio.io", "AuthorizationPolicy", "stored, NOT enforced in this version (no traffic is denied by it yet)"),
     ("security.istio.io", "PeerAuthentication", ""),
-    ("networking.k8s.io", "NetworkPolicy", "stored; enforced by the eBPF datapath"),
-    ("cilium.io", "CiliumNetworkPolicy", "stored; enforced by the eBPF datapath"),
+    ("networking.k8s.io", "NetworkPolicy", "stored, NOT enforced in this version (the eBPF datapath is not built yet)"),
+    ("cilium.io", "CiliumNetworkPolicy", "stored, NOT enforced in this version (the eBPF datapath is not built yet)"),
     ("gateway.networking.k8s.io", "Gateway", "stored; waypoints are not available in this version"),
     ("gateway.networking.k8s.io", "HTTPRoute", "stored; waypoints are not available in this version"),
     ("networking.istio.io", "VirtualService", "stored; waypoints are not available in this version"),

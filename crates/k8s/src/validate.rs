@@ -392,7 +392,7 @@ spec:
             &Source("t.yaml".into()),
         )
         .unwrap();
-        assert!(v[0].warnings[0].contains("AuthorizationPolicy demo/deny: stored"), "{:?}", v[0].warnings);
+        assert!(v[0].warnings[0].contains("AuthorizationPolicy demo/deny: stored, NOT enforced"), "{:?}", v[0].warnings);
     }
 
     #[test]
