@@ -180,14 +180,7 @@ where
         tokio::select! {
             _ = drain.signaled() => return,
             r = l.accept() => match r {
-                Ok((s, peer)) => {
-                    // The proxy relays what arrives as it arrives: Nagle
-                    // would hold a small write back until the last is acked.
-                    if let Err(e) = s.set_nodelay(true) {
-                        tracing::debug!("TCP_NODELAY on a connection from {peer}: {e}");
-                    }
-                    f(s, peer);
-                }
+                Ok((s, peer)) => { f(s, peer); }
                 Err(e) => {
                     tracing::warn!("accept: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -202,11 +195,14 @@ mod tests {
     use super::*;
 
     /// Nagle on the app side of an outbound connection would hold a response
-    /// back until the app acks the previous segment: every accepted
-    /// connection must leave the loop with TCP_NODELAY set.
+    /// back until the app acks the previous segment: every connection a pod
+    /// listener accepts must reach the handler with TCP_NODELAY set (set on
+    /// the listener, inherited by what it accepts). Needs root for setns,
+    /// as the node proxy does.
     #[tokio::test]
     async fn accepted_connections_have_nodelay() {
-        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let sockets = PodSockets::new(Netns::open(Path::new("/proc/self/ns/net")).unwrap());
+        let l = sockets.listen(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0)).unwrap();
         let addr = l.local_addr().unwrap();
         let (_trigger, watch) = drain::channel();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

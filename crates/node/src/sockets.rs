@@ -35,9 +35,14 @@ impl PodSockets {
 
     /// A listener inside the pod. Fails at once on a port conflict, so the
     /// pod is not reported as served.
+    ///
+    /// TCP_NODELAY is set here once: Linux copies it to every connection
+    /// the listener accepts. The proxy relays bytes as they arrive, and
+    /// Nagle would hold a small write back until the last one is acked.
     pub fn listen(&self, addr: SocketAddr) -> io::Result<TcpListener> {
         let s = self.socket(&addr)?;
         s.set_reuse_address(true)?;
+        s.set_tcp_nodelay(true)?;
         s.bind(&SockAddr::from(addr))?;
         s.listen(1024)?;
         TcpListener::from_std(s.into())
