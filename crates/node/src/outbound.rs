@@ -82,19 +82,22 @@ pub fn plan(state: &MeshState, dst: SocketAddr, draw: u64) -> Result<Plan, PlanE
 /// more).
 pub fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) -> impl Future<Output = ()> + Send + 'static {
     Box::pin(setup(shared, pod, app, peer)).then(|carry| match carry {
-        None => Either::Right(future::ready(())),
-        Some(Carry::Hbone { record, tunnel, app }) => Either::Left(Either::Left(slipstream_hbone::copy::bidirectional(tunnel, app).map(
+        Some(Carry::Hbone { record, tunnel, app }) => Either::Left(slipstream_hbone::copy::bidirectional(tunnel, app).map(
             move |(stats, r)| record.close(stats.to_tunnel, stats.from_tunnel, r.err().map(|e| (e.flag(), e.to_string()))),
-        ))),
-        // Rare (destinations outside the mesh): boxed, so it does not size
-        // the tunnels' futures.
-        Some(Carry::Passthrough { record, mut app, mut upstream }) => Either::Left(Either::Right(Box::pin(async move {
-            let r = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await;
-            match r {
-                Ok((up, down)) => record.close(up, down, None),
-                Err(e) => record.close(0, 0, Some((ResponseFlag::ConnectionTerminated, e.to_string()))),
+        )),
+        // Refused (already recorded) or outside the mesh, both rare: boxed,
+        // so they do not size the tunnels' futures.
+        None => Either::Right(future::ready(()).boxed()),
+        Some(Carry::Passthrough { record, mut app, mut upstream }) => Either::Right(
+            async move {
+                let r = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await;
+                match r {
+                    Ok((up, down)) => record.close(up, down, None),
+                    Err(e) => record.close(0, 0, Some((ResponseFlag::ConnectionTerminated, e.to_string()))),
+                }
             }
-        }))),
+            .boxed(),
+        ),
     })
 }
 
