@@ -17,16 +17,11 @@ pub async fn bind_listener(ip: IpAddr, port: u16) -> io::Result<TcpListener> {
     let addr = SocketAddr::new(ip, port);
     match TcpListener::bind(addr).await {
         Ok(listener) => Ok(listener),
-        Err(err)
-            if ip == IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED) && ipv6_unavailable(&err) =>
-        {
+        Err(err) if ip == IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED) && ipv6_unavailable(&err) => {
             let fallback = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
-            TcpListener::bind(fallback).await.map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("bind {fallback} (after {addr} failed: {err}): {e}"),
-                )
-            })
+            TcpListener::bind(fallback)
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("bind {fallback} (after {addr} failed: {err}): {e}")))
         }
         Err(err) => Err(io::Error::new(err.kind(), format!("bind {addr}: {err}"))),
     }
@@ -37,10 +32,8 @@ pub async fn bind_listener(ip: IpAddr, port: u16) -> io::Result<TcpListener> {
 fn ipv6_unavailable(err: &io::Error) -> bool {
     const EAFNOSUPPORT: i32 = 97;
     const EADDRNOTAVAIL: i32 = 99;
-    matches!(
-        err.kind(),
-        io::ErrorKind::AddrNotAvailable | io::ErrorKind::Unsupported
-    ) || matches!(err.raw_os_error(), Some(EAFNOSUPPORT | EADDRNOTAVAIL))
+    matches!(err.kind(), io::ErrorKind::AddrNotAvailable | io::ErrorKind::Unsupported)
+        || matches!(err.raw_os_error(), Some(EAFNOSUPPORT | EADDRNOTAVAIL))
 }
 
 /// Presents an address the way the peer itself would write it: an IPv4 client
@@ -66,23 +59,15 @@ mod tests {
     fn only_address_family_errors_trigger_the_fallback() {
         assert!(ipv6_unavailable(&io::Error::from_raw_os_error(97)));
         assert!(ipv6_unavailable(&io::Error::from_raw_os_error(99)));
-        assert!(!ipv6_unavailable(&io::Error::from(
-            io::ErrorKind::AddrInUse
-        )));
-        assert!(!ipv6_unavailable(&io::Error::from(
-            io::ErrorKind::PermissionDenied
-        )));
+        assert!(!ipv6_unavailable(&io::Error::from(io::ErrorKind::AddrInUse)));
+        assert!(!ipv6_unavailable(&io::Error::from(io::ErrorKind::PermissionDenied)));
     }
 
     #[tokio::test]
     async fn port_conflicts_are_reported_not_hidden() {
-        let first = bind_listener("127.0.0.1".parse().unwrap(), 0)
-            .await
-            .unwrap();
+        let first = bind_listener("127.0.0.1".parse().unwrap(), 0).await.unwrap();
         let port = first.local_addr().unwrap().port();
-        let err = bind_listener("127.0.0.1".parse().unwrap(), port)
-            .await
-            .unwrap_err();
+        let err = bind_listener("127.0.0.1".parse().unwrap(), port).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
         assert!(err.to_string().contains(&port.to_string()), "{err}");
     }

@@ -18,11 +18,8 @@ pub(crate) fn run_until_signal<F>(serve: F) -> anyhow::Result<()>
 where
     F: Future<Output = anyhow::Result<()>>,
 {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(WORKERS)
-        .enable_all()
-        .build()
-        .context("building the tokio runtime")?;
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(WORKERS).enable_all().build().context("building the tokio runtime")?;
     let result = rt.block_on(async {
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

@@ -15,10 +15,7 @@ async fn the_server_half_closes_after_its_banner_and_still_reads() {
 
     let mut s = TcpStream::connect(addr).await.unwrap();
     let mut banner = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut banner))
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut banner)).await.unwrap().unwrap();
     assert_eq!(banner, b"hello\n", "the banner, then end of stream");
     // Our side is still open, and the server still reads: if it had closed
     // fully, these writes would be reset.
@@ -27,9 +24,6 @@ async fn the_server_half_closes_after_its_banner_and_still_reads() {
     }
     s.shutdown().await.unwrap();
     let mut rest = Vec::new();
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
-        .await
-        .unwrap()
-        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await.unwrap().unwrap();
     assert_eq!(n, 0);
 }

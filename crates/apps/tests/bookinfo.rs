@@ -18,11 +18,7 @@ use slipstream_apps::{serve_bookinfo, BookinfoConfig, Role, Upstreams};
 
 fn upstreams(details: SocketAddr, reviews: SocketAddr, ratings: SocketAddr) -> Upstreams {
     let a = |addr: SocketAddr| addr.to_string().parse().unwrap();
-    Upstreams {
-        details: a(details),
-        reviews: a(reviews),
-        ratings: a(ratings),
-    }
+    Upstreams { details: a(details), reviews: a(reviews), ratings: a(ratings) }
 }
 
 async fn start(role: Role, version: &str, upstreams: Upstreams) -> SocketAddr {
@@ -43,28 +39,13 @@ async fn start_leaf(role: Role) -> SocketAddr {
 async fn start_graph(reviews_version: &str, ratings: SocketAddr) -> (SocketAddr, SocketAddr) {
     let nowhere = closed_port();
     let details = start_leaf(Role::Details).await;
-    let reviews = start(
-        Role::Reviews,
-        reviews_version,
-        upstreams(nowhere, nowhere, ratings),
-    )
-    .await;
-    let productpage = start(
-        Role::Productpage,
-        "v1",
-        upstreams(details, reviews, nowhere),
-    )
-    .await;
+    let reviews = start(Role::Reviews, reviews_version, upstreams(nowhere, nowhere, ratings)).await;
+    let productpage = start(Role::Productpage, "v1", upstreams(details, reviews, nowhere)).await;
     (productpage, reviews)
 }
 
 fn stars(reviews: &Value) -> Vec<Value> {
-    reviews["reviews"]
-        .as_array()
-        .expect("reviews array")
-        .iter()
-        .map(|r| r.get("rating").cloned().unwrap_or(Value::Null))
-        .collect()
+    reviews["reviews"].as_array().expect("reviews array").iter().map(|r| r.get("rating").cloned().unwrap_or(Value::Null)).collect()
 }
 
 #[tokio::test]
@@ -82,27 +63,15 @@ async fn productpage_with_reviews_v2_shows_ratings_in_black() {
     assert_eq!(doc["details"]["year"], 1595);
     assert_eq!(doc["reviews"]["served_by"], "reviews-v2");
     assert_eq!(doc["reviews"]["ratings_served_by"], "ratings-v1");
-    assert_eq!(
-        stars(&doc["reviews"]),
-        [
-            json!({"stars": 5, "color": "black"}),
-            json!({"stars": 4, "color": "black"})
-        ]
-    );
+    assert_eq!(stars(&doc["reviews"]), [json!({"stars": 5, "color": "black"}), json!({"stars": 4, "color": "black"})]);
     assert!(doc.get("details_error").is_none() && doc.get("reviews_error").is_none());
 
     let page = http1(productpage, get("/productpage")).await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(page.header("content-type").starts_with("text/html"));
     let html = page.text();
-    assert!(
-        html.contains("productpage-v1 details-v1 reviews-v2 ratings-v1"),
-        "{html}"
-    );
-    assert!(
-        html.contains("color: black") && html.contains("William Shakespeare"),
-        "{html}"
-    );
+    assert!(html.contains("productpage-v1 details-v1 reviews-v2 ratings-v1"), "{html}");
+    assert!(html.contains("color: black") && html.contains("William Shakespeare"), "{html}");
 }
 
 #[tokio::test]
@@ -111,19 +80,9 @@ async fn reviews_v3_shows_red_stars() {
     let (productpage, _) = start_graph("v3", ratings).await;
     let doc = http2(productpage, get("/api/v1/products/0")).await.json();
     assert_eq!(doc["reviews"]["served_by"], "reviews-v3");
-    assert_eq!(
-        stars(&doc["reviews"]),
-        [
-            json!({"stars": 5, "color": "red"}),
-            json!({"stars": 4, "color": "red"})
-        ]
-    );
+    assert_eq!(stars(&doc["reviews"]), [json!({"stars": 5, "color": "red"}), json!({"stars": 4, "color": "red"})]);
     let html = http1(productpage, get("/productpage")).await.text();
-    assert!(
-        html.contains("productpage-v1 details-v1 reviews-v3 ratings-v1")
-            && html.contains("color: red"),
-        "{html}"
-    );
+    assert!(html.contains("productpage-v1 details-v1 reviews-v3 ratings-v1") && html.contains("color: red"), "{html}");
 }
 
 #[tokio::test]
@@ -136,10 +95,7 @@ async fn reviews_v1_never_calls_ratings() {
     assert_eq!(stars(&doc["reviews"]), [Value::Null, Value::Null]);
     assert!(doc["reviews"].get("ratings_error").is_none());
     let html = http1(productpage, get("/productpage")).await.text();
-    assert!(
-        html.contains(">productpage-v1 details-v1 reviews-v1</span>"),
-        "{html}"
-    );
+    assert!(html.contains(">productpage-v1 details-v1 reviews-v1</span>"), "{html}");
     assert!(!html.contains("class=\"stars\""));
     assert!(seen.lock().unwrap().is_empty(), "reviews-v1 called ratings");
 }
@@ -153,17 +109,12 @@ async fn ratings_down_degrades_reviews_but_still_answers_200() {
     assert_eq!(answer.header("x-served-by"), "reviews-v2");
     let doc = answer.json();
     let reason = doc["ratings_error"].as_str().expect("ratings_error");
-    assert!(
-        reason.starts_with("ratings at 127.0.0.1:") && reason.to_lowercase().contains("refused"),
-        "{reason}"
-    );
+    assert!(reason.starts_with("ratings at 127.0.0.1:") && reason.to_lowercase().contains("refused"), "{reason}");
     assert_eq!(stars(&doc), [Value::Null, Value::Null]);
 
     let page = http1(productpage, get("/productpage")).await;
     assert_eq!(page.status, StatusCode::OK);
-    assert!(page
-        .text()
-        .contains("Ratings service is currently unavailable"));
+    assert!(page.text().contains("Ratings service is currently unavailable"));
 }
 
 #[tokio::test]
@@ -174,50 +125,21 @@ async fn slow_ratings_hits_the_3s_deadline() {
     let started = std::time::Instant::now();
     let doc = http1(reviews, get("/reviews/0")).await.json();
     let elapsed = started.elapsed();
-    assert!(
-        doc["ratings_error"]
-            .as_str()
-            .unwrap()
-            .contains("no answer within 3s"),
-        "{doc}"
-    );
-    assert!(
-        (Duration::from_millis(2900)..Duration::from_secs(6)).contains(&elapsed),
-        "{elapsed:?}"
-    );
+    assert!(doc["ratings_error"].as_str().unwrap().contains("no answer within 3s"), "{doc}");
+    assert!((Duration::from_millis(2900)..Duration::from_secs(6)).contains(&elapsed), "{elapsed:?}");
 }
 
 #[tokio::test]
 async fn upstream_failures_degrade_productpage_but_still_answer_200() {
     let nowhere = closed_port();
-    let productpage = start(
-        Role::Productpage,
-        "v1",
-        upstreams(nowhere, nowhere, nowhere),
-    )
-    .await;
+    let productpage = start(Role::Productpage, "v1", upstreams(nowhere, nowhere, nowhere)).await;
     let answer = http1(productpage, get("/api/v1/products/0")).await;
     assert_eq!(answer.status, StatusCode::OK);
     let doc = answer.json();
-    assert!(
-        doc["details_error"]
-            .as_str()
-            .unwrap()
-            .starts_with("details at "),
-        "{doc}"
-    );
-    assert!(
-        doc["reviews_error"]
-            .as_str()
-            .unwrap()
-            .starts_with("reviews at "),
-        "{doc}"
-    );
+    assert!(doc["details_error"].as_str().unwrap().starts_with("details at "), "{doc}");
+    assert!(doc["reviews_error"].as_str().unwrap().starts_with("reviews at "), "{doc}");
     let html = http1(productpage, get("/productpage")).await.text();
-    assert!(
-        html.contains("product details are currently unavailable")
-            && html.contains(">productpage-v1</span>")
-    );
+    assert!(html.contains("product details are currently unavailable") && html.contains(">productpage-v1</span>"));
 }
 
 #[tokio::test]
@@ -227,20 +149,12 @@ async fn trace_and_user_headers_are_propagated_through_the_graph() {
     let (capture, seen) = start_capture(Duration::ZERO).await;
     let nowhere = closed_port();
     let reviews = start(Role::Reviews, "v2", upstreams(nowhere, nowhere, capture)).await;
-    let productpage = start(
-        Role::Productpage,
-        "v1",
-        upstreams(capture, reviews, nowhere),
-    )
-    .await;
+    let productpage = start(Role::Productpage, "v1", upstreams(capture, reviews, nowhere)).await;
 
     let req = Request::get("/productpage")
         .header("end-user", "jason")
         .header("x-request-id", "req-42")
-        .header(
-            "traceparent",
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-        )
+        .header("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
         .header("authorization", "Bearer not-for-upstreams")
         .body(Full::new(Bytes::new()))
         .unwrap();
@@ -254,10 +168,7 @@ async fn trace_and_user_headers_are_propagated_through_the_graph() {
         assert_eq!(headers.get("end-user").unwrap(), "jason", "{path}");
         assert_eq!(headers.get("x-request-id").unwrap(), "req-42", "{path}");
         assert!(headers.get("traceparent").is_some(), "{path}");
-        assert!(
-            headers.get("authorization").is_none(),
-            "{path}: authorization must not leak upstream"
-        );
+        assert!(headers.get("authorization").is_none(), "{path}: authorization must not leak upstream");
     }
 }
 
@@ -276,10 +187,7 @@ async fn every_role_answers_health_and_names_itself() {
         assert_eq!(answer.header("x-served-by"), name);
         assert_eq!(answer.json(), json!({"status": "ok", "served_by": name}));
         let missing = http1(addr, get("/no/such/path")).await;
-        assert_eq!(
-            (missing.status, missing.header("x-served-by")),
-            (StatusCode::NOT_FOUND, name)
-        );
+        assert_eq!((missing.status, missing.header("x-served-by")), (StatusCode::NOT_FOUND, name));
         assert_eq!(missing.json()["served_by"], name);
     }
 }
@@ -297,28 +205,15 @@ async fn leaf_documents_and_bad_ids() {
 
     let ratings = start_leaf(Role::Ratings).await;
     let doc = http1(ratings, get("/ratings/0")).await.json();
-    assert_eq!(
-        doc,
-        json!({"id": 0, "ratings": {"Reviewer1": 5, "Reviewer2": 4}, "served_by": "ratings-v1"})
-    );
+    assert_eq!(doc, json!({"id": 0, "ratings": {"Reviewer1": 5, "Reviewer2": 4}, "served_by": "ratings-v1"}));
 
     let nowhere = closed_port();
-    let productpage = start(
-        Role::Productpage,
-        "v1",
-        upstreams(nowhere, nowhere, nowhere),
-    )
-    .await;
+    let productpage = start(Role::Productpage, "v1", upstreams(nowhere, nowhere, nowhere)).await;
     let list = http1(productpage, get("/api/v1/products")).await.json();
     assert_eq!(list[0]["id"], 0);
     assert_eq!(list[0]["title"], "The Comedy of Errors");
-    let post = Request::post("/productpage")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    assert_eq!(
-        http1(productpage, post).await.status,
-        StatusCode::METHOD_NOT_ALLOWED
-    );
+    let post = Request::post("/productpage").body(Full::new(Bytes::new())).unwrap();
+    assert_eq!(http1(productpage, post).await.status, StatusCode::METHOD_NOT_ALLOWED);
 }
 
 type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
@@ -334,21 +229,14 @@ async fn start_capture(delay: Duration) -> (SocketAddr, Seen) {
             let record = record.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    record
-                        .lock()
-                        .unwrap()
-                        .push((req.uri().path().to_owned(), req.headers().clone()));
+                    record.lock().unwrap().push((req.uri().path().to_owned(), req.headers().clone()));
                     async move {
                         tokio::time::sleep(delay).await;
                         let body = json!({"id": 0, "ratings": {"Reviewer1": 1, "Reviewer2": 2}, "served_by": "capture"});
-                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
-                            body.to_string(),
-                        ))))
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(body.to_string()))))
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
             });
         }
     });

@@ -16,13 +16,7 @@ use tokio::net::TcpStream;
 
 async fn start_http(access_log: AccessLog) -> SocketAddr {
     let (listener, addr) = loopback_listener().await;
-    tokio::spawn(serve_echo_http(
-        listener,
-        EchoConfig {
-            name: "echo-test".into(),
-            access_log,
-        },
-    ));
+    tokio::spawn(serve_echo_http(listener, EchoConfig { name: "echo-test".into(), access_log }));
     addr
 }
 
@@ -39,42 +33,23 @@ async fn size_returns_exactly_that_many_bytes() {
         let answer = http1(addr, get(&format!("/echo?size={size}"))).await;
         assert_eq!(answer.status, StatusCode::OK, "size={size}");
         assert_eq!(answer.body.len(), size, "size={size}");
-        assert_eq!(
-            answer.header("content-length"),
-            size.to_string(),
-            "size={size}"
-        );
+        assert_eq!(answer.header("content-length"), size.to_string(), "size={size}");
     }
     // fortio's load client POSTs too.
-    let post = Request::post("/echo?size=1024")
-        .body(Full::new(Bytes::from_static(b"ignored")))
-        .unwrap();
+    let post = Request::post("/echo?size=1024").body(Full::new(Bytes::from_static(b"ignored"))).unwrap();
     assert_eq!(http1(addr, post).await.body.len(), 1024);
 }
 
 #[tokio::test]
 async fn size_over_the_cap_and_bad_values_are_400_with_a_reason() {
     let addr = start_http(AccessLog::Off).await;
-    for query in [
-        "size=10485761",
-        "size=lots",
-        "status=42",
-        "delay=1fortnight",
-        "delay=11s",
-    ] {
+    for query in ["size=10485761", "size=lots", "status=42", "delay=1fortnight", "delay=11s"] {
         let answer = http1(addr, get(&format!("/echo?{query}"))).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
         let text = answer.text();
-        assert_eq!(
-            text.trim_end().lines().count(),
-            1,
-            "{query}: one-line reason, got {text:?}"
-        );
+        assert_eq!(text.trim_end().lines().count(), 1, "{query}: one-line reason, got {text:?}");
     }
-    assert!(http1(addr, get("/echo?size=10485761"))
-        .await
-        .text()
-        .contains("cap"));
+    assert!(http1(addr, get("/echo?size=10485761")).await.text().contains("cap"));
 }
 
 #[tokio::test]
@@ -87,29 +62,20 @@ async fn status_and_delay_are_honoured() {
     let started = Instant::now();
     let answer = http1(addr, get("/echo?delay=200ms")).await;
     assert_eq!(answer.status, StatusCode::OK);
-    assert!(
-        started.elapsed() >= Duration::from_millis(200),
-        "answered after {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() >= Duration::from_millis(200), "answered after {:?}", started.elapsed());
 }
 
 #[tokio::test]
 async fn without_size_the_body_is_echoed() {
     let addr = start_http(AccessLog::Off).await;
     let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    let req = Request::post("/echo")
-        .header("content-type", "application/x-test")
-        .body(Full::new(Bytes::from(body.clone())))
-        .unwrap();
+    let req = Request::post("/echo").header("content-type", "application/x-test").body(Full::new(Bytes::from(body.clone()))).unwrap();
     let answer = http1(addr, req).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.header("content-type"), "application/x-test");
     assert!(answer.body == body, "echoed body differs");
 
-    let req = Request::put("/echo")
-        .body(Full::new(Bytes::from_static(b"over h2")))
-        .unwrap();
+    let req = Request::put("/echo").body(Full::new(Bytes::from_static(b"over h2"))).unwrap();
     assert_eq!(&http2(addr, req).await.body[..], b"over h2");
 }
 
@@ -145,14 +111,7 @@ async fn http2_prior_knowledge_works_on_the_same_port() {
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.body.len(), 1024);
 
-    let answer = http2(
-        addr,
-        Request::get("/headers")
-            .header("x-custom", "h2")
-            .body(Full::new(Bytes::new()))
-            .unwrap(),
-    )
-    .await;
+    let answer = http2(addr, Request::get("/headers").header("x-custom", "h2").body(Full::new(Bytes::new())).unwrap()).await;
     let doc = answer.json();
     assert_eq!(doc["version"], "HTTP/2.0");
     assert_eq!(doc["client_addr"], answer.client_addr.to_string());
@@ -166,44 +125,24 @@ async fn keep_alive_serves_several_requests_on_one_connection() {
     let requests = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\nGET /echo?size=3 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
     stream.write_all(requests).await.unwrap();
     let mut raw = Vec::new();
-    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut raw)).await.unwrap().unwrap();
     let raw = String::from_utf8_lossy(&raw);
     assert_eq!(raw.matches("HTTP/1.1 200 OK").count(), 2, "{raw}");
-    assert!(
-        raw.contains("\r\n\r\nok\n"),
-        "first answer is the health check: {raw}"
-    );
-    assert!(
-        raw.contains("content-length: 3\r\n") && raw.ends_with("\r\n\r\nsli"),
-        "second is 3 payload bytes: {raw}"
-    );
+    assert!(raw.contains("\r\n\r\nok\n"), "first answer is the health check: {raw}");
+    assert!(raw.contains("content-length: 3\r\n") && raw.ends_with("\r\n\r\nsli"), "second is 3 payload bytes: {raw}");
 }
 
 #[tokio::test]
 async fn other_endpoints() {
     let addr = start_http(AccessLog::Off).await;
     let health = http1(addr, get("/healthz")).await;
-    assert_eq!(
-        (health.status, health.text().as_str()),
-        (StatusCode::OK, "ok\n")
-    );
+    assert_eq!((health.status, health.text().as_str()), (StatusCode::OK, "ok\n"));
     let index = http1(addr, get("/")).await;
     assert_eq!(index.status, StatusCode::OK);
     assert!(index.text().contains("echo-test") && index.text().contains("/headers"));
-    assert_eq!(
-        http1(addr, get("/nope")).await.status,
-        StatusCode::NOT_FOUND
-    );
-    let post = Request::post("/healthz")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    assert_eq!(
-        http1(addr, post).await.status,
-        StatusCode::METHOD_NOT_ALLOWED
-    );
+    assert_eq!(http1(addr, get("/nope")).await.status, StatusCode::NOT_FOUND);
+    let post = Request::post("/healthz").body(Full::new(Bytes::new())).unwrap();
+    assert_eq!(http1(addr, post).await.status, StatusCode::METHOD_NOT_ALLOWED);
 }
 
 #[tokio::test]
@@ -211,22 +150,11 @@ async fn every_request_is_logged_with_client_status_and_bytes() {
     let log = AccessLog::memory();
     let addr = start_http(log.clone()).await;
     let answer = http1(addr, get("/echo?size=5&status=201")).await;
-    let want = format!(
-        "{} \"GET /echo?size=5&status=201 HTTP/1.1\" 201 5",
-        answer.client_addr
-    );
-    assert!(
-        eventually(|| log.lines().contains(&want)).await,
-        "want {want:?}, got {:?}",
-        log.lines()
-    );
+    let want = format!("{} \"GET /echo?size=5&status=201 HTTP/1.1\" 201 5", answer.client_addr);
+    assert!(eventually(|| log.lines().contains(&want)).await, "want {want:?}, got {:?}", log.lines());
     let answer = http2(addr, get("/nope")).await;
     let prefix = format!("{} \"GET /nope HTTP/2.0\" 404 ", answer.client_addr);
-    assert!(
-        eventually(|| log.lines().iter().any(|l| l.starts_with(&prefix))).await,
-        "{:?}",
-        log.lines()
-    );
+    assert!(eventually(|| log.lines().iter().any(|l| l.starts_with(&prefix))).await, "{:?}", log.lines());
 }
 
 #[tokio::test]
@@ -243,9 +171,7 @@ async fn garbage_on_the_http_port_does_not_kill_the_server() {
         stream.write_all(bytes).await.unwrap();
         let mut sink = Vec::new();
         // The server answers 400 or closes; either way the connection ends.
-        let _ = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut sink))
-            .await
-            .expect("server kept a garbage connection open");
+        let _ = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut sink)).await.expect("server kept a garbage connection open");
     }
     let answer = http1(addr, get("/echo?size=7")).await;
     assert_eq!((answer.status, answer.body.len()), (StatusCode::OK, 7));
@@ -270,20 +196,14 @@ async fn tcp_round_trip(addr: SocketAddr, data: Vec<u8>) -> Vec<u8> {
 #[tokio::test]
 async fn tcp_echo_returns_every_byte_and_propagates_half_close() {
     let addr = start_tcp().await;
-    let data: Vec<u8> = (0..4 * 1024 * 1024u32)
-        .map(|i| (i * 7 % 256) as u8)
-        .collect();
-    let echoed = tokio::time::timeout(DEADLINE, tcp_round_trip(addr, data.clone()))
-        .await
-        .expect("no EOF after half-close");
+    let data: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i * 7 % 256) as u8).collect();
+    let echoed = tokio::time::timeout(DEADLINE, tcp_round_trip(addr, data.clone())).await.expect("no EOF after half-close");
     assert_eq!(echoed.len(), data.len());
     assert!(echoed == data);
 
     // Half-close with nothing sent: EOF straight away, and the server's write
     // side is really shut (read_to_end returned, not a reset).
-    let echoed = tokio::time::timeout(DEADLINE, tcp_round_trip(addr, Vec::new()))
-        .await
-        .unwrap();
+    let echoed = tokio::time::timeout(DEADLINE, tcp_round_trip(addr, Vec::new())).await.unwrap();
     assert!(echoed.is_empty());
 }
 
@@ -295,47 +215,30 @@ async fn tcp_echo_serves_200_concurrent_connections() {
     for _ in 0..200 {
         streams.push(TcpStream::connect(addr).await.unwrap());
     }
-    let tasks = streams
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut stream)| async move {
-            let data = format!("connection {i};").repeat(500).into_bytes();
-            let (mut reader, mut writer) = stream.split();
-            let write = async {
-                writer.write_all(&data).await.unwrap();
-                writer.shutdown().await.unwrap();
-            };
-            let mut echoed = Vec::new();
-            let (_, read) = tokio::join!(write, reader.read_to_end(&mut echoed));
-            read.unwrap();
-            echoed == data
-        });
-    let results = tokio::time::timeout(DEADLINE, futures_util::future::join_all(tasks))
-        .await
-        .expect("tcp echo stalled");
+    let tasks = streams.into_iter().enumerate().map(|(i, mut stream)| async move {
+        let data = format!("connection {i};").repeat(500).into_bytes();
+        let (mut reader, mut writer) = stream.split();
+        let write = async {
+            writer.write_all(&data).await.unwrap();
+            writer.shutdown().await.unwrap();
+        };
+        let mut echoed = Vec::new();
+        let (_, read) = tokio::join!(write, reader.read_to_end(&mut echoed));
+        read.unwrap();
+        echoed == data
+    });
+    let results = tokio::time::timeout(DEADLINE, futures_util::future::join_all(tasks)).await.expect("tcp echo stalled");
     assert_eq!(results.iter().filter(|ok| **ok).count(), 200);
 }
 
 #[tokio::test]
 async fn default_dual_stack_bind_reports_ipv4_clients_as_ipv4() {
     // `::` is the default --bind; where IPv6 is off it falls back to 0.0.0.0.
-    let listener = slipstream_apps::bind_listener("::".parse().unwrap(), 0)
-        .await
-        .expect("bind ::");
+    let listener = slipstream_apps::bind_listener("::".parse().unwrap(), 0).await.expect("bind ::");
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(serve_echo_http(
-        listener,
-        EchoConfig {
-            name: "dual".into(),
-            access_log: AccessLog::Off,
-        },
-    ));
+    tokio::spawn(serve_echo_http(listener, EchoConfig { name: "dual".into(), access_log: AccessLog::Off }));
     let answer = http1(([127, 0, 0, 1], port).into(), get("/headers")).await;
     let doc = answer.json();
-    assert_eq!(
-        doc["client_addr"],
-        answer.client_addr.to_string(),
-        "not ::ffff:127.0.0.1"
-    );
+    assert_eq!(doc["client_addr"], answer.client_addr.to_string(), "not ::ffff:127.0.0.1");
     assert_eq!(doc["local_addr"], format!("127.0.0.1:{port}"));
 }

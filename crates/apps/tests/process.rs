@@ -24,11 +24,7 @@ struct BookinfoCli {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Waits for the server to accept; `run_until_signal` installs its signal
@@ -43,24 +39,15 @@ fn wait_for(addr: SocketAddr) {
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n").unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     answer
 }
 
 fn signal_self(signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &std::process::id().to_string()])
-        .status()
-        .expect("run kill");
+    let status = Command::new("kill").args([signal, &std::process::id().to_string()]).status().expect("run kill");
     assert!(status.success());
 }
 
@@ -96,10 +83,7 @@ fn apps_serve_until_sigterm_or_sigint_and_return_ok() {
     wait_for(http);
     wait_for(tcp);
     let answer = http_get(http, "/headers");
-    assert!(
-        answer.starts_with("HTTP/1.1 200") && answer.contains("\"server\": \"proc-test\""),
-        "{answer}"
-    );
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("\"server\": \"proc-test\""), "{answer}");
     let mut stream = TcpStream::connect(tcp).unwrap();
     stream.write_all(b"ping").unwrap();
     stream.shutdown(Shutdown::Write).unwrap();
@@ -111,41 +95,21 @@ fn apps_serve_until_sigterm_or_sigint_and_return_ok() {
 
     // bookinfo: a details service, stopped by SIGINT.
     let port = free_port();
-    let args = BookinfoCli::parse_from([
-        "bookinfo",
-        "--role",
-        "details",
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--quiet",
-    ])
-    .args;
+    let args =
+        BookinfoCli::parse_from(["bookinfo", "--role", "details", "--bind", "127.0.0.1", "--port", &port.to_string(), "--quiet"]).args;
     let details = thread::spawn(move || run_bookinfo(args));
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     wait_for(addr);
     let answer = http_get(addr, "/details/0");
-    assert!(
-        answer.starts_with("HTTP/1.1 200") && answer.contains("x-served-by: details-v1"),
-        "{answer}"
-    );
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("x-served-by: details-v1"), "{answer}");
     signal_self("-INT");
     join_within(details, Duration::from_secs(10)).expect("run_bookinfo returns Ok on SIGINT");
 
     // A port conflict fails startup instead of serving half the app.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken_port = taken.local_addr().unwrap().port().to_string();
-    let args = EchoCli::parse_from([
-        "echo",
-        "--bind",
-        "127.0.0.1",
-        "--http-port",
-        &free_port().to_string(),
-        "--tcp-port",
-        &taken_port,
-    ])
-    .args;
+    let args =
+        EchoCli::parse_from(["echo", "--bind", "127.0.0.1", "--http-port", &free_port().to_string(), "--tcp-port", &taken_port]).args;
     let err = run_echo(args).unwrap_err();
     assert!(format!("{err:#}").contains("TCP echo listener"), "{err:#}");
 }

@@ -40,7 +40,8 @@ impl Cluster {
     }
 
     fn logged(&self, args: &[&str]) -> anyhow::Result<Command> {
-        let log = OpenOptions::new().create(true).append(true).open(&self.log).with_context(|| format!("opening {}", self.log.display()))?;
+        let log =
+            OpenOptions::new().create(true).append(true).open(&self.log).with_context(|| format!("opening {}", self.log.display()))?;
         let mut c = self.command(args);
         c.stdout(log.try_clone()?).stderr(log);
         Ok(c)
@@ -90,11 +91,7 @@ impl Cluster {
         let child = self.logged(&["down"])?.spawn()?;
         let st = supervise(child, Duration::from_secs(120), false)?;
         if !st.success() {
-            bail!(
-                "`slipstream --cluster {} down` failed ({st}):\n{}\nrun it again to finish the cleanup",
-                self.name,
-                self.log_tail()
-            );
+            bail!("`slipstream --cluster {} down` failed ({st}):\n{}\nrun it again to finish the cleanup", self.name, self.log_tail());
         }
         Ok(())
     }

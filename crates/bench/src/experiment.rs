@@ -27,8 +27,7 @@ pub fn select(requested: &[String]) -> Result<Vec<ExperimentId>, String> {
     if wanted.is_empty() || wanted == ["ALL"] {
         return Ok(EXPERIMENTS.to_vec());
     }
-    let unknown: Vec<&str> =
-        wanted.iter().map(String::as_str).filter(|w| !EXPERIMENTS.iter().any(|e| e.to_string() == *w)).collect();
+    let unknown: Vec<&str> = wanted.iter().map(String::as_str).filter(|w| !EXPERIMENTS.iter().any(|e| e.to_string() == *w)).collect();
     if !unknown.is_empty() {
         let known: Vec<String> = EXPERIMENTS.iter().map(|e| e.to_string()).collect();
         return Err(format!("unknown experiment(s) {}: known are {}", unknown.join(", "), known.join(", ")));
@@ -79,7 +78,14 @@ const MAX_RATE: &[FigureDef] = &[fig("rps", "requests/s", "req/s", Better::Highe
 const CONNECT: &[FigureDef] = &[fig("cps", "connections/s", "conn/s", Better::Higher)];
 const HOLD: &[FigureDef] = &[
     FigureDef { key: "connections", label: "connections held", unit: "", better: Better::Higher, ratio: false, added: false },
-    FigureDef { key: "rss_mb", label: "largest node proxy RSS with them open", unit: "MB", better: Better::Lower, ratio: false, added: false },
+    FigureDef {
+        key: "rss_mb",
+        label: "largest node proxy RSS with them open",
+        unit: "MB",
+        better: Better::Lower,
+        ratio: false,
+        added: false,
+    },
     FigureDef {
         key: "rss_after_mb",
         label: "largest node proxy RSS once they are closed",
@@ -93,12 +99,23 @@ const HOLD: &[FigureDef] = &[
 /// What a step does in the client pod of its scenario.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    Iperf { streams: u32, secs: u32 },
+    Iperf {
+        streams: u32,
+        secs: u32,
+    },
     /// `qps: None` is fortio's `-qps -1` (as fast as possible).
-    Fortio { concurrency: u32, qps: Option<u32>, secs: u32, keepalive: bool, payload: u32 },
+    Fortio {
+        concurrency: u32,
+        qps: Option<u32>,
+        secs: u32,
+        keepalive: bool,
+        payload: u32,
+    },
     /// Opens `connections` to the server's TCP echo port from inside the
     /// client pod and holds them while the mesh processes' memory is read.
-    Hold { connections: usize },
+    Hold {
+        connections: usize,
+    },
 }
 
 impl ExperimentId {

@@ -44,7 +44,9 @@ pub fn from_fortio(e: ExperimentId, r: &FortioRun) -> Result<Outcome, String> {
         n => vec![format!("{n} of {} requests failed", r.requests)],
     };
     let figures = match e {
-        ExperimentId::L1 => map(&[("p50_ms", p(50.0)?), ("p90_ms", p(90.0)?), ("p99_ms", p(99.0)?), ("p99.9_ms", p(99.9)?), ("avg_ms", r.avg_ms)]),
+        ExperimentId::L1 => {
+            map(&[("p50_ms", p(50.0)?), ("p90_ms", p(90.0)?), ("p99_ms", p(99.0)?), ("p99.9_ms", p(99.9)?), ("avg_ms", r.avg_ms)])
+        }
         ExperimentId::Q1 => map(&[("rps", r.ok_per_sec()), ("p50_ms", p(50.0)?), ("p99_ms", p(99.0)?)]),
         ExperimentId::C1 => map(&[("cps", r.sockets_per_sec())]),
         other => return Err(format!("{other} is not a fortio experiment")),
@@ -165,13 +167,22 @@ mod tests {
 
     #[test]
     fn hold_needs_every_connection() {
-        let full = Hold { wanted: 1000, established: 1000, open_s: 0.8, rss_mb: Some(21.5), rss_after_mb: Some(19.0), drain_s: Some(0.4), ..Default::default() };
+        let full = Hold {
+            wanted: 1000,
+            established: 1000,
+            open_s: 0.8,
+            rss_mb: Some(21.5),
+            rss_after_mb: Some(19.0),
+            drain_s: Some(0.4),
+            ..Default::default()
+        };
         let o = from_hold(&full).unwrap();
         assert_eq!((o.figures["connections"], o.figures["rss_mb"], o.figures["rss_after_mb"]), (1000.0, 21.5, 19.0));
         assert_eq!(o.details["drain_s"], 0.4);
         assert!(o.warnings.is_empty());
         assert_eq!(headline(ExperimentId::R1, &o), "1000 connections, largest node proxy 21.5 MB");
-        let partial = from_hold(&Hold { established: 990, failed: 10, first_error: Some("reset".into()), drain_s: None, ..full.clone() }).unwrap();
+        let partial =
+            from_hold(&Hold { established: 990, failed: 10, first_error: Some("reset".into()), drain_s: None, ..full.clone() }).unwrap();
         assert_eq!(partial.figures["connections"], 990.0);
         assert_eq!(partial.warnings.len(), 2);
         assert_eq!(partial.warnings[0], "only 990 of 1000 connections could be opened and echoed; first error: reset");

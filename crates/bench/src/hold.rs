@@ -113,7 +113,10 @@ mod tests {
     /// already in (needs root for setns, so only when root).
     #[test]
     fn holds_connections_to_an_echo_server() {
-        let root = std::fs::read_to_string("/proc/self/status").unwrap().lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
         if !root {
             eprintln!("skipped: setns needs root (covered by the cluster test)");
             return;

@@ -78,6 +78,9 @@ processor\t: 1\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 
         assert_eq!(cpu_model(""), "unknown");
         let gib = mem_total_gib("MemTotal:       24590412 kB\nMemFree:        23000000 kB\n");
         assert!((gib - 23.4513).abs() < 1e-3, "{gib}");
-        assert_eq!(os_name("NAME=\"Debian GNU/Linux\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n"), "Debian GNU/Linux 12 (bookworm)");
+        assert_eq!(
+            os_name("NAME=\"Debian GNU/Linux\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n"),
+            "Debian GNU/Linux 12 (bookworm)"
+        );
     }
 }

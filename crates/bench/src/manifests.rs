@@ -121,7 +121,8 @@ mod tests {
     #[test]
     fn manifests_load_and_validate() {
         let all: Vec<&Scenario> = SCENARIOS.iter().collect();
-        let loaded = slipstream_k8s::load_str(&render(&all), &slipstream_k8s::Source("bench.yaml".into())).unwrap_or_else(|e| panic!("{e}"));
+        let loaded =
+            slipstream_k8s::load_str(&render(&all), &slipstream_k8s::Source("bench.yaml".into())).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(loaded.len(), 8);
         assert!(loaded.iter().all(|l| l.warnings.is_empty()), "no warnings");
     }

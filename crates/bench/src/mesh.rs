@@ -67,7 +67,11 @@ fn pids(p: &MeshProcess) -> Vec<i32> {
 
 /// Sum of a status field over the pids, in MB (2^20 bytes).
 fn memory(pids: &[i32], field: &str) -> f64 {
-    pids.iter().filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok()).filter_map(|s| status_kb(&s, field)).map(mb).sum()
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .filter_map(|s| status_kb(&s, field))
+        .map(mb)
+        .sum()
 }
 
 pub struct Before {
@@ -110,7 +114,10 @@ pub fn end(procs: &[MeshProcess], before: &Before) -> Vec<ProcUsage> {
 
 /// Open file descriptors of every mesh process.
 pub fn fd_counts(procs: &[MeshProcess]) -> Vec<usize> {
-    procs.iter().map(|p| pids(p).iter().map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)).sum()).collect()
+    procs
+        .iter()
+        .map(|p| pids(p).iter().map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)).sum())
+        .collect()
 }
 
 /// Whether every count is back within `slack` of where it was.

@@ -43,10 +43,7 @@ pub fn steps(scenarios: &[&'static Scenario], experiments: &[ExperimentId], reps
 /// `[ 3/36] l4-nft  Q1 rep 1/3 ... `
 pub fn progress_prefix(step: &Step, total: usize, reps: u32, name_width: usize) -> String {
     let w = total.to_string().len();
-    format!(
-        "[{:>w$}/{total}] {:<name_width$} {} rep {}/{reps} ... ",
-        step.index, step.scenario.name, step.experiment, step.rep
-    )
+    format!("[{:>w$}/{total}] {:<name_width$} {} rep {}/{reps} ... ", step.index, step.scenario.name, step.experiment, step.rep)
 }
 
 #[cfg(test)]
@@ -77,7 +74,12 @@ mod tests {
         let got: Vec<(u32, ExperimentId, &str)> = s.iter().map(|x| (x.rep, x.experiment, x.scenario.name)).collect();
         assert_eq!(
             got,
-            [(1, ExperimentId::L1, "none"), (1, ExperimentId::L1, "l4-nft"), (2, ExperimentId::L1, "none"), (2, ExperimentId::L1, "l4-nft")]
+            [
+                (1, ExperimentId::L1, "none"),
+                (1, ExperimentId::L1, "l4-nft"),
+                (2, ExperimentId::L1, "none"),
+                (2, ExperimentId::L1, "l4-nft")
+            ]
         );
         let r1 = steps(&all, &[ExperimentId::R1], 1);
         assert_eq!(r1.len(), 2);

@@ -124,8 +124,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // The docs only ever get a complete run.
     write_outputs(&results, &out, docs.as_deref().filter(|_| results.complete))?;
 
-    let failed: Vec<String> =
-        results.runs.iter().filter(|r| !r.ok()).map(|r| format!("{} {} rep {}: {}", r.scenario, r.experiment, r.rep, r.error.as_deref().unwrap_or(""))).collect();
+    let failed: Vec<String> = results
+        .runs
+        .iter()
+        .filter(|r| !r.ok())
+        .map(|r| format!("{} {} rep {}: {}", r.scenario, r.experiment, r.rep, r.error.as_deref().unwrap_or("")))
+        .collect();
     match measured_result {
         Err(e) if e.is::<Interrupted>() => bail!("interrupted; partial results in {}", out.display()),
         Err(e) => return Err(e.context(format!("the benchmark stopped; partial results in {}", out.display()))),
@@ -169,10 +173,7 @@ fn measure(
 
     std::thread::sleep(Duration::from_millis(settings.hold_settle_ms.max(1000)));
     results.idle = mesh::sample(&procs);
-    println!(
-        "idle: {}",
-        results.idle.iter().map(|p| format!("{} {:.1} MB", p.process, p.rss_mb)).collect::<Vec<_>>().join(", ")
-    );
+    println!("idle: {}", results.idle.iter().map(|p| format!("{} {:.1} MB", p.process, p.rss_mb)).collect::<Vec<_>>().join(", "));
     write_json(results, out)?;
 
     let width = measured.iter().map(|s| s.name.len()).max().unwrap_or(4);
@@ -236,7 +237,14 @@ fn target(status: &ClusterStatus, s: &Scenario) -> anyhow::Result<Target> {
 
 /// One step. Err only when the whole run must stop (interrupted); a failed
 /// experiment is a `Run` with its error.
-fn run_step(cluster: &Cluster, step: &Step, target: &Target, procs: &[MeshProcess], settings: &Settings, out: &Path) -> anyhow::Result<Run> {
+fn run_step(
+    cluster: &Cluster,
+    step: &Step,
+    target: &Target,
+    procs: &[MeshProcess],
+    settings: &Settings,
+    out: &Path,
+) -> anyhow::Result<Run> {
     let action = step.experiment.action(settings);
     let started_at = timefmt::rfc3339(SystemTime::now());
     let t = Instant::now();
@@ -286,7 +294,14 @@ fn tail(path: &Path, lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join("\n")
 }
 
-fn tool_step(cluster: &Cluster, target: &Target, e: ExperimentId, action: &Action, stdout: &Path, stderr: &Path) -> anyhow::Result<Outcome> {
+fn tool_step(
+    cluster: &Cluster,
+    target: &Target,
+    e: ExperimentId,
+    action: &Action,
+    stdout: &Path,
+    stderr: &Path,
+) -> anyhow::Result<Outcome> {
     let argv = action.command().expect("tool experiments have a command");
     let timeout = Duration::from_secs(action.secs() as u64 + 60);
     let mut attempt = 1;
@@ -307,7 +322,9 @@ fn tool_step(cluster: &Cluster, target: &Target, e: ExperimentId, action: &Actio
         return match (parsed, code) {
             (Ok(o), 0) => Ok(o),
             (Ok(_), code) => Err(anyhow!("{} exited with code {code}:\n{}", argv[0], tail(stderr, 5))),
-            (Err(err), code) => Err(anyhow!("{err} ({} exit code {code}); last lines of {}:\n{}", argv[0], stderr.display(), tail(stderr, 5))),
+            (Err(err), code) => {
+                Err(anyhow!("{err} ({} exit code {code}); last lines of {}:\n{}", argv[0], stderr.display(), tail(stderr, 5)))
+            }
         };
     }
 }
@@ -393,7 +410,13 @@ fn docs_dir() -> anyhow::Result<PathBuf> {
 fn command_line() -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)
-        .map(|a| if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') { format!("'{}'", a.replace('\'', "'\\''")) } else { a })
+        .map(|a| {
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            } else {
+                a
+            }
+        })
         .collect();
     format!("slipstream {}", args.join(" "))
 }

@@ -2,9 +2,9 @@
 //! BENCHMARKS.md, or `--quick` (a smoke test that every experiment produces
 //! numbers, in well under two minutes).
 
+use crate::experiment::ExperimentId;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use crate::experiment::ExperimentId;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
@@ -106,8 +106,7 @@ pub fn estimate(settings: &Settings, scenarios: usize, experiments: &[Experiment
         run + s.pause_ms + 700
     };
     let per_rep: u64 = experiments.iter().map(one).sum();
-    let cooldowns =
-        if experiments.contains(&ExperimentId::R1) { s.hold_cooldown_ms * s.reps.saturating_sub(1) as u64 } else { 0 };
+    let cooldowns = if experiments.contains(&ExperimentId::R1) { s.hold_cooldown_ms * s.reps.saturating_sub(1) as u64 } else { 0 };
     Duration::from_millis((per_rep * s.reps as u64 + cooldowns) * scenarios as u64 + 10_000)
 }
 
@@ -118,8 +117,16 @@ mod tests {
 
     #[test]
     fn quick_run_fits_in_two_minutes_and_full_in_twenty_five() {
-        assert!(estimate(&Settings::quick(), 2, &EXPERIMENTS) < Duration::from_secs(90), "{:?}", estimate(&Settings::quick(), 2, &EXPERIMENTS));
-        assert!(estimate(&Settings::full(), 2, &EXPERIMENTS) < Duration::from_secs(25 * 60), "{:?}", estimate(&Settings::full(), 2, &EXPERIMENTS));
+        assert!(
+            estimate(&Settings::quick(), 2, &EXPERIMENTS) < Duration::from_secs(90),
+            "{:?}",
+            estimate(&Settings::quick(), 2, &EXPERIMENTS)
+        );
+        assert!(
+            estimate(&Settings::full(), 2, &EXPERIMENTS) < Duration::from_secs(25 * 60),
+            "{:?}",
+            estimate(&Settings::full(), 2, &EXPERIMENTS)
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context};
 use slipstream_k8s::load::Loaded;
-use slipstream_testbed::ipc::{self, Request, Response};
 use slipstream_k8s::{Object, ObjectKey};
+use slipstream_testbed::ipc::{self, Request, Response};
 use slipstream_testbed::status::{ClusterStatus, PodPhase, PodStatus};
 use slipstream_testbed::{ClusterName, Paths};
 use std::path::PathBuf;
@@ -98,7 +98,9 @@ fn pod_blocker(p: &PodStatus) -> Option<Result<String, String>> {
         _ if p.reason == "CrashLoopBackOff" || p.reason == "StartError" => {
             Some(Err(format!("{id} is not starting: {}: {}", p.reason, p.message)))
         }
-        _ if !p.ready => Some(Ok(format!("{id} is {:?}{}", p.phase, if p.message.is_empty() { String::new() } else { format!(" ({})", p.message) }))),
+        _ if !p.ready => {
+            Some(Ok(format!("{id} is {:?}{}", p.phase, if p.message.is_empty() { String::new() } else { format!(" ({})", p.message) })))
+        }
         _ => None,
     }
 }
@@ -124,7 +126,12 @@ pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool, scope: &Scope) 
         for p in pods {
             match pod_blocker(p) {
                 Some(Err(e)) => {
-                    let tail = p.containers.iter().find(|c| c.last_exit_code.is_some() || c.state != "running").map(|c| log_tail(&c.log, 8)).unwrap_or_default();
+                    let tail = p
+                        .containers
+                        .iter()
+                        .find(|c| c.last_exit_code.is_some() || c.state != "running")
+                        .map(|c| log_tail(&c.log, 8))
+                        .unwrap_or_default();
                     let mut msg = e;
                     if !tail.is_empty() {
                         msg.push_str(&format!("\nlast lines of its log:\n{tail}"));

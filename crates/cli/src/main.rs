@@ -168,9 +168,7 @@ fn main() {
             Command::Exec { namespace, container, pod, command } => {
                 cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), &command).map(|code| std::process::exit(code))
             }
-            Command::Logs { namespace, container, follow, pod } => {
-                cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow)
-            }
+            Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
             Command::Agent { nodes, ca_cert, ca_key } => cmd::agent::run(&ctx, nodes, ca_cert, ca_key),
             Command::App(_) => unreachable!("handled above"),
         }),

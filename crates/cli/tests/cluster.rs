@@ -34,10 +34,18 @@ fn quickstart_reaches_the_echo_server_on_the_other_node_by_name() {
         assert_eq!(v["server"], echo["name"]);
     }
     // Exact byte counts through the VIP.
-    let (code, out) = c.exec("default", "deploy/client", &["curl", "-sS", "--max-time", "5", "-o", "/dev/null", "-w", "%{size_download}", "http://echo:8080/echo?size=100000"]);
+    let (code, out) = c.exec(
+        "default",
+        "deploy/client",
+        &["curl", "-sS", "--max-time", "5", "-o", "/dev/null", "-w", "%{size_download}", "http://echo:8080/echo?size=100000"],
+    );
     assert_eq!((code, out.as_str()), (0, "100000"));
     // Pod IP directly, across nodes.
-    let (code, _) = c.exec("default", "deploy/client", &["curl", "-sS", "--max-time", "5", &format!("http://{}:8080/healthz", echo["ip"].as_str().unwrap())]);
+    let (code, _) = c.exec(
+        "default",
+        "deploy/client",
+        &["curl", "-sS", "--max-time", "5", &format!("http://{}:8080/healthz", echo["ip"].as_str().unwrap())],
+    );
     assert_eq!(code, 0);
     // exec returns the command's exit code; the pod has its own host name.
     assert_eq!(c.exec("default", "deploy/client", &["sh", "-c", "exit 7"]).0, 7);
@@ -216,7 +224,11 @@ fn a_crashing_pod_fails_up_with_its_name_reason_and_log() {
     assert!(t.contains("pod default/crasher is not starting: CrashLoopBackOff: container c exited with code 3"), "{t}");
     assert!(t.contains("config missing"), "the log tail is shown: {t}");
     // A missing binary is a StartError naming the program.
-    let missing = write_manifest(&dir, "missing.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: ghost}\nspec:\n  containers: [{name: c, command: [/no/such/binary]}]\n");
+    let missing = write_manifest(
+        &dir,
+        "missing.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: ghost}\nspec:\n  containers: [{name: c, command: [/no/such/binary]}]\n",
+    );
     let o = c.run(&["apply", "-f", &missing, "--timeout", "20s"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("pod default/ghost is not starting: StartError: container c: cannot start /no/such/binary"), "{}", text(&o));
@@ -230,7 +242,8 @@ fn bookinfo_serves_its_call_graph_across_nodes() {
     assert_eq!(c.status()["pods"].as_array().unwrap().len(), 6);
     let mut versions = std::collections::BTreeSet::new();
     for _ in 0..30 {
-        let (code, out) = c.exec("bookinfo", "deploy/productpage-v1", &["curl", "-sS", "--max-time", "5", "http://productpage:9080/api/v1/products/0"]);
+        let (code, out) =
+            c.exec("bookinfo", "deploy/productpage-v1", &["curl", "-sS", "--max-time", "5", "http://productpage:9080/api/v1/products/0"]);
         assert_eq!(code, 0, "{out}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["served_by"], "productpage-v1");
@@ -245,10 +258,19 @@ fn bookinfo_serves_its_call_graph_across_nodes() {
     // The namespace is labeled for the mesh: every call crossed it with
     // verified identities (productpage -> reviews, reviews -> ratings).
     assert!(c.status()["pods"].as_array().unwrap().iter().all(|p| p["meshed"] == true));
-    let logs: String = ["node1", "node2"].iter().map(|n| std::fs::read_to_string(format!("/run/slipstream/t-bookinfo/nodes/{n}.log")).unwrap_or_default()).collect();
+    let logs: String = ["node1", "node2"]
+        .iter()
+        .map(|n| std::fs::read_to_string(format!("/run/slipstream/t-bookinfo/nodes/{n}.log")).unwrap_or_default())
+        .collect();
     for (src, dst) in [("productpage", "reviews"), ("productpage", "details"), ("reviews", "ratings")] {
-        let (s, d) = (format!("src.identity=spiffe://cluster.local/ns/bookinfo/sa/bookinfo-{src}"), format!("dst.identity=spiffe://cluster.local/ns/bookinfo/sa/bookinfo-{dst}"));
-        assert!(logs.lines().any(|l| l.contains("direction=inbound") && l.contains(&s) && l.contains(&d)), "no mTLS {src} -> {dst} in the node proxies' logs");
+        let (s, d) = (
+            format!("src.identity=spiffe://cluster.local/ns/bookinfo/sa/bookinfo-{src}"),
+            format!("dst.identity=spiffe://cluster.local/ns/bookinfo/sa/bookinfo-{dst}"),
+        );
+        assert!(
+            logs.lines().any(|l| l.contains("direction=inbound") && l.contains(&s) && l.contains(&d)),
+            "no mTLS {src} -> {dst} in the node proxies' logs"
+        );
     }
     c.down();
 }

@@ -90,7 +90,11 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
         .expect("tcpdump (scripts/setup.sh installs it)");
     std::thread::sleep(Duration::from_millis(700));
     let canary = "plaintext-canary-7f3a9";
-    let (code, out) = c.exec("default", "deploy/client", &["curl", "-sS", "--max-time", "5", "-H", &format!("X-Canary: {canary}"), "http://echo:8080/headers"]);
+    let (code, out) = c.exec(
+        "default",
+        "deploy/client",
+        &["curl", "-sS", "--max-time", "5", "-H", &format!("X-Canary: {canary}"), "http://echo:8080/headers"],
+    );
     assert_eq!(code, 0, "{out}");
     let headers: serde_json::Value = serde_json::from_str(&out).unwrap();
     // The app sees the client pod's own address, not a proxy's.
@@ -110,8 +114,19 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
     // Access logs on both sides name both identities.
     let out_log = node_log("t-mesh", "node1");
     let in_log = node_log("t-mesh", "node2");
-    assert!(out_log.lines().any(|l| l.contains("direction=outbound") && l.contains(&format!("src.identity={CLIENT_ID}")) && l.contains(&format!("dst.identity={ECHO_ID}")) && l.contains("dst.service=echo.default.svc.cluster.local")), "{out_log}");
-    assert!(in_log.lines().any(|l| l.contains("direction=inbound") && l.contains(&format!("src.identity={CLIENT_ID}")) && l.contains(&format!("dst.identity={ECHO_ID}"))), "{in_log}");
+    assert!(
+        out_log.lines().any(|l| l.contains("direction=outbound")
+            && l.contains(&format!("src.identity={CLIENT_ID}"))
+            && l.contains(&format!("dst.identity={ECHO_ID}"))
+            && l.contains("dst.service=echo.default.svc.cluster.local")),
+        "{out_log}"
+    );
+    assert!(
+        in_log.lines().any(|l| l.contains("direction=inbound")
+            && l.contains(&format!("src.identity={CLIENT_ID}"))
+            && l.contains(&format!("dst.identity={ECHO_ID}"))),
+        "{in_log}"
+    );
 
     // Exact counts: N connections of S bytes each way through the raw TCP echo.
     let sel = ["destination_service_name=\"echo\"", "connection_security_policy=\"mutual_tls\"", "response_flags=\"-\""];
@@ -130,7 +145,9 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
         m.extend_from_slice(extra);
         metric(a, name, &m) - metric(b, name, &m)
     };
-    for (after, before, reporter) in [(&after_src, &before_src, "reporter=\"source\""), (&after_dst, &before_dst, "reporter=\"destination\"")] {
+    for (after, before, reporter) in
+        [(&after_src, &before_src, "reporter=\"source\""), (&after_dst, &before_dst, "reporter=\"destination\"")]
+    {
         assert_eq!(d(after, before, "istio_tcp_connections_opened_total", &[reporter]), n, "{reporter} opened");
         assert_eq!(d(after, before, "istio_tcp_connections_closed_total", &[reporter]), n, "{reporter} closed");
         assert_eq!(d(after, before, "istio_tcp_received_bytes_total", &[reporter]), n * size, "{reporter} received");
@@ -140,14 +157,21 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
     assert!(after_dst.contains(&format!("destination_principal=\"{ECHO_ID}\"")));
 
     // fortio through the mesh: every request answered 200.
-    let (code, out) = c.exec("default", "deploy/client", &["fortio", "load", "-quiet", "-c", "8", "-qps", "200", "-t", "2s", "-json", "-", "http://echo:8080/echo?size=1024"]);
+    let (code, out) = c.exec(
+        "default",
+        "deploy/client",
+        &["fortio", "load", "-quiet", "-c", "8", "-qps", "200", "-t", "2s", "-json", "-", "http://echo:8080/echo?size=1024"],
+    );
     assert_eq!(code, 0, "{out}");
     let f: serde_json::Value = serde_json::from_str(&out).expect("fortio json");
     let ok = f["RetCodes"]["200"].as_u64().unwrap_or(0);
     assert!(ok > 100 && ok == f["DurationHistogram"]["Count"].as_u64().unwrap(), "fortio: {}", f["RetCodes"]);
 
     // The config dump shows this node's pods and their certificates.
-    let o = Command::new("ip").args(["netns", "exec", "t-mesh.node.node2", "curl", "-sS", "http://127.0.0.1:15000/config_dump"]).output().unwrap();
+    let o = Command::new("ip")
+        .args(["netns", "exec", "t-mesh.node.node2", "curl", "-sS", "http://127.0.0.1:15000/config_dump"])
+        .output()
+        .unwrap();
     let dump: serde_json::Value = serde_json::from_slice(&o.stdout).expect("config_dump is JSON");
     assert!(dump["certificates"].to_string().contains(ECHO_ID), "{}", dump["certificates"]);
     c.down();
@@ -242,9 +266,15 @@ fn peer_authentication_strict_refuses_plaintext_from_outside_the_mesh() {
     wait_until("STRICT in force", Duration::from_secs(10), || curl("outside", "stranger").0 != 0);
     assert_eq!(curl("default", "deploy/client").0, 0, "mTLS traffic is still allowed");
     let log = node_log("t-peerauth", "node2");
-    assert!(log.lines().any(|l| l.contains("plaintext refused") && l.contains("flag=DENY") && l.contains(&format!("dst.identity={ECHO_ID}"))), "{log}");
+    assert!(
+        log.lines().any(|l| l.contains("plaintext refused") && l.contains("flag=DENY") && l.contains(&format!("dst.identity={ECHO_ID}"))),
+        "{log}"
+    );
     let m = metrics("t-peerauth", "node2");
-    assert!(metric(&m, "istio_tcp_connections_closed_total", &["response_flags=\"DENY\"", "connection_security_policy=\"unknown\""]) >= 1, "{m}");
+    assert!(
+        metric(&m, "istio_tcp_connections_closed_total", &["response_flags=\"DENY\"", "connection_security_policy=\"unknown\""]) >= 1,
+        "{m}"
+    );
 
     // A port-level exception re-opens plaintext on 9000 only.
     let except = write_manifest(&dir, "except.yaml", STRICT_EXCEPT_9000);

@@ -30,7 +30,9 @@ struct Proxy {
 
 impl Proxy {
     fn fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map(|d| d.count()).unwrap_or_else(|e| panic!("node proxy of {} (pid {}) is gone: {e}", self.node, self.pid))
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid))
+            .map(|d| d.count())
+            .unwrap_or_else(|e| panic!("node proxy of {} (pid {}) is gone: {e}", self.node, self.pid))
     }
 
     fn rss_kib(&self) -> u64 {
@@ -39,7 +41,10 @@ impl Proxy {
     }
 
     fn metrics(&self) -> Metrics {
-        let o = Command::new("ip").args(["netns", "exec", &self.netns, "curl", "-sS", "--max-time", "5", "http://127.0.0.1:15020/metrics"]).output().unwrap();
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.netns, "curl", "-sS", "--max-time", "5", "http://127.0.0.1:15020/metrics"])
+            .output()
+            .unwrap();
         assert!(o.status.success(), "metrics of {}: {}", self.node, text(&o));
         Metrics(String::from_utf8(o.stdout).unwrap())
     }
@@ -123,7 +128,11 @@ impl Env {
         a.extend_from_slice(args);
         let o = self.c.run(&a);
         let out = String::from_utf8_lossy(&o.stdout);
-        let json = out.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap_or_else(|| panic!("debug {args:?} printed no JSON:\n{}", text(&o)));
+        let json = out
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("debug {args:?} printed no JSON:\n{}", text(&o)));
         (o.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&o.stderr).into_owned())
     }
 
@@ -156,7 +165,13 @@ impl Env {
                 if now <= before.fds[i] + slack {
                     break;
                 }
-                assert!(Instant::now() < deadline, "{case}: {} fds of the node proxy of {} stay open (before: {}, slack {slack})", now, p.node, before.fds[i]);
+                assert!(
+                    Instant::now() < deadline,
+                    "{case}: {} fds of the node proxy of {} stay open (before: {}, slack {slack})",
+                    now,
+                    p.node,
+                    before.fds[i]
+                );
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
@@ -169,7 +184,8 @@ impl Env {
         let p = &self.proxies[i];
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let lines: Vec<String> = p.log_since(before.logs[i]).lines().filter(|l| must.iter().all(|m| l.contains(m))).map(String::from).collect();
+            let lines: Vec<String> =
+                p.log_since(before.logs[i]).lines().filter(|l| must.iter().all(|m| l.contains(m))).map(String::from).collect();
             if !lines.is_empty() {
                 // Give a duplicate the chance to show up.
                 std::thread::sleep(Duration::from_millis(300));
@@ -262,7 +278,8 @@ fn the_hbone_port_answers_bad_peers_and_bad_requests_correctly() {
 
     // Plain HTTP/1.1 on :15008: the same, and the log says it was HTTP.
     let before = env.before();
-    let (_, v, _) = env.debug(&["tcp", "--to", &hbone_addr, "--mark", BYPASS, "--send", r"GET / HTTP/1.1\r\nHost: echo\r\n\r\n", "-o", "json"]);
+    let (_, v, _) =
+        env.debug(&["tcp", "--to", &hbone_addr, "--mark", BYPASS, "--send", r"GET / HTTP/1.1\r\nHost: echo\r\n\r\n", "-o", "json"]);
     assert!(v["hex"].as_str().unwrap().starts_with("15 03 03"), "plain HTTP gets a TLS alert record: {v}");
     assert_eq!(v["end"], "eof", "{v}");
     assert_handshake_refused(&env, "plain HTTP", &before, "not_tls", "plaintext HTTP on the HBONE port");
@@ -298,7 +315,14 @@ fn the_hbone_port_answers_bad_peers_and_bad_requests_correctly() {
     assert_handshake_refused(&env, "wrong server SAN", &before, "peer_rejected", "alert");
 
     // CONNECTs refused by the server's checks and by the handler.
-    assert_connect_refused(&env, "authority not the tunnel's IP", &format!("{}:9000", env.client_ip), 400, "PROTOCOL_ERROR", "does not belong to the tunnel destination");
+    assert_connect_refused(
+        &env,
+        "authority not the tunnel's IP",
+        &format!("{}:9000", env.client_ip),
+        400,
+        "PROTOCOL_ERROR",
+        "does not belong to the tunnel destination",
+    );
     assert_connect_refused(&env, "proxy port", &hbone_addr, 503, "CONNECT", "one of the node proxy's own ports");
     assert_connect_refused(&env, "closed port", &format!("{}:9999", env.echo_ip), 503, "CONNECT", "Connection refused");
 
@@ -318,7 +342,8 @@ fn the_hbone_port_answers_bad_peers_and_bad_requests_correctly() {
     assert_ne!(code, 0);
     assert_eq!(v["flag"], "PROTOCOL_ERROR", "{v}");
     assert!(v["error"].as_str().unwrap().contains("header_list_way_too_large"), "{v}");
-    let lines = env.log_lines("node2", &before, &["HBONE connection closed on an HTTP/2 protocol error", &format!("peer_addr={}:", env.client_ip)]);
+    let lines =
+        env.log_lines("node2", &before, &["HBONE connection closed on an HTTP/2 protocol error", &format!("peer_addr={}:", env.client_ip)]);
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert_eq!(env.delta("node2", &before, "slipstream_hbone_inbound_connection_closes_total", &["reason=\"protocol_error\""]), 1);
     env.settled("64 KiB header", &before, 0);
@@ -382,7 +407,11 @@ fn half_close_both_ways_and_a_reader_that_stops() {
     let before = env.before();
     let (code, v, _) = env.debug(&["tcp", "--to", &echo_tcp, "--send-bytes", "3MiB", "--half-close", "-o", "json"]);
     assert_eq!(code, 0, "{v}");
-    assert_eq!((v["sent"].as_u64(), v["received"].as_u64(), v["end"].as_str(), v["half_closed"].as_bool()), (Some(3 << 20), Some(3 << 20), Some("eof"), Some(true)), "{v}");
+    assert_eq!(
+        (v["sent"].as_u64(), v["received"].as_u64(), v["end"].as_str(), v["half_closed"].as_bool()),
+        (Some(3 << 20), Some(3 << 20), Some("eof"), Some(true)),
+        "{v}"
+    );
     let bytes = format!("bytes_sent={n} bytes_recv={n} ", n = 3 << 20);
     for node in ["node1", "node2"] {
         let lines = env.log_lines(node, &before, &["connection complete", &format!("dst.addr={echo_tcp} "), &bytes]);
@@ -398,11 +427,14 @@ fn half_close_both_ways_and_a_reader_that_stops() {
     // side; the client reads to end of stream, then still sends, and the
     // server receives it.
     let before = env.before();
-    let (code, v, _) = env.debug(&["tcp", "--to", &banner_tcp, "--recv-first", "--send", "sent after your half-close", "--half-close", "-o", "json"]);
+    let (code, v, _) =
+        env.debug(&["tcp", "--to", &banner_tcp, "--recv-first", "--send", "sent after your half-close", "--half-close", "-o", "json"]);
     assert_eq!(code, 0, "{v}");
     assert_eq!((v["data"].as_str(), v["end"].as_str(), v["sent"].as_u64()), (Some(BANNER), Some("eof"), Some(26)), "{v}");
     let banner_pod = env.c.pods("banner-")[0]["name"].as_str().unwrap().to_string();
-    wait_until("the banner server's line", Duration::from_secs(10), || env.c.ok(&["logs", &banner_pod]).contains("sent 26 bytes after our half-close"));
+    wait_until("the banner server's line", Duration::from_secs(10), || {
+        env.c.ok(&["logs", &banner_pod]).contains("sent 26 bytes after our half-close")
+    });
     // Each proxy counts from its own pod's side: node1's "sent" is what
     // the client sent, node2's what the server sent.
     let outbound = format!("bytes_sent=26 bytes_recv={} ", BANNER.len());
@@ -420,7 +452,20 @@ fn half_close_both_ways_and_a_reader_that_stops() {
     let before = env.before();
     let rss_before: Vec<u64> = env.proxies.iter().map(Proxy::rss_kib).collect();
     let stalled = Command::new(bin())
-        .args(["--cluster", &env.c.name, "exec", "deploy/client", "--", "slipstream", "--cluster", &env.c.name, "debug", "tcp", "--to", &echo_tcp])
+        .args([
+            "--cluster",
+            &env.c.name,
+            "exec",
+            "deploy/client",
+            "--",
+            "slipstream",
+            "--cluster",
+            &env.c.name,
+            "debug",
+            "tcp",
+            "--to",
+            &echo_tcp,
+        ])
         .args(["--send-bytes", "2GiB", "--no-read", "--idle", "2s", "--timeout", "12s", "-o", "json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -444,7 +489,14 @@ fn half_close_both_ways_and_a_reader_that_stops() {
     assert!(sent > 16 << 20 && sent < 1 << 30, "more than a stream window, far less than asked: {sent}");
     for (i, p) in env.proxies.iter().enumerate() {
         let grew = peak[i].saturating_sub(rss_before[i]);
-        eprintln!("stalled reader: node proxy of {} RSS {} KiB -> peak {} KiB (+{} KiB); the client wrote {} MiB", p.node, rss_before[i], peak[i], grew, sent >> 20);
+        eprintln!(
+            "stalled reader: node proxy of {} RSS {} KiB -> peak {} KiB (+{} KiB); the client wrote {} MiB",
+            p.node,
+            rss_before[i],
+            peak[i],
+            grew,
+            sent >> 20
+        );
         assert!(grew < 40 * 1024, "the node proxy of {} grew by {grew} KiB", p.node);
     }
     // The stalled connection is recorded once, as the client reset it.
@@ -482,7 +534,20 @@ fn nofile(pid: i32) -> (usize, usize) {
 fn hold(env: &Env, to: &str, n: usize) -> (std::process::Child, std::io::Lines<BufReader<std::process::ChildStdout>>, Value) {
     let count = n.to_string();
     let mut child = Command::new(bin())
-        .args(["--cluster", &env.c.name, "exec", "deploy/client", "--", "slipstream", "--cluster", &env.c.name, "debug", "hold", "--to", to])
+        .args([
+            "--cluster",
+            &env.c.name,
+            "exec",
+            "deploy/client",
+            "--",
+            "slipstream",
+            "--cluster",
+            &env.c.name,
+            "debug",
+            "hold",
+            "--to",
+            to,
+        ])
         .args(["--connections", &count, "--concurrency", "200", "--wait-stdin"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -553,7 +618,11 @@ fn ten_thousand_concurrent_connections_through_the_mesh() {
     let before = env.before();
     let rss_before: Vec<u64> = env.proxies.iter().map(Proxy::rss_kib).collect();
     let (child, lines, open) = hold(&env, &echo_tcp, N);
-    assert_eq!((open["verified"].as_u64(), open["failed"].as_u64()), (Some(N as u64), Some(0)), "every connection echoed its bytes: {open}");
+    assert_eq!(
+        (open["verified"].as_u64(), open["failed"].as_u64()),
+        (Some(N as u64), Some(0)),
+        "every connection echoed its bytes: {open}"
+    );
     let held_fds: Vec<usize> = env.proxies.iter().map(Proxy::fds).collect();
     let held_rss: Vec<u64> = env.proxies.iter().map(Proxy::rss_kib).collect();
     for (i, p) in env.proxies.iter().enumerate() {
@@ -571,7 +640,8 @@ fn ten_thousand_concurrent_connections_through_the_mesh() {
     let closed = release(child, lines);
     assert_eq!(closed["closed"].as_u64(), Some(N as u64));
     wait_until("every close recorded", Duration::from_secs(30), || {
-        env.delta("node1", &before, CLOSED, &["reporter=\"source\""]) == N as i64 && env.delta("node2", &before, CLOSED, &["reporter=\"destination\""]) == N as i64
+        env.delta("node1", &before, CLOSED, &["reporter=\"source\""]) == N as i64
+            && env.delta("node2", &before, CLOSED, &["reporter=\"destination\""]) == N as i64
     });
     // Clean closes: no flag but "-".
     assert_eq!(env.delta("node1", &before, CLOSED, &["reporter=\"source\"", "response_flags=\"-\""]), N as i64);
@@ -594,8 +664,16 @@ fn ten_thousand_concurrent_connections_through_the_mesh() {
     for (i, p) in env.proxies.iter().enumerate() {
         let rss = p.rss_kib();
         let (first, second) = (rss_after[i].saturating_sub(rss_before[i]), rss.saturating_sub(rss_after[i]));
-        eprintln!("after a second round: node proxy of {}: {} fds, RSS {rss} KiB (first round +{first} KiB, second +{second} KiB)", p.node, p.fds());
-        assert!(second < first / 2, "the node proxy of {} grew by {second} KiB on a second round of the same load (first: {first} KiB)", p.node);
+        eprintln!(
+            "after a second round: node proxy of {}: {} fds, RSS {rss} KiB (first round +{first} KiB, second +{second} KiB)",
+            p.node,
+            p.fds()
+        );
+        assert!(
+            second < first / 2,
+            "the node proxy of {} grew by {second} KiB on a second round of the same load (first: {first} KiB)",
+            p.node
+        );
     }
     // And the mesh still serves.
     let (code, v, _) = env.debug(&["tcp", "--to", &echo_tcp, "--send", "after", "--half-close", "-o", "json"]);

@@ -221,7 +221,13 @@ mod tests {
     }
 
     fn policy(action: Action, m: Match) -> Authorization {
-        Authorization { name: "p".into(), namespace: "default".into(), action, rules: vec![Rule { clauses: vec![Clause { matches: vec![m] }] }], ..Default::default() }
+        Authorization {
+            name: "p".into(),
+            namespace: "default".into(),
+            action,
+            rules: vec![Rule { clauses: vec![Clause { matches: vec![m] }] }],
+            ..Default::default()
+        }
     }
 
     fn strict() -> Authorization {
@@ -246,10 +252,16 @@ mod tests {
 
     #[test]
     fn allow_semantics() {
-        let allow_client = policy(Action::Allow, Match { principals: vec![StringMatch::Exact("cluster.local/ns/default/sa/client".into())], ..Default::default() });
+        let allow_client = policy(
+            Action::Allow,
+            Match { principals: vec![StringMatch::Exact("cluster.local/ns/default/sa/client".into())], ..Default::default() },
+        );
         let mut d = vec![];
         assert_eq!(check([&allow_client], &conn(Some("cluster.local/ns/default/sa/client"), 1), &mut d), Decision::Allow);
-        assert_eq!(check([&allow_client], &conn(Some("cluster.local/ns/default/sa/other"), 1), &mut d), Decision::Deny("no ALLOW policy matched".into()));
+        assert_eq!(
+            check([&allow_client], &conn(Some("cluster.local/ns/default/sa/other"), 1), &mut d),
+            Decision::Deny("no ALLOW policy matched".into())
+        );
         // No rules: an ALLOW policy that matches nothing denies all.
         let empty = Authorization { action: Action::Allow, ..Default::default() };
         assert!(matches!(check([&empty], &conn(Some("x"), 1), &mut d), Decision::Deny(_)));

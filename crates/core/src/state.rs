@@ -106,9 +106,11 @@ impl MeshState {
             .filter(|w| w.status == WorkloadStatus::Healthy)
             .filter_map(|w| {
                 let ports = w.services.get(&key)?;
-                let target = ports.iter().find(|p| p.service_port == service_port).map(|p| p.target_port).or_else(|| {
-                    svc.ports.iter().find(|p| p.service_port == service_port).map(|p| p.target_port)
-                })?;
+                let target = ports
+                    .iter()
+                    .find(|p| p.service_port == service_port)
+                    .map(|p| p.target_port)
+                    .or_else(|| svc.ports.iter().find(|p| p.service_port == service_port).map(|p| p.target_port))?;
                 (target != 0).then(|| (w.clone(), target))
             })
             .collect();

@@ -87,10 +87,18 @@ pub struct Workload {
 
 impl Workload {
     pub fn trust_domain(&self) -> &str {
-        if self.trust_domain.is_empty() { DEFAULT_TRUST_DOMAIN } else { &self.trust_domain }
+        if self.trust_domain.is_empty() {
+            DEFAULT_TRUST_DOMAIN
+        } else {
+            &self.trust_domain
+        }
     }
     pub fn service_account(&self) -> &str {
-        if self.service_account.is_empty() { "default" } else { &self.service_account }
+        if self.service_account.is_empty() {
+            "default"
+        } else {
+            &self.service_account
+        }
     }
     /// `spiffe://<td>/ns/<ns>/sa/<sa>`.
     pub fn spiffe_id(&self) -> String {

@@ -33,12 +33,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        for s in [
-            "10.1.2.3:8080",
-            "[fd00::1]:80",
-            "[::1]:15008",
-            "127.0.0.1:1",
-        ] {
+        for s in ["10.1.2.3:8080", "[fd00::1]:80", "[::1]:15008", "127.0.0.1:1"] {
             let addr = parse_authority(s).unwrap();
             assert_eq!(format_authority(addr), s);
         }
@@ -46,16 +41,7 @@ mod tests {
 
     #[test]
     fn rejects_non_addresses() {
-        for s in [
-            "",
-            "example.com:80",
-            "10.0.0.1",
-            "10.0.0.1:0",
-            "fd00::1:80",
-            "[fe80::1%2]:80",
-            "10.0.0.1:99999",
-            "http://10.0.0.1:80",
-        ] {
+        for s in ["", "example.com:80", "10.0.0.1", "10.0.0.1:0", "fd00::1:80", "[fe80::1%2]:80", "10.0.0.1:99999", "http://10.0.0.1:80"] {
             assert_eq!(parse_authority(s), None, "{s}");
         }
     }

@@ -12,8 +12,7 @@ use tokio::net::TcpStream;
 /// Opens the TCP connection for a tunnel to `dst` on behalf of a workload
 /// whose address is `src_ip`.
 pub trait Connector: Send + Sync + 'static {
-    fn connect(&self, dst: SocketAddr, src_ip: IpAddr)
-        -> BoxFuture<'static, io::Result<TcpStream>>;
+    fn connect(&self, dst: SocketAddr, src_ip: IpAddr) -> BoxFuture<'static, io::Result<TcpStream>>;
 }
 
 impl<F, Fut> Connector for F
@@ -21,11 +20,7 @@ where
     F: Fn(SocketAddr, IpAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = io::Result<TcpStream>> + Send + 'static,
 {
-    fn connect(
-        &self,
-        dst: SocketAddr,
-        src_ip: IpAddr,
-    ) -> BoxFuture<'static, io::Result<TcpStream>> {
+    fn connect(&self, dst: SocketAddr, src_ip: IpAddr) -> BoxFuture<'static, io::Result<TcpStream>> {
         Box::pin(self(dst, src_ip))
     }
 }
@@ -37,11 +32,7 @@ where
 pub struct PlainConnector;
 
 impl Connector for PlainConnector {
-    fn connect(
-        &self,
-        dst: SocketAddr,
-        _src_ip: IpAddr,
-    ) -> BoxFuture<'static, io::Result<TcpStream>> {
+    fn connect(&self, dst: SocketAddr, _src_ip: IpAddr) -> BoxFuture<'static, io::Result<TcpStream>> {
         Box::pin(async move {
             let stream = TcpStream::connect(dst).await?;
             // Tunnels carry interactive traffic too; h2 already batches frames.

@@ -106,10 +106,7 @@ pub enum HboneError {
         source: Arc<dyn std::error::Error + Send + Sync>,
     },
     #[error("TLS with {addr}: {mismatch}")]
-    IdentityMismatch {
-        addr: SocketAddr,
-        mismatch: Arc<IdentityMismatch>,
-    },
+    IdentityMismatch { addr: SocketAddr, mismatch: Arc<IdentityMismatch> },
     #[error("no certificate for {identity}: {source}")]
     Certificate {
         identity: SpiffeId,
@@ -128,10 +125,7 @@ pub enum HboneError {
     #[error("bad request: {0}")]
     BadRequest(&'static str),
     #[error("authority {authority} does not belong to the tunnel destination {tunnel}")]
-    AuthorityMismatch {
-        authority: SocketAddr,
-        tunnel: IpAddr,
-    },
+    AuthorityMismatch { authority: SocketAddr, tunnel: IpAddr },
     #[error("no local workload has address {0}")]
     NoWorkload(SocketAddr),
     #[error("workload at {0} does not serve that port")]
@@ -182,10 +176,7 @@ impl HboneError {
 
     pub fn flag(&self) -> ResponseFlag {
         match self {
-            Self::Connect { .. }
-            | Self::NoWorkload(_)
-            | Self::UnknownPort(_)
-            | Self::ProxyPort(_) => ResponseFlag::Connect,
+            Self::Connect { .. } | Self::NoWorkload(_) | Self::UnknownPort(_) | Self::ProxyPort(_) => ResponseFlag::Connect,
             Self::Tls { .. } | Self::Certificate { .. } => ResponseFlag::TlsFailure,
             Self::IdentityMismatch { .. } => ResponseFlag::IdentityError,
             Self::Timeout(_) => ResponseFlag::Timeout,
@@ -196,9 +187,7 @@ impl HboneError {
                 StatusCode::GATEWAY_TIMEOUT => ResponseFlag::Timeout,
                 _ => ResponseFlag::ProtocolError,
             },
-            Self::H2(_) | Self::BadRequest(_) | Self::AuthorityMismatch { .. } => {
-                ResponseFlag::ProtocolError
-            }
+            Self::H2(_) | Self::BadRequest(_) | Self::AuthorityMismatch { .. } => ResponseFlag::ProtocolError,
             Self::Io(_) => ResponseFlag::ConnectionTerminated,
         }
     }
@@ -226,16 +215,9 @@ impl HboneError {
     /// on the connection, if any: then the HTTP/2 error is only its echo
     /// (for example the alert a server sends after rejecting our client
     /// certificate, which in TLS 1.3 arrives after our handshake finished).
-    pub(crate) fn from_h2(
-        err: h2::Error,
-        addr: SocketAddr,
-        tls_error: Option<&rustls::Error>,
-    ) -> Self {
+    pub(crate) fn from_h2(err: h2::Error, addr: SocketAddr, tls_error: Option<&rustls::Error>) -> Self {
         match tls_error {
-            Some(tls) => Self::Tls {
-                addr,
-                source: Arc::new(tls.clone()),
-            },
+            Some(tls) => Self::Tls { addr, source: Arc::new(tls.clone()) },
             None => Self::H2(Arc::new(err)),
         }
     }
@@ -248,10 +230,7 @@ impl HboneError {
             // for a reason another connection does not share. An error
             // GOAWAY (the peer found this request abusive, e.g. headers far
             // over its limit) would only repeat on the next connection.
-            Self::H2(e) => {
-                (e.is_go_away() && e.reason() == Some(h2::Reason::NO_ERROR))
-                    || e.reason() == Some(h2::Reason::REFUSED_STREAM)
-            }
+            Self::H2(e) => (e.is_go_away() && e.reason() == Some(h2::Reason::NO_ERROR)) || e.reason() == Some(h2::Reason::REFUSED_STREAM),
             _ => false,
         }
     }

@@ -35,17 +35,12 @@ impl TraceParent {
         while parent_id == [0; 8] {
             rng.fill_bytes(&mut parent_id);
         }
-        Self {
-            trace_id,
-            parent_id,
-            sampled: false,
-        }
+        Self { trace_id, parent_id, sampled: false }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         let mut parts = s.trim().split('-');
-        let (version, trace, parent, flags) =
-            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         if parts.next().is_some() || version != "00" {
             return None;
         }
@@ -55,11 +50,7 @@ impl TraceParent {
         if trace_id == [0; 16] || parent_id == [0; 8] {
             return None;
         }
-        Some(Self {
-            trace_id,
-            parent_id,
-            sampled: flags[0] & 1 == 1,
-        })
+        Some(Self { trace_id, parent_id, sampled: flags[0] & 1 == 1 })
     }
 
     pub fn header_value(&self) -> HeaderValue {
@@ -82,17 +73,10 @@ impl fmt::Display for TraceParent {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-    {
+    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
         return None;
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
 }
 
 /// `forwarded: for="<client ip:port>"[;host=<service hostname>]` (RFC 7239).
@@ -221,8 +205,7 @@ impl Baggage {
 fn percent_encode(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
-        let plain =
-            matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E) && b != b'%';
+        let plain = matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E) && b != b'%';
         if plain {
             out.push(b as char);
         } else {
@@ -284,19 +267,10 @@ mod tests {
     fn forwarded() {
         let v4 = Forwarded::new("10.0.0.1:3456".parse().unwrap(), None);
         assert_eq!(v4.header_value().unwrap(), "for=\"10.0.0.1:3456\"");
-        let v6 = Forwarded::new(
-            "[fd00::7]:80".parse().unwrap(),
-            Some("reviews.default.svc.cluster.local".into()),
-        );
-        assert_eq!(
-            v6.header_value().unwrap(),
-            "for=\"[fd00::7]:80\";host=reviews.default.svc.cluster.local"
-        );
+        let v6 = Forwarded::new("[fd00::7]:80".parse().unwrap(), Some("reviews.default.svc.cluster.local".into()));
+        assert_eq!(v6.header_value().unwrap(), "for=\"[fd00::7]:80\";host=reviews.default.svc.cluster.local");
         let odd = Forwarded::new("10.0.0.1:1".parse().unwrap(), Some("a b".into()));
-        assert_eq!(
-            odd.header_value().unwrap(),
-            "for=\"10.0.0.1:1\";host=\"a b\""
-        );
+        assert_eq!(odd.header_value().unwrap(), "for=\"10.0.0.1:1\";host=\"a b\"");
     }
 
     #[test]
@@ -317,17 +291,11 @@ mod tests {
         assert_eq!(Baggage::parse(v.to_str().unwrap()), b);
         assert_eq!(Baggage::default().header_value(), None);
 
-        let weird = Baggage {
-            service_name: "a,b=c %d".into(),
-            ..Default::default()
-        };
+        let weird = Baggage { service_name: "a,b=c %d".into(), ..Default::default() };
         let v = weird.header_value().unwrap();
         assert_eq!(v, "service.name=a%2Cb=c%20%25d");
         assert_eq!(Baggage::parse(v.to_str().unwrap()), weird);
         // Malformed escapes pass through instead of panicking.
-        assert_eq!(
-            Baggage::parse("service.name=%a\u{e9}%").service_name,
-            "%a\u{e9}%"
-        );
+        assert_eq!(Baggage::parse("service.name=%a\u{e9}%").service_name, "%a\u{e9}%");
     }
 }

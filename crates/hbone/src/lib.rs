@@ -23,15 +23,12 @@ mod server;
 mod stream;
 
 pub use authority::{format_authority, parse_authority};
-pub use client::{
-    CertSource, ConnectRequest, ConnectionSnapshot, Pool, PoolConfig, PoolKey, PoolSnapshot,
-};
+pub use client::{CertSource, ConnectRequest, ConnectionSnapshot, Pool, PoolConfig, PoolKey, PoolSnapshot};
 pub use connector::{Connector, PlainConnector};
 pub use error::{Fault, HboneError, ResponseFlag, TimeoutStage};
 pub use h2config::H2Config;
 pub use server::{
-    CertResolver, Handler, HandshakeFailure, HandshakeFailureKind, InboundRequest, ResolveError,
-    Server, ServerConfig, ServerStats, StatsSnapshot, StreamRecord, Upstream, PROXY_PORTS,
-    UPSTREAM_CONNECT_TIMEOUT,
+    CertResolver, Handler, HandshakeFailure, HandshakeFailureKind, InboundRequest, ResolveError, Server, ServerConfig, ServerStats,
+    StatsSnapshot, StreamRecord, Upstream, PROXY_PORTS, UPSTREAM_CONNECT_TIMEOUT,
 };
 pub use stream::{TunnelReader, TunnelStream, TunnelWriter};

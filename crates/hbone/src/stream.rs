@@ -38,17 +38,8 @@ pub struct TunnelStream {
 impl TunnelStream {
     pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, guard: Option<Guard>) -> Self {
         Self {
-            reader: TunnelReader {
-                recv,
-                pending: Bytes::new(),
-                eof: false,
-                _guard: guard.clone(),
-            },
-            writer: TunnelWriter {
-                send,
-                shut_down: false,
-                _guard: guard,
-            },
+            reader: TunnelReader { recv, pending: Bytes::new(), eof: false, _guard: guard.clone() },
+            writer: TunnelWriter { send, shut_down: false, _guard: guard },
         }
     }
 
@@ -61,9 +52,7 @@ impl TunnelStream {
 
 impl std::fmt::Debug for TunnelStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TunnelStream")
-            .field("stream_id", &self.writer.send.stream_id().as_u32())
-            .finish_non_exhaustive()
+        f.debug_struct("TunnelStream").field("stream_id", &self.writer.send.stream_id().as_u32()).finish_non_exhaustive()
     }
 }
 
@@ -125,11 +114,7 @@ impl TunnelReader {
 }
 
 impl AsyncRead for TunnelReader {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
@@ -156,15 +141,9 @@ fn recv_error(e: h2::Error) -> Option<io::Error> {
 
 pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
     if e.is_io() {
-        return e
-            .into_io()
-            .unwrap_or_else(|| io::Error::other("h2 I/O error"));
+        return e.into_io().unwrap_or_else(|| io::Error::other("h2 I/O error"));
     }
-    let kind = if e.is_reset() || e.is_go_away() {
-        io::ErrorKind::ConnectionReset
-    } else {
-        io::ErrorKind::Other
-    };
+    let kind = if e.is_reset() || e.is_go_away() { io::ErrorKind::ConnectionReset } else { io::ErrorKind::Other };
     io::Error::new(kind, e)
 }
 
@@ -180,10 +159,7 @@ impl TunnelWriter {
     /// (at most `want`, at most one maximum-size frame).
     pub(crate) fn poll_capacity(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
         if self.shut_down {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "write after shutdown",
-            )));
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "write after shutdown")));
         }
         let want = want.min(MAX_WRITE_CHUNK);
         loop {
@@ -215,9 +191,7 @@ impl TunnelWriter {
     pub async fn send(&mut self, mut data: Bytes) -> io::Result<()> {
         while !data.is_empty() {
             let n = std::future::poll_fn(|cx| self.poll_capacity(cx, data.len())).await?;
-            self.send
-                .send_data(data.split_to(n), false)
-                .map_err(h2_to_io)?;
+            self.send.send_data(data.split_to(n), false).map_err(h2_to_io)?;
         }
         Ok(())
     }
@@ -239,19 +213,13 @@ impl TunnelWriter {
 }
 
 impl AsyncWrite for TunnelWriter {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
         let n = ready!(this.poll_capacity(cx, buf.len()))?;
-        this.send
-            .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-            .map_err(h2_to_io)?;
+        this.send.send_data(Bytes::copy_from_slice(&buf[..n]), false).map_err(h2_to_io)?;
         Poll::Ready(Ok(n))
     }
 
@@ -266,21 +234,13 @@ impl AsyncWrite for TunnelWriter {
 }
 
 impl AsyncRead for TunnelStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().reader).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for TunnelStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().writer).poll_write(cx, buf)
     }
 

@@ -11,18 +11,13 @@ use bytes::Bytes;
 use common::*;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, StatusCode};
-use slipstream_hbone::{
-    CertSource, ConnectRequest, H2Config, HboneError, PlainConnector, Pool, PoolConfig,
-    ResponseFlag, ServerConfig,
-};
+use slipstream_hbone::{CertSource, ConnectRequest, H2Config, HboneError, PlainConnector, Pool, PoolConfig, ResponseFlag, ServerConfig};
 use slipstream_identity::{Ca, FetchError, SpiffeId, TrustDomain, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn status_of(pool: &Pool, k: &slipstream_hbone::PoolKey, target: SocketAddr) -> HboneError {
-    pool.connect(k, ConnectRequest::new(target))
-        .await
-        .expect_err("the CONNECT must be refused")
+    pool.connect(k, ConnectRequest::new(target)).await.expect_err("the CONNECT must be refused")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,38 +34,14 @@ async fn each_refusal_has_its_code() {
 
     let cases = [
         // The authority names another IP than the tunnel arrived on.
-        (
-            at("127.0.0.2", 8080),
-            StatusCode::BAD_REQUEST,
-            ResponseFlag::ProtocolError,
-        ),
+        (at("127.0.0.2", 8080), StatusCode::BAD_REQUEST, ResponseFlag::ProtocolError),
         // The proxy's own ports.
-        (
-            at("127.0.0.1", 15008),
-            StatusCode::SERVICE_UNAVAILABLE,
-            ResponseFlag::Connect,
-        ),
-        (
-            at("127.0.0.1", 15001),
-            StatusCode::SERVICE_UNAVAILABLE,
-            ResponseFlag::Connect,
-        ),
+        (at("127.0.0.1", 15008), StatusCode::SERVICE_UNAVAILABLE, ResponseFlag::Connect),
+        (at("127.0.0.1", 15001), StatusCode::SERVICE_UNAVAILABLE, ResponseFlag::Connect),
         // The handler's answers.
-        (
-            at("127.0.0.1", 1001),
-            StatusCode::UNAUTHORIZED,
-            ResponseFlag::Deny,
-        ),
-        (
-            at("127.0.0.1", 1002),
-            StatusCode::SERVICE_UNAVAILABLE,
-            ResponseFlag::Connect,
-        ),
-        (
-            at("127.0.0.1", 1003),
-            StatusCode::SERVICE_UNAVAILABLE,
-            ResponseFlag::Connect,
-        ),
+        (at("127.0.0.1", 1001), StatusCode::UNAUTHORIZED, ResponseFlag::Deny),
+        (at("127.0.0.1", 1002), StatusCode::SERVICE_UNAVAILABLE, ResponseFlag::Connect),
+        (at("127.0.0.1", 1003), StatusCode::SERVICE_UNAVAILABLE, ResponseFlag::Connect),
     ];
     for (target, code, flag) in cases {
         let err = status_of(&pool, &k, target).await;
@@ -81,14 +52,7 @@ async fn each_refusal_has_its_code() {
         assert_eq!(err.flag(), flag, "{target}");
     }
     // Refusals reach the handler only from the check that needs it.
-    let asked: Vec<u16> = server
-        .handler
-        .requests
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.target.port())
-        .collect();
+    let asked: Vec<u16> = server.handler.requests.lock().unwrap().iter().map(|r| r.target.port()).collect();
     assert_eq!(asked, vec![1001, 1002, 1003]);
 
     let stats = server.stats.snapshot();
@@ -96,16 +60,10 @@ async fn each_refusal_has_its_code() {
     assert_eq!(stats.status_401, 1);
     assert_eq!(stats.status_503, 4);
     assert_eq!(stats.status_200, 0);
-    assert_eq!(
-        stats.connections_accepted, 1,
-        "refusals do not break the connection"
-    );
+    assert_eq!(stats.connections_accepted, 1, "refusals do not break the connection");
 
     let records = server.handler.wait_records(6).await;
-    let denied = records
-        .iter()
-        .find(|r| r.status == StatusCode::UNAUTHORIZED)
-        .unwrap();
+    let denied = records.iter().find(|r| r.status == StatusCode::UNAUTHORIZED).unwrap();
     assert!(matches!(denied.result, Err(HboneError::Denied(_))));
     assert_eq!(denied.peer_identity, client);
 }
@@ -118,13 +76,7 @@ async fn waypoint_accepts_a_foreign_authority() {
     let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
     *server.handler.waypoint_for.lock().unwrap() = Some(vip);
     let pool = mesh.pool(PoolConfig::default());
-    let mut tunnel = pool
-        .connect(
-            &key(&client, &[waypoint], server.addr),
-            ConnectRequest::new(vip),
-        )
-        .await
-        .unwrap();
+    let mut tunnel = pool.connect(&key(&client, &[waypoint], server.addr), ConnectRequest::new(vip)).await.unwrap();
     tunnel.shutdown().await.unwrap();
     read_all(&mut tunnel).await.unwrap();
     assert_eq!(server.handler.requests.lock().unwrap()[0].target, vip);
@@ -139,28 +91,17 @@ async fn malformed_requests_get_400_with_end_stream() {
     let mut h2 = raw_h2(&mesh, &client, server.addr, &server_id).await;
 
     // Not CONNECT.
-    let get = Request::builder()
-        .method(Method::GET)
-        .uri(format!("https://{}/", server.addr))
-        .body(())
-        .unwrap();
+    let get = Request::builder().method(Method::GET).uri(format!("https://{}/", server.addr)).body(()).unwrap();
     h2 = h2.ready().await.unwrap();
     let (response, _body) = h2.send_request(get, true).unwrap();
     let response = response.await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    assert!(
-        response.body().is_end_stream(),
-        "HEADERS carried END_STREAM"
-    );
+    assert!(response.body().is_end_stream(), "HEADERS carried END_STREAM");
     // The server's SETTINGS arrived by now: it allows 200 concurrent streams.
     assert_eq!(h2.current_max_send_streams(), 200);
 
     // CONNECT to a host name instead of an address.
-    let by_name = Request::builder()
-        .method(Method::CONNECT)
-        .uri("example.com:80")
-        .body(())
-        .unwrap();
+    let by_name = Request::builder().method(Method::CONNECT).uri("example.com:80").body(()).unwrap();
     h2 = h2.ready().await.unwrap();
     let (response, _body) = h2.send_request(by_name, false).unwrap();
     let response = response.await.unwrap();
@@ -168,11 +109,7 @@ async fn malformed_requests_get_400_with_end_stream() {
     assert!(response.body().is_end_stream());
 
     // A CONNECT without a port.
-    let no_port = Request::builder()
-        .method(Method::CONNECT)
-        .uri("127.0.0.1")
-        .body(())
-        .unwrap();
+    let no_port = Request::builder().method(Method::CONNECT).uri("127.0.0.1").body(()).unwrap();
     h2 = h2.ready().await.unwrap();
     let (response, _body) = h2.send_request(no_port, false).unwrap();
     assert_eq!(response.await.unwrap().status(), StatusCode::BAD_REQUEST);
@@ -189,10 +126,7 @@ async fn wrong_server_identity_is_an_identity_error() {
     let pool = mesh.pool(PoolConfig::default());
     let expected = id("reviews");
     let err = pool
-        .connect(
-            &key(&client, std::slice::from_ref(&expected), server.addr),
-            ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)),
-        )
+        .connect(&key(&client, std::slice::from_ref(&expected), server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)))
         .await
         .unwrap_err();
     match &err {
@@ -213,10 +147,7 @@ struct ForeignCerts {
 }
 
 impl CertSource for ForeignCerts {
-    fn fetch<'a>(
-        &'a self,
-        _id: &'a SpiffeId,
-    ) -> BoxFuture<'a, Result<Arc<WorkloadCert>, FetchError>> {
+    fn fetch<'a>(&'a self, _id: &'a SpiffeId) -> BoxFuture<'a, Result<Arc<WorkloadCert>, FetchError>> {
         Box::pin(async move { Ok(self.cert.clone()) })
     }
 }
@@ -229,26 +160,10 @@ async fn client_certificate_from_another_ca_is_rejected() {
 
     let other = Ca::generate(&TrustDomain::default()).unwrap();
     let stranger = other.issue(&client, Duration::from_secs(600)).unwrap();
-    let cert = WorkloadCert::new(
-        stranger.chain().to_vec(),
-        mesh.ca.roots().clone(),
-        stranger.key().clone(),
-    )
-    .unwrap();
-    let pool = Pool::new(
-        PoolConfig::default(),
-        Arc::new(ForeignCerts {
-            cert: Arc::new(cert),
-        }),
-        Arc::new(PlainConnector),
-    );
-    let err = pool
-        .connect(
-            &key(&client, &[server_id], server.addr),
-            ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)),
-        )
-        .await
-        .unwrap_err();
+    let cert = WorkloadCert::new(stranger.chain().to_vec(), mesh.ca.roots().clone(), stranger.key().clone()).unwrap();
+    let pool = Pool::new(PoolConfig::default(), Arc::new(ForeignCerts { cert: Arc::new(cert) }), Arc::new(PlainConnector));
+    let err =
+        pool.connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap_err();
     assert!(matches!(err, HboneError::Tls { .. }), "got {err}");
     assert_eq!(err.flag(), ResponseFlag::TlsFailure);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -262,21 +177,12 @@ async fn no_local_workload_refuses_the_handshake() {
     let mesh = Mesh::new();
     let client = id("sleep");
     // The server's only workload lives on another address.
-    let server = start_server_on(
-        &mesh,
-        "127.0.0.1:0".parse().unwrap(),
-        &[("127.0.0.9".parse().unwrap(), id("elsewhere"))],
-        ServerConfig::default(),
-    )
-    .await;
+    let server =
+        start_server_on(&mesh, "127.0.0.1:0".parse().unwrap(), &[("127.0.0.9".parse().unwrap(), id("elsewhere"))], ServerConfig::default())
+            .await;
     let pool = mesh.pool(PoolConfig::default());
-    let err = pool
-        .connect(
-            &key(&client, &[id("httpbin")], server.addr),
-            ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)),
-        )
-        .await
-        .unwrap_err();
+    let err =
+        pool.connect(&key(&client, &[id("httpbin")], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap_err();
     assert!(matches!(err, HboneError::Tls { .. }), "got {err}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stats = server.stats.snapshot();
@@ -288,29 +194,20 @@ async fn no_local_workload_refuses_the_handshake() {
 async fn garbage_and_plain_tcp_are_dropped_and_the_server_keeps_serving() {
     let mesh = Mesh::new();
     let (client, server_id) = (id("sleep"), id("httpbin"));
-    let config = ServerConfig {
-        handshake_timeout: Duration::from_millis(500),
-        ..Default::default()
-    };
+    let config = ServerConfig { handshake_timeout: Duration::from_millis(500), ..Default::default() };
     let server = start_server(&mesh, &server_id, config).await;
 
     // Plain HTTP/1.1.
     let mut tcp = TcpStream::connect(server.addr).await.unwrap();
-    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(2), tcp.read_to_end(&mut buf))
-        .await
-        .expect("closed promptly");
+    let _ = tokio::time::timeout(Duration::from_secs(2), tcp.read_to_end(&mut buf)).await.expect("closed promptly");
     assert!(!buf.starts_with(b"HTTP/"), "never answered in plaintext");
 
     // Random bytes.
     let mut tcp = TcpStream::connect(server.addr).await.unwrap();
     tcp.write_all(&pattern(4096, 3)).await.unwrap();
-    let _ = tokio::time::timeout(Duration::from_secs(2), tcp.read_to_end(&mut Vec::new()))
-        .await
-        .expect("closed promptly");
+    let _ = tokio::time::timeout(Duration::from_secs(2), tcp.read_to_end(&mut Vec::new())).await.expect("closed promptly");
 
     // Connect and close at once; connect and say nothing.
     drop(TcpStream::connect(server.addr).await.unwrap());
@@ -321,25 +218,16 @@ async fn garbage_and_plain_tcp_are_dropped_and_the_server_keeps_serving() {
 
     // The HTTP/2 preface in plaintext (h2c prior knowledge) is refused too.
     let mut h2c = TcpStream::connect(server.addr).await.unwrap();
-    h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-        .await
-        .unwrap();
-    let _ = tokio::time::timeout(Duration::from_secs(2), h2c.read_to_end(&mut Vec::new()))
-        .await
-        .expect("closed promptly");
+    h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(2), h2c.read_to_end(&mut Vec::new())).await.expect("closed promptly");
 
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(server.stats.snapshot().tls_failures, 5);
 
     // Still serving.
     let pool = mesh.pool(PoolConfig::default());
-    let mut tunnel = pool
-        .connect(
-            &key(&client, &[server_id], server.addr),
-            ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)),
-        )
-        .await
-        .unwrap();
+    let mut tunnel =
+        pool.connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap();
     tunnel.write_all(b"still here").await.unwrap();
     tunnel.shutdown().await.unwrap();
     assert_eq!(read_all(&mut tunnel).await.unwrap(), b"still here");
@@ -353,36 +241,22 @@ async fn oversized_headers_are_refused_cleanly() {
     let pool = mesh.pool(PoolConfig::default());
     let k = key(&client, &[server_id], server.addr);
     let huge = http::HeaderValue::from_str(&"x".repeat(20 * 1024)).unwrap();
-    let request = ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))
-        .with_header(http::HeaderName::from_static("x-padding"), huge);
+    let request = ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)).with_header(http::HeaderName::from_static("x-padding"), huge);
     let err = pool.connect(&k, request).await.unwrap_err();
     // h2 itself answers 431 for a request header block over the limit,
     // before the request reaches our checks.
-    assert!(
-        matches!(
-            err,
-            HboneError::Status(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
-        ),
-        "got {err}"
-    );
+    assert!(matches!(err, HboneError::Status(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)), "got {err}");
     assert!(server.handler.requests.lock().unwrap().is_empty());
 
     // The connection survives and serves the next tunnel.
-    let mut tunnel = pool
-        .connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)))
-        .await
-        .unwrap();
+    let mut tunnel = pool.connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap();
     tunnel.shutdown().await.unwrap();
     read_all(&mut tunnel).await.unwrap();
     assert_eq!(server.stats.snapshot().connections_accepted, 1);
 }
 
 fn fast_keepalive() -> H2Config {
-    H2Config {
-        keepalive_interval: Duration::from_millis(100),
-        keepalive_timeout: Duration::from_millis(300),
-        ..Default::default()
-    }
+    H2Config { keepalive_interval: Duration::from_millis(100), keepalive_timeout: Duration::from_millis(300), ..Default::default() }
 }
 
 /// A client that completes TLS and the HTTP/2 preface, then never reads:
@@ -391,34 +265,24 @@ fn fast_keepalive() -> H2Config {
 async fn server_drops_a_peer_that_does_not_answer_pings() {
     let mesh = Mesh::new();
     let (client, server_id) = (id("sleep"), id("httpbin"));
-    let config = ServerConfig {
-        h2: fast_keepalive(),
-        ..Default::default()
-    };
+    let config = ServerConfig { h2: fast_keepalive(), ..Default::default() };
     let server = start_server(&mesh, &server_id, config).await;
 
     let cert = mesh.cert(&client).await;
-    let tls_config =
-        slipstream_identity::tls::client_config(&cert, cert.roots(), &[server_id]).unwrap();
+    let tls_config = slipstream_identity::tls::client_config(&cert, cert.roots(), &[server_id]).unwrap();
     let tcp = TcpStream::connect(server.addr).await.unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(tls_config)
-        .connect(
-            rustls_pki_types::ServerName::IpAddress(server.addr.ip().into()),
-            tcp,
-        )
+        .connect(rustls_pki_types::ServerName::IpAddress(server.addr.ip().into()), tcp)
         .await
         .unwrap();
-    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-        .await
-        .unwrap();
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
     tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap(); // empty SETTINGS
     tls.flush().await.unwrap();
 
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(server.stats.snapshot().keepalive_timeouts, 1);
     // Everything the server sent, then the end.
-    let closed =
-        tokio::time::timeout(Duration::from_secs(2), tls.read_to_end(&mut Vec::new())).await;
+    let closed = tokio::time::timeout(Duration::from_secs(2), tls.read_to_end(&mut Vec::new())).await;
     assert!(closed.is_ok(), "connection closed by the server");
 }
 
@@ -434,33 +298,17 @@ async fn client_drops_a_peer_that_does_not_answer_pings() {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
-        let mut tls = tokio_rustls::TlsAcceptor::from(config)
-            .accept(tcp)
-            .await
-            .unwrap();
+        let mut tls = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await.unwrap();
         tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
         let mut sink = vec![0u8; 65536];
         // Read and ignore everything, answer nothing.
         while tls.read(&mut sink).await.is_ok_and(|n| n > 0) {}
     });
 
-    let pool = mesh.pool(PoolConfig {
-        h2: fast_keepalive(),
-        response_timeout: Duration::from_secs(30),
-        ..Default::default()
-    });
+    let pool = mesh.pool(PoolConfig { h2: fast_keepalive(), response_timeout: Duration::from_secs(30), ..Default::default() });
     let started = tokio::time::Instant::now();
-    let err = pool
-        .connect(
-            &key(&client, &[server_id], addr),
-            ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "failed by keepalive, not by the response timeout"
-    );
+    let err = pool.connect(&key(&client, &[server_id], addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "failed by keepalive, not by the response timeout");
     assert!(!matches!(err, HboneError::Timeout(_)), "got {err}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pool.connection_count(), 0);
@@ -473,27 +321,12 @@ fn error_classes() {
     let connect = HboneError::Connect { addr, source: io() };
     assert_eq!(connect.flag().as_str(), "CONNECT");
     assert_eq!(connect.response_code(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        HboneError::denied("x").response_code(),
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(HboneError::denied("x").response_code(), StatusCode::UNAUTHORIZED);
     assert_eq!(HboneError::denied("x").flag().as_str(), "DENY");
-    assert_eq!(
-        HboneError::BadRequest("x").response_code(),
-        StatusCode::BAD_REQUEST
-    );
-    assert_eq!(
-        HboneError::ProxyPort(15008).response_code(),
-        StatusCode::SERVICE_UNAVAILABLE
-    );
-    assert_eq!(
-        HboneError::Status(StatusCode::UNAUTHORIZED).flag(),
-        ResponseFlag::Deny
-    );
-    assert_eq!(
-        HboneError::Status(StatusCode::SERVICE_UNAVAILABLE).flag(),
-        ResponseFlag::Connect
-    );
+    assert_eq!(HboneError::BadRequest("x").response_code(), StatusCode::BAD_REQUEST);
+    assert_eq!(HboneError::ProxyPort(15008).response_code(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(HboneError::Status(StatusCode::UNAUTHORIZED).flag(), ResponseFlag::Deny);
+    assert_eq!(HboneError::Status(StatusCode::SERVICE_UNAVAILABLE).flag(), ResponseFlag::Connect);
     assert_eq!(ResponseFlag::None.as_str(), "-");
     let _ = Bytes::new();
 }

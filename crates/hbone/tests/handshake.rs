@@ -12,8 +12,8 @@ use common::*;
 use futures_util::future::BoxFuture;
 use slipstream_hbone::drain;
 use slipstream_hbone::{
-    CertSource, ConnectRequest, Handler, HandshakeFailure, HandshakeFailureKind, HboneError,
-    InboundRequest, PoolConfig, ResponseFlag, Server, ServerConfig, StreamRecord, Upstream,
+    CertSource, ConnectRequest, Handler, HandshakeFailure, HandshakeFailureKind, HboneError, InboundRequest, PoolConfig, ResponseFlag,
+    Server, ServerConfig, StreamRecord, Upstream,
 };
 use slipstream_identity::{Ca, FetchError, SpiffeId, TrustDomain, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,10 +27,7 @@ struct Recorder {
 }
 
 impl Handler for Recorder {
-    fn connect<'a>(
-        &'a self,
-        request: &'a InboundRequest,
-    ) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>> {
+    fn connect<'a>(&'a self, request: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>> {
         Box::pin(async move {
             if request.target.port() == 1 {
                 return Err(HboneError::NoWorkload(request.target));
@@ -76,24 +73,11 @@ impl Recorder {
     }
 }
 
-async fn serve(
-    mesh: &Mesh,
-    who: &SpiffeId,
-    config: ServerConfig,
-) -> (SocketAddr, Arc<Recorder>, drain::DrainTrigger) {
+async fn serve(mesh: &Mesh, who: &SpiffeId, config: ServerConfig) -> (SocketAddr, Arc<Recorder>, drain::DrainTrigger) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let recorder = Arc::new(Recorder::default());
-    let resolver = TestResolver {
-        certs: mesh.certs.clone(),
-        workloads: [(LOCALHOST, who.clone())].into_iter().collect(),
-    };
-    let server = Server::new(
-        listener,
-        mesh.server_tls(),
-        Arc::new(resolver),
-        recorder.clone(),
-        config,
-    );
+    let resolver = TestResolver { certs: mesh.certs.clone(), workloads: [(LOCALHOST, who.clone())].into_iter().collect() };
+    let server = Server::new(listener, mesh.server_tls(), Arc::new(resolver), recorder.clone(), config);
     let addr = server.local_addr().unwrap();
     let (trigger, watch) = drain::channel();
     tokio::spawn(server.serve(watch));
@@ -106,9 +90,7 @@ async fn raw(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(bytes).await.unwrap();
     let mut back = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut back))
-        .await
-        .expect("the server closes");
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut back)).await.expect("the server closes");
     back
 }
 
@@ -130,25 +112,17 @@ async fn not_tls_is_named_and_answered_with_an_alert() {
     assert_eq!(f[1].kind, HandshakeFailureKind::NotTls);
     assert!(f[1].detail.contains("00 01 02 03"), "{}", f[1].detail);
     assert_eq!(f[2].kind, HandshakeFailureKind::Closed);
-    assert!(f
-        .iter()
-        .all(|f| f.local_addr == addr && f.peer_addr.ip() == LOCALHOST));
+    assert!(f.iter().all(|f| f.local_addr == addr && f.peer_addr.ip() == LOCALHOST));
 }
 
 #[tokio::test]
 async fn a_silent_client_is_dropped_after_the_handshake_budget() {
     let mesh = Mesh::new();
-    let config = ServerConfig {
-        handshake_timeout: Duration::from_millis(200),
-        ..ServerConfig::default()
-    };
+    let config = ServerConfig { handshake_timeout: Duration::from_millis(200), ..ServerConfig::default() };
     let (addr, rec, _drain) = serve(&mesh, &id("server"), config).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
     let mut buf = [0u8; 1];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .unwrap()
-        .unwrap_or(0);
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
     assert_eq!(n, 0, "closed");
     let f = rec.wait_failures(1).await;
     assert_eq!(f[0].kind, HandshakeFailureKind::Timeout, "{f:#?}");
@@ -158,10 +132,7 @@ async fn a_silent_client_is_dropped_after_the_handshake_budget() {
 struct Fixed(Arc<WorkloadCert>);
 
 impl CertSource for Fixed {
-    fn fetch<'a>(
-        &'a self,
-        _id: &'a SpiffeId,
-    ) -> BoxFuture<'a, Result<Arc<WorkloadCert>, FetchError>> {
+    fn fetch<'a>(&'a self, _id: &'a SpiffeId) -> BoxFuture<'a, Result<Arc<WorkloadCert>, FetchError>> {
         let c = self.0.clone();
         Box::pin(async move { Ok(c) })
     }
@@ -171,17 +142,8 @@ impl CertSource for Fixed {
 /// mesh's roots.
 fn foreign_pool(mesh: &Mesh, ca: &Ca, who: &SpiffeId) -> slipstream_hbone::Pool {
     let issued = ca.issue(who, Duration::from_secs(600)).unwrap();
-    let cert = WorkloadCert::new(
-        issued.chain().to_vec(),
-        mesh.ca.roots().clone(),
-        issued.key().clone(),
-    )
-    .unwrap();
-    slipstream_hbone::Pool::new(
-        PoolConfig::default(),
-        Arc::new(Fixed(Arc::new(cert))),
-        Arc::new(slipstream_hbone::PlainConnector),
-    )
+    let cert = WorkloadCert::new(issued.chain().to_vec(), mesh.ca.roots().clone(), issued.key().clone()).unwrap();
+    slipstream_hbone::Pool::new(PoolConfig::default(), Arc::new(Fixed(Arc::new(cert))), Arc::new(slipstream_hbone::PlainConnector))
 }
 
 #[tokio::test]
@@ -196,16 +158,8 @@ async fn rejected_client_certificates_are_named_and_the_client_hears_the_alert()
     // Another trust domain, signed by our CA.
     let foreign = SpiffeId::new("other.domain", "x", "y").unwrap();
     let cases = [
-        (
-            foreign_pool(&mesh, &other_ca, &id("client")),
-            id("client"),
-            HandshakeFailureKind::UntrustedCa,
-        ),
-        (
-            foreign_pool(&mesh, &mesh.ca, &foreign),
-            foreign.clone(),
-            HandshakeFailureKind::TrustDomain,
-        ),
+        (foreign_pool(&mesh, &other_ca, &id("client")), id("client"), HandshakeFailureKind::UntrustedCa),
+        (foreign_pool(&mesh, &mesh.ca, &foreign), foreign.clone(), HandshakeFailureKind::TrustDomain),
     ];
     // The answer must not depend on timing (a hasty close after the alert
     // can reset the client's HTTP/2 preface before it reads the alert; on
@@ -213,40 +167,16 @@ async fn rejected_client_certificates_are_named_and_the_client_hears_the_alert()
     for round in 0..10 {
         for (pool, who, kind) in &cases {
             let k = key(who, std::slice::from_ref(&server_id), addr);
-            let err = pool
-                .connect(&k, ConnectRequest::new(target))
-                .await
-                .unwrap_err();
-            assert_eq!(
-                err.flag(),
-                ResponseFlag::TlsFailure,
-                "round {round}, {kind:?}: {err}"
-            );
-            assert!(
-                err.to_string().contains("alert"),
-                "round {round}, {kind:?}: the client hears why: {err}"
-            );
+            let err = pool.connect(&k, ConnectRequest::new(target)).await.unwrap_err();
+            assert_eq!(err.flag(), ResponseFlag::TlsFailure, "round {round}, {kind:?}: {err}");
+            assert!(err.to_string().contains("alert"), "round {round}, {kind:?}: the client hears why: {err}");
         }
     }
     let f = rec.wait_failures(20).await;
     assert_eq!(f.len(), 20);
-    assert_eq!(
-        f.iter()
-            .filter(|f| f.kind == HandshakeFailureKind::UntrustedCa)
-            .count(),
-        10,
-        "{f:#?}"
-    );
-    assert_eq!(
-        f.iter()
-            .filter(|f| f.kind == HandshakeFailureKind::TrustDomain)
-            .count(),
-        10,
-        "{f:#?}"
-    );
-    assert!(f
-        .iter()
-        .any(|f| f.detail.contains("spiffe://other.domain/ns/x/sa/y")));
+    assert_eq!(f.iter().filter(|f| f.kind == HandshakeFailureKind::UntrustedCa).count(), 10, "{f:#?}");
+    assert_eq!(f.iter().filter(|f| f.kind == HandshakeFailureKind::TrustDomain).count(), 10, "{f:#?}");
+    assert!(f.iter().any(|f| f.detail.contains("spiffe://other.domain/ns/x/sa/y")));
 }
 
 #[tokio::test]
@@ -255,10 +185,7 @@ async fn a_client_expecting_another_identity_aborts_and_the_server_says_so() {
     let (addr, rec, _drain) = serve(&mesh, &id("server"), ServerConfig::default()).await;
     let pool = mesh.pool(PoolConfig::default());
     let k = key(&id("client"), &[id("someone-else")], addr);
-    let err = pool
-        .connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)))
-        .await
-        .unwrap_err();
+    let err = pool.connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap_err();
     assert_eq!(err.flag(), ResponseFlag::IdentityError, "{err}");
     let f = rec.wait_failures(1).await;
     assert_eq!(f[0].kind, HandshakeFailureKind::PeerRejected, "{f:#?}");
@@ -271,12 +198,7 @@ async fn stream_records_say_whether_the_handler_saw_the_stream() {
     let (addr, rec, _drain) = serve(&mesh, &server_id, ServerConfig::default()).await;
     let pool = mesh.pool(PoolConfig::default());
     let k = key(&id("client"), std::slice::from_ref(&server_id), addr);
-    let connect = |ip: &str, port: u16| {
-        pool.connect(
-            &k,
-            ConnectRequest::new(SocketAddr::new(ip.parse().unwrap(), port)),
-        )
-    };
+    let connect = |ip: &str, port: u16| pool.connect(&k, ConnectRequest::new(SocketAddr::new(ip.parse().unwrap(), port)));
 
     // Refused by the server's own checks: 400 (not the tunnel's IP), 503
     // (a proxy port). The handler never ran.
@@ -292,24 +214,7 @@ async fn stream_records_say_whether_the_handler_saw_the_stream() {
     let mut r = rec.wait_records(4).await;
     assert_eq!(r.len(), 4);
     r.sort_by_key(|r| (r.target.map(|t| t.port()), r.status.as_u16()));
-    let seen: Vec<(u16, u16, bool)> = r
-        .iter()
-        .map(|r| {
-            (
-                r.target.unwrap().port(),
-                r.status.as_u16(),
-                r.reached_handler,
-            )
-        })
-        .collect();
-    assert_eq!(
-        seen,
-        vec![
-            (1, 503, true),
-            (80, 200, true),
-            (80, 400, false),
-            (15008, 503, false)
-        ]
-    );
+    let seen: Vec<(u16, u16, bool)> = r.iter().map(|r| (r.target.unwrap().port(), r.status.as_u16(), r.reached_handler)).collect();
+    assert_eq!(seen, vec![(1, 503, true), (80, 200, true), (80, 400, false), (15008, 503, false)]);
     assert!(rec.failures.lock().unwrap().is_empty());
 }

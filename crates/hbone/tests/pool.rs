@@ -12,9 +12,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use slipstream_hbone::{
-    ConnectRequest, HboneError, Pool, PoolConfig, PoolKey, ServerConfig, TunnelStream,
-};
+use slipstream_hbone::{ConnectRequest, HboneError, Pool, PoolConfig, PoolKey, ServerConfig, TunnelStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn echo_target() -> SocketAddr {
@@ -24,10 +22,7 @@ fn echo_target() -> SocketAddr {
 async fn echo_once(tunnel: &mut TunnelStream, msg: &[u8]) {
     tunnel.write_all(msg).await.unwrap();
     let mut back = vec![0u8; msg.len()];
-    tokio::time::timeout(Duration::from_secs(5), tunnel.read_exact(&mut back))
-        .await
-        .expect("echo in time")
-        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), tunnel.read_exact(&mut back)).await.expect("echo in time").unwrap();
     assert_eq!(back, msg);
 }
 
@@ -39,14 +34,8 @@ async fn same_key_shares_a_connection_other_keys_do_not() {
     let pool = mesh.pool(PoolConfig::default());
     let k = key(&client, std::slice::from_ref(&server_id), server.addr);
 
-    let mut a = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
-    let mut b = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut a = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
+    let mut b = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut a, b"a").await;
     echo_once(&mut b, b"b").await;
     assert_eq!(pool.connection_count(), 1);
@@ -55,15 +44,8 @@ async fn same_key_shares_a_connection_other_keys_do_not() {
     drop((a, b));
 
     // Another source identity: another connection.
-    let other_src = key(
-        &id("productpage"),
-        std::slice::from_ref(&server_id),
-        server.addr,
-    );
-    let mut c = pool
-        .connect(&other_src, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let other_src = key(&id("productpage"), std::slice::from_ref(&server_id), server.addr);
+    let mut c = pool.connect(&other_src, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut c, b"c").await;
     assert_eq!(pool.connection_count(), 2);
 
@@ -72,29 +54,15 @@ async fn same_key_shares_a_connection_other_keys_do_not() {
     let wider = key(&client, &[id("waypoint"), server_id.clone()], server.addr);
     let reordered = key(&client, &[server_id.clone(), id("waypoint")], server.addr);
     assert_eq!(wider, reordered);
-    let mut d = pool
-        .connect(&wider, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
-    let mut e = pool
-        .connect(&reordered, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut d = pool.connect(&wider, ConnectRequest::new(echo_target())).await.unwrap();
+    let mut e = pool.connect(&reordered, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut d, b"d").await;
     echo_once(&mut e, b"e").await;
     assert_eq!(pool.connection_count(), 3);
 
     // Another source IP: another connection.
-    let other_ip = PoolKey::new(
-        client.clone(),
-        [server_id],
-        server.addr,
-        "127.0.0.5".parse().unwrap(),
-    );
-    let mut f = pool
-        .connect(&other_ip, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let other_ip = PoolKey::new(client.clone(), [server_id], server.addr, "127.0.0.5".parse().unwrap());
+    let mut f = pool.connect(&other_ip, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut f, b"f").await;
     assert_eq!(pool.connection_count(), 4);
     assert_eq!(server.stats.snapshot().connections_accepted, 4);
@@ -105,31 +73,15 @@ async fn a_full_connection_rolls_over_to_a_new_one() {
     let mesh = Mesh::new();
     let (client, server_id) = (id("sleep"), id("httpbin"));
     let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
-    let pool = mesh.pool(PoolConfig {
-        max_streams_per_connection: 2,
-        ..Default::default()
-    });
+    let pool = mesh.pool(PoolConfig { max_streams_per_connection: 2, ..Default::default() });
     let k = key(&client, &[server_id], server.addr);
 
-    let t1 = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
-    let mut t2 = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let t1 = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
+    let mut t2 = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     assert_eq!(pool.connection_count(), 1);
-    let mut t3 = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut t3 = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     assert_eq!(pool.connection_count(), 2);
-    let mut counts: Vec<usize> = pool.snapshot()[0]
-        .connections
-        .iter()
-        .map(|c| c.active_streams)
-        .collect();
+    let mut counts: Vec<usize> = pool.snapshot()[0].connections.iter().map(|c| c.active_streams).collect();
     counts.sort();
     assert_eq!(counts, vec![1, 2]);
     echo_once(&mut t2, b"2").await;
@@ -137,10 +89,7 @@ async fn a_full_connection_rolls_over_to_a_new_one() {
 
     // A freed slot is reused before any new connection.
     drop(t1);
-    let mut t4 = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut t4 = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut t4, b"4").await;
     assert_eq!(pool.connection_count(), 2);
     assert_eq!(server.stats.snapshot().connections_accepted, 2);
@@ -176,11 +125,7 @@ async fn five_hundred_concurrent_tunnels_through_one_pool() {
         .collect();
     let mut total = 0;
     for t in tasks {
-        total += tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("tunnel finished")
-            .unwrap()
-            .unwrap();
+        total += tokio::time::timeout(Duration::from_secs(60), t).await.expect("tunnel finished").unwrap().unwrap();
     }
     assert_eq!(total, (0..500).map(|i| 32 * 1024 + i).sum::<usize>());
     let accepted = server.stats.snapshot().connections_accepted;
@@ -195,17 +140,11 @@ async fn idle_connections_close_busy_ones_stay() {
     let mesh = Mesh::new();
     let (client, server_id) = (id("sleep"), id("httpbin"));
     let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
-    let pool = mesh.pool(PoolConfig {
-        idle_timeout: Duration::from_millis(300),
-        ..Default::default()
-    });
+    let pool = mesh.pool(PoolConfig { idle_timeout: Duration::from_millis(300), ..Default::default() });
     let k = key(&client, &[server_id], server.addr);
 
     // A tunnel held open longer than the idle timeout keeps its connection.
-    let mut held = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut held = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     echo_once(&mut held, b"still open").await;
     assert_eq!(pool.connection_count(), 1);
@@ -221,10 +160,7 @@ async fn idle_connections_close_busy_ones_stay() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(closed, "idle connection closed");
-    let mut again = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut again = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut again, b"new").await;
     assert_eq!(server.stats.snapshot().connections_accepted, 2);
 }
@@ -234,11 +170,7 @@ async fn raw_connect(
     target: SocketAddr,
 ) -> Result<(StatusCode, h2::SendStream<Bytes>, h2::RecvStream), h2::Error> {
     let mut send = h2.clone().ready().await?;
-    let request = Request::builder()
-        .method(Method::CONNECT)
-        .uri(target.to_string())
-        .body(())
-        .unwrap();
+    let request = Request::builder().method(Method::CONNECT).uri(target.to_string()).body(()).unwrap();
     let (response, stream) = send.send_request(request, false)?;
     let response = response.await?;
     Ok((response.status(), stream, response.into_body()))
@@ -251,10 +183,7 @@ async fn drain_sends_goaway_and_lets_open_streams_finish() {
     let mut server = start_server(&mesh, &server_id, ServerConfig::default()).await;
     let pool = mesh.pool(PoolConfig::default());
     let k = key(&client, std::slice::from_ref(&server_id), server.addr);
-    let mut pooled = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut pooled = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut pooled, b"before").await;
 
     let raw = raw_h2(&mesh, &client, server.addr, &server_id).await;
@@ -265,18 +194,12 @@ async fn drain_sends_goaway_and_lets_open_streams_finish() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // GOAWAY: the raw connection takes no new stream...
-    let refused = raw_connect(&raw, echo_target())
-        .await
-        .map(|r| r.0)
-        .unwrap_err();
+    let refused = raw_connect(&raw, echo_target()).await.map(|r| r.0).unwrap_err();
     assert!(refused.is_go_away(), "refused by GOAWAY: {refused}");
     assert_eq!(refused.reason(), Some(h2::Reason::NO_ERROR));
     // ...nor does the pool, which retries on a new connection and finds the
     // listener closed.
-    let err = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap_err();
+    let err = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap_err();
     assert!(matches!(err, HboneError::Connect { .. }), "got {err}");
 
     // The open streams still work and finish normally.
@@ -294,10 +217,7 @@ async fn drain_sends_goaway_and_lets_open_streams_finish() {
     pooled.shutdown().await.unwrap();
     read_all(&mut pooled).await.unwrap();
     drop(pooled);
-    tokio::time::timeout(Duration::from_secs(5), drained)
-        .await
-        .expect("drain completes once the streams are done")
-        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), drained).await.expect("drain completes once the streams are done").unwrap();
     assert_eq!(server.stats.snapshot().drain_forced_closes, 0);
     assert!(server.task.is_finished());
 }
@@ -309,23 +229,13 @@ async fn drain_deadline_closes_what_is_left() {
     let mut server = start_server(&mesh, &server_id, ServerConfig::default()).await;
     let pool = mesh.pool(PoolConfig::default());
     let k = key(&client, &[server_id], server.addr);
-    let mut tunnel = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut tunnel = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut tunnel, b"x").await;
 
     let started = tokio::time::Instant::now();
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        server
-            .drain
-            .take()
-            .unwrap()
-            .drain(Duration::from_millis(300)),
-    )
-    .await
-    .expect("the deadline ends the drain");
+    tokio::time::timeout(Duration::from_secs(5), server.drain.take().unwrap().drain(Duration::from_millis(300)))
+        .await
+        .expect("the deadline ends the drain");
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(server.stats.snapshot().drain_forced_closes, 1);
     // The forcibly closed tunnel ends for the client too.
@@ -347,17 +257,10 @@ async fn sockets_come_from_the_callers_connector() {
         seen.lock().unwrap().push((dst, src));
         async move { tokio::net::TcpStream::connect(dst).await }
     };
-    let pool = Pool::new(
-        PoolConfig::default(),
-        Arc::new(mesh.certs.clone()),
-        Arc::new(connector),
-    );
+    let pool = Pool::new(PoolConfig::default(), Arc::new(mesh.certs.clone()), Arc::new(connector));
     let src_ip: IpAddr = "10.244.1.7".parse().unwrap();
     let k = PoolKey::new(client, [server_id], server.addr, src_ip);
-    let mut t = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap();
+    let mut t = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut t, b"via connector").await;
     assert_eq!(*calls.lock().unwrap(), vec![(server.addr, src_ip)]);
 
@@ -368,15 +271,8 @@ async fn sockets_come_from_the_callers_connector() {
         counted.fetch_add(1, Ordering::SeqCst);
         async { Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied)) }
     };
-    let pool = Pool::new(
-        PoolConfig::default(),
-        Arc::new(mesh.certs.clone()),
-        Arc::new(refusing),
-    );
-    let err = pool
-        .connect(&k, ConnectRequest::new(echo_target()))
-        .await
-        .unwrap_err();
+    let pool = Pool::new(PoolConfig::default(), Arc::new(mesh.certs.clone()), Arc::new(refusing));
+    let err = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap_err();
     assert!(matches!(err, HboneError::Connect { .. }), "got {err}");
     assert_eq!(err.flag().as_str(), "CONNECT");
     assert_eq!(failures.load(Ordering::SeqCst), 1);
@@ -396,16 +292,8 @@ async fn concurrent_callers_share_one_dial() {
             Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
         }
     };
-    let pool = Pool::new(
-        PoolConfig::default(),
-        Arc::new(mesh.certs.clone()),
-        Arc::new(slow_refusal),
-    );
-    let k = key(
-        &client,
-        &[id("httpbin")],
-        "127.0.0.1:15008".parse().unwrap(),
-    );
+    let pool = Pool::new(PoolConfig::default(), Arc::new(mesh.certs.clone()), Arc::new(slow_refusal));
+    let k = key(&client, &[id("httpbin")], "127.0.0.1:15008".parse().unwrap());
     let attempts: Vec<_> = (0..20)
         .map(|_| {
             let (pool, k) = (pool.clone(), k.clone());

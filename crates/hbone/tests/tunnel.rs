@@ -26,10 +26,7 @@ async fn round_trip_with_client_half_close_first() {
     let k = key(&client, std::slice::from_ref(&server_id), server.addr);
 
     for (i, size) in [1usize, TEN_MIB].into_iter().enumerate() {
-        let tunnel = pool
-            .connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 8080)))
-            .await
-            .unwrap();
+        let tunnel = pool.connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 8080))).await.unwrap();
         let (mut rx, mut tx) = tunnel.into_split();
         let data = pattern(size, i as u8);
         let sent = data.clone();
@@ -57,10 +54,7 @@ async fn round_trip_with_client_half_close_first() {
     let stats = server.stats.snapshot();
     assert_eq!(stats.status_200, 2);
     assert_eq!(stats.bytes_from_peer, 1 + TEN_MIB as u64);
-    assert_eq!(
-        stats.connections_accepted, 1,
-        "both tunnels shared one connection"
-    );
+    assert_eq!(stats.connections_accepted, 1, "both tunnels shared one connection");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,17 +67,11 @@ async fn round_trip_with_server_half_close_first() {
 
     for (port, size) in [(9001u16, 1usize), (9002, TEN_MIB)] {
         server.handler.set(port, Behavior::Greet(size));
-        let mut tunnel = pool
-            .connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, port)))
-            .await
-            .unwrap();
+        let mut tunnel = pool.connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, port))).await.unwrap();
         // The application speaks first and half-closes: we read to EOF
         // while our own write side is still open...
         let greeting = read_all(&mut tunnel).await.unwrap();
-        assert!(
-            greeting == pattern(size, 7),
-            "greeting of {size} bytes intact"
-        );
+        assert!(greeting == pattern(size, 7), "greeting of {size} bytes intact");
         // ...and can still send, then half-close ourselves.
         tunnel.write_all(&pattern(size, 9)).await.unwrap();
         tunnel.shutdown().await.unwrap();
@@ -115,17 +103,8 @@ async fn server_sees_identity_target_and_headers() {
     let app = SocketAddr::new(LOCALHOST, 43210);
     let forwarded = Forwarded::new(app, Some("reviews.default.svc.cluster.local".into()));
     let target = SocketAddr::new(LOCALHOST, 9080);
-    let request = ConnectRequest::new(target)
-        .with_baggage(&baggage)
-        .with_forwarded(&forwarded)
-        .with_traceparent(trace);
-    let mut tunnel = pool
-        .connect(
-            &key(&client, std::slice::from_ref(&server_id), server.addr),
-            request,
-        )
-        .await
-        .unwrap();
+    let request = ConnectRequest::new(target).with_baggage(&baggage).with_forwarded(&forwarded).with_traceparent(trace);
+    let mut tunnel = pool.connect(&key(&client, std::slice::from_ref(&server_id), server.addr), request).await.unwrap();
     tunnel.shutdown().await.unwrap();
     read_all(&mut tunnel).await.unwrap();
 
@@ -136,10 +115,7 @@ async fn server_sees_identity_target_and_headers() {
     assert_eq!(seen.target, target);
     let h = &seen.headers;
     assert_eq!(h["traceparent"], trace.to_string());
-    assert_eq!(
-        h["forwarded"],
-        "for=\"127.0.0.1:43210\";host=reviews.default.svc.cluster.local"
-    );
+    assert_eq!(h["forwarded"], "for=\"127.0.0.1:43210\";host=reviews.default.svc.cluster.local");
     assert_eq!(Baggage::parse(h["baggage"].to_str().unwrap()), baggage);
     assert_eq!(h.len(), 3, "no other headers: {h:?}");
 }
@@ -164,31 +140,20 @@ async fn connect_carries_only_method_and_authority() {
         let mut conn = h2::server::handshake(tls).await.unwrap();
         let (request, mut respond) = conn.accept().await.unwrap().unwrap();
         let _ = seen_tx.send(request.into_parts().0);
-        let _send = respond
-            .send_response(http::Response::new(()), false)
-            .unwrap();
+        let _send = respond.send_response(http::Response::new(()), false).unwrap();
         while conn.accept().await.is_some() {}
     });
 
     let pool = mesh.pool(PoolConfig::default());
     let target: SocketAddr = "[fd00::1]:8080".parse().unwrap();
-    let _tunnel = pool
-        .connect(
-            &key(&client, &[server_id], addr),
-            ConnectRequest::new(target).with_fresh_traceparent(),
-        )
-        .await
-        .unwrap();
+    let _tunnel = pool.connect(&key(&client, &[server_id], addr), ConnectRequest::new(target).with_fresh_traceparent()).await.unwrap();
     let parts = seen_rx.await.unwrap();
     assert_eq!(parts.method, http::Method::CONNECT);
     assert_eq!(parts.uri.scheme(), None, ":scheme absent");
     assert_eq!(parts.uri.path_and_query(), None, ":path absent");
     assert_eq!(parts.uri.authority().unwrap().as_str(), "[fd00::1]:8080");
     assert_eq!(parts.version, http::Version::HTTP_2);
-    assert!(
-        parts.extensions.get::<h2::ext::Protocol>().is_none(),
-        "no :protocol"
-    );
+    assert!(parts.extensions.get::<h2::ext::Protocol>().is_none(), "no :protocol");
     let names: Vec<_> = parts.headers.keys().map(|k| k.as_str()).collect();
     assert_eq!(names, vec!["traceparent"], "no host or other header");
 }
@@ -198,22 +163,10 @@ async fn ipv6_tunnel() {
     let mesh = Mesh::new();
     let (client, server_id) = (id("sleep"), id("httpbin"));
     let v6: std::net::IpAddr = "::1".parse().unwrap();
-    let server = start_server_on(
-        &mesh,
-        "[::1]:0".parse().unwrap(),
-        &[(v6, server_id.clone())],
-        ServerConfig::default(),
-    )
-    .await;
+    let server = start_server_on(&mesh, "[::1]:0".parse().unwrap(), &[(v6, server_id.clone())], ServerConfig::default()).await;
     let pool = mesh.pool(PoolConfig::default());
     let target = SocketAddr::new(v6, 8080);
-    let mut tunnel = pool
-        .connect(
-            &key(&client, &[server_id], server.addr),
-            ConnectRequest::new(target),
-        )
-        .await
-        .unwrap();
+    let mut tunnel = pool.connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(target)).await.unwrap();
     tunnel.write_all(b"hello over v6").await.unwrap();
     tunnel.shutdown().await.unwrap();
     assert_eq!(read_all(&mut tunnel).await.unwrap(), b"hello over v6");
@@ -229,13 +182,8 @@ async fn slow_reader_on_server_blocks_the_client_writer() {
     let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
     server.handler.set(7000, Behavior::Sink);
     let pool = mesh.pool(PoolConfig::default());
-    let mut tunnel = pool
-        .connect(
-            &key(&client, &[server_id], server.addr),
-            ConnectRequest::new(SocketAddr::new(LOCALHOST, 7000)),
-        )
-        .await
-        .unwrap();
+    let mut tunnel =
+        pool.connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 7000))).await.unwrap();
 
     let chunk = vec![1u8; 1024 * 1024];
     let mut written = 0usize;
@@ -245,17 +193,11 @@ async fn slow_reader_on_server_blocks_the_client_writer() {
         }
     })
     .await;
-    assert!(
-        attempt.is_err(),
-        "the writer must block, it wrote {written} bytes"
-    );
+    assert!(attempt.is_err(), "the writer must block, it wrote {written} bytes");
     // One 4 MiB stream window, plus what sits in the copy loop and the
     // application's socket buffer.
     assert!(written >= 1024 * 1024, "made progress: {written}");
-    assert!(
-        written <= 6 * 1024 * 1024,
-        "bounded by flow control: {written}"
-    );
+    assert!(written <= 6 * 1024 * 1024, "bounded by flow control: {written}");
 }
 
 /// A client that never reads: the server's copy from the application must
@@ -267,13 +209,8 @@ async fn slow_reader_on_client_blocks_the_application() {
     let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
     server.handler.set(7001, Behavior::Flood);
     let pool = mesh.pool(PoolConfig::default());
-    let tunnel = pool
-        .connect(
-            &key(&client, &[server_id], server.addr),
-            ConnectRequest::new(SocketAddr::new(LOCALHOST, 7001)),
-        )
-        .await
-        .unwrap();
+    let tunnel =
+        pool.connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 7001))).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let first = server.handler.flood_written.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -302,11 +239,8 @@ async fn resets_read_as_eof_or_error_by_reason() {
         while let Some(Ok((request, mut respond))) = conn.accept().await {
             let port = request.uri().port_u16().unwrap();
             tokio::spawn(async move {
-                let mut send = respond
-                    .send_response(http::Response::new(()), false)
-                    .unwrap();
-                send.send_data(bytes::Bytes::from_static(b"hi"), port == 4)
-                    .unwrap();
+                let mut send = respond.send_response(http::Response::new(()), false).unwrap();
+                send.send_data(bytes::Bytes::from_static(b"hi"), port == 4).unwrap();
                 // Let the DATA frame go out before the reset discards queues.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 match port {
@@ -324,26 +258,17 @@ async fn resets_read_as_eof_or_error_by_reason() {
     let pool = mesh.pool(PoolConfig::default());
     let k = key(&client, &[server_id], addr);
     for (port, eof) in [(1u16, true), (2, true), (3, false), (4, true)] {
-        let mut tunnel = pool
-            .connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, port)))
-            .await
-            .unwrap();
+        let mut tunnel = pool.connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, port))).await.unwrap();
         let mut hi = [0u8; 2];
         tunnel.read_exact(&mut hi).await.unwrap();
         assert_eq!(&hi, b"hi");
         let mut rest = Vec::new();
-        let end = tokio::time::timeout(Duration::from_secs(5), tunnel.read_to_end(&mut rest))
-            .await
-            .expect("stream ends");
+        let end = tokio::time::timeout(Duration::from_secs(5), tunnel.read_to_end(&mut rest)).await.expect("stream ends");
         if eof {
             assert_eq!(end.unwrap(), 0, "port {port}: end of stream");
         } else {
             let err = end.unwrap_err();
-            assert_eq!(
-                err.kind(),
-                std::io::ErrorKind::ConnectionReset,
-                "port {port}: {err}"
-            );
+            assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "port {port}: {err}");
         }
     }
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use rand::RngCore;
 use rcgen::{
-    BasicConstraints, Certificate, CertificateParams, CustomExtension, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, PublicKeyData, SerialNumber,
+    BasicConstraints, Certificate, CertificateParams, CustomExtension, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose, PublicKeyData, SerialNumber,
 };
 use rustls::server::ParsedCertificate;
 use rustls_pki_types::{CertificateDer, UnixTime};
@@ -59,11 +59,7 @@ impl Ca {
         dn.push(DnType::CommonName, "Slipstream root CA");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         params.serial_number = Some(random_serial());
         params.not_before = to_offset(now - CLOCK_SKEW_ALLOWANCE);
         params.not_after = to_offset(now + ROOT_VALIDITY);
@@ -86,16 +82,11 @@ impl Ca {
     /// and is the only root. The CA proves the configuration by issuing and
     /// verifying a probe certificate, so a bad combination fails here rather
     /// than at the first handshake.
-    pub fn from_pem(
-        cert_chain_pem: &str,
-        key_pem: &str,
-        root_bundle_pem: Option<&str>,
-    ) -> Result<Self, CertError> {
+    pub fn from_pem(cert_chain_pem: &str, key_pem: &str, root_bundle_pem: Option<&str>) -> Result<Self, CertError> {
         let chain = pem::certs(cert_chain_pem, "CA certificate")?;
         let issuer_der = chain[0].clone();
         let key_der = pem::private_key(key_pem, "CA key")?;
-        let issuer_key =
-            KeyPair::try_from(&key_der).map_err(|e| CertError::Key(format!("CA key: {e}")))?;
+        let issuer_key = KeyPair::try_from(&key_der).map_err(|e| CertError::Key(format!("CA key: {e}")))?;
 
         let parsed = x509::parse_cert(&issuer_der)?;
         if !parsed.is_ca() {
@@ -112,29 +103,15 @@ impl Ca {
         let intermediates: Vec<_> = chain.into_iter().filter(|c| !roots.contains(c)).collect();
 
         let issuer = CertificateParams::from_ca_cert_der(&issuer_der)?.self_signed(&issuer_key)?;
-        let ca = Self {
-            issuer,
-            issuer_key,
-            intermediates,
-            roots,
-            issuer_der,
-        };
+        let ca = Self { issuer, issuer_key, intermediates, roots, issuer_der };
         ca.self_check()?;
         Ok(ca)
     }
 
     /// [`Ca::from_pem`] reading files. `roots` may hold several roots.
-    pub fn from_pem_files(
-        cert: &Path,
-        key: &Path,
-        roots: Option<&Path>,
-    ) -> Result<Self, CertError> {
+    pub fn from_pem_files(cert: &Path, key: &Path, roots: Option<&Path>) -> Result<Self, CertError> {
         let roots = roots.map(pem::read_file).transpose()?;
-        Self::from_pem(
-            &pem::read_file(cert)?,
-            &pem::read_file(key)?,
-            roots.as_deref(),
-        )
+        Self::from_pem(&pem::read_file(cert)?, &pem::read_file(key)?, roots.as_deref())
     }
 
     /// The roots every issued certificate chains to.
@@ -158,11 +135,7 @@ impl Ca {
         let leaf = self.sign(id, validity, &key)?;
         let mut chain = vec![leaf];
         chain.extend(self.intermediates.iter().cloned());
-        WorkloadCert::new(
-            chain,
-            self.roots.clone(),
-            WorkloadKey::from_pkcs8(key.serialize_der()),
-        )
+        WorkloadCert::new(chain, self.roots.clone(), WorkloadKey::from_pkcs8(key.serialize_der()))
     }
 
     /// Signs a PEM CSR the way Istio's certificate service does, refusing it
@@ -171,35 +144,19 @@ impl Ca {
     ///
     /// Returns `cert_chain` in Istio's shape: leaf, intermediates, and the
     /// root bundle as the last element.
-    pub fn sign_csr(
-        &self,
-        csr_pem: &str,
-        validity: Duration,
-        expected: &SpiffeId,
-    ) -> Result<Vec<String>, CertError> {
+    pub fn sign_csr(&self, csr_pem: &str, validity: Duration, expected: &SpiffeId) -> Result<Vec<String>, CertError> {
         let csr = csr::verify_csr(csr_pem, expected)?;
         let leaf = self.sign(expected, validity, &csr.public_key)?;
         let mut out = Vec::with_capacity(self.intermediates.len() + 2);
         out.push(pem::encode("CERTIFICATE", leaf.as_ref()));
-        out.extend(
-            self.intermediates
-                .iter()
-                .map(|c| pem::encode("CERTIFICATE", c.as_ref())),
-        );
+        out.extend(self.intermediates.iter().map(|c| pem::encode("CERTIFICATE", c.as_ref())));
         out.push(self.roots.to_pem());
         Ok(out)
     }
 
-    fn sign(
-        &self,
-        id: &SpiffeId,
-        validity: Duration,
-        public_key: &impl PublicKeyData,
-    ) -> Result<CertificateDer<'static>, CertError> {
+    fn sign(&self, id: &SpiffeId, validity: Duration, public_key: &impl PublicKeyData) -> Result<CertificateDer<'static>, CertError> {
         if validity.is_zero() {
-            return Err(CertError::Validity(
-                "a certificate needs a non-zero lifetime".into(),
-            ));
+            return Err(CertError::Validity("a certificate needs a non-zero lifetime".into()));
         }
         let now = SystemTime::now();
         // Backdate for clock skew, but never by more than a tenth of the
@@ -214,14 +171,8 @@ impl Ca {
         // is empty; rcgen always writes it non-critical, so encode it here.
         params.custom_extensions = vec![critical_uri_san(&id.to_string())];
         params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.use_authority_key_identifier_extension = true;
         params.serial_number = Some(random_serial());
         params.not_before = to_offset(now - backdate);
@@ -235,11 +186,9 @@ impl Ca {
     /// or non-signing CA, and subject names that rcgen would re-encode
     /// differently from the original certificate.
     fn self_check(&self) -> Result<(), CertError> {
-        let probe_id =
-            SpiffeId::new("probe.invalid", "probe", "probe").expect("static identity is valid");
+        let probe_id = SpiffeId::new("probe.invalid", "probe", "probe").expect("static identity is valid");
         let probe = self.issue(&probe_id, Duration::from_secs(600))?;
-        let leaf = ParsedCertificate::try_from(probe.leaf())
-            .map_err(|e| CertError::Chain(e.to_string()))?;
+        let leaf = ParsedCertificate::try_from(probe.leaf()).map_err(|e| CertError::Chain(e.to_string()))?;
         rustls::client::verify_server_cert_signed_by_trust_anchor(
             &leaf,
             &self.roots.root_store(),
@@ -253,10 +202,7 @@ impl Ca {
 
 impl std::fmt::Debug for Ca {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ca")
-            .field("intermediates", &self.intermediates.len())
-            .field("roots", &self.roots)
-            .finish_non_exhaustive()
+        f.debug_struct("Ca").field("intermediates", &self.intermediates.len()).field("roots", &self.roots).finish_non_exhaustive()
     }
 }
 
@@ -271,10 +217,7 @@ fn random_serial() -> SerialNumber {
 
 fn to_offset(t: SystemTime) -> time::OffsetDateTime {
     // X.509 times have whole-second precision.
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("the clock is after 1970")
-        .as_secs();
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).expect("the clock is after 1970").as_secs();
     time::OffsetDateTime::from_unix_timestamp(secs as i64).expect("timestamp in range")
 }
 
@@ -296,10 +239,7 @@ fn push_der_len(out: &mut Vec<u8>, len: usize) {
         out.push(len as u8);
     } else {
         let bytes = len.to_be_bytes();
-        let first = bytes
-            .iter()
-            .position(|b| *b != 0)
-            .unwrap_or(bytes.len() - 1);
+        let first = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len() - 1);
         out.push(0x80 | (bytes.len() - first) as u8);
         out.extend_from_slice(&bytes[first..]);
     }

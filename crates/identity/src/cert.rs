@@ -25,21 +25,13 @@ pub struct TrustBundle {
 impl TrustBundle {
     pub fn from_der(certs: Vec<CertificateDer<'static>>) -> Result<Self, CertError> {
         if certs.is_empty() {
-            return Err(CertError::PemMissing {
-                what: "root bundle",
-                label: "CERTIFICATE",
-            });
+            return Err(CertError::PemMissing { what: "root bundle", label: "CERTIFICATE" });
         }
         let mut store = RootCertStore::empty();
         for (i, cert) in certs.iter().enumerate() {
-            store
-                .add(cert.clone())
-                .map_err(|e| CertError::X509(format!("root {i} of the bundle: {e}")))?;
+            store.add(cert.clone()).map_err(|e| CertError::X509(format!("root {i} of the bundle: {e}")))?;
         }
-        Ok(Self {
-            certs: certs.into(),
-            store: Arc::new(store),
-        })
+        Ok(Self { certs: certs.into(), store: Arc::new(store) })
     }
 
     pub fn from_pem(pem: &str) -> Result<Self, CertError> {
@@ -70,9 +62,7 @@ impl TrustBundle {
 
 impl fmt::Debug for TrustBundle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TrustBundle")
-            .field("roots", &self.certs.len())
-            .finish()
+        f.debug_struct("TrustBundle").field("roots", &self.certs.len()).finish()
     }
 }
 
@@ -132,35 +122,20 @@ pub struct WorkloadCert {
 impl WorkloadCert {
     /// Builds a workload certificate, checking that the leaf carries exactly
     /// one URI SAN that is a SPIFFE ID and that the key matches it.
-    pub fn new(
-        chain: Vec<CertificateDer<'static>>,
-        roots: TrustBundle,
-        key: WorkloadKey,
-    ) -> Result<Self, CertError> {
+    pub fn new(chain: Vec<CertificateDer<'static>>, roots: TrustBundle, key: WorkloadKey) -> Result<Self, CertError> {
         let leaf = chain.first().ok_or(CertError::IncompleteChain)?;
         let info = x509::leaf_info(leaf)?;
         let identity = match info.uri_sans.as_slice() {
-            [uri] => uri
-                .parse::<SpiffeId>()
-                .map_err(|e| CertError::LeafIdentity(e.to_string()))?,
-            other => {
-                return Err(CertError::LeafIdentity(format!(
-                    "the leaf must carry exactly one URI SAN, it has {other:?}"
-                )))
-            }
+            [uri] => uri.parse::<SpiffeId>().map_err(|e| CertError::LeafIdentity(e.to_string()))?,
+            other => return Err(CertError::LeafIdentity(format!("the leaf must carry exactly one URI SAN, it has {other:?}"))),
         };
         if info.not_after <= info.not_before {
-            return Err(CertError::Validity(
-                "notAfter is not after notBefore".into(),
-            ));
+            return Err(CertError::Validity("notAfter is not after notBefore".into()));
         }
-        let certified_key =
-            CertifiedKey::from_der(chain.clone(), key.to_der(), &crate::tls::provider()).map_err(
-                |e| match e {
-                    rustls::Error::InconsistentKeys(_) => CertError::KeyMismatch,
-                    other => CertError::Tls(other),
-                },
-            )?;
+        let certified_key = CertifiedKey::from_der(chain.clone(), key.to_der(), &crate::tls::provider()).map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => CertError::KeyMismatch,
+            other => CertError::Tls(other),
+        })?;
         Ok(Self {
             identity,
             chain,
@@ -192,11 +167,7 @@ impl WorkloadCert {
 
     /// The Istio response shape: leaf, intermediates, root bundle last.
     pub fn to_istio_chain(&self) -> Vec<String> {
-        self.chain
-            .iter()
-            .map(|c| pem::encode("CERTIFICATE", c.as_ref()))
-            .chain(std::iter::once(self.roots.to_pem()))
-            .collect()
+        self.chain.iter().map(|c| pem::encode("CERTIFICATE", c.as_ref())).chain(std::iter::once(self.roots.to_pem())).collect()
     }
 
     pub fn identity(&self) -> &SpiffeId {
@@ -236,10 +207,7 @@ impl WorkloadCert {
     /// When the certificate should be replaced: at half of its lifetime, as
     /// Istio and ztunnel do.
     pub fn renew_at(&self) -> SystemTime {
-        let lifetime = self
-            .not_after
-            .duration_since(self.not_before)
-            .unwrap_or_default();
+        let lifetime = self.not_after.duration_since(self.not_before).unwrap_or_default();
         self.not_before + lifetime / 2
     }
 

@@ -1,9 +1,7 @@
 //! Certificate signing requests, the way Istio's certificate service takes
 //! them: PEM PKCS#10, empty subject, one URI SAN, ECDSA P-256 key.
 
-use rcgen::{
-    CertificateParams, CertificateSigningRequestParams, DistinguishedName, KeyPair, SanType,
-};
+use rcgen::{CertificateParams, CertificateSigningRequestParams, DistinguishedName, KeyPair, SanType};
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY};
 use x509_parser::prelude::FromDer;
@@ -35,26 +33,14 @@ pub(crate) struct VerifiedCsr {
 pub(crate) fn verify_csr(csr_pem: &str, expected: &SpiffeId) -> Result<VerifiedCsr, CertError> {
     let der = match rustls_pemfile::csr(&mut csr_pem.as_bytes()) {
         Ok(Some(der)) => der,
-        Ok(None) => {
-            return Err(CertError::PemMissing {
-                what: "CSR",
-                label: "CERTIFICATE REQUEST",
-            })
-        }
+        Ok(None) => return Err(CertError::PemMissing { what: "CSR", label: "CERTIFICATE REQUEST" }),
         Err(e) => return Err(CertError::Pem(format!("CSR: {e}"))),
     };
 
-    let (_, parsed) = X509CertificationRequest::from_der(der.as_ref())
-        .map_err(|e| CertError::Csr(e.to_string()))?;
+    let (_, parsed) = X509CertificationRequest::from_der(der.as_ref()).map_err(|e| CertError::Csr(e.to_string()))?;
     let spki = &parsed.certification_request_info.subject_pki;
-    let curve = spki
-        .algorithm
-        .parameters
-        .as_ref()
-        .and_then(|p| p.as_oid().ok());
-    if spki.algorithm.algorithm != OID_KEY_TYPE_EC_PUBLIC_KEY
-        || curve.as_ref() != Some(&OID_EC_P256)
-    {
+    let curve = spki.algorithm.parameters.as_ref().and_then(|p| p.as_oid().ok());
+    if spki.algorithm.algorithm != OID_KEY_TYPE_EC_PUBLIC_KEY || curve.as_ref() != Some(&OID_EC_P256) {
         return Err(CertError::CsrKeyType(format!(
             "algorithm {}, parameters {:?}",
             spki.algorithm.algorithm,
@@ -80,12 +66,7 @@ pub(crate) fn verify_csr(csr_pem: &str, expected: &SpiffeId) -> Result<VerifiedC
         [SanType::URI(uri)] if uri.as_str() == wanted
     );
     if !exact {
-        return Err(CertError::CsrIdentity {
-            expected: expected.clone(),
-            found,
-        });
+        return Err(CertError::CsrIdentity { expected: expected.clone(), found });
     }
-    Ok(VerifiedCsr {
-        public_key: params.public_key,
-    })
+    Ok(VerifiedCsr { public_key: params.public_key })
 }

@@ -17,10 +17,7 @@ pub enum CertError {
     #[error("malformed PEM: {0}")]
     Pem(String),
     #[error("{what}: no {label} block found in the PEM input")]
-    PemMissing {
-        what: &'static str,
-        label: &'static str,
-    },
+    PemMissing { what: &'static str, label: &'static str },
     #[error("malformed X.509 certificate: {0}")]
     X509(String),
     #[error("the private key is not usable: {0}")]
@@ -37,13 +34,8 @@ pub enum CertError {
     Csr(String),
     #[error("CSR key type refused: {0} (workload keys must be ECDSA P-256)")]
     CsrKeyType(String),
-    #[error(
-        "CSR identity refused: expected exactly one URI SAN {expected}, the CSR asks for {found:?}"
-    )]
-    CsrIdentity {
-        expected: SpiffeId,
-        found: Vec<String>,
-    },
+    #[error("CSR identity refused: expected exactly one URI SAN {expected}, the CSR asks for {found:?}")]
+    CsrIdentity { expected: SpiffeId, found: Vec<String> },
     #[error("workload certificate identity: {0}")]
     LeafIdentity(String),
     #[error("invalid validity: {0}")]

@@ -26,11 +26,7 @@ pub struct CertManagerConfig {
 
 impl Default for CertManagerConfig {
     fn default() -> Self {
-        Self {
-            initial_retry: Duration::from_millis(500),
-            max_retry: Duration::from_secs(30),
-            min_refresh: Duration::from_millis(250),
-        }
+        Self { initial_retry: Duration::from_millis(500), max_retry: Duration::from_secs(30), min_refresh: Duration::from_millis(250) }
     }
 }
 
@@ -56,15 +52,8 @@ pub struct CertSummary {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CertStatus {
     Pending,
-    Ready {
-        serial: String,
-        not_before: SystemTime,
-        not_after: SystemTime,
-        renew_at: SystemTime,
-    },
-    Failed {
-        error: String,
-    },
+    Ready { serial: String, not_before: SystemTime, not_after: SystemTime, renew_at: SystemTime },
+    Failed { error: String },
 }
 
 /// Caches and renews workload certificates. Clones share one cache.
@@ -91,13 +80,7 @@ impl Drop for Inner {
 
 impl CertManager {
     pub fn new(provider: Arc<dyn CertificateProvider>, config: CertManagerConfig) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                provider,
-                config,
-                entries: Mutex::new(HashMap::new()),
-            }),
-        }
+        Self { inner: Arc::new(Inner { provider, config, entries: Mutex::new(HashMap::new()) }) }
     }
 
     /// The current certificate for `id`, fetching it on first use. Callers
@@ -106,9 +89,7 @@ impl CertManager {
         let mut state = self.subscribe(id);
         loop {
             match &*state.borrow_and_update() {
-                CertState::Ready(cert) if cert.is_expired(SystemTime::now()) => {
-                    return Err(FetchError::Expired(id.clone()))
-                }
+                CertState::Ready(cert) if cert.is_expired(SystemTime::now()) => return Err(FetchError::Expired(id.clone())),
                 CertState::Ready(cert) => return Ok(cert.clone()),
                 CertState::Failed(err) => return Err(err.clone()),
                 CertState::Pending => {}
@@ -141,9 +122,7 @@ impl CertManager {
                         not_after: cert.not_after(),
                         renew_at: cert.renew_at(),
                     },
-                    CertState::Failed(err) => CertStatus::Failed {
-                        error: err.to_string(),
-                    },
+                    CertState::Failed(err) => CertStatus::Failed { error: err.to_string() },
                 },
             })
             .collect();
@@ -163,61 +142,35 @@ impl CertManager {
             return entry.state.clone();
         }
         let (tx, rx) = watch::channel(CertState::Pending);
-        let worker = tokio::spawn(refresh_loop(
-            self.inner.provider.clone(),
-            self.inner.config.clone(),
-            id.clone(),
-            tx,
-        ))
-        .abort_handle();
-        entries.insert(
-            id.clone(),
-            Entry {
-                state: rx.clone(),
-                worker,
-            },
-        );
+        let worker = tokio::spawn(refresh_loop(self.inner.provider.clone(), self.inner.config.clone(), id.clone(), tx)).abort_handle();
+        entries.insert(id.clone(), Entry { state: rx.clone(), worker });
         rx
     }
 }
 
 impl std::fmt::Debug for CertManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertManager")
-            .field("identities", &self.lock().len())
-            .finish_non_exhaustive()
+        f.debug_struct("CertManager").field("identities", &self.lock().len()).finish_non_exhaustive()
     }
 }
 
 /// Fetches `id`, publishes the result, sleeps until half-life, repeats.
 /// On failure a still-valid certificate is kept while retrying with backoff.
-async fn refresh_loop(
-    provider: Arc<dyn CertificateProvider>,
-    config: CertManagerConfig,
-    id: SpiffeId,
-    state: watch::Sender<CertState>,
-) {
+async fn refresh_loop(provider: Arc<dyn CertificateProvider>, config: CertManagerConfig, id: SpiffeId, state: watch::Sender<CertState>) {
     let mut backoff = config.initial_retry;
     loop {
         let result = provider.fetch(&id).await.and_then(|cert| {
             if cert.identity() == &id {
                 Ok(cert)
             } else {
-                Err(FetchError::WrongIdentity {
-                    expected: id.clone(),
-                    got: cert.identity().clone(),
-                })
+                Err(FetchError::WrongIdentity { expected: id.clone(), got: cert.identity().clone() })
             }
         });
         let now = SystemTime::now();
         let wait = match result {
             Ok(cert) => {
                 backoff = config.initial_retry;
-                let wait = cert
-                    .renew_at()
-                    .duration_since(now)
-                    .unwrap_or_default()
-                    .max(config.min_refresh);
+                let wait = cert.renew_at().duration_since(now).unwrap_or_default().max(config.min_refresh);
                 tracing::debug!(identity = %id, serial = cert.serial(), renew_in = ?wait, "certificate ready");
                 state.send_replace(CertState::Ready(Arc::new(cert)));
                 wait

@@ -26,22 +26,11 @@ pub enum SpiffeIdError {
     )]
     WrongPartCount { input: String, parts: usize },
     #[error("{input:?} is not a workload SPIFFE ID: part {position} must be {expected:?}, found {found:?}")]
-    WrongKeyword {
-        input: String,
-        position: usize,
-        expected: &'static str,
-        found: String,
-    },
+    WrongKeyword { input: String, position: usize, expected: &'static str, found: String },
     #[error("{input:?} is not a workload SPIFFE ID: the {what} is empty")]
     EmptyPart { input: String, what: &'static str },
-    #[error(
-        "{input:?} is not a workload SPIFFE ID: the {what} contains the invalid character {ch:?}"
-    )]
-    InvalidCharacter {
-        input: String,
-        what: &'static str,
-        ch: char,
-    },
+    #[error("{input:?} is not a workload SPIFFE ID: the {what} contains the invalid character {ch:?}")]
+    InvalidCharacter { input: String, what: &'static str, ch: char },
 }
 
 /// A trust domain such as `cluster.local`.
@@ -98,11 +87,7 @@ pub struct SpiffeId {
 
 impl SpiffeId {
     /// Builds an identity from its parts, validating each.
-    pub fn new(
-        trust_domain: &str,
-        namespace: &str,
-        service_account: &str,
-    ) -> Result<Self, SpiffeIdError> {
+    pub fn new(trust_domain: &str, namespace: &str, service_account: &str) -> Result<Self, SpiffeIdError> {
         let display = format!("{SPIFFE_PREFIX}{trust_domain}/ns/{namespace}/sa/{service_account}");
         check_segment(trust_domain, &display, "trust domain")?;
         check_segment(namespace, &display, "namespace")?;
@@ -134,20 +119,13 @@ impl SpiffeId {
 
     /// The identity as policies compare it: without the `spiffe://` prefix.
     pub fn principal(&self) -> String {
-        format!(
-            "{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
-        )
+        format!("{}/ns/{}/sa/{}", self.trust_domain, self.namespace, self.service_account)
     }
 }
 
 impl fmt::Display for SpiffeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{SPIFFE_PREFIX}{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
-        )
+        write!(f, "{SPIFFE_PREFIX}{}/ns/{}/sa/{}", self.trust_domain, self.namespace, self.service_account)
     }
 }
 
@@ -162,9 +140,7 @@ impl FromStr for SpiffeId {
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
         let Some(path) = input.strip_prefix(SPIFFE_PREFIX) else {
-            return Err(SpiffeIdError::MissingScheme {
-                input: input.to_owned(),
-            });
+            return Err(SpiffeIdError::MissingScheme { input: input.to_owned() });
         };
         parse_path(path, input)
     }
@@ -181,10 +157,7 @@ impl TryFrom<&str> for SpiffeId {
 fn parse_path(path: &str, input: &str) -> Result<SpiffeId, SpiffeIdError> {
     let parts: Vec<&str> = path.split('/').collect();
     if parts.len() != 5 {
-        return Err(SpiffeIdError::WrongPartCount {
-            input: input.to_owned(),
-            parts: parts.len(),
-        });
+        return Err(SpiffeIdError::WrongPartCount { input: input.to_owned(), parts: parts.len() });
     }
     for (position, expected) in [(1, "ns"), (3, "sa")] {
         if parts[position] != expected {
@@ -199,11 +172,7 @@ fn parse_path(path: &str, input: &str) -> Result<SpiffeId, SpiffeIdError> {
     check_segment(parts[0], input, "trust domain")?;
     check_segment(parts[2], input, "namespace")?;
     check_segment(parts[4], input, "service account")?;
-    Ok(SpiffeId {
-        trust_domain: TrustDomain(Arc::from(parts[0])),
-        namespace: Arc::from(parts[2]),
-        service_account: Arc::from(parts[4]),
-    })
+    Ok(SpiffeId { trust_domain: TrustDomain(Arc::from(parts[0])), namespace: Arc::from(parts[2]), service_account: Arc::from(parts[4]) })
 }
 
 /// ztunnel itself only checks the five-part structure. We additionally refuse
@@ -213,20 +182,10 @@ fn parse_path(path: &str, input: &str) -> Result<SpiffeId, SpiffeIdError> {
 /// not compare equal to the identity a policy names.
 fn check_segment(segment: &str, input: &str, what: &'static str) -> Result<(), SpiffeIdError> {
     if segment.is_empty() {
-        return Err(SpiffeIdError::EmptyPart {
-            input: input.to_owned(),
-            what,
-        });
+        return Err(SpiffeIdError::EmptyPart { input: input.to_owned(), what });
     }
-    if let Some(ch) = segment
-        .chars()
-        .find(|c| !c.is_ascii_graphic() || matches!(c, '/' | '?' | '#'))
-    {
-        return Err(SpiffeIdError::InvalidCharacter {
-            input: input.to_owned(),
-            what,
-            ch,
-        });
+    if let Some(ch) = segment.chars().find(|c| !c.is_ascii_graphic() || matches!(c, '/' | '?' | '#')) {
+        return Err(SpiffeIdError::InvalidCharacter { input: input.to_owned(), what, ch });
     }
     Ok(())
 }
@@ -245,53 +204,26 @@ mod tests {
         assert_eq!(id.to_string(), s);
         assert_eq!(id.principal(), "cluster.local/ns/default/sa/sleep");
         assert_eq!(SpiffeId::from_principal(&id.principal()).unwrap(), id);
-        assert_eq!(
-            SpiffeId::new("cluster.local", "default", "sleep").unwrap(),
-            id
-        );
+        assert_eq!(SpiffeId::new("cluster.local", "default", "sleep").unwrap(), id);
     }
 
     #[test]
     fn rejections() {
         let cases = [
             ("cluster.local/ns/default/sa/sleep", "must start with"),
-            (
-                "http://cluster.local/ns/default/sa/sleep",
-                "must start with",
-            ),
+            ("http://cluster.local/ns/default/sa/sleep", "must start with"),
             ("spiffe://cluster.local/ns/default/sa", "found 4"),
-            (
-                "spiffe://cluster.local/ns/default/sa/sleep/extra",
-                "found 6",
-            ),
+            ("spiffe://cluster.local/ns/default/sa/sleep/extra", "found 6"),
             ("spiffe://cluster.local/ns/default/sa/sleep/", "found 6"),
             ("spiffe://cluster.local", "found 1"),
-            (
-                "spiffe://cluster.local/namespace/default/sa/sleep",
-                "part 2 must be \"ns\"",
-            ),
-            (
-                "spiffe://cluster.local/ns/default/serviceaccount/sleep",
-                "part 4 must be \"sa\"",
-            ),
+            ("spiffe://cluster.local/namespace/default/sa/sleep", "part 2 must be \"ns\""),
+            ("spiffe://cluster.local/ns/default/serviceaccount/sleep", "part 4 must be \"sa\""),
             ("spiffe:///ns/default/sa/sleep", "trust domain is empty"),
             ("spiffe://cluster.local/ns//sa/sleep", "namespace is empty"),
-            (
-                "spiffe://cluster.local/ns/default/sa/",
-                "service account is empty",
-            ),
-            (
-                "spiffe://cluster.local/ns/def ault/sa/x",
-                "invalid character ' '",
-            ),
-            (
-                "spiffe://cluster.local/ns/default/sa/x?y",
-                "invalid character '?'",
-            ),
-            (
-                "spiffe://cluster.local/ns/default/sa/é",
-                "invalid character",
-            ),
+            ("spiffe://cluster.local/ns/default/sa/", "service account is empty"),
+            ("spiffe://cluster.local/ns/def ault/sa/x", "invalid character ' '"),
+            ("spiffe://cluster.local/ns/default/sa/x?y", "invalid character '?'"),
+            ("spiffe://cluster.local/ns/default/sa/é", "invalid character"),
         ];
         for (input, want) in cases {
             let err = input.parse::<SpiffeId>().unwrap_err().to_string();

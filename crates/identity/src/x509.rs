@@ -20,12 +20,9 @@ pub(crate) struct LeafInfo {
 }
 
 pub(crate) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, CertError> {
-    let (rest, cert) =
-        X509Certificate::from_der(der).map_err(|e| CertError::X509(e.to_string()))?;
+    let (rest, cert) = X509Certificate::from_der(der).map_err(|e| CertError::X509(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(CertError::X509(
-            "trailing bytes after the certificate".into(),
-        ));
+        return Err(CertError::X509("trailing bytes after the certificate".into()));
     }
     Ok(cert)
 }
@@ -42,9 +39,7 @@ pub(crate) fn leaf_info(der: &[u8]) -> Result<LeafInfo, CertError> {
 }
 
 pub(crate) fn uri_sans(cert: &X509Certificate<'_>) -> Result<Vec<String>, CertError> {
-    let san = cert
-        .subject_alternative_name()
-        .map_err(|e| CertError::X509(format!("subjectAltName: {e}")))?;
+    let san = cert.subject_alternative_name().map_err(|e| CertError::X509(format!("subjectAltName: {e}")))?;
     Ok(san
         .map(|ext| {
             ext.value
@@ -77,10 +72,7 @@ pub enum SanError {
 pub(crate) fn spiffe_ids(der: &[u8]) -> Result<Vec<SpiffeId>, SanError> {
     let cert = parse_cert(der).map_err(|e| SanError::Malformed(e.to_string()))?;
     let uris = uri_sans(&cert).map_err(|e| SanError::Malformed(e.to_string()))?;
-    uris.iter()
-        .filter(|uri| uri.starts_with(SPIFFE_PREFIX))
-        .map(|uri| uri.parse::<SpiffeId>().map_err(SanError::from))
-        .collect()
+    uris.iter().filter(|uri| uri.starts_with(SPIFFE_PREFIX)).map(|uri| uri.parse::<SpiffeId>().map_err(SanError::from)).collect()
 }
 
 fn to_system_time(unix_secs: i64) -> SystemTime {

@@ -6,8 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::future::BoxFuture;
 use slipstream_identity::{
-    Ca, CertManager, CertManagerConfig, CertStatus, CertificateProvider, FetchError,
-    LocalCaProvider, SpiffeId, TrustDomain, WorkloadCert,
+    Ca, CertManager, CertManagerConfig, CertStatus, CertificateProvider, FetchError, LocalCaProvider, SpiffeId, TrustDomain, WorkloadCert,
 };
 
 fn id(s: &str) -> SpiffeId {
@@ -25,12 +24,7 @@ struct CountingProvider {
 impl CountingProvider {
     fn new(validity: Duration, delay: Duration) -> Arc<Self> {
         let ca = Arc::new(Ca::generate(&TrustDomain::default()).unwrap());
-        Arc::new(Self {
-            inner: LocalCaProvider::new(ca, validity),
-            fetches: AtomicUsize::new(0),
-            delay,
-            fail: Default::default(),
-        })
+        Arc::new(Self { inner: LocalCaProvider::new(ca, validity), fetches: AtomicUsize::new(0), delay, fail: Default::default() })
     }
 }
 
@@ -72,10 +66,7 @@ async fn concurrent_requests_share_one_fetch() {
     assert_eq!(serials.len(), 1, "everyone got the same certificate");
 
     // A different identity is a different fetch; the first stays cached.
-    let other = manager
-        .fetch_certificate(&id("spiffe://cluster.local/ns/default/sa/other"))
-        .await
-        .unwrap();
+    let other = manager.fetch_certificate(&id("spiffe://cluster.local/ns/default/sa/other")).await.unwrap();
     assert_eq!(other.identity().service_account(), "other");
     manager.fetch_certificate(&who).await.unwrap();
     assert_eq!(provider.fetches.load(Ordering::SeqCst), 2);
@@ -92,12 +83,7 @@ async fn renews_at_half_life() {
     assert!(!first.should_renew(SystemTime::now()));
 
     let wait_until = first.renew_at() + Duration::from_millis(700);
-    tokio::time::sleep(
-        wait_until
-            .duration_since(SystemTime::now())
-            .unwrap_or_default(),
-    )
-    .await;
+    tokio::time::sleep(wait_until.duration_since(SystemTime::now()).unwrap_or_default()).await;
     let second = manager.fetch_certificate(&who).await.unwrap();
     assert_ne!(second.serial(), first.serial(), "renewed in the background");
     assert_eq!(provider.fetches.load(Ordering::SeqCst), 2);
@@ -109,16 +95,10 @@ async fn renews_at_half_life() {
 async fn failure_is_shared_and_retried() {
     let provider = CountingProvider::new(Duration::from_secs(3600), Duration::from_millis(50));
     provider.fail.store(true, Ordering::SeqCst);
-    let config = CertManagerConfig {
-        initial_retry: Duration::from_millis(100),
-        ..Default::default()
-    };
+    let config = CertManagerConfig { initial_retry: Duration::from_millis(100), ..Default::default() };
     let manager = CertManager::new(provider.clone(), config);
     let who = id("spiffe://cluster.local/ns/default/sa/sleep");
-    let (a, b) = tokio::join!(
-        manager.fetch_certificate(&who),
-        manager.fetch_certificate(&who)
-    );
+    let (a, b) = tokio::join!(manager.fetch_certificate(&who), manager.fetch_certificate(&who));
     assert!(matches!(a, Err(FetchError::Provider(_))));
     assert!(matches!(b, Err(FetchError::Provider(_))));
     assert_eq!(provider.fetches.load(Ordering::SeqCst), 1);
@@ -136,26 +116,13 @@ async fn failure_is_shared_and_retried() {
 #[tokio::test]
 async fn renewal_failure_keeps_the_valid_certificate() {
     let provider = CountingProvider::new(Duration::from_secs(3), Duration::ZERO);
-    let config = CertManagerConfig {
-        initial_retry: Duration::from_millis(100),
-        ..Default::default()
-    };
+    let config = CertManagerConfig { initial_retry: Duration::from_millis(100), ..Default::default() };
     let manager = CertManager::new(provider.clone(), config);
     let who = id("spiffe://cluster.local/ns/default/sa/sleep");
     let first = manager.fetch_certificate(&who).await.unwrap();
     provider.fail.store(true, Ordering::SeqCst);
-    tokio::time::sleep(
-        first
-            .renew_at()
-            .duration_since(SystemTime::now())
-            .unwrap_or_default()
-            + Duration::from_millis(300),
-    )
-    .await;
-    assert!(
-        provider.fetches.load(Ordering::SeqCst) >= 2,
-        "renewal was attempted"
-    );
+    tokio::time::sleep(first.renew_at().duration_since(SystemTime::now()).unwrap_or_default() + Duration::from_millis(300)).await;
+    assert!(provider.fetches.load(Ordering::SeqCst) >= 2, "renewal was attempted");
     let still = manager.fetch_certificate(&who).await.unwrap();
     assert_eq!(still.serial(), first.serial());
 }
@@ -173,9 +140,7 @@ async fn dump_lists_identity_expiry_serial_but_never_keys() {
     assert_eq!(dump[0].identity, a);
     assert_eq!(dump[1].identity, b);
     match &dump[1].status {
-        CertStatus::Ready {
-            serial, not_after, ..
-        } => {
+        CertStatus::Ready { serial, not_after, .. } => {
             assert_eq!(serial, cert_b.serial());
             assert_eq!(*not_after, cert_b.not_after());
         }

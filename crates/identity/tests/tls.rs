@@ -26,25 +26,10 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let ca = Ca::generate(&TrustDomain::default()).unwrap();
-    let client = ca
-        .issue(
-            &id("spiffe://cluster.local/ns/default/sa/sleep"),
-            Duration::from_secs(3600),
-        )
-        .unwrap();
-    let server = ca
-        .issue(
-            &id("spiffe://cluster.local/ns/default/sa/httpbin"),
-            Duration::from_secs(3600),
-        )
-        .unwrap();
+    let client = ca.issue(&id("spiffe://cluster.local/ns/default/sa/sleep"), Duration::from_secs(3600)).unwrap();
+    let server = ca.issue(&id("spiffe://cluster.local/ns/default/sa/httpbin"), Duration::from_secs(3600)).unwrap();
     let server_tls = ServerTls::new(ca.roots(), TrustDomain::default()).unwrap();
-    Fixture {
-        ca,
-        client,
-        server,
-        server_tls,
-    }
+    Fixture { ca, client, server, server_tls }
 }
 
 type ServerResult = Result<Option<SpiffeId>, std::io::Error>;
@@ -56,18 +41,7 @@ type ServerResult = Result<Option<SpiffeId>, std::io::Error>;
 async fn handshake(
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
-) -> (
-    Result<
-        (
-            SpiffeId,
-            Option<Vec<u8>>,
-            Option<CipherSuite>,
-            HandshakeKind,
-        ),
-        std::io::Error,
-    >,
-    ServerResult,
-) {
+) -> (Result<(SpiffeId, Option<Vec<u8>>, Option<CipherSuite>, HandshakeKind), std::io::Error>, ServerResult) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server_task = tokio::spawn(async move {
@@ -97,10 +71,7 @@ async fn handshake(
         Ok((peer, alpn, suite, kind))
     }
     .await;
-    let server_result = tokio::time::timeout(Duration::from_secs(5), server_task)
-        .await
-        .expect("server finished")
-        .unwrap();
+    let server_result = tokio::time::timeout(Duration::from_secs(5), server_task).await.expect("server finished").unwrap();
     (client_result, server_result)
 }
 
@@ -108,8 +79,7 @@ async fn handshake(
 async fn mutual_handshake_with_right_identities() {
     let f = fixture();
     let server = f.server_tls.config_for(&f.server).unwrap();
-    let client =
-        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, s) = handshake(server, client).await;
     let (server_id, alpn, suite, kind) = c.unwrap();
     assert_eq!(&server_id, f.server.identity());
@@ -123,10 +93,7 @@ async fn mutual_handshake_with_right_identities() {
 async fn any_of_several_expected_identities_is_accepted() {
     let f = fixture();
     let server = f.server_tls.config_for(&f.server).unwrap();
-    let expected = [
-        id("spiffe://cluster.local/ns/default/sa/waypoint"),
-        f.server.identity().clone(),
-    ];
+    let expected = [id("spiffe://cluster.local/ns/default/sa/waypoint"), f.server.identity().clone()];
     let client = tls::client_config(&f.client, f.ca.roots(), &expected).unwrap();
     let (c, s) = handshake(server, client).await;
     assert!(c.is_ok() && s.is_ok());
@@ -137,8 +104,7 @@ async fn wrong_server_san_is_an_identity_error() {
     let f = fixture();
     let server = f.server_tls.config_for(&f.server).unwrap();
     let expected = id("spiffe://cluster.local/ns/default/sa/reviews");
-    let client =
-        tls::client_config(&f.client, f.ca.roots(), std::slice::from_ref(&expected)).unwrap();
+    let client = tls::client_config(&f.client, f.ca.roots(), std::slice::from_ref(&expected)).unwrap();
     let (c, s) = handshake(server, client).await;
     let err = c.unwrap_err();
     let mismatch = identity_mismatch(&err).expect("classified as identity mismatch");
@@ -151,31 +117,22 @@ async fn wrong_server_san_is_an_identity_error() {
 async fn server_from_another_ca_is_a_plain_tls_error() {
     let f = fixture();
     let other = Ca::generate(&TrustDomain::default()).unwrap();
-    let impostor = other
-        .issue(f.server.identity(), Duration::from_secs(600))
-        .unwrap();
+    let impostor = other.issue(f.server.identity(), Duration::from_secs(600)).unwrap();
     let server = f.server_tls.config_for(&impostor).unwrap();
-    let client =
-        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, _) = handshake(server, client).await;
     let err = c.unwrap_err();
-    assert!(
-        identity_mismatch(&err).is_none(),
-        "untrusted chain is not an identity error: {err}"
-    );
+    assert!(identity_mismatch(&err).is_none(), "untrusted chain is not an identity error: {err}");
 }
 
 #[tokio::test]
 async fn client_cert_from_another_ca_is_rejected() {
     let f = fixture();
     let other = Ca::generate(&TrustDomain::default()).unwrap();
-    let stranger = other
-        .issue(f.client.identity(), Duration::from_secs(600))
-        .unwrap();
+    let stranger = other.issue(f.client.identity(), Duration::from_secs(600)).unwrap();
     let server = f.server_tls.config_for(&f.server).unwrap();
     // The stranger trusts our roots, so only the server side can refuse.
-    let client =
-        tls::client_config(&stranger, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client = tls::client_config(&stranger, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, s) = handshake(server, client).await;
     assert!(s.is_err(), "server must refuse");
     assert!(c.is_err(), "client sees the alert");
@@ -185,20 +142,12 @@ async fn client_cert_from_another_ca_is_rejected() {
 async fn client_identity_from_another_trust_domain_is_rejected() {
     let f = fixture();
     // Same CA, so the chain is fine; only the trust domain is wrong.
-    let foreign =
-        f.ca.issue(
-            &id("spiffe://other.domain/ns/default/sa/sleep"),
-            Duration::from_secs(600),
-        )
-        .unwrap();
+    let foreign = f.ca.issue(&id("spiffe://other.domain/ns/default/sa/sleep"), Duration::from_secs(600)).unwrap();
     let server = f.server_tls.config_for(&f.server).unwrap();
-    let client =
-        tls::client_config(&foreign, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client = tls::client_config(&foreign, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, s) = handshake(server, client).await;
     let err = s.unwrap_err();
-    let inner = err
-        .get_ref()
-        .and_then(|e| e.downcast_ref::<rustls::Error>());
+    let inner = err.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
     match inner {
         Some(rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o))) => {
             let untrusted = o.0.downcast_ref::<UntrustedPeer>().expect("UntrustedPeer");
@@ -212,8 +161,7 @@ async fn client_identity_from_another_trust_domain_is_rejected() {
 #[tokio::test]
 async fn refusing_config_fails_the_handshake() {
     let f = fixture();
-    let client =
-        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let (c, s) = handshake(f.server_tls.refusing_config(), client).await;
     assert!(c.is_err() && s.is_err());
 }
@@ -222,8 +170,7 @@ async fn refusing_config_fails_the_handshake() {
 async fn no_session_resumption() {
     let f = fixture();
     let server = f.server_tls.config_for(&f.server).unwrap();
-    let client =
-        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     for _ in 0..2 {
         let (c, _) = handshake(server.clone(), client.clone()).await;
         assert_eq!(c.unwrap().3, HandshakeKind::Full);
@@ -234,15 +181,12 @@ async fn no_session_resumption() {
 #[tokio::test]
 async fn client_offers_only_tls13_aes_gcm_h2_and_no_sni() {
     let f = fixture();
-    let client =
-        tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
+    let client = tls::client_config(&f.client, f.ca.roots(), &[f.server.identity().clone()]).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let dial = tokio::spawn(async move {
         let tcp = TcpStream::connect(addr).await.unwrap();
-        let _ = TlsConnector::from(client)
-            .connect(ServerName::try_from("ignored.example").unwrap(), tcp)
-            .await;
+        let _ = TlsConnector::from(client).connect(ServerName::try_from("ignored.example").unwrap(), tcp).await;
     });
     let (mut tcp, _) = listener.accept().await.unwrap();
     let mut acceptor = rustls::server::Acceptor::default();
@@ -256,19 +200,8 @@ async fn client_offers_only_tls13_aes_gcm_h2_and_no_sni() {
         }
     };
     let hello = accepted.client_hello();
-    let suites: Vec<_> = hello
-        .cipher_suites()
-        .iter()
-        .copied()
-        .filter(|s| *s != CipherSuite::TLS_EMPTY_RENEGOTIATION_INFO_SCSV)
-        .collect();
-    assert_eq!(
-        suites,
-        vec![
-            CipherSuite::TLS13_AES_256_GCM_SHA384,
-            CipherSuite::TLS13_AES_128_GCM_SHA256
-        ]
-    );
+    let suites: Vec<_> = hello.cipher_suites().iter().copied().filter(|s| *s != CipherSuite::TLS_EMPTY_RENEGOTIATION_INFO_SCSV).collect();
+    assert_eq!(suites, vec![CipherSuite::TLS13_AES_256_GCM_SHA384, CipherSuite::TLS13_AES_128_GCM_SHA256]);
     assert_eq!(hello.server_name(), None, "no SNI, even with a DNS name");
     let alpn: Vec<&[u8]> = hello.alpn().unwrap().collect();
     assert_eq!(alpn, vec![&b"h2"[..]]);
@@ -336,28 +269,17 @@ async fn server_refuses_tls12_and_chacha20() {
     let f = fixture();
     let server = f.server_tls.config_for(&f.server).unwrap();
 
-    let tls12 = nonconforming_client(
-        &f,
-        vec![aws_lc_rs::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384],
-        &[&rustls::version::TLS12],
-    );
+    let tls12 =
+        nonconforming_client(&f, vec![aws_lc_rs::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384], &[&rustls::version::TLS12]);
     let (c, s) = handshake(server.clone(), tls12).await;
     assert!(c.is_err() && s.is_err(), "TLS 1.2 must be refused");
 
-    let chacha = nonconforming_client(
-        &f,
-        vec![aws_lc_rs::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256],
-        &[&rustls::version::TLS13],
-    );
+    let chacha = nonconforming_client(&f, vec![aws_lc_rs::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256], &[&rustls::version::TLS13]);
     let (c, s) = handshake(server.clone(), chacha).await;
     assert!(c.is_err() && s.is_err(), "ChaCha20 must be refused");
 
     // Sanity: the same client with an allowed suite gets through.
-    let ok = nonconforming_client(
-        &f,
-        vec![aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256],
-        &[&rustls::version::TLS13],
-    );
+    let ok = nonconforming_client(&f, vec![aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256], &[&rustls::version::TLS13]);
     let (c, s) = handshake(server, ok).await;
     assert!(s.is_ok());
     assert_eq!(c.unwrap().2, Some(CipherSuite::TLS13_AES_128_GCM_SHA256));
@@ -366,8 +288,5 @@ async fn server_refuses_tls12_and_chacha20() {
 #[test]
 fn client_config_needs_an_expected_identity() {
     let f = fixture();
-    assert!(matches!(
-        tls::client_config(&f.client, f.ca.roots(), &[]),
-        Err(tls::TlsError::NoExpectedIdentity)
-    ));
+    assert!(matches!(tls::client_config(&f.client, f.ca.roots(), &[]), Err(tls::TlsError::NoExpectedIdentity)));
 }

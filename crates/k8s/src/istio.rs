@@ -43,10 +43,7 @@ impl PeerAuthenticationSpec {
 
     /// Port-level modes, ports parsed.
     pub fn port_modes(&self) -> Vec<(u16, MtlsMode)> {
-        self.port_level_mtls
-            .iter()
-            .filter_map(|(p, m)| Some((p.parse::<u16>().ok()?, m.mode.unwrap_or(MtlsMode::Unset))))
-            .collect()
+        self.port_level_mtls.iter().filter_map(|(p, m)| Some((p.parse::<u16>().ok()?, m.mode.unwrap_or(MtlsMode::Unset)))).collect()
     }
 }
 
@@ -57,7 +54,10 @@ pub fn peer_authentication(o: &KeptObject) -> Result<PeerAuthenticationSpec, Vec
     let mut errors = Vec::new();
     for p in spec.port_level_mtls.keys() {
         if !p.parse::<u16>().is_ok_and(|n| n > 0) {
-            errors.push(FieldError { field: format!("spec.portLevelMtls[{p}]"), message: "must be a port number between 1 and 65535".into() });
+            errors.push(FieldError {
+                field: format!("spec.portLevelMtls[{p}]"),
+                message: "must be a port number between 1 and 65535".into(),
+            });
         }
     }
     if !spec.port_level_mtls.is_empty() && spec.selector.as_ref().is_none_or(|s| s.match_labels.is_empty()) {
@@ -71,7 +71,11 @@ pub fn peer_authentication(o: &KeptObject) -> Result<PeerAuthenticationSpec, Vec
             errors.push(FieldError { field: "spec.selector.matchExpressions".into(), message: "not supported; use matchLabels".into() });
         }
     }
-    if errors.is_empty() { Ok(spec) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(spec)
+    } else {
+        Err(errors)
+    }
 }
 
 #[cfg(test)]
@@ -79,7 +83,8 @@ mod tests {
     use crate::load::{load_str, Source};
 
     fn load(spec: &str) -> Result<(), String> {
-        let y = format!("apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: pa, namespace: demo}}\nspec: {spec}\n");
+        let y =
+            format!("apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: pa, namespace: demo}}\nspec: {spec}\n");
         load_str(&y, &Source("pa.yaml".into())).map(|_| ()).map_err(|e| e.to_string())
     }
 

@@ -12,13 +12,8 @@ use std::path::{Path, PathBuf};
 pub struct Source(pub String);
 
 /// The kinds `load_str` understands natively, for the "unknown kind" error.
-pub const NATIVE_KINDS: &[(&str, &str)] = &[
-    ("v1", "Namespace"),
-    ("v1", "ServiceAccount"),
-    ("v1", "Pod"),
-    ("apps/v1", "Deployment"),
-    ("v1", "Service"),
-];
+pub const NATIVE_KINDS: &[(&str, &str)] =
+    &[("v1", "Namespace"), ("v1", "ServiceAccount"), ("v1", "Pod"), ("apps/v1", "Deployment"), ("v1", "Service")];
 
 /// A loaded object plus the warnings it produced (ignored fields, kept kinds).
 #[derive(Debug, Clone)]
@@ -37,13 +32,9 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Loaded>, ManifestErrors> {
     for p in paths {
         match collect_files(p) {
             Ok(mut f) => files.append(&mut f),
-            Err(message) => errors.push(ManifestError {
-                source: p.display().to_string(),
-                document: 0,
-                object: None,
-                field: String::new(),
-                message,
-            }),
+            Err(message) => {
+                errors.push(ManifestError { source: p.display().to_string(), document: 0, object: None, field: String::new(), message })
+            }
         }
     }
     let mut out = Vec::new();
@@ -78,10 +69,7 @@ fn collect_files(p: &Path) -> Result<Vec<PathBuf>, String> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(p)
         .map_err(|e| format!("cannot list directory: {e}"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|f| {
-            f.is_file()
-                && matches!(f.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"))
-        })
+        .filter(|f| f.is_file() && matches!(f.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
         .collect();
     v.sort();
     if v.is_empty() {
@@ -183,12 +171,7 @@ fn object_from_value(value: serde_json::Value) -> Result<(Object, Vec<String>), 
         Some(_) => return Err((None, "apiVersion".into(), "must be a non-empty string".into())),
         None => return Err((None, "apiVersion".into(), "required".into())),
     };
-    let name = map
-        .get("metadata")
-        .and_then(|m| m.get("name"))
-        .and_then(|n| n.as_str())
-        .unwrap_or("")
-        .to_string();
+    let name = map.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).unwrap_or("").to_string();
     let namespace = map
         .get("metadata")
         .and_then(|m| m.get("namespace"))
@@ -203,11 +186,7 @@ fn object_from_value(value: serde_json::Value) -> Result<(Object, Vec<String>), 
     let mut object = match native {
         Some((want_version, _)) => {
             if api_version != *want_version {
-                return Err((
-                    Some(label),
-                    "apiVersion".into(),
-                    format!("{kind} must have apiVersion {want_version} (got {api_version})"),
-                ));
+                return Err((Some(label), "apiVersion".into(), format!("{kind} must have apiVersion {want_version} (got {api_version})")));
             }
             let convert = |v| -> Result<Object, ConvertError> {
                 Ok(match kind.as_str() {
@@ -229,18 +208,12 @@ fn object_from_value(value: serde_json::Value) -> Result<(Object, Vec<String>), 
                 Object::Kept(typed(value).map_err(|e| with(&label, e))?)
             }
             None => {
-                let mut supported: Vec<String> =
-                    NATIVE_KINDS.iter().map(|(a, k)| format!("{k} ({a})")).collect();
-                supported.extend(KEPT_KINDS.iter().map(|(g, k, _)| {
-                    if g.is_empty() { format!("{k} (v1)") } else { format!("{k} ({g})") }
-                }));
+                let mut supported: Vec<String> = NATIVE_KINDS.iter().map(|(a, k)| format!("{k} ({a})")).collect();
+                supported.extend(KEPT_KINDS.iter().map(|(g, k, _)| if g.is_empty() { format!("{k} (v1)") } else { format!("{k} ({g})") }));
                 return Err((
                     Some(label),
                     "kind".into(),
-                    format!(
-                        "kind {kind} (apiVersion {api_version}) is not supported; supported kinds: {}",
-                        supported.join(", ")
-                    ),
+                    format!("kind {kind} (apiVersion {api_version}) is not supported; supported kinds: {}", supported.join(", ")),
                 ));
             }
         },

@@ -101,11 +101,7 @@ pub struct PodSpec {
 impl PodSpec {
     /// The effective service account (`default` when unset).
     pub fn service_account(&self) -> &str {
-        self.service_account_name
-            .as_deref()
-            .or(self.service_account.as_deref())
-            .filter(|s| !s.is_empty())
-            .unwrap_or("default")
+        self.service_account_name.as_deref().or(self.service_account.as_deref()).filter(|s| !s.is_empty()).unwrap_or("default")
     }
 
     pub fn restart_policy(&self) -> RestartPolicy {
@@ -171,14 +167,8 @@ pub struct FieldRef {
 }
 
 /// The downward-API fields a pod may read through `env[].valueFrom.fieldRef`.
-pub const SUPPORTED_FIELD_REFS: &[&str] = &[
-    "metadata.name",
-    "metadata.namespace",
-    "status.podIP",
-    "status.hostIP",
-    "spec.nodeName",
-    "spec.serviceAccountName",
-];
+pub const SUPPORTED_FIELD_REFS: &[&str] =
+    &["metadata.name", "metadata.namespace", "status.podIP", "status.hostIP", "spec.nodeName", "spec.serviceAccountName"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -45,10 +45,7 @@ pub fn validate(o: &Object) -> Result<Vec<String>, Vec<FieldError>> {
             Object::Deployment(_) => {
                 c.check("metadata.name", check_dns_label(&meta.name));
                 if meta.name.len() > MAX_DEPLOYMENT_NAME {
-                    c.err(
-                        "metadata.name",
-                        format!("at most {MAX_DEPLOYMENT_NAME} characters, so that its pods' names fit 63"),
-                    );
+                    c.err("metadata.name", format!("at most {MAX_DEPLOYMENT_NAME} characters, so that its pods' names fit 63"));
                 }
             }
             Object::Pod(_) => {
@@ -177,8 +174,8 @@ fn check_container(c: &mut Checker, cf: &str, ct: &Container) {
         if handlers != 1 {
             c.err(&pf, "exactly one of tcpSocket, httpGet and exec is required");
         }
-        let port = probe.tcp_socket.as_ref().map(|t| (&t.port, "tcpSocket.port"))
-            .or(probe.http_get.as_ref().map(|h| (&h.port, "httpGet.port")));
+        let port =
+            probe.tcp_socket.as_ref().map(|t| (&t.port, "tcpSocket.port")).or(probe.http_get.as_ref().map(|h| (&h.port, "httpGet.port")));
         if let Some((port, field)) = port {
             match port {
                 IntOrString::Int(i) => check_port(c, &format!("{pf}.{field}"), *i),
@@ -239,10 +236,7 @@ fn check_deployment(c: &mut Checker, d: &Deployment) {
     check_labels(c, "spec.template.metadata.labels", &s.template.metadata.labels);
     for (k, v) in &s.selector.match_labels {
         if s.template.metadata.labels.get(k) != Some(v) {
-            c.err(
-                "spec.template.metadata.labels",
-                format!("selector does not match template labels: needs {k}={v}"),
-            );
+            c.err("spec.template.metadata.labels", format!("selector does not match template labels: needs {k}={v}"));
         }
     }
     check_pod_spec(c, "spec.template.spec", &s.template.spec, true);
@@ -252,9 +246,9 @@ fn check_service(c: &mut Checker, s: &Service) {
     let spec = &s.spec;
     match spec.type_.as_deref() {
         None | Some("ClusterIP") => {}
-        Some("NodePort") | Some("LoadBalancer") => c
-            .warnings
-            .push(format!("spec.type: {} is served as ClusterIP by the local cluster", spec.type_.as_deref().unwrap_or(""))),
+        Some("NodePort") | Some("LoadBalancer") => {
+            c.warnings.push(format!("spec.type: {} is served as ClusterIP by the local cluster", spec.type_.as_deref().unwrap_or("")))
+        }
         Some(t) => c.err("spec.type", format!("{t} is not supported (ClusterIP, NodePort and LoadBalancer are)")),
     }
     if let Some(ip) = spec.cluster_ip.as_deref() {

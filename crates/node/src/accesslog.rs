@@ -79,7 +79,11 @@ impl AccessLogEntry {
 }
 
 fn quote(v: &str) -> String {
-    if v.chars().any(|c| c.is_whitespace() || c == '"') { format!("{v:?}") } else { v.to_string() }
+    if v.chars().any(|c| c.is_whitespace() || c == '"') {
+        format!("{v:?}")
+    } else {
+        v.to_string()
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,12 @@ pub struct Certs(pub Arc<Shared>);
 impl CertResolver for Certs {
     fn resolve(&self, local_ip: IpAddr) -> BoxFuture<'_, Result<Arc<WorkloadCert>, ResolveError>> {
         Box::pin(async move {
-            let w = self.0.pods.get(local_ip).and_then(|p| self.0.snapshot.borrow().mesh.workload(&p.uid)).ok_or(ResolveError::NoWorkload(local_ip))?;
+            let w = self
+                .0
+                .pods
+                .get(local_ip)
+                .and_then(|p| self.0.snapshot.borrow().mesh.workload(&p.uid))
+                .ok_or(ResolveError::NoWorkload(local_ip))?;
             let id = workload_id(&self.0, &w).map_err(|_| ResolveError::NoWorkload(local_ip))?;
             self.0.certs.fetch_certificate(&id).await.map_err(|source| ResolveError::Fetch { ip: local_ip, source })
         })
@@ -75,7 +80,8 @@ impl Handler for HboneHandler {
             }
             match self.pod.sockets.connect_transparent(req.peer_addr.ip(), req.target, self.shared.config.connect_timeout).await {
                 Ok(s) => {
-                    let m = Metered::new(s, record).tracked(&self.shared, &self.pod.uid, Some(principal.clone()), req.peer_addr, req.target);
+                    let m =
+                        Metered::new(s, record).tracked(&self.shared, &self.pod.uid, Some(principal.clone()), req.peer_addr, req.target);
                     Ok(Box::new(m) as Box<dyn Upstream>)
                 }
                 Err(e) => {

@@ -155,7 +155,12 @@ impl InPod {
         let path = self.shared.config.served_file();
         let text = serde_json::to_string_pretty(&slipstream_core::Served { uids: uids.clone() }).unwrap_or_default();
         let tmp = path.with_extension("tmp");
-        let written = path.parent().map(std::fs::create_dir_all).unwrap_or(Ok(())).and_then(|_| std::fs::write(&tmp, text)).and_then(|_| std::fs::rename(&tmp, &path));
+        let written = path
+            .parent()
+            .map(std::fs::create_dir_all)
+            .unwrap_or(Ok(()))
+            .and_then(|_| std::fs::write(&tmp, text))
+            .and_then(|_| std::fs::rename(&tmp, &path));
         match written {
             Ok(()) => self.last_served = Some(uids),
             Err(e) => tracing::error!("cannot write {}: {e}", path.display()),

@@ -69,7 +69,11 @@ pub struct Metrics {
 type CounterFamily = (&'static str, &'static str, fn(&TcpCounters) -> u64);
 
 fn or_unknown(s: &str) -> &str {
-    if s.is_empty() { "unknown" } else { s }
+    if s.is_empty() {
+        "unknown"
+    } else {
+        s
+    }
 }
 
 impl Metrics {
@@ -156,7 +160,11 @@ fn render_hbone(out: &mut String, s: &StatsSnapshot) {
             "slipstream_hbone_inbound_connection_closes_total",
             "HBONE connections the server closed",
             "reason",
-            vec![("keepalive_timeout", s.keepalive_timeouts), ("protocol_error", s.protocol_errors), ("drain_deadline", s.drain_forced_closes)],
+            vec![
+                ("keepalive_timeout", s.keepalive_timeouts),
+                ("protocol_error", s.protocol_errors),
+                ("drain_deadline", s.drain_forced_closes),
+            ],
         ),
         ("slipstream_hbone_inbound_streams_total", "CONNECT streams received", "", vec![("", s.streams)]),
         (
@@ -165,7 +173,12 @@ fn render_hbone(out: &mut String, s: &StatsSnapshot) {
             "code",
             vec![("200", s.status_200), ("400", s.status_400), ("401", s.status_401), ("503", s.status_503), ("other", s.status_other)],
         ),
-        ("slipstream_hbone_inbound_tunnels_failed_total", "Tunnels answered 200 that ended with an error", "", vec![("", s.tunnels_failed)]),
+        (
+            "slipstream_hbone_inbound_tunnels_failed_total",
+            "Tunnels answered 200 that ended with an error",
+            "",
+            vec![("", s.tunnels_failed)],
+        ),
         (
             "slipstream_hbone_inbound_bytes_total",
             "Bytes carried by inbound tunnels",
@@ -224,7 +237,12 @@ mod tests {
         let m = Metrics::default();
         let l = TcpLabels {
             reporter: Reporter::Source,
-            source: Peer { workload: "client".into(), namespace: "default".into(), principal: "spiffe://cluster.local/ns/default/sa/client".into(), ..Default::default() },
+            source: Peer {
+                workload: "client".into(),
+                namespace: "default".into(),
+                principal: "spiffe://cluster.local/ns/default/sa/client".into(),
+                ..Default::default()
+            },
             destination: Peer::default(),
             destination_service: "echo.default.svc.cluster.local".into(),
             destination_service_name: "echo".into(),

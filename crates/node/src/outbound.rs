@@ -54,7 +54,13 @@ pub fn plan(state: &MeshState, dst: SocketAddr, draw: u64) -> Result<Plan, PlanE
             if w.meshed() {
                 let mut expected = vec![w.spiffe_id()];
                 expected.extend(svc.subject_alt_names.iter().cloned());
-                Ok(Plan::Hbone { hbone: hbone_addr(ip), authority: SocketAddr::new(ip, target), expected_identities: expected, workload: w, service: Some(svc) })
+                Ok(Plan::Hbone {
+                    hbone: hbone_addr(ip),
+                    authority: SocketAddr::new(ip, target),
+                    expected_identities: expected,
+                    workload: w,
+                    service: Some(svc),
+                })
             } else {
                 Ok(Plan::Passthrough { addr: SocketAddr::new(ip, target), workload: Some(w), service: Some(svc) })
             }
@@ -71,7 +77,6 @@ pub fn plan(state: &MeshState, dst: SocketAddr, draw: u64) -> Result<Plan, PlanE
     }
 }
 
-
 /// Carries out the plan for one captured connection of `pod`.
 ///
 /// Two phases, for memory: `setup` (plan, connect, handshake) runs boxed,
@@ -82,9 +87,10 @@ pub fn plan(state: &MeshState, dst: SocketAddr, draw: u64) -> Result<Plan, PlanE
 /// more).
 pub fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) -> impl Future<Output = ()> + Send + 'static {
     Box::pin(setup(shared, pod, app, peer)).then(|carry| match carry {
-        Some(Carry::Hbone { record, tunnel, app }) => Either::Left(slipstream_hbone::copy::bidirectional(tunnel, app).map(
-            move |(stats, r)| record.close(stats.to_tunnel, stats.from_tunnel, r.err().map(|e| (e.flag(), e.to_string()))),
-        )),
+        Some(Carry::Hbone { record, tunnel, app }) => Either::Left(
+            slipstream_hbone::copy::bidirectional(tunnel, app)
+                .map(move |(stats, r)| record.close(stats.to_tunnel, stats.from_tunnel, r.err().map(|e| (e.flag(), e.to_string())))),
+        ),
         // Refused (already recorded) or outside the mesh, both rare: boxed,
         // so they do not size the tunnels' futures.
         None => Either::Right(future::ready(()).boxed()),
@@ -152,7 +158,8 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             }
         }
         Ok(Plan::Hbone { hbone, authority, expected_identities, workload, service }) => {
-            let record = ConnRecord::open(info(authority, Some(hbone), Some(workload.clone()), service.clone(), true), shared.telemetry.clone());
+            let record =
+                ConnRecord::open(info(authority, Some(hbone), Some(workload.clone()), service.clone(), true), shared.telemetry.clone());
             let ids: Result<Vec<SpiffeId>, _> = expected_identities.iter().map(|i| i.parse::<SpiffeId>()).collect();
             let (Ok(src_id), Ok(ids)) = (src_identity.parse::<SpiffeId>(), ids) else {
                 reset(app);
@@ -261,7 +268,11 @@ mod tests {
 
     #[test]
     fn pod_ip_direct() {
-        let Plan::Hbone { authority, expected_identities, service, .. } = plan(&state(true), "10.244.2.2:9000".parse().unwrap(), 0).unwrap() else { panic!() };
+        let Plan::Hbone { authority, expected_identities, service, .. } =
+            plan(&state(true), "10.244.2.2:9000".parse().unwrap(), 0).unwrap()
+        else {
+            panic!()
+        };
         assert_eq!(authority, "10.244.2.2:9000".parse().unwrap());
         assert_eq!(expected_identities, vec!["spiffe://cluster.local/ns/default/sa/echo"]);
         assert!(service.is_none());
@@ -269,7 +280,9 @@ mod tests {
 
     #[test]
     fn outside_the_mesh_passes_through() {
-        assert!(matches!(plan(&state(false), "10.96.0.10:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { addr, .. } if addr == "10.244.2.2:8080".parse().unwrap()));
+        assert!(
+            matches!(plan(&state(false), "10.96.0.10:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { addr, .. } if addr == "10.244.2.2:8080".parse().unwrap())
+        );
         assert!(matches!(plan(&state(true), "10.244.2.9:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { .. }));
         assert!(matches!(plan(&state(true), "192.0.2.1:443".parse().unwrap(), 0).unwrap(), Plan::Passthrough { workload: None, .. }));
     }

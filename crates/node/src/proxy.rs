@@ -35,8 +35,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let admin_listeners = admin::bind(&config).await?;
     let ca_cert = config.ca_dir.join("root-cert.pem");
     let ca_key = config.ca_dir.join("root-key.pem");
-    let ca = Ca::from_pem_files(&ca_cert, &ca_key, None)
-        .with_context(|| format!("loading the mesh CA from {}", config.ca_dir.display()))?;
+    let ca =
+        Ca::from_pem_files(&ca_cert, &ca_key, None).with_context(|| format!("loading the mesh CA from {}", config.ca_dir.display()))?;
     let trust_domain = TrustDomain::new(slipstream_core::DEFAULT_TRUST_DOMAIN)?;
     let server_tls = ServerTls::new(ca.roots(), trust_domain.clone()).context("building the TLS server configuration")?;
     let certs = CertManager::new(Arc::new(LocalCaProvider::new(Arc::new(ca), config.cert_validity)), CertManagerConfig::default());

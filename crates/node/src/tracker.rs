@@ -43,7 +43,14 @@ impl Drop for Registration {
 }
 
 impl Tracker {
-    pub fn register(self: &Arc<Self>, app: &tokio::net::TcpStream, pod_uid: &str, principal: Option<String>, src: SocketAddr, dst: SocketAddr) -> Registration {
+    pub fn register(
+        self: &Arc<Self>,
+        app: &tokio::net::TcpStream,
+        pod_uid: &str,
+        principal: Option<String>,
+        src: SocketAddr,
+        dst: SocketAddr,
+    ) -> Registration {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let t = Tracked { pod_uid: pod_uid.to_string(), principal, src, dst, fd: app.as_raw_fd() };
         self.open.lock().expect("tracker lock").insert(id, t);

@@ -52,7 +52,12 @@ impl Watcher {
                     let counts = |c: &MeshConfig| (c.workloads.len(), c.services.len(), c.policies.len());
                     // Readiness flips rewrite the file often; say so only when the shape changes.
                     if counts(&cfg) != counts(&self.current.config) {
-                        tracing::info!(workloads = cfg.workloads.len(), services = cfg.services.len(), policies = cfg.policies.len(), "mesh configuration loaded");
+                        tracing::info!(
+                            workloads = cfg.workloads.len(),
+                            services = cfg.services.len(),
+                            policies = cfg.policies.len(),
+                            "mesh configuration loaded"
+                        );
                     } else {
                         tracing::debug!("mesh configuration reloaded");
                     }

@@ -15,8 +15,13 @@ pub const MAX_MESSAGE: u64 = 64 << 20;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum Request {
-    Apply { objects: Vec<Object> },
-    Delete { keys: Vec<ObjectKey>, ignore_not_found: bool },
+    Apply {
+        objects: Vec<Object>,
+    },
+    Delete {
+        keys: Vec<ObjectKey>,
+        ignore_not_found: bool,
+    },
     Status,
     /// Stop every pod gracefully, remove the network, exit.
     Shutdown,
@@ -26,10 +31,16 @@ pub enum Request {
 #[serde(tag = "result", rename_all = "camelCase")]
 pub enum Response {
     /// One line per object: `deployment.apps/echo created`.
-    Done { lines: Vec<String> },
-    Status { status: Box<ClusterStatus> },
+    Done {
+        lines: Vec<String>,
+    },
+    Status {
+        status: Box<ClusterStatus>,
+    },
     /// Nothing was changed.
-    Rejected { errors: Vec<String> },
+    Rejected {
+        errors: Vec<String>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

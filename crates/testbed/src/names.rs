@@ -18,9 +18,7 @@ impl ClusterName {
         if ok {
             Ok(ClusterName(s.to_string()))
         } else {
-            Err(format!(
-                "invalid cluster name {s:?}: use 1 to 20 lower-case letters, digits and '-', not starting with '-'"
-            ))
+            Err(format!("invalid cluster name {s:?}: use 1 to 20 lower-case letters, digits and '-', not starting with '-'"))
         }
     }
     pub fn as_str(&self) -> &str {

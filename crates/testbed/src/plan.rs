@@ -72,12 +72,7 @@ pub fn place(nodes: &[String], loads: &[usize], node_name: Option<&str>) -> Resu
             .position(|x| x == n)
             .ok_or_else(|| format!("node {n:?} does not exist (the cluster has {})", nodes.join(", ")));
     }
-    loads
-        .iter()
-        .enumerate()
-        .min_by_key(|(i, l)| (**l, *i))
-        .map(|(i, _)| i)
-        .ok_or_else(|| "the cluster has no nodes".to_string())
+    loads.iter().enumerate().min_by_key(|(i, l)| (**l, *i)).map(|(i, _)| i).ok_or_else(|| "the cluster has no nodes".to_string())
 }
 
 /// Resolves a service port's target on one pod: a number, or the name of a
@@ -263,7 +258,8 @@ mod tests {
             "containers": [{"name": "c", "command": ["x"], "ports": [{"name": "http", "containerPort": 8080}]}]
         }))
         .unwrap();
-        let sp = |t: serde_json::Value| -> ServicePort { serde_json::from_value(serde_json::json!({"port": 80, "targetPort": t})).unwrap() };
+        let sp =
+            |t: serde_json::Value| -> ServicePort { serde_json::from_value(serde_json::json!({"port": 80, "targetPort": t})).unwrap() };
         assert_eq!(resolve_target_port(&sp(serde_json::json!("http")), &spec), Some(8080));
         assert_eq!(resolve_target_port(&sp(serde_json::json!("grpc")), &spec), None);
         assert_eq!(resolve_target_port(&sp(serde_json::json!(9090)), &spec), Some(9090));

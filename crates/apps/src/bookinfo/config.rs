@@ -20,11 +20,7 @@ pub enum ConfigError {
     #[error("reviews has versions v1 (no ratings), v2 (black stars) and v3 (red stars), not {0}")]
     UnknownReviewsVersion(String),
     #[error("{what} {value:?} is not a HOST:PORT address: {reason}")]
-    BadAddress {
-        what: String,
-        value: String,
-        reason: String,
-    },
+    BadAddress { what: String, value: String, reason: String },
 }
 
 /// A service version, `v<N>`.
@@ -72,37 +68,21 @@ impl Upstreams {
     /// `<NAME>_SERVICE_PORT` (default 9080).
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = |key: &str| env(key).filter(|v| !v.trim().is_empty());
-        let domain = env("SERVICES_DOMAIN")
-            .map(|d| format!(".{d}"))
-            .unwrap_or_default();
+        let domain = env("SERVICES_DOMAIN").map(|d| format!(".{d}")).unwrap_or_default();
         let addr = |service: &str| {
             let upper = service.to_ascii_uppercase();
             let host = env(&format!("{upper}_HOSTNAME")).unwrap_or_else(|| service.to_owned());
-            let port =
-                env(&format!("{upper}_SERVICE_PORT")).unwrap_or_else(|| DEFAULT_PORT.to_string());
-            parse_authority(
-                &format!("{host}{domain}:{port}"),
-                &format!("{service} address from the environment"),
-            )
+            let port = env(&format!("{upper}_SERVICE_PORT")).unwrap_or_else(|| DEFAULT_PORT.to_string());
+            parse_authority(&format!("{host}{domain}:{port}"), &format!("{service} address from the environment"))
         };
-        Ok(Upstreams {
-            details: addr("details")?,
-            reviews: addr("reviews")?,
-            ratings: addr("ratings")?,
-        })
+        Ok(Upstreams { details: addr("details")?, reviews: addr("reviews")?, ratings: addr("ratings")? })
     }
 }
 
 /// Parses `host:port`; a missing port means the bookinfo default.
 pub(crate) fn parse_authority(value: &str, what: &str) -> Result<Authority, ConfigError> {
-    let bad = |reason: &str| ConfigError::BadAddress {
-        what: what.to_owned(),
-        value: value.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let authority: Authority = value
-        .parse()
-        .map_err(|_| bad("not a valid host and port"))?;
+    let bad = |reason: &str| ConfigError::BadAddress { what: what.to_owned(), value: value.to_owned(), reason: reason.to_owned() };
+    let authority: Authority = value.parse().map_err(|_| bad("not a valid host and port"))?;
     if authority.host().is_empty() || authority.as_str().contains('@') {
         return Err(bad("expected HOST:PORT"));
     }
@@ -110,9 +90,7 @@ pub(crate) fn parse_authority(value: &str, what: &str) -> Result<Authority, Conf
         Some(0) => Err(bad("port 0")),
         Some(_) => Ok(authority),
         None if authority.as_str().ends_with(':') => Err(bad("empty port")),
-        None => format!("{authority}:{DEFAULT_PORT}")
-            .parse()
-            .map_err(|_| bad("not a valid host and port")),
+        None => format!("{authority}:{DEFAULT_PORT}").parse().map_err(|_| bad("not a valid host and port")),
     }
 }
 
@@ -134,12 +112,7 @@ impl BookinfoConfig {
         if role == Role::Reviews && !(1..=3).contains(&version.0) {
             return Err(ConfigError::UnknownReviewsVersion(version.to_string()));
         }
-        Ok(BookinfoConfig {
-            role,
-            version,
-            upstreams,
-            access_log: AccessLog::Off,
-        })
+        Ok(BookinfoConfig { role, version, upstreams, access_log: AccessLog::Off })
     }
 
     pub fn with_access_log(mut self, access_log: AccessLog) -> Self {
@@ -149,10 +122,7 @@ impl BookinfoConfig {
 
     /// The configuration `slipstream app bookinfo` runs with: flags win over
     /// the environment.
-    pub fn from_args(
-        args: &BookinfoArgs,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
+    pub fn from_args(args: &BookinfoArgs, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut upstreams = Upstreams::from_env(env)?;
         let overrides = [
             (&args.details_addr, &mut upstreams.details, "--details-addr"),
@@ -164,8 +134,7 @@ impl BookinfoConfig {
                 *slot = parse_authority(value, flag)?;
             }
         }
-        Ok(BookinfoConfig::new(args.role, &args.version, upstreams)?
-            .with_access_log(AccessLog::stdout_unless(args.quiet)))
+        Ok(BookinfoConfig::new(args.role, &args.version, upstreams)?.with_access_log(AccessLog::stdout_unless(args.quiet)))
     }
 
     /// `<role>-<version>`, e.g. `reviews-v2`: what every answer reports.
@@ -200,10 +169,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let vars: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |key| vars.get(key).cloned()
     }
 
@@ -214,10 +180,7 @@ mod tests {
     #[test]
     fn env_defaults_are_the_service_names_on_9080() {
         let u = upstreams();
-        assert_eq!(
-            (u.details.as_str(), u.reviews.as_str(), u.ratings.as_str()),
-            ("details:9080", "reviews:9080", "ratings:9080")
-        );
+        assert_eq!((u.details.as_str(), u.reviews.as_str(), u.ratings.as_str()), ("details:9080", "reviews:9080", "ratings:9080"));
     }
 
     #[test]
@@ -229,16 +192,9 @@ mod tests {
             ("REVIEWS_HOSTNAME", ""),
         ]))
         .unwrap();
-        assert_eq!(
-            u.ratings.as_str(),
-            "ratings-canary.default.svc.cluster.local:9080"
-        );
+        assert_eq!(u.ratings.as_str(), "ratings-canary.default.svc.cluster.local:9080");
         assert_eq!(u.details.as_str(), "details.default.svc.cluster.local:9999");
-        assert_eq!(
-            u.reviews.as_str(),
-            "reviews.default.svc.cluster.local:9080",
-            "empty means unset"
-        );
+        assert_eq!(u.reviews.as_str(), "reviews.default.svc.cluster.local:9080", "empty means unset");
     }
 
     #[test]
@@ -249,28 +205,10 @@ mod tests {
 
     #[test]
     fn addresses_need_a_host_and_take_the_default_port() {
-        assert_eq!(
-            parse_authority("127.0.0.1:4000", "x").unwrap().as_str(),
-            "127.0.0.1:4000"
-        );
-        assert_eq!(
-            parse_authority("[::1]:4000", "x").unwrap().as_str(),
-            "[::1]:4000"
-        );
-        assert_eq!(
-            parse_authority("ratings", "x").unwrap().as_str(),
-            "ratings:9080"
-        );
-        for bad in [
-            "",
-            ":80",
-            "a b:80",
-            "host:",
-            "host:0",
-            "host:99999",
-            "u@host:80",
-            "http://host:80",
-        ] {
+        assert_eq!(parse_authority("127.0.0.1:4000", "x").unwrap().as_str(), "127.0.0.1:4000");
+        assert_eq!(parse_authority("[::1]:4000", "x").unwrap().as_str(), "[::1]:4000");
+        assert_eq!(parse_authority("ratings", "x").unwrap().as_str(), "ratings:9080");
+        for bad in ["", ":80", "a b:80", "host:", "host:0", "host:99999", "u@host:80", "http://host:80"] {
             assert!(parse_authority(bad, "--ratings-addr").is_err(), "{bad:?}");
         }
     }
@@ -281,28 +219,12 @@ mod tests {
         for bad in ["", "v", "1", "V1", "v1a", "v-1", "v99999999999"] {
             assert!(bad.parse::<Version>().is_err(), "{bad:?}");
         }
-        let served =
-            |role, v| BookinfoConfig::new(role, v, upstreams()).map(|c| (c.served_by(), c.stars()));
-        assert_eq!(
-            served(Role::Reviews, "v1"),
-            Ok(("reviews-v1".into(), Stars::None))
-        );
-        assert_eq!(
-            served(Role::Reviews, "v2"),
-            Ok(("reviews-v2".into(), Stars::Colored("black")))
-        );
-        assert_eq!(
-            served(Role::Reviews, "v3"),
-            Ok(("reviews-v3".into(), Stars::Colored("red")))
-        );
-        assert_eq!(
-            served(Role::Ratings, "v7"),
-            Ok(("ratings-v7".into(), Stars::None))
-        );
-        assert_eq!(
-            served(Role::Reviews, "v4"),
-            Err(ConfigError::UnknownReviewsVersion("v4".into()))
-        );
+        let served = |role, v| BookinfoConfig::new(role, v, upstreams()).map(|c| (c.served_by(), c.stars()));
+        assert_eq!(served(Role::Reviews, "v1"), Ok(("reviews-v1".into(), Stars::None)));
+        assert_eq!(served(Role::Reviews, "v2"), Ok(("reviews-v2".into(), Stars::Colored("black"))));
+        assert_eq!(served(Role::Reviews, "v3"), Ok(("reviews-v3".into(), Stars::Colored("red"))));
+        assert_eq!(served(Role::Ratings, "v7"), Ok(("ratings-v7".into(), Stars::None)));
+        assert_eq!(served(Role::Reviews, "v4"), Err(ConfigError::UnknownReviewsVersion("v4".into())));
     }
 
     #[test]
@@ -317,17 +239,11 @@ mod tests {
             ratings_addr: Some("127.0.0.1:4321".into()),
             quiet: true,
         };
-        let config =
-            BookinfoConfig::from_args(&args, env(&[("RATINGS_HOSTNAME", "elsewhere")])).unwrap();
+        let config = BookinfoConfig::from_args(&args, env(&[("RATINGS_HOSTNAME", "elsewhere")])).unwrap();
         assert_eq!(config.upstreams().ratings.as_str(), "127.0.0.1:4321");
         assert_eq!(config.upstreams().details.as_str(), "details:9080");
-        let bad = BookinfoArgs {
-            ratings_addr: Some("nope:".into()),
-            ..args
-        };
-        let err = BookinfoConfig::from_args(&bad, env(&[]))
-            .unwrap_err()
-            .to_string();
+        let bad = BookinfoArgs { ratings_addr: Some("nope:".into()), ..args };
+        let err = BookinfoConfig::from_args(&bad, env(&[])).unwrap_err().to_string();
         assert!(err.contains("--ratings-addr"), "{err}");
     }
 }

@@ -9,8 +9,7 @@ use super::config::Stars;
 /// The one product of the bookstore, as the real sample has it.
 pub(crate) const PRODUCT_ID: u64 = 0;
 pub(crate) const TITLE: &str = "The Comedy of Errors";
-pub(crate) const SUMMARY: &str =
-    "The Comedy of Errors is one of William Shakespeare's early plays. \
+pub(crate) const SUMMARY: &str = "The Comedy of Errors is one of William Shakespeare's early plays. \
     It is his shortest and one of his most farcical comedies, with a major part of the humour \
     coming from slapstick and mistaken identity, in addition to puns and word play.";
 
@@ -61,16 +60,10 @@ pub(crate) fn reviews(id: u64, served_by: &str, stars: Stars, ratings: RatingsOu
     let (ratings, ratings_served_by, ratings_error) = match ratings {
         RatingsOutcome::NotAsked => (None, None, None),
         RatingsOutcome::Failed(reason) => (None, None, Some(reason)),
-        RatingsOutcome::Answered(answer) => {
-            match answer.get("ratings").and_then(Value::as_object) {
-                Some(map) => (Some(map.clone()), answer.get("served_by").cloned(), None),
-                None => (
-                    None,
-                    None,
-                    Some("ratings answer has no \"ratings\" object".to_owned()),
-                ),
-            }
-        }
+        RatingsOutcome::Answered(answer) => match answer.get("ratings").and_then(Value::as_object) {
+            Some(map) => (Some(map.clone()), answer.get("served_by").cloned(), None),
+            None => (None, None, Some("ratings answer has no \"ratings\" object".to_owned())),
+        },
     };
     let color = match stars {
         Stars::Colored(color) => color,
@@ -80,11 +73,7 @@ pub(crate) fn reviews(id: u64, served_by: &str, stars: Stars, ratings: RatingsOu
         .iter()
         .map(|(reviewer, text)| {
             let mut review = json!({ "reviewer": reviewer, "text": text });
-            if let Some(n) = ratings
-                .as_ref()
-                .and_then(|r| r.get(*reviewer))
-                .and_then(Value::as_u64)
-            {
+            if let Some(n) = ratings.as_ref().and_then(|r| r.get(*reviewer)).and_then(Value::as_u64) {
                 review["rating"] = json!({ "stars": n, "color": color });
             }
             review
@@ -147,14 +136,7 @@ mod tests {
             .as_array()
             .unwrap()
             .iter()
-            .map(|r| {
-                r.get("rating").map(|s| {
-                    (
-                        s["stars"].as_u64().unwrap(),
-                        s["color"].as_str().unwrap().to_owned(),
-                    )
-                })
-            })
+            .map(|r| r.get("rating").map(|s| (s["stars"].as_u64().unwrap(), s["color"].as_str().unwrap().to_owned())))
             .collect()
     }
 
@@ -167,40 +149,19 @@ mod tests {
 
     #[test]
     fn stars_take_the_version_colour_and_name_ratings() {
-        let doc = reviews(
-            0,
-            "reviews-v3",
-            Stars::Colored("red"),
-            RatingsOutcome::Answered(ratings(0, "ratings-v1")),
-        );
-        assert_eq!(
-            stars_of(&doc),
-            [Some((5, "red".into())), Some((4, "red".into()))]
-        );
+        let doc = reviews(0, "reviews-v3", Stars::Colored("red"), RatingsOutcome::Answered(ratings(0, "ratings-v1")));
+        assert_eq!(stars_of(&doc), [Some((5, "red".into())), Some((4, "red".into()))]);
         assert_eq!(doc["ratings_served_by"], "ratings-v1");
         assert_eq!(doc["served_by"], "reviews-v3");
     }
 
     #[test]
     fn failed_or_malformed_ratings_degrade_to_an_error_string() {
-        let failed = reviews(
-            0,
-            "reviews-v2",
-            Stars::Colored("black"),
-            RatingsOutcome::Failed("timed out".into()),
-        );
+        let failed = reviews(0, "reviews-v2", Stars::Colored("black"), RatingsOutcome::Failed("timed out".into()));
         assert_eq!(failed["ratings_error"], "timed out");
         assert_eq!(stars_of(&failed), [None, None]);
-        let odd = reviews(
-            0,
-            "reviews-v2",
-            Stars::Colored("black"),
-            RatingsOutcome::Answered(json!({"x": 1})),
-        );
-        assert!(odd["ratings_error"]
-            .as_str()
-            .unwrap()
-            .contains("no \"ratings\""));
+        let odd = reviews(0, "reviews-v2", Stars::Colored("black"), RatingsOutcome::Answered(json!({"x": 1})));
+        assert!(odd["ratings_error"].as_str().unwrap().contains("no \"ratings\""));
     }
 
     #[test]
@@ -214,9 +175,6 @@ mod tests {
         assert_eq!(doc["details"]["served_by"], "details-v1");
         assert!(doc.get("reviews").is_none());
         assert!(doc["reviews_error"].as_str().unwrap().contains("503"));
-        assert_eq!(
-            view.served_by_chain("productpage-v1"),
-            ["productpage-v1", "details-v1"]
-        );
+        assert_eq!(view.served_by_chain("productpage-v1"), ["productpage-v1", "details-v1"]);
     }
 }

@@ -33,28 +33,18 @@ pub async fn serve_bookinfo(listener: TcpListener, config: BookinfoConfig) {
 
 /// Runs `slipstream app bookinfo` until SIGTERM/SIGINT.
 pub fn run_bookinfo(args: BookinfoArgs) -> anyhow::Result<()> {
-    let config = BookinfoConfig::from_args(&args, |key| std::env::var(key).ok())
-        .context("bookinfo: invalid configuration")?;
+    let config = BookinfoConfig::from_args(&args, |key| std::env::var(key).ok()).context("bookinfo: invalid configuration")?;
     crate::runtime::run_until_signal(async move {
-        let listener = bind_listener(args.bind, args.port)
-            .await
-            .context("bookinfo: listener")?;
+        let listener = bind_listener(args.bind, args.port).await.context("bookinfo: listener")?;
         let upstreams = config.upstreams();
         let calls = match config.role() {
-            Role::Productpage => format!(
-                ", calls details at {} and reviews at {}",
-                upstreams.details, upstreams.reviews
-            ),
+            Role::Productpage => format!(", calls details at {} and reviews at {}", upstreams.details, upstreams.reviews),
             Role::Reviews if config.stars() != config::Stars::None => {
                 format!(", calls ratings at {}", upstreams.ratings)
             }
             _ => String::new(),
         };
-        println!(
-            "bookinfo {} listening on {}{calls}",
-            config.served_by(),
-            listener.local_addr()?
-        );
+        println!("bookinfo {} listening on {}{calls}", config.served_by(), listener.local_addr()?);
         serve_bookinfo(listener, config).await;
         Ok(())
     })

@@ -72,25 +72,11 @@ pub(crate) fn render(view: &ProductView, served_by: &str) -> String {
 }
 
 fn render_reviews(html: &mut String, reviews: &Value) {
-    for review in reviews
-        .get("reviews")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for review in reviews.get("reviews").and_then(Value::as_array).into_iter().flatten() {
         let field = |key| review.get(key).map(plain).unwrap_or_default();
-        let _ = write!(
-            html,
-            "<blockquote>\n<p>{}</p>\n<small>{}</small>",
-            escape(&field("text")),
-            escape(&field("reviewer"))
-        );
+        let _ = write!(html, "<blockquote>\n<p>{}</p>\n<small>{}</small>", escape(&field("text")), escape(&field("reviewer")));
         if let Some(rating) = review.get("rating") {
-            let stars = rating
-                .get("stars")
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-                .min(5) as usize;
+            let stars = rating.get("stars").and_then(Value::as_u64).unwrap_or(0).min(5) as usize;
             let color = rating.get("color").map(plain).unwrap_or_default();
             let _ = write!(
                 html,
@@ -103,11 +89,7 @@ fn render_reviews(html: &mut String, reviews: &Value) {
         html.push_str("\n</blockquote>\n");
     }
     if let Some(reason) = reviews.get("ratings_error") {
-        let _ = writeln!(
-            html,
-            "<p class=\"error\">Ratings service is currently unavailable ({})</p>",
-            escape(&plain(reason))
-        );
+        let _ = writeln!(html, "<p class=\"error\">Ratings service is currently unavailable ({})</p>", escape(&plain(reason)));
     }
 }
 
@@ -145,19 +127,11 @@ mod tests {
         let view = ProductView {
             id: 0,
             details: Ok(details(0, "details-v1")),
-            reviews: Ok(reviews(
-                0,
-                "reviews-v3",
-                Stars::Colored("red"),
-                RatingsOutcome::Answered(ratings(0, "ratings-v1")),
-            )),
+            reviews: Ok(reviews(0, "reviews-v3", Stars::Colored("red"), RatingsOutcome::Answered(ratings(0, "ratings-v1")))),
         };
         let html = render(&view, "productpage-v1");
         assert!(html.contains("<dd>William Shakespeare</dd>") && html.contains("<dd>1595</dd>"));
-        assert!(
-            html.contains("style=\"color: red\">\u{2605}\u{2605}\u{2605}\u{2605}\u{2605}</span>"),
-            "{html}"
-        );
+        assert!(html.contains("style=\"color: red\">\u{2605}\u{2605}\u{2605}\u{2605}\u{2605}</span>"), "{html}");
         assert!(html.contains("\u{2605}\u{2605}\u{2605}\u{2605}\u{2606}"));
         assert!(html.contains("Served by: <span class=\"served-by\">productpage-v1 details-v1 reviews-v3 ratings-v1</span>"));
     }
@@ -167,18 +141,10 @@ mod tests {
         let view = ProductView {
             id: 0,
             details: Err("details at details:9080: <script>".into()),
-            reviews: Ok(reviews(
-                0,
-                "reviews-v2",
-                Stars::Colored("black"),
-                RatingsOutcome::Failed("refused & gone".into()),
-            )),
+            reviews: Ok(reviews(0, "reviews-v2", Stars::Colored("black"), RatingsOutcome::Failed("refused & gone".into()))),
         };
         let html = render(&view, "productpage-v1");
-        assert!(
-            html.contains("product details are currently unavailable")
-                && html.contains("&lt;script&gt;")
-        );
+        assert!(html.contains("product details are currently unavailable") && html.contains("&lt;script&gt;"));
         assert!(!html.contains("<script>"));
         assert!(html.contains("Ratings service is currently unavailable (refused &amp; gone)"));
         assert!(html.contains(">productpage-v1 reviews-v2</span>"));

@@ -61,18 +61,8 @@ mod tests {
             (Role::Details, &get, "/details/42", Route::Details(42)),
             (Role::Details, &get, "/details/x", Route::BadId("x".into())),
             (Role::Details, &get, "/details/", Route::BadId("".into())),
-            (
-                Role::Details,
-                &get,
-                "/details/-1",
-                Route::BadId("-1".into()),
-            ),
-            (
-                Role::Details,
-                &get,
-                "/details/1/2",
-                Route::BadId("1/2".into()),
-            ),
+            (Role::Details, &get, "/details/-1", Route::BadId("-1".into())),
+            (Role::Details, &get, "/details/1/2", Route::BadId("1/2".into())),
             (Role::Details, &get, "/ratings/0", Route::NotFound),
             (Role::Ratings, &get, "/ratings/7", Route::Ratings(7)),
             (Role::Reviews, &get, "/reviews/0", Route::Reviews(0)),
@@ -81,25 +71,10 @@ mod tests {
             (Role::Productpage, &get, "/productpage", Route::ProductPage),
             (Role::Productpage, &get, "/", Route::Index),
             (Role::Productpage, &get, "/api/v1/products", Route::Products),
-            (
-                Role::Productpage,
-                &get,
-                "/api/v1/products/0",
-                Route::Product(0),
-            ),
-            (
-                Role::Productpage,
-                &get,
-                "/api/v1/products/zero",
-                Route::BadId("zero".into()),
-            ),
+            (Role::Productpage, &get, "/api/v1/products/0", Route::Product(0)),
+            (Role::Productpage, &get, "/api/v1/products/zero", Route::BadId("zero".into())),
             (Role::Productpage, &get, "/details/0", Route::NotFound),
-            (
-                Role::Productpage,
-                &Method::POST,
-                "/productpage",
-                Route::MethodNotAllowed,
-            ),
+            (Role::Productpage, &Method::POST, "/productpage", Route::MethodNotAllowed),
         ];
         for (role, method, path, want) in cases {
             assert_eq!(route(role, method, path), want, "{role:?} {method} {path}");

@@ -25,21 +25,14 @@ impl Service {
     pub(crate) fn new(config: BookinfoConfig) -> Self {
         let served_by = config.served_by();
         // `<role>-v<N>` is always a valid header value.
-        let served_by_header =
-            HeaderValue::from_str(&served_by).unwrap_or(HeaderValue::from_static("bookinfo"));
-        Service {
-            config,
-            served_by,
-            served_by_header,
-            upstream: Upstream::new(),
-        }
+        let served_by_header = HeaderValue::from_str(&served_by).unwrap_or(HeaderValue::from_static("bookinfo"));
+        Service { config, served_by, served_by_header, upstream: Upstream::new() }
     }
 
     /// Every answer, errors included, carries `x-served-by`.
     pub(crate) async fn handle<B>(&self, req: Request<B>) -> Response<Body> {
         let mut resp = self.answer(req).await;
-        resp.headers_mut()
-            .insert(SERVED_BY, self.served_by_header.clone());
+        resp.headers_mut().insert(SERVED_BY, self.served_by_header.clone());
         resp
     }
 
@@ -51,35 +44,18 @@ impl Service {
             Route::Details(id) => json(StatusCode::OK, &data::details(id, by)),
             Route::Ratings(id) => json(StatusCode::OK, &data::ratings(id, by)),
             Route::Reviews(id) => json(StatusCode::OK, &self.reviews(id, headers).await),
-            Route::Product(id) => {
-                json(StatusCode::OK, &self.product(id, headers).await.to_json(by))
-            }
+            Route::Product(id) => json(StatusCode::OK, &self.product(id, headers).await.to_json(by)),
             Route::Products => json(StatusCode::OK, &data::products(by)),
             Route::ProductPage => {
                 let html = page::render(&self.product(PRODUCT_ID, headers).await, by);
                 crate::http::with_type(StatusCode::OK, "text/html; charset=utf-8", html.into())
             }
-            Route::Index => crate::http::text(
-                StatusCode::OK,
-                format!(
-                    "bookinfo {by}: /productpage, /api/v1/products, /api/v1/products/<id>, /health"
-                ),
-            ),
-            Route::BadId(id) => error(
-                StatusCode::BAD_REQUEST,
-                format!("{id:?} is not a product id (a number)"),
-                by,
-            ),
-            Route::MethodNotAllowed => error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                format!("{} is not allowed; use GET", req.method()),
-                by,
-            ),
-            Route::NotFound => error(
-                StatusCode::NOT_FOUND,
-                format!("no such path {:?}", req.uri().path()),
-                by,
-            ),
+            Route::Index => {
+                crate::http::text(StatusCode::OK, format!("bookinfo {by}: /productpage, /api/v1/products, /api/v1/products/<id>, /health"))
+            }
+            Route::BadId(id) => error(StatusCode::BAD_REQUEST, format!("{id:?} is not a product id (a number)"), by),
+            Route::MethodNotAllowed => error(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed; use GET", req.method()), by),
+            Route::NotFound => error(StatusCode::NOT_FOUND, format!("no such path {:?}", req.uri().path()), by),
         }
     }
 
@@ -89,11 +65,7 @@ impl Service {
             Stars::None => RatingsOutcome::NotAsked,
             Stars::Colored(_) => {
                 let path = format!("/ratings/{id}");
-                match self
-                    .upstream
-                    .get_json("ratings", &self.config.upstreams().ratings, &path, incoming)
-                    .await
-                {
+                match self.upstream.get_json("ratings", &self.config.upstreams().ratings, &path, incoming).await {
                     Ok(answer) => RatingsOutcome::Answered(answer),
                     Err(err) => RatingsOutcome::Failed(err.to_string()),
                 }
@@ -106,16 +78,10 @@ impl Service {
         let upstreams = self.config.upstreams();
         let (details_path, reviews_path) = (format!("/details/{id}"), format!("/reviews/{id}"));
         let (details, reviews) = tokio::join!(
-            self.upstream
-                .get_json("details", &upstreams.details, &details_path, incoming),
-            self.upstream
-                .get_json("reviews", &upstreams.reviews, &reviews_path, incoming),
+            self.upstream.get_json("details", &upstreams.details, &details_path, incoming),
+            self.upstream.get_json("reviews", &upstreams.reviews, &reviews_path, incoming),
         );
-        ProductView {
-            id,
-            details: details.map_err(|e| e.to_string()),
-            reviews: reviews.map_err(|e| e.to_string()),
-        }
+        ProductView { id, details: details.map_err(|e| e.to_string()), reviews: reviews.map_err(|e| e.to_string()) }
     }
 }
 

@@ -102,32 +102,17 @@ impl Upstream {
         path: &str,
         incoming: &HeaderMap,
     ) -> Result<Value, UpstreamError> {
-        let fail = |cause| UpstreamError {
-            service,
-            authority: authority.clone(),
-            cause,
-        };
+        let fail = |cause| UpstreamError { service, authority: authority.clone(), cause };
         let call = async {
             let uri = format!("http://{authority}{path}");
-            let mut req = Request::get(uri)
-                .body(Empty::new())
-                .map_err(|e| Cause::Request(e.to_string()))?;
+            let mut req = Request::get(uri).body(Empty::new()).map_err(|e| Cause::Request(e.to_string()))?;
             *req.headers_mut() = propagated(incoming);
-            req.headers_mut()
-                .insert(ACCEPT, HeaderValue::from_static("application/json"));
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| Cause::Request(chain(&e)))?;
+            req.headers_mut().insert(ACCEPT, HeaderValue::from_static("application/json"));
+            let resp = self.client.request(req).await.map_err(|e| Cause::Request(chain(&e)))?;
             if !resp.status().is_success() {
                 return Err(Cause::Status(resp.status()));
             }
-            let body = Limited::new(resp.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| Cause::Body(chain(e.as_ref())))?
-                .to_bytes();
+            let body = Limited::new(resp.into_body(), MAX_ANSWER).collect().await.map_err(|e| Cause::Body(chain(e.as_ref())))?.to_bytes();
             serde_json::from_slice(&body).map_err(Cause::Json)
         };
         match tokio::time::timeout(TIMEOUT, call).await {
@@ -169,10 +154,7 @@ mod tests {
         let out = propagated(&incoming);
         assert_eq!(out.get("end-user").unwrap(), "jason");
         assert_eq!(out.get("x-request-id").unwrap(), "abc");
-        assert_eq!(
-            out.get_all("cookie").iter().collect::<Vec<_>>(),
-            ["a=1", "b=2"]
-        );
+        assert_eq!(out.get_all("cookie").iter().collect::<Vec<_>>(), ["a=1", "b=2"]);
         assert!(out.get("authorization").is_none() && out.get("host").is_none());
         assert_eq!(out.len(), 4);
     }
@@ -180,21 +162,11 @@ mod tests {
     #[tokio::test]
     async fn a_refused_connection_is_reported_with_its_cause() {
         // Bind then drop, so the port is (almost certainly) closed.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let authority: Authority = format!("127.0.0.1:{port}").parse().unwrap();
-        let err = Upstream::new()
-            .get_json("ratings", &authority, "/ratings/0", &HeaderMap::new())
-            .await
-            .unwrap_err();
+        let err = Upstream::new().get_json("ratings", &authority, "/ratings/0", &HeaderMap::new()).await.unwrap_err();
         let text = err.to_string();
-        assert!(
-            text.starts_with(&format!("ratings at 127.0.0.1:{port}: request failed")),
-            "{text}"
-        );
+        assert!(text.starts_with(&format!("ratings at 127.0.0.1:{port}: request failed")), "{text}");
         assert!(text.to_lowercase().contains("refused"), "{text}");
     }
 }

@@ -14,16 +14,10 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut rest = text;
     let mut total = 0f64;
     while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let (number, tail) = rest.split_at(number_len);
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("{text:?} is not a duration (use e.g. 50ms or 1s)"))?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
+        let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration (use e.g. 50ms or 1s)"))?;
+        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
         let seconds_per_unit = match unit {
             "ns" => 1e-9,
@@ -33,11 +27,7 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
             "m" => 60.0,
             "h" => 3600.0,
             "" => return Err(format!("{text:?} has no unit (use e.g. 50ms or 1s)")),
-            other => {
-                return Err(format!(
-                    "{text:?} has unknown unit {other:?} (use ns, us, ms, s, m or h)"
-                ))
-            }
+            other => return Err(format!("{text:?} has unknown unit {other:?} (use ns, us, ms, s, m or h)")),
         };
         total += value * seconds_per_unit;
         rest = tail;
@@ -67,16 +57,7 @@ mod tests {
 
     #[test]
     fn rejects_malformed_durations_with_a_reason() {
-        for text in [
-            "",
-            "50",
-            "ms",
-            "5x",
-            "1..2s",
-            "-1s",
-            "1e400s",
-            "99999999999999999999999h",
-        ] {
+        for text in ["", "50", "ms", "5x", "1..2s", "-1s", "1e400s", "99999999999999999999999h"] {
             let err = parse_duration(text).unwrap_err();
             assert!(!err.is_empty() && !err.contains('\n'), "{text}: {err}");
         }

@@ -44,14 +44,9 @@ impl Echo {
             "/healthz" if read_only => text(StatusCode::OK, "ok"),
             "/" if read_only => text(
                 StatusCode::OK,
-                format!(
-                    "slipstream echo server {:?}: /echo?size=N&status=CODE&delay=DURATION, /headers, /healthz",
-                    self.name
-                ),
+                format!("slipstream echo server {:?}: /echo?size=N&status=CODE&delay=DURATION, /headers, /healthz", self.name),
             ),
-            "/headers" | "/healthz" | "/" => {
-                text(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed here; use GET", req.method()))
-            }
+            "/headers" | "/healthz" | "/" => text(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed here; use GET", req.method())),
             path => text(StatusCode::NOT_FOUND, format!("no such path {path:?}; try /, /echo, /headers or /healthz")),
         }
     }
@@ -60,17 +55,9 @@ impl Echo {
     fn headers<B>(&self, req: &Request<B>, conn: ConnInfo) -> Value {
         let mut headers = Map::new();
         for name in req.headers().keys() {
-            let mut values: Vec<Value> = req
-                .headers()
-                .get_all(name)
-                .iter()
-                .map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()))
-                .collect();
-            let value = if values.len() == 1 {
-                values.remove(0)
-            } else {
-                Value::Array(values)
-            };
+            let mut values: Vec<Value> =
+                req.headers().get_all(name).iter().map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+            let value = if values.len() == 1 { values.remove(0) } else { Value::Array(values) };
             headers.insert(name.as_str().to_owned(), value);
         }
         json!({
@@ -98,16 +85,10 @@ async fn echo(req: Request<Incoming>) -> Response<Body> {
     let status = params.status.pick(&mut rand::thread_rng());
     let (parts, body) = req.into_parts();
     let (body, content_type) = match params.size {
-        Some(size) => (
-            Payload::new(size).boxed(),
-            Some(HeaderValue::from_static("text/plain")),
-        ),
+        Some(size) => (Payload::new(size).boxed(), Some(HeaderValue::from_static("text/plain"))),
         // Streamed, not collected: memory stays bounded whatever the size,
         // and flow control pushes back on a client that does not read.
-        None => (
-            body.map_err(Into::into).boxed(),
-            parts.headers.get(CONTENT_TYPE).cloned(),
-        ),
+        None => (body.map_err(Into::into).boxed(), parts.headers.get(CONTENT_TYPE).cloned()),
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;

@@ -69,39 +69,22 @@ pub async fn serve_echo_http(listener: TcpListener, config: EchoConfig) {
 
 /// Runs `slipstream app echo` until SIGTERM/SIGINT.
 pub fn run_echo(args: EchoArgs) -> anyhow::Result<()> {
-    let name = args
-        .name
-        .clone()
-        .filter(|n| !n.trim().is_empty())
-        .unwrap_or_else(hostname);
-    let config = EchoConfig {
-        name,
-        access_log: AccessLog::stdout_unless(args.quiet),
-    };
+    let name = args.name.clone().filter(|n| !n.trim().is_empty()).unwrap_or_else(hostname);
+    let config = EchoConfig { name, access_log: AccessLog::stdout_unless(args.quiet) };
     crate::runtime::run_until_signal(async move {
         // Bind everything before serving anything, so a port conflict fails
         // startup instead of leaving a half-working server.
-        let http = bind_listener(args.bind, args.http_port)
-            .await
-            .context("echo: HTTP listener")?;
+        let http = bind_listener(args.bind, args.http_port).await.context("echo: HTTP listener")?;
         let tcp = match args.tcp_port {
             0 => None,
-            port => Some(
-                bind_listener(args.bind, port)
-                    .await
-                    .context("echo: TCP echo listener")?,
-            ),
+            port => Some(bind_listener(args.bind, port).await.context("echo: TCP echo listener")?),
         };
         let tcp_desc = match (&tcp, &args.tcp_banner) {
             (Some(l), Some(_)) => format!("TCP banner on {}", l.local_addr()?),
             (Some(l), None) => format!("TCP echo on {}", l.local_addr()?),
             (None, _) => "TCP echo disabled".to_owned(),
         };
-        println!(
-            "echo server {:?}: HTTP/1.1 and h2c on {}, {tcp_desc}",
-            config.name,
-            http.local_addr()?
-        );
+        println!("echo server {:?}: HTTP/1.1 and h2c on {}, {tcp_desc}", config.name, http.local_addr()?);
 
         let http = serve_echo_http(http, config);
         match tcp {

@@ -51,9 +51,7 @@ pub(crate) struct StatusPlan {
 
 impl StatusPlan {
     fn always(code: StatusCode) -> Self {
-        StatusPlan {
-            choices: vec![(code, 100.0)],
-        }
+        StatusPlan { choices: vec![(code, 100.0)] }
     }
 
     pub(crate) fn pick(&self, rng: &mut impl Rng) -> StatusCode {
@@ -78,9 +76,7 @@ impl StatusPlan {
                         .parse()
                         .ok()
                         .filter(|p: &f64| (0.0..=100.0).contains(p))
-                        .ok_or_else(|| {
-                            bad(format!("{percent:?} is not a percentage between 0 and 100"))
-                        })?;
+                        .ok_or_else(|| bad(format!("{percent:?} is not a percentage between 0 and 100")))?;
                     (code, percent)
                 }
                 None => (term, 100.0),
@@ -90,18 +86,12 @@ impl StatusPlan {
                 .ok()
                 .filter(|c| (200..=599).contains(c))
                 .and_then(|c| StatusCode::from_u16(c).ok())
-                .ok_or_else(|| {
-                    bad(format!(
-                        "{code:?} is not an HTTP status code between 200 and 599"
-                    ))
-                })?;
+                .ok_or_else(|| bad(format!("{code:?} is not an HTTP status code between 200 and 599")))?;
             choices.push((code, percent));
         }
         let total: f64 = choices.iter().map(|(_, p)| p).sum();
         if total > 100.0 + f64::EPSILON {
-            return Err(bad(format!(
-                "percentages in {text:?} add up to {total}, more than 100"
-            )));
+            return Err(bad(format!("percentages in {text:?} add up to {total}, more than 100")));
         }
         Ok(StatusPlan { choices })
     }
@@ -111,19 +101,13 @@ impl EchoParams {
     /// Parses the query string of an `/echo` request. Unknown parameters are
     /// ignored (as fortio does); a repeated one takes its last value.
     pub(crate) fn parse(query: Option<&str>) -> Result<Self, ParamError> {
-        let mut params = EchoParams {
-            size: None,
-            status: StatusPlan::always(StatusCode::OK),
-            delay: Duration::ZERO,
-        };
+        let mut params = EchoParams { size: None, status: StatusPlan::always(StatusCode::OK), delay: Duration::ZERO };
         let pairs = query.unwrap_or("").split('&').filter(|p| !p.is_empty());
         for pair in pairs {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
                 "size" => {
-                    let size: u64 = value
-                        .parse()
-                        .map_err(|_| ParamError::Size(value.to_owned()))?;
+                    let size: u64 = value.parse().map_err(|_| ParamError::Size(value.to_owned()))?;
                     if size > MAX_SIZE {
                         return Err(ParamError::SizeTooLarge(size));
                     }
@@ -161,19 +145,10 @@ mod tests {
     fn accepted_values() {
         let p = EchoParams::parse(Some("size=1024&status=503&delay=50ms&qps=10")).unwrap();
         assert_eq!(p.size, Some(1024));
-        assert_eq!(
-            p.status,
-            StatusPlan::always(StatusCode::SERVICE_UNAVAILABLE)
-        );
+        assert_eq!(p.status, StatusPlan::always(StatusCode::SERVICE_UNAVAILABLE));
         assert_eq!(p.delay, Duration::from_millis(50));
-        assert_eq!(
-            EchoParams::parse(Some("size=10485760")).unwrap().size,
-            Some(MAX_SIZE)
-        );
-        assert_eq!(
-            EchoParams::parse(Some("delay=10s")).unwrap().delay,
-            MAX_DELAY
-        );
+        assert_eq!(EchoParams::parse(Some("size=10485760")).unwrap().size, Some(MAX_SIZE));
+        assert_eq!(EchoParams::parse(Some("delay=10s")).unwrap().delay, MAX_DELAY);
     }
 
     #[test]
@@ -202,16 +177,10 @@ mod tests {
     fn weighted_status_falls_back_to_200() {
         let plan = StatusPlan::parse("503:20,429:10").unwrap();
         // StepRng(0, 0) always rolls 0.0: the first choice.
-        assert_eq!(
-            plan.pick(&mut StepRng::new(0, 0)),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+        assert_eq!(plan.pick(&mut StepRng::new(0, 0)), StatusCode::SERVICE_UNAVAILABLE);
         // u64::MAX rolls just under 100.0: past every choice.
         assert_eq!(plan.pick(&mut StepRng::new(u64::MAX, 0)), StatusCode::OK);
         let always = StatusPlan::parse("418").unwrap();
-        assert_eq!(
-            always.pick(&mut StepRng::new(u64::MAX, 0)),
-            StatusCode::IM_A_TEAPOT
-        );
+        assert_eq!(always.pick(&mut StepRng::new(u64::MAX, 0)), StatusCode::IM_A_TEAPOT);
     }
 }

@@ -41,10 +41,7 @@ impl Body for Payload {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.remaining == 0 {
             return Poll::Ready(None);
         }
@@ -69,23 +66,12 @@ mod tests {
 
     #[tokio::test]
     async fn yields_exactly_the_requested_size() {
-        for size in [
-            0u64,
-            1,
-            63,
-            64,
-            CHUNK as u64,
-            CHUNK as u64 + 1,
-            3 * CHUNK as u64 + 17,
-        ] {
+        for size in [0u64, 1, 63, 64, CHUNK as u64, CHUNK as u64 + 1, 3 * CHUNK as u64 + 17] {
             let body = Payload::new(size);
             assert_eq!(body.size_hint().exact(), Some(size));
             let bytes = body.collect().await.unwrap().to_bytes();
             assert_eq!(bytes.len() as u64, size);
-            assert!(bytes
-                .iter()
-                .zip(PATTERN.iter().cycle())
-                .all(|(a, b)| a == b));
+            assert!(bytes.iter().zip(PATTERN.iter().cycle()).all(|(a, b)| a == b));
         }
     }
 }

@@ -73,12 +73,7 @@ impl AccessLog {
         let status = resp.status().as_u16();
         let entry = match self {
             AccessLog::Off => None,
-            sink => Some(Entry {
-                sink: sink.clone(),
-                line,
-                status,
-                bytes: 0,
-            }),
+            sink => Some(Entry { sink: sink.clone(), line, status, bytes: 0 }),
         };
         resp.map(|inner| LoggedBody { inner, entry })
     }
@@ -96,16 +91,8 @@ pub(crate) struct RequestLine {
 
 impl RequestLine {
     pub(crate) fn of<B>(client: SocketAddr, req: &Request<B>) -> Self {
-        let path = req
-            .uri()
-            .path_and_query()
-            .map_or_else(|| req.uri().path().to_owned(), |pq| pq.to_string());
-        RequestLine {
-            client,
-            method: req.method().to_string(),
-            path,
-            version: req.version(),
-        }
+        let path = req.uri().path_and_query().map_or_else(|| req.uri().path().to_owned(), |pq| pq.to_string());
+        RequestLine { client, method: req.method().to_string(), path, version: req.version() }
     }
 }
 
@@ -124,10 +111,7 @@ impl Drop for Entry {
 }
 
 fn format_line(req: &RequestLine, status: u16, bytes: u64) -> String {
-    format!(
-        "{} \"{} {} {:?}\" {} {}",
-        req.client, req.method, req.path, req.version, status, bytes
-    )
+    format!("{} \"{} {} {:?}\" {} {}", req.client, req.method, req.path, req.version, status, bytes)
 }
 
 /// A response body that counts the bytes it yields for the access log.
@@ -140,10 +124,7 @@ impl HttpBody for LoggedBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if let (Poll::Ready(Some(Ok(frame))), Some(entry)) = (&polled, this.entry.as_mut()) {
@@ -175,10 +156,7 @@ mod tests {
 
     #[test]
     fn line_format_matches_the_documented_one() {
-        assert_eq!(
-            format_line(&line(), 200, 3),
-            r#"10.0.0.7:41234 "POST /echo?size=3 HTTP/1.1" 200 3"#
-        );
+        assert_eq!(format_line(&line(), 200, 3), r#"10.0.0.7:41234 "POST /echo?size=3 HTTP/1.1" 200 3"#);
     }
 
     #[tokio::test]
@@ -186,15 +164,9 @@ mod tests {
         let log = AccessLog::memory();
         let resp = crate::http::text(http::StatusCode::OK, "abc");
         let resp = log.wrap(line(), resp);
-        assert!(
-            log.lines().is_empty(),
-            "nothing is logged before the body is finished"
-        );
+        assert!(log.lines().is_empty(), "nothing is logged before the body is finished");
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"abc\n");
-        assert_eq!(
-            log.lines(),
-            vec![r#"10.0.0.7:41234 "POST /echo?size=3 HTTP/1.1" 200 4"#.to_owned()]
-        );
+        assert_eq!(log.lines(), vec![r#"10.0.0.7:41234 "POST /echo?size=3 HTTP/1.1" 200 4"#.to_owned()]);
     }
 }

@@ -26,14 +26,9 @@ pub(crate) fn json(status: StatusCode, value: &serde_json::Value) -> Response<Bo
 }
 
 /// An answer with an explicit content type (e.g. HTML).
-pub(crate) fn with_type(
-    status: StatusCode,
-    content_type: &'static str,
-    body: Bytes,
-) -> Response<Body> {
+pub(crate) fn with_type(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
     let mut resp = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }

@@ -65,10 +65,7 @@ where
         };
         // Small request/response exchanges must not wait for Nagle.
         let _ = stream.set_nodelay(true);
-        let conn = ConnInfo {
-            peer: canonical(peer),
-            local: canonical(local),
-        };
+        let conn = ConnInfo { peer: canonical(peer), local: canonical(local) };
         let (builder, handler, log) = (builder.clone(), handler.clone(), log.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
@@ -77,10 +74,7 @@ where
                 let log = log.clone();
                 async move { Ok::<_, Infallible>(log.wrap(line, answer.await)) }
             });
-            if let Err(err) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            if let Err(err) = builder.serve_connection(TokioIo::new(stream), service).await {
                 tracing::debug!(peer = %conn.peer, "connection ended with an error: {err}");
             }
         });

@@ -15,9 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
 pub async fn loopback_listener() -> (TcpListener, SocketAddr) {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let addr = listener.local_addr().unwrap();
     (listener, addr)
 }
@@ -44,15 +42,11 @@ impl Answer {
     }
 
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 
     pub fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
     }
 }
 
@@ -65,13 +59,10 @@ pub async fn http1(addr: SocketAddr, req: Request<Full<Bytes>>) -> Answer {
     tokio::time::timeout(DEADLINE, async {
         let stream = TcpStream::connect(addr).await.expect("connect");
         let client_addr = stream.local_addr().unwrap();
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("h1 handshake");
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("h1 handshake");
         tokio::spawn(conn);
         let mut req = req;
-        req.headers_mut()
-            .insert(http::header::HOST, addr.to_string().parse().unwrap());
+        req.headers_mut().insert(http::header::HOST, addr.to_string().parse().unwrap());
         let resp = send.send_request(req).await.expect("h1 request");
         collect(resp, client_addr).await
     })
@@ -85,17 +76,12 @@ pub async fn http2(addr: SocketAddr, req: Request<Full<Bytes>>) -> Answer {
         let stream = TcpStream::connect(addr).await.expect("connect");
         let client_addr = stream.local_addr().unwrap();
         let (mut send, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                .await
-                .expect("h2 handshake");
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.expect("h2 handshake");
         tokio::spawn(conn);
         let (mut parts, body) = req.into_parts();
         parts.uri = format!("http://{addr}{}", parts.uri).parse().unwrap();
         parts.version = Version::HTTP_2;
-        let resp = send
-            .send_request(Request::from_parts(parts, body))
-            .await
-            .expect("h2 request");
+        let resp = send.send_request(Request::from_parts(parts, body)).await.expect("h2 request");
         collect(resp, client_addr).await
     })
     .await
@@ -105,13 +91,7 @@ pub async fn http2(addr: SocketAddr, req: Request<Full<Bytes>>) -> Answer {
 async fn collect(resp: http::Response<hyper::body::Incoming>, client_addr: SocketAddr) -> Answer {
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.expect("response body").to_bytes();
-    Answer {
-        status: parts.status,
-        version: parts.version,
-        headers: parts.headers,
-        body,
-        client_addr,
-    }
+    Answer { status: parts.status, version: parts.version, headers: parts.headers, body, client_addr }
 }
 
 /// Waits until `check` holds, for things that happen just after an answer

@@ -94,13 +94,7 @@ pub fn parse(text: &str) -> Result<FortioRun, ParseError> {
         errors: requests.saturating_sub(ok),
         sockets: raw.socket_count,
         avg_ms: raw.duration_histogram.avg * 1000.0,
-        percentiles: raw
-            .duration_histogram
-            .percentiles
-            .unwrap_or_default()
-            .into_iter()
-            .map(|p| (p.percentile, p.value * 1000.0))
-            .collect(),
+        percentiles: raw.duration_histogram.percentiles.unwrap_or_default().into_iter().map(|p| (p.percentile, p.value * 1000.0)).collect(),
     })
 }
 

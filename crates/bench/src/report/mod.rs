@@ -97,7 +97,8 @@ pub fn chart_rows(r: &Results) -> Vec<ChartRow> {
 pub fn svg(r: &Results) -> String {
     let v = View::new(r);
     let compared: Vec<String> = v.compared().iter().map(|s| s.to_string()).collect();
-    let title = format!("Slipstream vs. no mesh: median of {} repetition(s){}", r.settings.reps, if r.settings.quick { ", quick run" } else { "" });
+    let title =
+        format!("Slipstream vs. no mesh: median of {} repetition(s){}", r.settings.reps, if r.settings.quick { ", quick run" } else { "" });
     chart::render(&title, &compared, &chart_rows(r))
 }
 
@@ -148,7 +149,11 @@ fn facts(s: &mut String, r: &Results) {
         r.version,
         r.settings.reps,
         if r.settings.quick { " (`--quick`: short durations, a smoke test, not a measurement)" } else { "" },
-        if r.duration_s > 0.0 { format!("took {}", crate::timefmt::human(std::time::Duration::from_secs_f64(r.duration_s))) } else { "duration unknown".into() },
+        if r.duration_s > 0.0 {
+            format!("took {}", crate::timefmt::human(std::time::Duration::from_secs_f64(r.duration_s)))
+        } else {
+            "duration unknown".into()
+        },
         m.cpu_model,
         m.cores,
         m.memory_gib,
@@ -357,8 +362,22 @@ pub(crate) mod tests {
             figures: figures.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             details: Default::default(),
             mesh: vec![
-                ProcUsage { process: "node proxy node1".into(), pids: vec![1], cpu_s: cpu, peak_rss_mb: 16.0, rss_mb: 15.0, restarted: false },
-                ProcUsage { process: "node proxy node2".into(), pids: vec![2], cpu_s: cpu, peak_rss_mb: 18.0, rss_mb: 15.0, restarted: false },
+                ProcUsage {
+                    process: "node proxy node1".into(),
+                    pids: vec![1],
+                    cpu_s: cpu,
+                    peak_rss_mb: 16.0,
+                    rss_mb: 15.0,
+                    restarted: false,
+                },
+                ProcUsage {
+                    process: "node proxy node2".into(),
+                    pids: vec![2],
+                    cpu_s: cpu,
+                    peak_rss_mb: 18.0,
+                    rss_mb: 15.0,
+                    restarted: false,
+                },
             ],
             raw: vec![],
         }
@@ -398,7 +417,14 @@ pub(crate) mod tests {
             started_at: "2026-11-22T04:18:45Z".into(),
             duration_s: 600.0,
             complete: true,
-            machine: Machine { cpu_model: "Test CPU".into(), cores: 2, memory_gib: 23.5, kernel: "6.1.0".into(), os: "Debian".into(), open_files_limit: 65536 },
+            machine: Machine {
+                cpu_model: "Test CPU".into(),
+                cores: 2,
+                memory_gib: 23.5,
+                kernel: "6.1.0".into(),
+                os: "Debian".into(),
+                open_files_limit: 65536,
+            },
             tools: [("fortio".to_string(), "1.63.0".to_string()), ("iperf3".to_string(), "3.12".to_string())].into(),
             scenarios: SCENARIOS.iter().map(|x| x.info()).collect(),
             experiments: EXPERIMENTS
@@ -428,8 +454,14 @@ pub(crate) mod tests {
         let md = markdown(&sample(), &page());
         assert_eq!(line(&md, "| experiment |"), "| experiment | figure | none | l4-nft |");
         assert_eq!(line(&md, "| T1 "), "| T1 single-connection throughput | throughput (Gb/s) | 12.00 | 3.00 (0.25×) |");
-        assert_eq!(line(&md, "| L1 latency at fixed load | p99 (ms)"), "| L1 latency at fixed load | p99 (ms) | 3.00 | 12.00 (4.00×, +9.00 ms) |");
-        assert_eq!(line(&md, "| Q1 maximum request rate | requests/s"), "| Q1 maximum request rate | requests/s (req/s) | 20000 | 5000 (0.25×) |");
+        assert_eq!(
+            line(&md, "| L1 latency at fixed load | p99 (ms)"),
+            "| L1 latency at fixed load | p99 (ms) | 3.00 | 12.00 (4.00×, +9.00 ms) |"
+        );
+        assert_eq!(
+            line(&md, "| Q1 maximum request rate | requests/s"),
+            "| Q1 maximum request rate | requests/s (req/s) | 20000 | 5000 (0.25×) |"
+        );
         assert_eq!(line(&md, "| C1 "), "| C1 new connections per second | connections/s (conn/s) | 4000 | 1000 (0.25×) |");
         let section = &md[md.find("## Results").unwrap()..md.find("## R1").unwrap()];
         let rows = section.lines().filter(|l| l.starts_with("| ")).count() - 1;

@@ -42,15 +42,25 @@ pub const TARGETS: &[Target] = &[
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    Met { measured: String },
-    Missed { measured: String },
+    Met {
+        measured: String,
+    },
+    Missed {
+        measured: String,
+    },
     /// Not measured as the target needs (missing figure, quick run, ...).
     NotMeasured(String),
 }
 
 /// Checks one target for a scenario. `idle_rss` is the largest mesh
 /// process's idle RSS; `held` the connections R1 held in this run.
-pub fn check(t: &Target, scenario: &BTreeMap<String, f64>, baseline: &BTreeMap<String, f64>, idle_rss: Option<f64>, held: usize) -> Verdict {
+pub fn check(
+    t: &Target,
+    scenario: &BTreeMap<String, f64>,
+    baseline: &BTreeMap<String, f64>,
+    idle_rss: Option<f64>,
+    held: usize,
+) -> Verdict {
     let value = if t.figure == IDLE_RSS { idle_rss } else { scenario.get(t.figure).copied() };
     let Some(v) = value else { return Verdict::NotMeasured("no result".into()) };
     if let Some(n) = t.at_connections {
@@ -93,9 +103,6 @@ mod tests {
         assert_eq!(check(&TARGETS[1], &l4, &base, None, 10_000), Verdict::NotMeasured("no result".into()));
         assert_eq!(check(&TARGETS[4], &l4, &base, Some(14.0), 10_000), Verdict::Met { measured: "14.0 MB".into() });
         assert_eq!(check(&TARGETS[5], &l4, &base, None, 10_000), Verdict::Met { measured: "30.0 MB".into() });
-        assert_eq!(
-            check(&TARGETS[5], &l4, &base, None, 1000),
-            Verdict::NotMeasured("this run held 1000 connections".into())
-        );
+        assert_eq!(check(&TARGETS[5], &l4, &base, None, 1000), Verdict::NotMeasured("this run held 1000 connections".into()));
     }
 }

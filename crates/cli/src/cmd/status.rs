@@ -42,7 +42,8 @@ pub fn table(st: &ClusterStatus) -> String {
         rows.push(vec![n.name.clone(), n.ip.clone(), n.pod_cidr.clone(), n.netns.clone(), proxy]);
     }
     s.push_str(&columns(&rows));
-    let mut rows = vec![["NAMESPACE", "POD", "READY", "STATUS", "RESTARTS", "NODE", "IP", "MESH", "SERVICE ACCOUNT"].map(String::from).to_vec()];
+    let mut rows =
+        vec![["NAMESPACE", "POD", "READY", "STATUS", "RESTARTS", "NODE", "IP", "MESH", "SERVICE ACCOUNT"].map(String::from).to_vec()];
     for p in &st.pods {
         let ready = p.containers.iter().filter(|c| c.ready).count();
         let status = if p.reason.is_empty() || p.reason == "NotReady" { format!("{:?}", p.phase) } else { p.reason.clone() };

@@ -7,7 +7,14 @@ use slipstream_testbed::{plan, sweep, sys};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub fn run(ctx: &Ctx, files: &[PathBuf], nodes: usize, timeout: Duration, ca_cert: Option<PathBuf>, ca_key: Option<PathBuf>) -> anyhow::Result<()> {
+pub fn run(
+    ctx: &Ctx,
+    files: &[PathBuf],
+    nodes: usize,
+    timeout: Duration,
+    ca_cert: Option<PathBuf>,
+    ca_key: Option<PathBuf>,
+) -> anyhow::Result<()> {
     common::require_root("up")?;
     if !(1..=plan::MAX_NODES).contains(&nodes) {
         bail!("--nodes must be between 1 and {}", plan::MAX_NODES);
@@ -95,7 +102,11 @@ pub fn run(ctx: &Ctx, files: &[PathBuf], nodes: usize, timeout: Duration, ca_cer
         st.pods.len(),
         st.services.len()
     );
-    let flag = if paths.cluster.as_str() == slipstream_testbed::names::DEFAULT_CLUSTER { String::new() } else { format!(" --cluster {}", paths.cluster) };
+    let flag = if paths.cluster.as_str() == slipstream_testbed::names::DEFAULT_CLUSTER {
+        String::new()
+    } else {
+        format!(" --cluster {}", paths.cluster)
+    };
     println!("  slipstream{flag} status");
     // Suggest reaching a service from a pod that is not one of its endpoints.
     if let Some(svc) = st.services.first() {
@@ -117,9 +128,7 @@ pub fn run(ctx: &Ctx, files: &[PathBuf], nodes: usize, timeout: Duration, ca_cer
 fn preflight() -> anyhow::Result<()> {
     let mut missing = Vec::new();
     for (tool, pkg) in [("ip", "iproute2"), ("nft", "nftables")] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-            .unwrap_or(false)
+        let found = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file())).unwrap_or(false)
             || ["/usr/sbin", "/sbin"].iter().any(|d| std::path::Path::new(d).join(tool).is_file());
         if !found {
             missing.push(format!("{tool} (package {pkg})"));

@@ -119,10 +119,12 @@ pub fn assert_clean(name: &str) {
 
 pub fn cgroup2() -> PathBuf {
     let m = std::fs::read_to_string("/proc/mounts").unwrap();
-    m.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
-    }).expect("cgroup2 mounted")
+    m.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
+        })
+        .expect("cgroup2 mounted")
 }
 
 /// Command lines (space-joined) of live processes containing `needle`.

@@ -22,17 +22,11 @@ use crate::h2config::H2Config;
 
 /// Where the pool gets the source workload's certificate.
 pub trait CertSource: Send + Sync + 'static {
-    fn fetch<'a>(
-        &'a self,
-        id: &'a SpiffeId,
-    ) -> BoxFuture<'a, Result<Arc<WorkloadCert>, FetchError>>;
+    fn fetch<'a>(&'a self, id: &'a SpiffeId) -> BoxFuture<'a, Result<Arc<WorkloadCert>, FetchError>>;
 }
 
 impl CertSource for CertManager {
-    fn fetch<'a>(
-        &'a self,
-        id: &'a SpiffeId,
-    ) -> BoxFuture<'a, Result<Arc<WorkloadCert>, FetchError>> {
+    fn fetch<'a>(&'a self, id: &'a SpiffeId) -> BoxFuture<'a, Result<Arc<WorkloadCert>, FetchError>> {
         Box::pin(self.fetch_certificate(id))
     }
 }
@@ -56,52 +50,26 @@ pub(crate) async fn dial(
     let cert = certs
         .fetch(key.src_identity())
         .await
-        .map_err(|source| HboneError::Certificate {
-            identity: key.src_identity().clone(),
-            source: Arc::new(source),
-        })?;
+        .map_err(|source| HboneError::Certificate { identity: key.src_identity().clone(), source: Arc::new(source) })?;
     // The peer's certificate is checked against the roots that came with
     // our own certificate (the CA's current bundle).
-    let config =
-        client_config(&cert, cert.roots(), key.dst_identities()).map_err(|e| HboneError::Tls {
-            addr,
-            source: Arc::new(e),
-        })?;
+    let config = client_config(&cert, cert.roots(), key.dst_identities()).map_err(|e| HboneError::Tls { addr, source: Arc::new(e) })?;
 
-    let tcp = connector
-        .connect(addr, key.src_ip())
-        .await
-        .map_err(|e| HboneError::Connect {
-            addr,
-            source: Arc::new(e),
-        })?;
+    let tcp = connector.connect(addr, key.src_ip()).await.map_err(|e| HboneError::Connect { addr, source: Arc::new(e) })?;
 
     // SNI is disabled and the verifier ignores the name: it only has to be
     // syntactically valid.
-    let tls = TlsConnector::from(config)
-        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
-        .await
-        .map_err(|e| match identity_mismatch(&e) {
-            Some(mismatch) => HboneError::IdentityMismatch {
-                addr,
-                mismatch: Arc::new(mismatch.clone()),
-            },
-            None => HboneError::Tls {
-                addr,
-                source: Arc::new(e),
-            },
+    let tls =
+        TlsConnector::from(config).connect(ServerName::IpAddress(addr.ip().into()), tcp).await.map_err(|e| {
+            match identity_mismatch(&e) {
+                Some(mismatch) => HboneError::IdentityMismatch { addr, mismatch: Arc::new(mismatch.clone()) },
+                None => HboneError::Tls { addr, source: Arc::new(e) },
+            }
         })?;
 
     let tls_error = TlsErrorSlot::default();
-    let tapped = TlsTap {
-        inner: tls,
-        error: tls_error.clone(),
-    };
-    let (send, connection) = h2
-        .client_builder()
-        .handshake(tapped)
-        .await
-        .map_err(|e| HboneError::from_h2(e, addr, tls_error.get()))?;
+    let tapped = TlsTap { inner: tls, error: tls_error.clone() };
+    let (send, connection) = h2.client_builder().handshake(tapped).await.map_err(|e| HboneError::from_h2(e, addr, tls_error.get()))?;
     Ok((send, connection, tls_error))
 }
 
@@ -123,11 +91,7 @@ impl<S> TlsTap<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for TlsTap<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let result = ready!(Pin::new(&mut this.inner).poll_read(cx, buf));
         Poll::Ready(this.note(result))
@@ -135,21 +99,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for TlsTap<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for TlsTap<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let result = ready!(Pin::new(&mut this.inner).poll_write(cx, buf));
         Poll::Ready(this.note(result))
     }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let result = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs));
         Poll::Ready(this.note(result))

@@ -123,29 +123,13 @@ impl Drop for Slot {
 }
 
 impl Pool {
-    pub fn new(
-        config: PoolConfig,
-        certs: Arc<dyn CertSource>,
-        connector: Arc<dyn Connector>,
-    ) -> Self {
-        Self {
-            inner: Arc::new(PoolInner {
-                config,
-                certs,
-                connector,
-                keys: Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(1),
-            }),
-        }
+    pub fn new(config: PoolConfig, certs: Arc<dyn CertSource>, connector: Arc<dyn Connector>) -> Self {
+        Self { inner: Arc::new(PoolInner { config, certs, connector, keys: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) }) }
     }
 
     /// Opens a tunnel: a CONNECT stream on a pooled connection for `key`.
     /// Fails with the peer's status if it answers anything but 200.
-    pub async fn connect(
-        &self,
-        key: &PoolKey,
-        request: ConnectRequest,
-    ) -> Result<TunnelStream, HboneError> {
+    pub async fn connect(&self, key: &PoolKey, request: ConnectRequest) -> Result<TunnelStream, HboneError> {
         // A stream refused by GOAWAY never reached the peer's application,
         // so it is retried once on another connection.
         let mut retried = false;
@@ -174,14 +158,7 @@ impl Pool {
             .iter()
             .map(|(key, state)| PoolSnapshot {
                 key: key.clone(),
-                connections: state
-                    .conns
-                    .iter()
-                    .map(|c| ConnectionSnapshot {
-                        id: c.id,
-                        active_streams: *c.active.borrow(),
-                    })
-                    .collect(),
+                connections: state.conns.iter().map(|c| ConnectionSnapshot { id: c.id, active_streams: *c.active.borrow() }).collect(),
             })
             .collect()
     }
@@ -238,9 +215,7 @@ impl Pool {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool")
-            .field("connections", &self.connection_count())
-            .finish_non_exhaustive()
+        f.debug_struct("Pool").field("connections", &self.connection_count()).finish_non_exhaustive()
     }
 }
 
@@ -251,12 +226,9 @@ impl PoolInner {
     }
 
     async fn dial_and_add(self: Arc<Self>, key: PoolKey, done: watch::Sender<DialOutcome>) {
-        let dialed = tokio::time::timeout(
-            self.config.connect_timeout,
-            dial(&key, &*self.certs, &*self.connector, &self.config.h2),
-        )
-        .await
-        .unwrap_or(Err(HboneError::Timeout(TimeoutStage::Connect)));
+        let dialed = tokio::time::timeout(self.config.connect_timeout, dial(&key, &*self.certs, &*self.connector, &self.config.h2))
+            .await
+            .unwrap_or(Err(HboneError::Timeout(TimeoutStage::Connect)));
 
         let mut keys = self.lock();
         let state = keys.entry(key.clone()).or_default();
@@ -270,21 +242,9 @@ impl PoolInner {
                 tokio::spawn(drive(
                     connection,
                     ping_pong,
-                    Driver {
-                        pool: Arc::downgrade(&self),
-                        key: key.clone(),
-                        id,
-                        closed: closed.clone(),
-                        active: active_rx,
-                    },
+                    Driver { pool: Arc::downgrade(&self), key: key.clone(), id, closed: closed.clone(), active: active_rx },
                 ));
-                let conn = Arc::new(PooledConn {
-                    id,
-                    send,
-                    active,
-                    closed,
-                    tls_error,
-                });
+                let conn = Arc::new(PooledConn { id, send, active, closed, tls_error });
                 state.conns.push(conn.clone());
                 tracing::debug!(dst = %key.dst(), id, "HBONE connection established");
                 done.send_replace(Some(Ok(conn)));
@@ -345,11 +305,7 @@ struct Driver {
 /// Runs the HTTP/2 connection, its keepalive and its idle timer.
 async fn drive(connection: H2Connection, ping_pong: Option<h2::PingPong>, mut driver: Driver) {
     let (interval, timeout, idle_timeout) = match driver.pool.upgrade() {
-        Some(pool) => (
-            pool.config.h2.keepalive_interval,
-            pool.config.h2.keepalive_timeout,
-            pool.config.idle_timeout,
-        ),
+        Some(pool) => (pool.config.h2.keepalive_interval, pool.config.h2.keepalive_timeout, pool.config.idle_timeout),
         None => return,
     };
     let keepalive = async move {
@@ -416,9 +372,7 @@ async fn open_stream(
     let addr = key.dst();
     let h2_error = |e| HboneError::from_h2(e, addr, conn.tls_error.get());
     let mut send = conn.send.clone().ready().await.map_err(h2_error)?;
-    let (response, stream) = send
-        .send_request(request.to_http(), false)
-        .map_err(h2_error)?;
+    let (response, stream) = send.send_request(request.to_http(), false).map_err(h2_error)?;
     let response = tokio::time::timeout(config.response_timeout, response)
         .await
         .map_err(|_| HboneError::Timeout(TimeoutStage::Response))?

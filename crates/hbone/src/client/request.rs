@@ -24,21 +24,11 @@ pub struct PoolKey {
 impl PoolKey {
     /// The expected identities are a set: their order does not make a
     /// different key.
-    pub fn new(
-        src_identity: SpiffeId,
-        dst_identities: impl IntoIterator<Item = SpiffeId>,
-        dst: SocketAddr,
-        src_ip: IpAddr,
-    ) -> Self {
+    pub fn new(src_identity: SpiffeId, dst_identities: impl IntoIterator<Item = SpiffeId>, dst: SocketAddr, src_ip: IpAddr) -> Self {
         let mut ids: Vec<SpiffeId> = dst_identities.into_iter().collect();
         ids.sort();
         ids.dedup();
-        Self {
-            src_identity,
-            dst_identities: ids.into(),
-            dst,
-            src_ip,
-        }
+        Self { src_identity, dst_identities: ids.into(), dst, src_ip }
     }
 
     pub fn src_identity(&self) -> &SpiffeId {
@@ -70,10 +60,7 @@ impl ConnectRequest {
     /// `authority` is the target as PROTOCOLS.md defines it: the pod IP and
     /// target port, or towards a waypoint the original destination.
     pub fn new(authority: SocketAddr) -> Self {
-        Self {
-            authority,
-            headers: HeaderMap::new(),
-        }
+        Self { authority, headers: HeaderMap::new() }
     }
 
     pub fn authority(&self) -> SocketAddr {
@@ -117,8 +104,7 @@ impl ConnectRequest {
     /// The h2 request: method CONNECT and a URI that is only the authority,
     /// so h2 sends exactly `:method` and `:authority` (no `:scheme`/`:path`).
     pub(crate) fn to_http(&self) -> Request<()> {
-        let uri =
-            Uri::try_from(format_authority(self.authority)).expect("ip:port is a valid authority");
+        let uri = Uri::try_from(format_authority(self.authority)).expect("ip:port is a valid authority");
         let mut request = Request::new(());
         *request.method_mut() = Method::CONNECT;
         *request.uri_mut() = uri;

@@ -18,9 +18,7 @@ use tokio::time::{timeout_at, Instant};
 use tokio_rustls::TlsAcceptor;
 
 use super::handler::ResolveError;
-use super::handshake::{
-    classify_tls, FirstBytes, HandshakeFailure, HandshakeFailureKind, PEEK_LEN,
-};
+use super::handshake::{classify_tls, FirstBytes, HandshakeFailure, HandshakeFailureKind, PEEK_LEN};
 use super::inbound::{serve_stream, ConnContext};
 use super::Shared;
 use crate::drain::DrainWatch;
@@ -38,12 +36,7 @@ enum Event {
     DrainDeadline,
 }
 
-pub(crate) async fn serve_connection(
-    tcp: TcpStream,
-    peer_addr: SocketAddr,
-    shared: Arc<Shared>,
-    drain: DrainWatch,
-) {
+pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shared: Arc<Shared>, drain: DrainWatch) {
     let stats = &shared.stats;
     stats.connection_accepted();
     let Ok(local) = tcp.local_addr() else {
@@ -55,12 +48,7 @@ pub(crate) async fn serve_connection(
     // once, here, with a reason from a fixed set.
     let fail = |kind: HandshakeFailureKind, detail: String| {
         tracing::debug!(%peer_addr, %local, reason = %kind, "inbound handshake failed: {detail}");
-        shared.handler.on_handshake_failure(&HandshakeFailure {
-            peer_addr,
-            local_addr: local,
-            kind,
-            detail,
-        });
+        shared.handler.on_handshake_failure(&HandshakeFailure { peer_addr, local_addr: local, kind, detail });
     };
 
     // The first bytes tell a TLS client from plaintext or garbage; peeking
@@ -69,28 +57,16 @@ pub(crate) async fn serve_connection(
     let first = match timeout_at(deadline, tcp.peek(&mut buf)).await {
         Ok(Ok(0)) => {
             stats.tls_failure();
-            return fail(
-                HandshakeFailureKind::Closed,
-                "the peer closed the connection without sending anything".to_owned(),
-            );
+            return fail(HandshakeFailureKind::Closed, "the peer closed the connection without sending anything".to_owned());
         }
         Ok(Ok(n)) => FirstBytes::new(buf, n),
         Ok(Err(e)) => {
             stats.tls_failure();
-            return fail(
-                HandshakeFailureKind::Closed,
-                format!("reading the handshake: {e}"),
-            );
+            return fail(HandshakeFailureKind::Closed, format!("reading the handshake: {e}"));
         }
         Err(_) => {
             stats.tls_failure();
-            return fail(
-                HandshakeFailureKind::Timeout,
-                format!(
-                    "the peer sent nothing for {:?}",
-                    shared.config.handshake_timeout
-                ),
-            );
+            return fail(HandshakeFailureKind::Timeout, format!("the peer sent nothing for {:?}", shared.config.handshake_timeout));
         }
     };
 
@@ -102,33 +78,21 @@ pub(crate) async fn serve_connection(
             Err(e) => {
                 stats.refused_cert_unavailable();
                 let why = format!("the certificate of the workload at {local} is unusable: {e}");
-                (
-                    shared.tls.refusing_config(),
-                    Some((HandshakeFailureKind::CertUnavailable, why)),
-                )
+                (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, why)))
             }
         },
         Ok(Err(e @ ResolveError::NoWorkload(_))) => {
             stats.refused_no_workload();
-            (
-                shared.tls.refusing_config(),
-                Some((HandshakeFailureKind::NoWorkload, e.to_string())),
-            )
+            (shared.tls.refusing_config(), Some((HandshakeFailureKind::NoWorkload, e.to_string())))
         }
         Ok(Err(e)) => {
             stats.refused_cert_unavailable();
-            (
-                shared.tls.refusing_config(),
-                Some((HandshakeFailureKind::CertUnavailable, e.to_string())),
-            )
+            (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, e.to_string())))
         }
         Err(_) => {
             stats.refused_cert_unavailable();
             let why = format!("certificate lookup for {local} timed out");
-            (
-                shared.tls.refusing_config(),
-                Some((HandshakeFailureKind::CertUnavailable, why)),
-            )
+            (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, why)))
         }
     };
 
@@ -157,10 +121,7 @@ pub(crate) async fn serve_connection(
                     stats.tls_failure();
                     match first.not_tls() {
                         Some(detail) => fail(HandshakeFailureKind::NotTls, detail),
-                        None => fail(
-                            HandshakeFailureKind::Timeout,
-                            "the TLS handshake did not finish in time".to_owned(),
-                        ),
+                        None => fail(HandshakeFailureKind::Timeout, "the TLS handshake did not finish in time".to_owned()),
                     }
                 }
             };
@@ -172,32 +133,20 @@ pub(crate) async fn serve_connection(
             // Unreachable with our verifier (it requires a SPIFFE SAN), but
             // never serve a tunnel without an identity.
             stats.tls_failure();
-            return fail(
-                HandshakeFailureKind::Tls,
-                format!("no peer identity after the handshake: {e}"),
-            );
+            return fail(HandshakeFailureKind::Tls, format!("no peer identity after the handshake: {e}"));
         }
     };
 
-    let builder = shared
-        .config
-        .h2
-        .server_builder(shared.config.max_concurrent_streams);
+    let builder = shared.config.h2.server_builder(shared.config.max_concurrent_streams);
     let mut conn = match timeout_at(deadline, builder.handshake::<_, Bytes>(tls)).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
             stats.h2_failure();
-            return fail(
-                HandshakeFailureKind::Http2,
-                format!("HTTP/2 handshake: {e}"),
-            );
+            return fail(HandshakeFailureKind::Http2, format!("HTTP/2 handshake: {e}"));
         }
         Err(_) => {
             stats.h2_failure();
-            return fail(
-                HandshakeFailureKind::Timeout,
-                "the HTTP/2 preface did not arrive in time".to_owned(),
-            );
+            return fail(HandshakeFailureKind::Timeout, "the HTTP/2 preface did not arrive in time".to_owned());
         }
     };
 
@@ -210,10 +159,7 @@ pub(crate) async fn serve_connection(
         proxy_ports: shared.config.proxy_ports.clone().into(),
     });
     let ping_pong = conn.ping_pong();
-    let (interval, ka_timeout) = (
-        shared.config.h2.keepalive_interval,
-        shared.config.h2.keepalive_timeout,
-    );
+    let (interval, ka_timeout) = (shared.config.h2.keepalive_interval, shared.config.h2.keepalive_timeout);
     let keepalive = async move {
         match ping_pong {
             Some(pp) => keepalive(pp, interval, ka_timeout).await,

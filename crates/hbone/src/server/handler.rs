@@ -82,10 +82,7 @@ pub trait Handler: Send + Sync + 'static {
     /// [`HboneError::UnknownPort`] or [`HboneError::ProxyPort`] (503),
     /// [`HboneError::Denied`] (401), [`HboneError::Connect`] (503). The
     /// server answers 200 only after this returned the upstream.
-    fn connect<'a>(
-        &'a self,
-        request: &'a InboundRequest,
-    ) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>>;
+    fn connect<'a>(&'a self, request: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>>;
 
     /// Whether this proxy accepts tunnels for `target` although it is not
     /// the address the tunnel arrived on: true for a waypoint serving that

@@ -102,10 +102,7 @@ pub(crate) struct FirstBytes {
 
 impl FirstBytes {
     pub(crate) fn new(buf: [u8; PEEK_LEN], len: usize) -> Self {
-        Self {
-            buf,
-            len: len.min(PEEK_LEN),
-        }
+        Self { buf, len: len.min(PEEK_LEN) }
     }
 
     fn bytes(&self) -> &[u8] {
@@ -118,37 +115,21 @@ impl FirstBytes {
         let b = self.bytes();
         match b.first() {
             None | Some(&TLS_HANDSHAKE_RECORD) => None,
-            Some(_) if looks_like_http(b) => Some(format!(
-                "plaintext HTTP on the HBONE port, not TLS (the request starts {:?})",
-                String::from_utf8_lossy(b)
-            )),
+            Some(_) if looks_like_http(b) => {
+                Some(format!("plaintext HTTP on the HBONE port, not TLS (the request starts {:?})", String::from_utf8_lossy(b)))
+            }
             Some(_) => Some(format!("not a TLS handshake (first bytes: {})", hex(b))),
         }
     }
 }
 
 fn looks_like_http(b: &[u8]) -> bool {
-    const METHODS: [&[u8]; 9] = [
-        b"GET ",
-        b"POST ",
-        b"PUT ",
-        b"HEAD ",
-        b"DELETE ",
-        b"OPTIONS ",
-        b"PATCH ",
-        b"CONNECT ",
-        b"PRI * HTTP/2",
-    ];
-    METHODS
-        .iter()
-        .any(|m| b.starts_with(m) || (b.len() < m.len() && m.starts_with(b) && !b.is_empty()))
+    const METHODS: [&[u8]; 9] = [b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ", b"PRI * HTTP/2"];
+    METHODS.iter().any(|m| b.starts_with(m) || (b.len() < m.len() && m.starts_with(b) && !b.is_empty()))
 }
 
 fn hex(b: &[u8]) -> String {
-    b.iter()
-        .map(|x| format!("{x:02x}"))
-        .collect::<Vec<_>>()
-        .join(" ")
+    b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(" ")
 }
 
 /// Classifies a failed TLS accept.
@@ -156,45 +137,33 @@ pub(crate) fn classify_tls(err: &io::Error, first: &FirstBytes) -> (HandshakeFai
     if let Some(detail) = first.not_tls() {
         return (HandshakeFailureKind::NotTls, detail);
     }
-    let Some(tls) = err
-        .get_ref()
-        .and_then(|e| e.downcast_ref::<rustls::Error>())
-    else {
+    let Some(tls) = err.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) else {
         return match err.kind() {
-            io::ErrorKind::UnexpectedEof
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::BrokenPipe => (
-                HandshakeFailureKind::Closed,
-                format!("the peer closed the connection during the TLS handshake ({err})"),
-            ),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => {
+                (HandshakeFailureKind::Closed, format!("the peer closed the connection during the TLS handshake ({err})"))
+            }
             _ => (HandshakeFailureKind::Tls, format!("TLS handshake: {err}")),
         };
     };
     match tls {
-        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => (
-            HandshakeFailureKind::UntrustedCa,
-            "client certificate is not issued by a trusted CA (unknown issuer)".to_owned(),
-        ),
+        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+            (HandshakeFailureKind::UntrustedCa, "client certificate is not issued by a trusted CA (unknown issuer)".to_owned())
+        }
         // A CA with the same name as ours but another key: what another
         // mesh's default root looks like.
         rustls::Error::InvalidCertificate(CertificateError::BadSignature) => (
             HandshakeFailureKind::UntrustedCa,
-            "client certificate does not verify against our roots (bad signature: issued by another CA with the same name as ours)".to_owned(),
+            "client certificate does not verify against our roots (bad signature: issued by another CA with the same name as ours)"
+                .to_owned(),
         ),
-        rustls::Error::InvalidCertificate(CertificateError::Other(other)) => {
-            match other.0.downcast_ref::<UntrustedPeer>() {
-                Some(untrusted) => (HandshakeFailureKind::TrustDomain, untrusted.to_string()),
-                None => (HandshakeFailureKind::BadCertificate, format!("client certificate rejected: {other}")),
-            }
+        rustls::Error::InvalidCertificate(CertificateError::Other(other)) => match other.0.downcast_ref::<UntrustedPeer>() {
+            Some(untrusted) => (HandshakeFailureKind::TrustDomain, untrusted.to_string()),
+            None => (HandshakeFailureKind::BadCertificate, format!("client certificate rejected: {other}")),
+        },
+        rustls::Error::InvalidCertificate(e) => (HandshakeFailureKind::BadCertificate, format!("client certificate rejected: {e:?}")),
+        rustls::Error::NoCertificatesPresented => {
+            (HandshakeFailureKind::NoClientCertificate, "the client presented no certificate".to_owned())
         }
-        rustls::Error::InvalidCertificate(e) => (
-            HandshakeFailureKind::BadCertificate,
-            format!("client certificate rejected: {e:?}"),
-        ),
-        rustls::Error::NoCertificatesPresented => (
-            HandshakeFailureKind::NoClientCertificate,
-            "the client presented no certificate".to_owned(),
-        ),
         rustls::Error::AlertReceived(alert) => (
             HandshakeFailureKind::PeerRejected,
             format!("the peer aborted the TLS handshake with alert {alert:?} (did it expect another server identity?)"),
@@ -219,10 +188,7 @@ mod tests {
         let eof = io::Error::from(io::ErrorKind::UnexpectedEof);
         let (kind, detail) = classify_tls(&eof, &first(b"GET / HTTP/1.1\r\nHost: x\r\n"));
         assert_eq!(kind, HandshakeFailureKind::NotTls);
-        assert!(
-            detail.contains("plaintext HTTP") && detail.contains("GET / HTTP/1.1"),
-            "{detail}"
-        );
+        assert!(detail.contains("plaintext HTTP") && detail.contains("GET / HTTP/1.1"), "{detail}");
         let (kind, detail) = classify_tls(&eof, &first(&[0, 1, 0xff]));
         assert_eq!(kind, HandshakeFailureKind::NotTls);
         assert_eq!(detail, "not a TLS handshake (first bytes: 00 01 ff)");
@@ -235,21 +201,11 @@ mod tests {
     fn names_certificate_problems() {
         let tls = first(&[0x16, 3, 1]);
         let io = |e: rustls::Error| io::Error::new(io::ErrorKind::InvalidData, e);
-        let (kind, _) = classify_tls(
-            &io(rustls::Error::InvalidCertificate(
-                CertificateError::UnknownIssuer,
-            )),
-            &tls,
-        );
+        let (kind, _) = classify_tls(&io(rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)), &tls);
         assert_eq!(kind, HandshakeFailureKind::UntrustedCa);
         let (kind, _) = classify_tls(&io(rustls::Error::NoCertificatesPresented), &tls);
         assert_eq!(kind, HandshakeFailureKind::NoClientCertificate);
-        let (kind, detail) = classify_tls(
-            &io(rustls::Error::AlertReceived(
-                rustls::AlertDescription::BadCertificate,
-            )),
-            &tls,
-        );
+        let (kind, detail) = classify_tls(&io(rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate)), &tls);
         assert_eq!(kind, HandshakeFailureKind::PeerRejected);
         assert!(detail.contains("BadCertificate"), "{detail}");
     }

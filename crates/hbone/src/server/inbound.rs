@@ -51,14 +51,8 @@ pub(crate) fn serve_stream(
             return Either::Right(future::ready(()));
         };
         Either::Left(copy::bidirectional(tunnel, upstream).map(move |(bytes, result)| {
-            ctx.stats
-                .tunnel_finished(bytes.from_tunnel, bytes.to_tunnel, result.is_err());
-            let outcome = Outcome {
-                status: StatusCode::OK,
-                bytes,
-                result,
-                reached_handler: true,
-            };
+            ctx.stats.tunnel_finished(bytes.from_tunnel, bytes.to_tunnel, result.is_err());
+            let outcome = Outcome { status: StatusCode::OK, bytes, result, reached_handler: true };
             finish(&ctx, Some(target), outcome, start);
         }))
     })
@@ -104,12 +98,7 @@ async fn open(
         Err(e) => {
             // The peer reset the stream while we were connecting.
             let err = HboneError::H2(Arc::new(e));
-            let outcome = Outcome {
-                status: StatusCode::OK,
-                bytes: CopyStats::default(),
-                result: Err(err),
-                reached_handler: true,
-            };
+            let outcome = Outcome { status: StatusCode::OK, bytes: CopyStats::default(), result: Err(err), reached_handler: true };
             finish(ctx, Some(target), outcome, start);
             return None;
         }
@@ -121,20 +110,14 @@ async fn open(
 /// The checks of PROTOCOLS.md section 2 that need no handler, in order:
 /// method, authority syntax, authority IP vs. the tunnel's IP, proxy ports.
 /// On failure also returns the target if it was parsed, for the record.
-fn validate(
-    parts: &Parts,
-    ctx: &ConnContext,
-) -> Result<SocketAddr, (Option<SocketAddr>, HboneError)> {
+fn validate(parts: &Parts, ctx: &ConnContext) -> Result<SocketAddr, (Option<SocketAddr>, HboneError)> {
     if parts.method != Method::CONNECT {
         return Err((None, HboneError::BadRequest("method is not CONNECT")));
     }
     // A plain CONNECT has only :method and :authority; h2 already rejects
     // :scheme/:path on CONNECT, this keeps the contract explicit.
     if parts.uri.scheme().is_some() || parts.uri.path_and_query().is_some() {
-        return Err((
-            None,
-            HboneError::BadRequest("CONNECT with :scheme or :path"),
-        ));
+        return Err((None, HboneError::BadRequest("CONNECT with :scheme or :path")));
     }
     let target = parts
         .uri
@@ -143,16 +126,8 @@ fn validate(
         .ok_or((None, HboneError::BadRequest("authority is not <ip>:<port>")))?;
     // A dual-stack listener may see IPv4 destinations as IPv4-mapped IPv6.
     let tunnel_ip = ctx.tunnel_local.ip().to_canonical();
-    if target.ip().to_canonical() != tunnel_ip
-        && !ctx.handler.accepts_foreign_target(ctx.tunnel_local, target)
-    {
-        return Err((
-            Some(target),
-            HboneError::AuthorityMismatch {
-                authority: target,
-                tunnel: tunnel_ip,
-            },
-        ));
+    if target.ip().to_canonical() != tunnel_ip && !ctx.handler.accepts_foreign_target(ctx.tunnel_local, target) {
+        return Err((Some(target), HboneError::AuthorityMismatch { authority: target, tunnel: tunnel_ip }));
     }
     // Tunnelling into the proxy's own ports would loop or bypass policy.
     if ctx.proxy_ports.contains(&target.port()) {
@@ -174,12 +149,7 @@ fn refuse(
     // HEADERS with END_STREAM; fails only if the peer already reset.
     let _ = respond.send_response(status_only(status), true);
     ctx.stats.answered(status);
-    let outcome = Outcome {
-        status,
-        bytes: CopyStats::default(),
-        result: Err(err),
-        reached_handler,
-    };
+    let outcome = Outcome { status, bytes: CopyStats::default(), result: Err(err), reached_handler };
     finish(ctx, target, outcome, start);
 }
 

@@ -78,16 +78,7 @@ impl Server {
         handler: Arc<dyn Handler>,
         config: ServerConfig,
     ) -> Self {
-        Self {
-            listener,
-            shared: Shared {
-                tls,
-                certs,
-                handler,
-                config,
-                stats: Arc::default(),
-            },
-        }
+        Self { listener, shared: Shared { tls, certs, handler, config, stats: Arc::default() } }
     }
 
     /// Counts into `stats` instead of counters of its own: a proxy with one

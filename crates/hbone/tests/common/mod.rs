@@ -14,13 +14,11 @@ use futures_util::future::BoxFuture;
 use rustls_pki_types::ServerName;
 use slipstream_hbone::drain::{self, DrainTrigger};
 use slipstream_hbone::{
-    CertResolver, Handler, HboneError, InboundRequest, PlainConnector, Pool, PoolConfig, PoolKey,
-    ResolveError, Server, ServerConfig, ServerStats, StreamRecord, Upstream,
+    CertResolver, Handler, HboneError, InboundRequest, PlainConnector, Pool, PoolConfig, PoolKey, ResolveError, Server, ServerConfig,
+    ServerStats, StreamRecord, Upstream,
 };
 use slipstream_identity::tls::{client_config, ServerTls};
-use slipstream_identity::{
-    Ca, CertManager, CertManagerConfig, LocalCaProvider, SpiffeId, TrustDomain, WorkloadCert,
-};
+use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, SpiffeId, TrustDomain, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -34,9 +32,7 @@ pub fn id(sa: &str) -> SpiffeId {
 
 /// A deterministic, position-dependent byte pattern (catches reordering).
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 pub struct Mesh {
@@ -57,11 +53,7 @@ impl Mesh {
     }
 
     pub fn pool(&self, config: PoolConfig) -> Pool {
-        Pool::new(
-            config,
-            Arc::new(self.certs.clone()),
-            Arc::new(PlainConnector),
-        )
+        Pool::new(config, Arc::new(self.certs.clone()), Arc::new(PlainConnector))
     }
 
     pub async fn cert(&self, who: &SpiffeId) -> Arc<WorkloadCert> {
@@ -82,17 +74,8 @@ pub struct TestResolver {
 impl CertResolver for TestResolver {
     fn resolve(&self, local_ip: IpAddr) -> BoxFuture<'_, Result<Arc<WorkloadCert>, ResolveError>> {
         Box::pin(async move {
-            let who = self
-                .workloads
-                .get(&local_ip.to_canonical())
-                .ok_or(ResolveError::NoWorkload(local_ip))?;
-            self.certs
-                .fetch_certificate(who)
-                .await
-                .map_err(|source| ResolveError::Fetch {
-                    ip: local_ip,
-                    source,
-                })
+            let who = self.workloads.get(&local_ip.to_canonical()).ok_or(ResolveError::NoWorkload(local_ip))?;
+            self.certs.fetch_certificate(who).await.map_err(|source| ResolveError::Fetch { ip: local_ip, source })
         })
     }
 }
@@ -156,19 +139,10 @@ impl TestHandler {
 const DUPLEX: usize = 64 * 1024;
 
 impl Handler for TestHandler {
-    fn connect<'a>(
-        &'a self,
-        request: &'a InboundRequest,
-    ) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>> {
+    fn connect<'a>(&'a self, request: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>> {
         Box::pin(async move {
             self.requests.lock().unwrap().push(request.clone());
-            let behavior = self
-                .behaviors
-                .lock()
-                .unwrap()
-                .get(&request.target.port())
-                .copied()
-                .unwrap_or(Behavior::Echo);
+            let behavior = self.behaviors.lock().unwrap().get(&request.target.port()).copied().unwrap_or(Behavior::Echo);
             let (ours, theirs) = tokio::io::duplex(DUPLEX);
             match behavior {
                 Behavior::Echo => {
@@ -208,10 +182,7 @@ impl Handler for TestHandler {
                     let addr = closed.local_addr().unwrap();
                     drop(closed);
                     let e = TcpStream::connect(addr).await.unwrap_err();
-                    return Err(HboneError::Connect {
-                        addr,
-                        source: Arc::new(e),
-                    });
+                    return Err(HboneError::Connect { addr, source: Arc::new(e) });
                 }
             }
             Ok(Box::new(ours) as Box<dyn Upstream>)
@@ -236,64 +207,30 @@ pub struct TestServer {
 }
 
 /// Starts a server on `bind` whose local workloads are `workloads`.
-pub async fn start_server_on(
-    mesh: &Mesh,
-    bind: SocketAddr,
-    workloads: &[(IpAddr, SpiffeId)],
-    config: ServerConfig,
-) -> TestServer {
+pub async fn start_server_on(mesh: &Mesh, bind: SocketAddr, workloads: &[(IpAddr, SpiffeId)], config: ServerConfig) -> TestServer {
     let listener = TcpListener::bind(bind).await.unwrap();
     let handler = Arc::new(TestHandler::default());
-    let resolver = TestResolver {
-        certs: mesh.certs.clone(),
-        workloads: workloads.iter().cloned().collect(),
-    };
-    let server = Server::new(
-        listener,
-        mesh.server_tls(),
-        Arc::new(resolver),
-        handler.clone(),
-        config,
-    );
+    let resolver = TestResolver { certs: mesh.certs.clone(), workloads: workloads.iter().cloned().collect() };
+    let server = Server::new(listener, mesh.server_tls(), Arc::new(resolver), handler.clone(), config);
     let addr = server.local_addr().unwrap();
     let stats = server.stats();
     let (trigger, watch) = drain::channel();
     let task = tokio::spawn(server.serve(watch));
-    TestServer {
-        addr,
-        stats,
-        handler,
-        drain: Some(trigger),
-        task,
-    }
+    TestServer { addr, stats, handler, drain: Some(trigger), task }
 }
 
 /// A server on 127.0.0.1 whose only workload is `who`.
 pub async fn start_server(mesh: &Mesh, who: &SpiffeId, config: ServerConfig) -> TestServer {
-    start_server_on(
-        mesh,
-        "127.0.0.1:0".parse().unwrap(),
-        &[(LOCALHOST, who.clone())],
-        config,
-    )
-    .await
+    start_server_on(mesh, "127.0.0.1:0".parse().unwrap(), &[(LOCALHOST, who.clone())], config).await
 }
 
 /// A bare h2 client over our TLS configuration, for requests the pool
 /// would never send.
-pub async fn raw_h2(
-    mesh: &Mesh,
-    client: &SpiffeId,
-    server: SocketAddr,
-    expected: &SpiffeId,
-) -> h2::client::SendRequest<Bytes> {
+pub async fn raw_h2(mesh: &Mesh, client: &SpiffeId, server: SocketAddr, expected: &SpiffeId) -> h2::client::SendRequest<Bytes> {
     let cert = mesh.cert(client).await;
     let config = client_config(&cert, cert.roots(), std::slice::from_ref(expected)).unwrap();
     let tcp = TcpStream::connect(server).await.unwrap();
-    let tls = TlsConnector::from(config)
-        .connect(ServerName::IpAddress(server.ip().into()), tcp)
-        .await
-        .unwrap();
+    let tls = TlsConnector::from(config).connect(ServerName::IpAddress(server.ip().into()), tcp).await.unwrap();
     let (send, connection) = h2::client::handshake(tls).await.unwrap();
     tokio::spawn(async move {
         let _ = connection.await;
@@ -304,8 +241,6 @@ pub async fn raw_h2(
 /// Reads until EOF, with a time limit.
 pub async fn read_all<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), r.read_to_end(&mut out))
-        .await
-        .expect("read_to_end timed out")?;
+    tokio::time::timeout(Duration::from_secs(20), r.read_to_end(&mut out)).await.expect("read_to_end timed out")?;
     Ok(out)
 }

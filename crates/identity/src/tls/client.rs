@@ -23,11 +23,7 @@ use crate::x509;
 ///
 /// The caller still passes a `ServerName` to the connector; it is neither
 /// sent (SNI is off) nor checked.
-pub fn client_config(
-    cert: &WorkloadCert,
-    roots: &TrustBundle,
-    expected: &[SpiffeId],
-) -> Result<Arc<ClientConfig>, TlsError> {
+pub fn client_config(cert: &WorkloadCert, roots: &TrustBundle, expected: &[SpiffeId]) -> Result<Arc<ClientConfig>, TlsError> {
     if expected.is_empty() {
         return Err(TlsError::NoExpectedIdentity);
     }
@@ -71,23 +67,14 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         let parsed = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &parsed,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
+        verify_server_cert_signed_by_trust_anchor(&parsed, &self.roots, intermediates, now, self.algorithms.all)?;
         // Like ztunnel: accept if any SPIFFE URI SAN of the leaf is expected.
         // Istio leaves carry exactly one.
         let presented = x509::spiffe_ids(end_entity).map_err(to_rustls)?;
         if presented.iter().any(|id| self.expected.contains(id)) {
             Ok(ServerCertVerified::assertion())
         } else {
-            Err(to_rustls(IdentityMismatch {
-                expected: self.expected.clone(),
-                presented,
-            }))
+            Err(to_rustls(IdentityMismatch { expected: self.expected.clone(), presented }))
         }
     }
 

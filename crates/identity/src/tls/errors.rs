@@ -37,11 +37,7 @@ pub struct IdentityMismatch {
 
 impl fmt::Display for IdentityMismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "server identity mismatch: expected one of {:?}, the certificate names {:?}",
-            self.expected, self.presented
-        )
+        write!(f, "server identity mismatch: expected one of {:?}, the certificate names {:?}", self.expected, self.presented)
     }
 }
 
@@ -57,20 +53,14 @@ pub struct UntrustedPeer {
 
 impl fmt::Display for UntrustedPeer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "client certificate has no SPIFFE identity in trust domain {}: it names {:?}",
-            self.trust_domain, self.presented
-        )
+        write!(f, "client certificate has no SPIFFE identity in trust domain {}: it names {:?}", self.trust_domain, self.presented)
     }
 }
 
 impl StdError for UntrustedPeer {}
 
 pub(crate) fn to_rustls(err: impl StdError + Send + Sync + 'static) -> rustls::Error {
-    rustls::Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(
-        std::sync::Arc::new(err),
-    )))
+    rustls::Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(std::sync::Arc::new(err))))
 }
 
 /// Finds an [`IdentityMismatch`] in an error returned by a TLS handshake
@@ -82,9 +72,7 @@ pub fn identity_mismatch<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a Id
         if let Some(found) = e.downcast_ref::<IdentityMismatch>() {
             return Some(found);
         }
-        if let Some(rustls::Error::InvalidCertificate(CertificateError::Other(other))) =
-            e.downcast_ref::<rustls::Error>()
-        {
+        if let Some(rustls::Error::InvalidCertificate(CertificateError::Other(other))) = e.downcast_ref::<rustls::Error>() {
             return other.0.downcast_ref::<IdentityMismatch>();
         }
         // io::Error::source() skips the wrapped error itself; look inside.

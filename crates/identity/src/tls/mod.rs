@@ -30,10 +30,8 @@ pub fn provider() -> Arc<CryptoProvider> {
     PROVIDER
         .get_or_init(|| {
             let mut provider = aws_lc_rs::default_provider();
-            provider.cipher_suites = vec![
-                aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
-                aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
-            ];
+            provider.cipher_suites =
+                vec![aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384, aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256];
             Arc::new(provider)
         })
         .clone()

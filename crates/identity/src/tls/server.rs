@@ -5,9 +5,7 @@ use std::sync::Arc;
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{
-    ClientHello, NoServerSessionStorage, ResolvesServerCert, WebPkiClientVerifier,
-};
+use rustls::server::{ClientHello, NoServerSessionStorage, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
@@ -33,22 +31,15 @@ impl ServerTls {
     /// Client certificates must chain to `roots` and carry a SPIFFE URI SAN
     /// in `trust_domain`.
     pub fn new(roots: &TrustBundle, trust_domain: TrustDomain) -> Result<Self, TlsError> {
-        let inner =
-            WebPkiClientVerifier::builder_with_provider(roots.root_store(), provider()).build()?;
-        let verifier: Arc<dyn ClientCertVerifier> = Arc::new(TrustDomainVerifier {
-            inner,
-            trust_domain,
-        });
+        let inner = WebPkiClientVerifier::builder_with_provider(roots.root_store(), provider()).build()?;
+        let verifier: Arc<dyn ClientCertVerifier> = Arc::new(TrustDomainVerifier { inner, trust_domain });
         let refusing = build(verifier.clone(), Arc::new(NoCertificate))?;
         Ok(Self { verifier, refusing })
     }
 
     /// The configuration presenting `cert` (leaf and intermediates).
     pub fn config_for(&self, cert: &WorkloadCert) -> Result<Arc<ServerConfig>, TlsError> {
-        build(
-            self.verifier.clone(),
-            Arc::new(SingleCertAndKey::from(cert.certified_key())),
-        )
+        build(self.verifier.clone(), Arc::new(SingleCertAndKey::from(cert.certified_key())))
     }
 
     /// A configuration that has no certificate to present: the handshake
@@ -60,10 +51,7 @@ impl ServerTls {
     }
 }
 
-fn build(
-    verifier: Arc<dyn ClientCertVerifier>,
-    resolver: Arc<dyn ResolvesServerCert>,
-) -> Result<Arc<ServerConfig>, TlsError> {
+fn build(verifier: Arc<dyn ClientCertVerifier>, resolver: Arc<dyn ResolvesServerCert>) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(PROTOCOL_VERSIONS)?
         .with_client_cert_verifier(verifier)
@@ -111,21 +99,14 @@ impl ClientCertVerifier for TrustDomainVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.inner
-            .verify_client_cert(end_entity, intermediates, now)?;
+        self.inner.verify_client_cert(end_entity, intermediates, now)?;
         // As ztunnel does: accept when any SPIFFE SAN is in our trust domain;
         // the peer identity is then the first SPIFFE SAN (PROTOCOLS.md 2).
         let presented = x509::spiffe_ids(end_entity).map_err(to_rustls)?;
-        if presented
-            .iter()
-            .any(|id| id.trust_domain() == &self.trust_domain)
-        {
+        if presented.iter().any(|id| id.trust_domain() == &self.trust_domain) {
             Ok(ClientCertVerified::assertion())
         } else {
-            Err(to_rustls(UntrustedPeer {
-                trust_domain: self.trust_domain.clone(),
-                presented,
-            }))
+            Err(to_rustls(UntrustedPeer { trust_domain: self.trust_domain.clone(), presented }))
         }
     }
 

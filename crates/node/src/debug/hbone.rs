@@ -91,7 +91,10 @@ const CERT_VALIDITY: Duration = Duration::from_secs(3600);
 fn client_cert(args: &HboneArgs, id: &SpiffeId) -> anyhow::Result<WorkloadCert> {
     let ca_cert = args.ca_cert.as_ref().context("--ca-cert is required (the mesh CA, to check the server)")?;
     if !ca_cert.exists() {
-        bail!("no CA certificate at {}: is the cluster running? (name it with --cluster, or pass --ca-cert and --ca-key)", ca_cert.display());
+        bail!(
+            "no CA certificate at {}: is the cluster running? (name it with --cluster, or pass --ca-cert and --ca-key)",
+            ca_cert.display()
+        );
     }
     // Their errors name the file.
     let roots = TrustBundle::from_pem_file(args.roots.as_ref().unwrap_or(ca_cert))?;
@@ -121,11 +124,8 @@ fn request(args: &HboneArgs) -> anyhow::Result<ConnectRequest> {
 /// error and its response flag when the tunnel could not be opened or broke.
 pub async fn run(args: HboneArgs) -> anyhow::Result<()> {
     let id: SpiffeId = args.identity.parse().with_context(|| format!("--identity {:?}", args.identity))?;
-    let expect = args
-        .expect
-        .iter()
-        .map(|e| e.parse::<SpiffeId>().with_context(|| format!("--expect {e:?}")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let expect =
+        args.expect.iter().map(|e| e.parse::<SpiffeId>().with_context(|| format!("--expect {e:?}"))).collect::<anyhow::Result<Vec<_>>>()?;
     let cert = client_cert(&args, &id)?;
     let req = request(&args)?;
     let deadline = Instant::now() + args.timeout;
@@ -169,7 +169,13 @@ pub async fn run(args: HboneArgs) -> anyhow::Result<()> {
         }
         Output::Text => {
             println!("CONNECT {} via {} as {}: 200", args.authority, args.to, id);
-            println!("sent {} bytes{}, received {} bytes ({:?})", out.sent, if out.half_closed { " and half-closed" } else { "" }, out.received, out.end);
+            println!(
+                "sent {} bytes{}, received {} bytes ({:?})",
+                out.sent,
+                if out.half_closed { " and half-closed" } else { "" },
+                out.received,
+                out.end
+            );
             let mut stdout = std::io::stdout();
             let _ = stdout.write_all(&out.data);
             if !out.data.is_empty() && !out.data.ends_with(b"\n") {

@@ -56,7 +56,11 @@ async fn open_one(i: usize, args: &HoldArgs) -> Result<TcpStream, String> {
         let mut back = vec![0; msg.len()];
         s.read_exact(&mut back).await?;
         if back != msg {
-            return Err(io::Error::other(format!("echo mismatch: sent {:?}, got {:?}", String::from_utf8_lossy(&msg), String::from_utf8_lossy(&back))));
+            return Err(io::Error::other(format!(
+                "echo mismatch: sent {:?}, got {:?}",
+                String::from_utf8_lossy(&msg),
+                String::from_utf8_lossy(&back)
+            )));
         }
         Ok(s)
     };
@@ -73,11 +77,8 @@ pub async fn run(args: HoldArgs) -> anyhow::Result<()> {
         bail!("{} connections need more file descriptors than RLIMIT_NOFILE allows ({})", args.connections, limit.soft);
     }
     let start = Instant::now();
-    let results: Vec<Result<TcpStream, String>> = stream::iter(0..args.connections)
-        .map(|i| open_one(i, &args))
-        .buffer_unordered(args.concurrency.max(1))
-        .collect()
-        .await;
+    let results: Vec<Result<TcpStream, String>> =
+        stream::iter(0..args.connections).map(|i| open_one(i, &args)).buffer_unordered(args.concurrency.max(1)).collect().await;
     let open_ms = start.elapsed().as_millis() as u64;
     let mut held = Vec::with_capacity(results.len());
     let mut errors = Vec::new();

@@ -39,7 +39,13 @@ pub fn shutdown_fd(fd: std::os::fd::RawFd) -> std::io::Result<()> {
     // touched. SO_LINGER 0 first, so the peer sees a reset, not a clean end.
     unsafe {
         let linger = libc::linger { l_onoff: 1, l_linger: 0 };
-        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&linger as *const libc::linger).cast(), std::mem::size_of::<libc::linger>() as libc::socklen_t);
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
         if libc::shutdown(fd, libc::SHUT_RDWR) != 0 {
             return Err(std::io::Error::last_os_error());
         }

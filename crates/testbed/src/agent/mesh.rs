@@ -6,7 +6,9 @@ use super::pods::{Node, PodRuntime};
 use super::services::Vips;
 use super::store::{services, Store};
 use crate::plan;
-use slipstream_core::{MeshConfig, NetworkAddress, NodePods, PodRegistration, Port, Service, TunnelProtocol, Workload, WorkloadStatus, WorkloadType};
+use slipstream_core::{
+    MeshConfig, NetworkAddress, NodePods, PodRegistration, Port, Service, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
+};
 use slipstream_k8s::expand::selector_matches;
 use slipstream_k8s::{IntOrString, Labels, Object, ObjectKey};
 
@@ -190,14 +192,17 @@ pub mod peer_authentication {
     /// plaintext refused on any port.
     pub fn for_pod(store: &Store, ns: &str, name: &str, labels: &Labels) -> Option<Authorization> {
         let all = specs(store);
-        let selected = all.iter().find(|(n, s)| n == ns && s.selector.as_ref().is_some_and(|sel| !sel.match_labels.is_empty() && selector_matches(&sel.match_labels, labels)));
+        let selected = all.iter().find(|(n, s)| {
+            n == ns && s.selector.as_ref().is_some_and(|sel| !sel.match_labels.is_empty() && selector_matches(&sel.match_labels, labels))
+        });
         let namespace = all.iter().find(|(n, s)| n == ns && s.selector.is_none());
         let mesh = all.iter().find(|(n, s)| n == ROOT_NAMESPACE && s.selector.is_none());
         let inherit = |m: MtlsMode, parent: MtlsMode| if m == MtlsMode::Unset { parent } else { m };
         let mesh_mode = inherit(mesh.map(|(_, s)| s.mode()).unwrap_or(MtlsMode::Unset), MtlsMode::Permissive);
         let ns_mode = inherit(namespace.map(|(_, s)| s.mode()).unwrap_or(MtlsMode::Unset), mesh_mode);
         let base = inherit(selected.map(|(_, s)| s.mode()).unwrap_or(MtlsMode::Unset), ns_mode);
-        let ports: Vec<(u16, MtlsMode)> = selected.map(|(_, s)| s.port_modes()).unwrap_or_default().into_iter().map(|(p, m)| (p, inherit(m, base))).collect();
+        let ports: Vec<(u16, MtlsMode)> =
+            selected.map(|(_, s)| s.port_modes()).unwrap_or_default().into_iter().map(|(p, m)| (p, inherit(m, base))).collect();
         let mut m = Match { not_principals: vec![StringMatch::Presence], ..Default::default() };
         if base == MtlsMode::Strict {
             m.not_destination_ports = ports.iter().filter(|(_, md)| *md != MtlsMode::Strict).map(|(p, _)| *p).collect();
@@ -246,7 +251,9 @@ pub mod peer_authentication {
             let p = for_pod(&store(&format!("{NS}{}", pa("demo", "default", "{mtls: {mode: STRICT}}"))), "demo", "p", &app()).unwrap();
             assert_eq!(p.key(), "demo/istio_converted_strict_p");
             assert_eq!(p.rules[0].clauses[0].matches[0].not_principals, vec![StringMatch::Presence]);
-            assert!(for_pod(&store(&format!("{NS}{}", pa("istio-system", "default", "{mtls: {mode: STRICT}}"))), "demo", "p", &app()).is_some());
+            assert!(
+                for_pod(&store(&format!("{NS}{}", pa("istio-system", "default", "{mtls: {mode: STRICT}}"))), "demo", "p", &app()).is_some()
+            );
         }
 
         #[test]
@@ -254,7 +261,11 @@ pub mod peer_authentication {
             let y = format!(
                 "{NS}{}{}",
                 pa("demo", "default", "{mtls: {mode: STRICT}}"),
-                pa("demo", "echo", "{selector: {matchLabels: {app: echo}}, mtls: {mode: PERMISSIVE}, portLevelMtls: {9000: {mode: STRICT}}}")
+                pa(
+                    "demo",
+                    "echo",
+                    "{selector: {matchLabels: {app: echo}}, mtls: {mode: PERMISSIVE}, portLevelMtls: {9000: {mode: STRICT}}}"
+                )
             );
             let s = store(&y);
             let p = for_pod(&s, "demo", "p", &app()).unwrap();
@@ -263,7 +274,14 @@ pub mod peer_authentication {
             let other: Labels = [("app".to_string(), "web".to_string())].into();
             assert!(for_pod(&s, "demo", "q", &other).unwrap().rules[0].clauses[0].matches[0].destination_ports.is_empty());
             // Namespace STRICT with a PERMISSIVE port exception.
-            let y = format!("{NS}{}", pa("demo", "echo", "{selector: {matchLabels: {app: echo}}, mtls: {mode: STRICT}, portLevelMtls: {8080: {mode: PERMISSIVE}}}"));
+            let y = format!(
+                "{NS}{}",
+                pa(
+                    "demo",
+                    "echo",
+                    "{selector: {matchLabels: {app: echo}}, mtls: {mode: STRICT}, portLevelMtls: {8080: {mode: PERMISSIVE}}}"
+                )
+            );
             let p = for_pod(&store(&y), "demo", "p", &app()).unwrap();
             assert_eq!(p.rules[0].clauses[0].matches[0].not_destination_ports, vec![8080]);
         }

@@ -261,7 +261,10 @@ impl Agent {
             serde_json::to_string_pretty(&mesh::mesh_config(&cluster, &self.store, &pods, &self.nodes, &self.vips)),
         )];
         for n in &self.nodes {
-            files.push((self.paths.mesh_dir().join(&n.name).join("pods.json"), serde_json::to_string_pretty(&mesh::node_pods(&cluster, n.index, &pods))));
+            files.push((
+                self.paths.mesh_dir().join(&n.name).join("pods.json"),
+                serde_json::to_string_pretty(&mesh::node_pods(&cluster, n.index, &pods)),
+            ));
         }
         for (path, text) in files {
             let Ok(text) = text else { continue };
@@ -279,7 +282,8 @@ impl Agent {
     fn read_served(&mut self) {
         for n in &self.nodes {
             let path = self.paths.mesh_dir().join(&n.name).join("served.json");
-            let served: slipstream_core::Served = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+            let served: slipstream_core::Served =
+                std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
             self.served.insert(n.name.clone(), served.uids.into_iter().collect());
         }
     }
@@ -410,7 +414,8 @@ fn ensure_ca(paths: &Paths, cert: Option<&std::path::Path>, key: Option<&std::pa
     match (cert, key) {
         (Some(c), Some(k)) => {
             // Validate before use: a bad root is an error now, not at the first connection.
-            slipstream_identity::Ca::from_pem_files(c, k, None).with_context(|| format!("loading the CA from {} and {}", c.display(), k.display()))?;
+            slipstream_identity::Ca::from_pem_files(c, k, None)
+                .with_context(|| format!("loading the CA from {} and {}", c.display(), k.display()))?;
             std::fs::copy(c, &cert_out)?;
             std::fs::copy(k, &key_out)?;
             tracing::info!("mesh root from {}", c.display());

@@ -19,7 +19,14 @@ pub struct NodeProxy {
 
 impl NodeProxy {
     pub fn new(node: &Node) -> Self {
-        NodeProxy { node: node.name.clone(), child: None, restarts: 0, next_start: Instant::now(), backoff: Duration::from_millis(500), started: false }
+        NodeProxy {
+            node: node.name.clone(),
+            child: None,
+            restarts: 0,
+            next_start: Instant::now(),
+            backoff: Duration::from_millis(500),
+            started: false,
+        }
     }
 
     pub fn pid(&self) -> Option<i32> {

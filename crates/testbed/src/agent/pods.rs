@@ -279,10 +279,7 @@ impl PodRuntime {
     /// with downward-API references resolved.
     fn env_for(&self, i: usize, nodes: &[Node]) -> Vec<(String, String)> {
         let node = nodes.iter().find(|n| n.index == self.node);
-        let mut env = vec![
-            ("PATH".to_string(), spawn::pod_path()),
-            ("HOSTNAME".to_string(), self.inst.name.clone()),
-        ];
+        let mut env = vec![("PATH".to_string(), spawn::pod_path()), ("HOSTNAME".to_string(), self.inst.name.clone())];
         if let Ok(home) = std::env::var("HOME") {
             env.push(("HOME".into(), home));
         }
@@ -367,9 +364,7 @@ impl PodRuntime {
     }
 
     pub fn ready(&self) -> bool {
-        self.sandbox_error.is_none()
-            && !self.terminating()
-            && self.containers.iter().all(|c| c.running() && c.ready)
+        self.sandbox_error.is_none() && !self.terminating() && self.containers.iter().all(|c| c.running() && c.ready)
     }
 
     pub fn status(&self, paths: &Paths, nodes: &[Node]) -> PodStatus {
@@ -396,7 +391,14 @@ impl PodRuntime {
                 .iter()
                 .map(|c| ContainerStatus {
                     name: c.spec.name.clone(),
-                    state: if c.running() { "running" } else if c.done { "terminated" } else { "waiting" }.into(),
+                    state: if c.running() {
+                        "running"
+                    } else if c.done {
+                        "terminated"
+                    } else {
+                        "waiting"
+                    }
+                    .into(),
                     pid: c.pid(),
                     ready: c.ready && c.running(),
                     restarts: c.restarts,
@@ -416,7 +418,11 @@ impl PodRuntime {
             return (PodPhase::Terminating, String::new(), String::new());
         }
         if let Some(c) = self.containers.iter().find(|c| c.start_error.is_some() && !c.running()) {
-            return (PodPhase::Pending, "StartError".into(), format!("container {}: {}", c.spec.name, c.start_error.as_deref().unwrap_or("")));
+            return (
+                PodPhase::Pending,
+                "StartError".into(),
+                format!("container {}: {}", c.spec.name, c.start_error.as_deref().unwrap_or("")),
+            );
         }
         if let Some(c) = self.containers.iter().find(|c| !c.running() && !c.done && c.last_exit.is_some()) {
             return (
@@ -428,7 +434,9 @@ impl PodRuntime {
         if self.containers.iter().all(|c| c.done) {
             let failed = self.containers.iter().find(|c| c.last_exit != Some(0));
             return match failed {
-                Some(c) => (PodPhase::Failed, "Error".into(), format!("container {} exited with code {}", c.spec.name, c.last_exit.unwrap_or(0))),
+                Some(c) => {
+                    (PodPhase::Failed, "Error".into(), format!("container {} exited with code {}", c.spec.name, c.last_exit.unwrap_or(0)))
+                }
                 None => (PodPhase::Succeeded, "Completed".into(), String::new()),
             };
         }

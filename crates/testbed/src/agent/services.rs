@@ -14,11 +14,8 @@ pub type Vips = BTreeMap<(String, String), Ipv4Addr>;
 /// Frees VIPs of deleted services and allocates VIPs for new ones
 /// (`spec.clusterIP` when given, otherwise the first free address).
 pub fn allocate_vips(store: &Store, vips: &mut Vips) {
-    let live: BTreeSet<(String, String)> = services(store)
-        .iter()
-        .filter(|s| !s.spec.is_headless())
-        .map(|s| (s.metadata.namespace.clone(), s.metadata.name.clone()))
-        .collect();
+    let live: BTreeSet<(String, String)> =
+        services(store).iter().filter(|s| !s.spec.is_headless()).map(|s| (s.metadata.namespace.clone(), s.metadata.name.clone())).collect();
     vips.retain(|k, _| live.contains(k));
     for s in services(store) {
         let k = (s.metadata.namespace.clone(), s.metadata.name.clone());
@@ -58,9 +55,7 @@ pub fn view(store: &Store, pods: &[&PodRuntime], nodes: &[Node], vips: &Vips) ->
                     .spec
                     .ports
                     .iter()
-                    .filter_map(|sp| {
-                        Some(EndpointPort { port: sp.port as u16, target_port: plan::resolve_target_port(sp, &p.inst.spec)? })
-                    })
+                    .filter_map(|sp| Some(EndpointPort { port: sp.port as u16, target_port: plan::resolve_target_port(sp, &p.inst.spec)? }))
                     .collect(),
             })
             .collect();
@@ -70,10 +65,7 @@ pub fn view(store: &Store, pods: &[&PodRuntime], nodes: &[Node], vips: &Vips) ->
                     vip,
                     port: sp.port as u16,
                     protocol: sp.protocol,
-                    endpoints: backends
-                        .iter()
-                        .filter_map(|p| Some((p.ip, plan::resolve_target_port(sp, &p.inst.spec)?)))
-                        .collect(),
+                    endpoints: backends.iter().filter_map(|p| Some((p.ip, plan::resolve_target_port(sp, &p.inst.spec)?))).collect(),
                 });
             }
         }

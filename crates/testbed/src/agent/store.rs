@@ -28,8 +28,8 @@ impl Store {
     pub fn new() -> Self {
         let mut s = Store::default();
         for ns in BUILTIN_NAMESPACES {
-            let o: Object = serde_json::from_value(serde_json::json!({"Namespace": {"metadata": {"name": ns}}}))
-                .expect("builtin namespace");
+            let o: Object =
+                serde_json::from_value(serde_json::json!({"Namespace": {"metadata": {"name": ns}}})).expect("builtin namespace");
             s.insert(o);
         }
         s
@@ -220,7 +220,11 @@ pub fn resource_name(o: &Object) -> String {
         Object::Deployment(_) => "deployment.apps".to_string(),
         Object::Kept(k) => {
             let group = k.api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
-            if group.is_empty() { k.kind.to_lowercase() } else { format!("{}.{group}", k.kind.to_lowercase()) }
+            if group.is_empty() {
+                k.kind.to_lowercase()
+            } else {
+                format!("{}.{group}", k.kind.to_lowercase())
+            }
         }
         other => other.kind().to_lowercase(),
     };
@@ -279,7 +283,10 @@ mod tests {
         assert!(all.contains("Pod demo/web: metadata.namespace"), "{all}");
         let y = APP.replace("serviceAccountName: web", "serviceAccountName: nobody").replace("nodeName: node2", "nodeName: node7");
         let all = Store::new().plan_apply(objs(&y), &facts(&nodes, &vips)).unwrap_err().join("\n");
-        assert!(all.contains("Pod demo/web: spec.serviceAccountName: service account \"nobody\" does not exist in namespace \"demo\""), "{all}");
+        assert!(
+            all.contains("Pod demo/web: spec.serviceAccountName: service account \"nobody\" does not exist in namespace \"demo\""),
+            "{all}"
+        );
         assert!(all.contains("Pod demo/web: spec.nodeName: node \"node7\" does not exist (the cluster has node1, node2)"), "{all}");
     }
 
@@ -288,7 +295,9 @@ mod tests {
         let nodes: Vec<String> = NODES.iter().map(|s| s.to_string()).collect();
         let mut vips = BTreeMap::new();
         vips.insert(("default".to_string(), "a".to_string()), Ipv4Addr::new(10, 96, 0, 10));
-        let svc = |name: &str, ip: &str| format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n");
+        let svc = |name: &str, ip: &str| {
+            format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n")
+        };
         let e = Store::new().plan_apply(objs(&svc("b", "10.96.0.10")), &facts(&nodes, &vips)).unwrap_err();
         assert!(e[0].contains("Service default/b: spec.clusterIP: 10.96.0.10 is already allocated to service default/a"), "{e:?}");
         let e = Store::new().plan_apply(objs(&svc("b", "10.1.0.10")), &facts(&nodes, &vips)).unwrap_err();

@@ -89,8 +89,5 @@ pub fn remove_tree(path: &Path) -> Result<(), String> {
 /// (present on every cgroup2 directory).
 pub fn cpu_usage(path: &Path) -> Option<Duration> {
     let s = std::fs::read_to_string(path.join("cpu.stat")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("usage_usec "))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_micros)
+    s.lines().find_map(|l| l.strip_prefix("usage_usec ")).and_then(|v| v.trim().parse::<u64>().ok()).map(Duration::from_micros)
 }

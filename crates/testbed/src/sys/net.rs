@@ -8,12 +8,7 @@ use std::net::Ipv4Addr;
 /// Network namespaces whose names start with `prefix`.
 pub fn list_netns(prefix: &str) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/run/netns")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.starts_with(prefix))
-                .collect()
-        })
+        .map(|rd| rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| n.starts_with(prefix)).collect())
         .unwrap_or_default();
     v.sort();
     v
@@ -56,10 +51,7 @@ pub fn create_node(fabric: &str, netns: &str, name: &str, ip: Ipv4Addr) -> Resul
             format!("link set {name} up"),
         ],
     )?;
-    ip_batch(
-        Some(netns),
-        &[format!("addr add {ip}/{} dev eth0", plan::NODE_PREFIX_LEN), "link set eth0 up".into()],
-    )?;
+    ip_batch(Some(netns), &[format!("addr add {ip}/{} dev eth0", plan::NODE_PREFIX_LEN), "link set eth0 up".into()])?;
     sysctl(
         netns,
         &[
