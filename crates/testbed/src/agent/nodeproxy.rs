@@ -55,9 +55,11 @@ impl NodeProxy {
         }
         let exe = std::env::current_exe().map(|e| e.display().to_string()).unwrap_or_else(|_| "slipstream".into());
         let mut env = vec![("PATH".to_string(), spawn::pod_path())];
-        for k in ["SLIPSTREAM_LOG", "SLIPSTREAM_ACCESS_LOG", "SLIPSTREAM_NODE_WORKERS", "RUST_LOG", "HOME"] {
-            if let Ok(v) = std::env::var(k) {
-                env.push((k.to_string(), v));
+        // The node proxy's own settings (SLIPSTREAM_NODE_*) pass through, so
+        // `SLIPSTREAM_NODE_X=... slipstream up` configures every node proxy.
+        for (k, v) in std::env::vars() {
+            if k.starts_with("SLIPSTREAM_NODE_") || ["SLIPSTREAM_LOG", "SLIPSTREAM_ACCESS_LOG", "RUST_LOG", "HOME"].contains(&k.as_str()) {
+                env.push((k, v));
             }
         }
         let spec = spawn::SandboxSpec {
