@@ -40,6 +40,9 @@ pub enum CertError {
     LeafIdentity(String),
     #[error("invalid validity: {0}")]
     Validity(String),
+    /// The CA's signing certificate cannot issue now (or not for long).
+    #[error("the CA certificate{file} {problem} (valid from {not_before} to {not_after}; now {now})")]
+    CaValidity { file: String, problem: String, not_before: String, not_after: String, now: String },
     #[error("the certificate chain is empty or holds no root bundle")]
     IncompleteChain,
     #[error("TLS rejected the certificate or key: {0}")]

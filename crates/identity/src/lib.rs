@@ -23,11 +23,11 @@ mod spiffe;
 pub mod tls;
 mod x509;
 
-pub use ca::{Ca, CLOCK_SKEW_ALLOWANCE, DEFAULT_WORKLOAD_VALIDITY, ROOT_VALIDITY};
+pub use ca::{ca_validity_problem, Ca, CaValidityProblem, CLOCK_SKEW_ALLOWANCE, DEFAULT_WORKLOAD_VALIDITY, ROOT_VALIDITY};
 pub use cert::{TrustBundle, WorkloadCert, WorkloadKey};
 pub use csr::generate_csr;
 pub use error::CertError;
 pub use manager::{CertManager, CertManagerConfig, CertStatus, CertSummary};
 pub use provider::{CertificateProvider, FetchError, LocalCaProvider};
 pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, DEFAULT_TRUST_DOMAIN, SPIFFE_PREFIX};
-pub use x509::SanError;
+pub use x509::{format_time, SanError};

@@ -38,6 +38,27 @@ pub(crate) fn leaf_info(der: &[u8]) -> Result<LeafInfo, CertError> {
     })
 }
 
+/// notBefore and notAfter of any certificate.
+pub(crate) fn validity(der: &[u8]) -> Result<(SystemTime, SystemTime), CertError> {
+    let cert = parse_cert(der)?;
+    let v = cert.validity();
+    Ok((to_system_time(v.not_before.timestamp()), to_system_time(v.not_after.timestamp())))
+}
+
+/// A time as `2024-05-01 12:00:00 UTC`, for messages.
+pub fn format_time(t: SystemTime) -> String {
+    let secs = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64),
+    };
+    match time::OffsetDateTime::from_unix_timestamp(secs) {
+        Ok(d) => {
+            format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC", d.year(), u8::from(d.month()), d.day(), d.hour(), d.minute(), d.second())
+        }
+        Err(_) => format!("{secs} s after 1970"),
+    }
+}
+
 pub(crate) fn uri_sans(cert: &X509Certificate<'_>) -> Result<Vec<String>, CertError> {
     let san = cert.subject_alternative_name().map_err(|e| CertError::X509(format!("subjectAltName: {e}")))?;
     Ok(san
