@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod ipc;
+pub mod logging;
 pub mod names;
 pub mod plan;
 pub mod status;

@@ -7,6 +7,11 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
 pub const MAX_NODES: usize = 250;
+/// Pods one node can hold: kubelet's default `maxPods`. Applies beyond
+/// nodes x this are refused before anything is created.
+pub const MAX_PODS_PER_NODE: usize = 110;
+// A node's pods take addresses .2 to .254 of its /24 (see `next_pod_ip`).
+const _: () = assert!(MAX_PODS_PER_NODE <= 253);
 /// Every node-side veth has this MAC, and every pod's gateway resolves to it.
 pub const GATEWAY_MAC: &str = "ee:ee:ee:ee:ee:ee";
 pub const GATEWAY_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);

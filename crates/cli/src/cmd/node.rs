@@ -3,11 +3,8 @@ use crate::common::Ctx;
 /// The node proxy's process. Diagnostics go to stderr, access logs to
 /// stdout; `up` sends both to /run/slipstream/<cluster>/nodes/<node>.log.
 pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SLIPSTREAM_LOG").unwrap_or_else(|_| "info".into()))
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .init();
+    // Diagnostics only: access-log lines are printed, never rate-limited.
+    slipstream_testbed::logging::init();
     slipstream_node::sys::mem::tune_allocator();
     let workers = usize::from(args.workers);
     let config = slipstream_node::Config::from_args(ctx.paths.cluster.as_str(), args);

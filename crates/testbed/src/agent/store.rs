@@ -70,6 +70,7 @@ impl Store {
         let mut next = self.clone();
         let mut lines = Vec::new();
         let mut errors = Vec::new();
+        let applied: BTreeSet<ObjectKey> = objects.iter().map(|o| o.key()).collect();
         // Namespaces first, so one file can create a namespace and its contents.
         let (nss, rest): (Vec<Object>, Vec<Object>) = objects.into_iter().partition(|o| matches!(o, Object::Namespace(_)));
         for o in nss.into_iter().chain(rest) {
@@ -86,6 +87,7 @@ impl Store {
             next.insert(o);
         }
         errors.extend(next.check_references(facts));
+        errors.extend(next.check_capacity(&applied, facts.nodes.len()));
         if errors.is_empty() {
             Ok((next, lines))
         } else {
@@ -177,12 +179,80 @@ impl Store {
         errors
     }
 
+    /// The pods of the whole store fit the cluster: at most
+    /// `MAX_PODS_PER_NODE` per node overall, and on each node for pods
+    /// pinned to it by `nodeName`. Errors name the objects of this apply
+    /// (`applied`) that bring pods.
+    fn check_capacity(&self, applied: &BTreeSet<ObjectKey>, nodes: usize) -> Vec<String> {
+        // Pods per owning object, and per (object, pinned node).
+        let mut per_object: BTreeMap<ObjectKey, usize> = BTreeMap::new();
+        let mut pinned: BTreeMap<String, BTreeMap<ObjectKey, usize>> = BTreeMap::new();
+        for p in slipstream_k8s::desired_pods(self.objects()) {
+            let owner = match &p.owner {
+                Some(d) => key("Deployment", &p.namespace, d),
+                None => key("Pod", &p.namespace, &p.name),
+            };
+            *per_object.entry(owner.clone()).or_default() += 1;
+            if let Some(n) = &p.spec.node_name {
+                *pinned.entry(n.clone()).or_default().entry(owner).or_default() += 1;
+            }
+        }
+        let field = |k: &ObjectKey, f: &str| match k.kind.as_str() {
+            "Deployment" if f.is_empty() => "spec.replicas: ".to_string(),
+            "Deployment" => format!("spec.template.spec.{f}: "),
+            _ if f.is_empty() => String::new(),
+            _ => format!("spec.{f}: "),
+        };
+        let mut errors = Vec::new();
+        let total: usize = per_object.values().sum();
+        let capacity = nodes * plan::MAX_PODS_PER_NODE;
+        if total > capacity {
+            let mine: usize = per_object.iter().filter(|(k, _)| applied.contains(k)).map(|(_, n)| n).sum();
+            for (k, n) in per_object.iter().filter(|(k, _)| applied.contains(k)) {
+                let others = mine - n;
+                errors.push(format!(
+                    "{k}: {}{n} pod{} would exceed the cluster's capacity ({nodes} node{} x {} pods = {capacity}, {} already placed{})",
+                    field(k, ""),
+                    plural(*n),
+                    plural(nodes),
+                    plan::MAX_PODS_PER_NODE,
+                    total - mine,
+                    if others > 0 { format!(", {others} more in this apply") } else { String::new() },
+                ));
+            }
+        }
+        for (node, objs) in &pinned {
+            let on_node: usize = objs.values().sum();
+            if on_node <= plan::MAX_PODS_PER_NODE {
+                continue;
+            }
+            for (k, n) in objs.iter().filter(|(k, _)| applied.contains(k)) {
+                errors.push(format!(
+                    "{k}: {}{n} pod{} pinned to node {node:?} would exceed its capacity ({} pods, {} pinned there by other objects)",
+                    field(k, "nodeName"),
+                    plural(*n),
+                    plan::MAX_PODS_PER_NODE,
+                    on_node - n,
+                ));
+            }
+        }
+        errors
+    }
+
     pub fn kept_objects(&self) -> Vec<String> {
         self.objects()
             .into_iter()
             .filter(|o| matches!(o, Object::Kept(k) if !slipstream_k8s::is_enforced(&k.kind)))
             .map(|o| o.key().to_string())
             .collect()
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
     }
 }
 
@@ -305,6 +375,66 @@ mod tests {
         let (s, _) = Store::new().plan_apply(objs(&svc("a", "10.96.0.10")), &facts(&nodes, &vips)).unwrap();
         let e = s.plan_apply(objs(&svc("a", "10.96.0.99")), &facts(&nodes, &vips)).unwrap_err();
         assert!(e[0].contains("spec.clusterIP: is immutable (currently 10.96.0.10)"), "{e:?}");
+    }
+
+    fn deployment(name: &str, replicas: usize, node: Option<&str>) -> String {
+        let pin = node.map(|n| format!("nodeName: {n}, ")).unwrap_or_default();
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}}}\nspec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec: {{{pin}containers: [{{name: c, command: [sleep, infinity]}}]}}\n"
+        )
+    }
+
+    fn pod(name: &str, node: Option<&str>) -> String {
+        let pin = node.map(|n| format!("nodeName: {n}, ")).unwrap_or_default();
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec: {{{pin}containers: [{{name: c, command: [sleep, infinity]}}]}}\n"
+        )
+    }
+
+    #[test]
+    fn capacity_is_refused_naming_the_object_and_field() {
+        let nodes: Vec<String> = NODES.iter().map(|s| s.to_string()).collect();
+        let vips = BTreeMap::new();
+        // The store holds 3 pods already (one Deployment of 2, one Pod).
+        let base = format!("{}---\n{}", deployment("old", 2, None), pod("solo", None));
+        let (s, _) = Store::new().plan_apply(objs(&base), &facts(&nodes, &vips)).unwrap();
+        // (manifest, the errors wanted; empty = accepted)
+        let cases: Vec<(String, Vec<&str>)> = vec![
+            (deployment("web", 217, None), vec![]),
+            (
+                deployment("web", 10000, None),
+                vec!["Deployment default/web: spec.replicas: 10000 pods would exceed the cluster's capacity (2 nodes x 110 pods = 220, 3 already placed)"],
+            ),
+            (
+                format!("{}---\n{}", deployment("a", 200, None), deployment("b", 20, None)),
+                vec![
+                    "Deployment default/a: spec.replicas: 200 pods would exceed the cluster's capacity (2 nodes x 110 pods = 220, 3 already placed, 20 more in this apply)",
+                    "Deployment default/b: spec.replicas: 20 pods would exceed the cluster's capacity (2 nodes x 110 pods = 220, 3 already placed, 200 more in this apply)",
+                ],
+            ),
+            // Changing an existing object counts its new size only.
+            (deployment("old", 219, None), vec![]),
+            (deployment("old", 110, Some("node1")), vec![]),
+            (
+                deployment("old", 111, Some("node1")),
+                vec!["Deployment default/old: spec.template.spec.nodeName: 111 pods pinned to node \"node1\" would exceed its capacity (110 pods, 0 pinned there by other objects)"],
+            ),
+            (
+                format!("{}---\n{}", deployment("web", 110, Some("node2")), pod("p", Some("node2"))),
+                vec!["Deployment default/web: spec.template.spec.nodeName: 110 pods pinned to node \"node2\" would exceed its capacity (110 pods, 1 pinned there by other objects)",
+                    "Pod default/p: spec.nodeName: 1 pod pinned to node \"node2\" would exceed its capacity (110 pods, 110 pinned there by other objects)"],
+            ),
+        ];
+        for (y, want) in cases {
+            match s.plan_apply(objs(&y), &facts(&nodes, &vips)) {
+                Ok(_) => assert!(want.is_empty(), "accepted, wanted {want:?} for\n{y}"),
+                Err(e) => assert_eq!(e, want, "for\n{y}"),
+            }
+        }
+        // One node: 110 in all.
+        let one = vec!["node1".to_string()];
+        let e = Store::new().plan_apply(objs(&deployment("web", 111, None)), &facts(&one, &vips)).unwrap_err();
+        assert_eq!(e, vec!["Deployment default/web: spec.replicas: 111 pods would exceed the cluster's capacity (1 node x 110 pods = 110, 0 already placed)"]);
     }
 
     #[test]

@@ -1,0 +1,257 @@
+//! Logging for the long-running processes (`slipstream agent`, `slipstream
+//! node`): tracing to stderr, with repeated lines rate-limited per call site.
+//!
+//! Each call site (one `tracing::warn!(...)` in the source) may emit a burst
+//! of lines, then a few per second; what is over that is dropped, and the
+//! next line let through from that call site (or the first log line of any
+//! call site once its flood has ended) is preceded by one line saying how
+//! many were suppressed. A loop that fails the same way for every pod every
+//! tick thus writes a few lines a second, not tens of thousands.
+//!
+//! The decision is the pure [`RateLimiter`] (unit-tested with a fake clock);
+//! [`RateLimitLayer`] is the thin tracing layer around it.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Instant;
+use tracing::{Event, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+
+/// Target of the summary lines (never rate-limited themselves).
+pub const SUMMARY_TARGET: &str = "slipstream::log_limit";
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Lines a call site may emit at once.
+    pub burst: u32,
+    /// Lines per second it may emit after the burst.
+    pub per_second: f64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { burst: 10, per_second: 5.0 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// Allow, after saying that this many lines of the same call site were
+    /// suppressed since the last one let through.
+    AllowAfterSuppressed(u64),
+    Suppress,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+    suppressed: u64,
+}
+
+/// A token bucket per key (call site).
+#[derive(Debug)]
+pub struct RateLimiter<K> {
+    limits: Limits,
+    buckets: HashMap<K, Bucket>,
+}
+
+impl<K: Hash + Eq + Clone> RateLimiter<K> {
+    pub fn new(limits: Limits) -> Self {
+        RateLimiter { limits, buckets: HashMap::new() }
+    }
+
+    fn refill(limits: &Limits, b: &mut Bucket, now: Instant) {
+        let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
+        b.tokens = (b.tokens + elapsed * limits.per_second).min(f64::from(limits.burst));
+        b.last = now;
+    }
+
+    /// Whether a line of `key` at `now` is written.
+    pub fn decide(&mut self, key: &K, now: Instant) -> Decision {
+        let limits = self.limits;
+        let b = self.buckets.entry(key.clone()).or_insert_with(|| Bucket { tokens: f64::from(limits.burst), last: now, suppressed: 0 });
+        Self::refill(&limits, b, now);
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            match std::mem::take(&mut b.suppressed) {
+                0 => Decision::Allow,
+                n => Decision::AllowAfterSuppressed(n),
+            }
+        } else {
+            b.suppressed += 1;
+            Decision::Suppress
+        }
+    }
+
+    /// Keys whose flood has ended (they suppressed lines and would let one
+    /// through again), with how many they suppressed; their counts reset.
+    pub fn ended_floods(&mut self, now: Instant) -> Vec<(K, u64)> {
+        let limits = self.limits;
+        let mut out = Vec::new();
+        for (k, b) in self.buckets.iter_mut().filter(|(_, b)| b.suppressed > 0) {
+            Self::refill(&limits, b, now);
+            if b.tokens >= 1.0 {
+                out.push((k.clone(), std::mem::take(&mut b.suppressed)));
+            }
+        }
+        out
+    }
+}
+
+/// A call site, compared by identity.
+#[derive(Clone, Copy)]
+struct Site(&'static Metadata<'static>);
+
+impl PartialEq for Site {
+    fn eq(&self, o: &Self) -> bool {
+        std::ptr::eq(self.0, o.0)
+    }
+}
+impl Eq for Site {}
+impl Hash for Site {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.0 as *const Metadata<'static>).hash(h)
+    }
+}
+
+/// Drops events over the limit of their call site (for every layer) and
+/// writes the summary lines.
+pub struct RateLimitLayer {
+    limiter: Mutex<RateLimiter<Site>>,
+}
+
+impl RateLimitLayer {
+    pub fn new(limits: Limits) -> Self {
+        RateLimitLayer { limiter: Mutex::new(RateLimiter::new(limits)) }
+    }
+}
+
+fn summary(site: &'static Metadata<'static>, n: u64) {
+    tracing::warn!(
+        target: SUMMARY_TARGET,
+        "suppressed {n} repeated log line(s) from {}:{} ({})",
+        site.file().unwrap_or("?"),
+        site.line().unwrap_or(0),
+        site.target()
+    );
+}
+
+impl<S: Subscriber> Layer<S> for RateLimitLayer {
+    fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+        let meta = event.metadata();
+        if meta.target() == SUMMARY_TARGET {
+            return true;
+        }
+        let now = Instant::now();
+        let (decision, ended) = {
+            let mut l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+            let site = Site(meta);
+            let d = l.decide(&site, now);
+            let ended: Vec<(Site, u64)> = l.ended_floods(now).into_iter().filter(|(s, _)| *s != site).collect();
+            (d, ended)
+        };
+        // Emitted with the lock released: the summary is an event too.
+        for (s, n) in ended {
+            summary(s.0, n);
+        }
+        match decision {
+            Decision::Allow => true,
+            Decision::AllowAfterSuppressed(n) => {
+                summary(meta, n);
+                true
+            }
+            Decision::Suppress => false,
+        }
+    }
+}
+
+/// Installs the global subscriber: `SLIPSTREAM_LOG` (an EnvFilter, default
+/// `info`), plain text to stderr, repeated lines rate-limited.
+pub fn init() {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLIPSTREAM_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(RateLimitLayer::new(Limits::default()))
+        .with(tracing_subscriber::fmt::layer().with_ansi(false).with_writer(std::io::stderr))
+        .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn burst_then_rate_then_summary() {
+        let t0 = Instant::now();
+        let mut l = RateLimiter::new(Limits { burst: 3, per_second: 2.0 });
+        // (offset from t0 in ms, key, expected decision)
+        let steps: &[(u64, &str, Decision)] = &[
+            (0, "a", Decision::Allow),
+            (0, "a", Decision::Allow),
+            (0, "a", Decision::Allow),
+            (0, "a", Decision::Suppress),
+            (10, "a", Decision::Suppress),
+            // Another call site has its own budget.
+            (10, "b", Decision::Allow),
+            (400, "a", Decision::Suppress),
+            // 500 ms at 2/s: one token back; the line says 3 were dropped.
+            (500, "a", Decision::AllowAfterSuppressed(3)),
+            (500, "a", Decision::Suppress),
+            (1000, "a", Decision::AllowAfterSuppressed(1)),
+            (1000, "a", Decision::Suppress),
+            // Quiet for long enough: the whole burst is back, never more.
+            (60_000, "a", Decision::AllowAfterSuppressed(1)),
+            (60_000, "a", Decision::Allow),
+            (60_000, "a", Decision::Allow),
+            (60_000, "a", Decision::Suppress),
+        ];
+        for (i, (at, key, want)) in steps.iter().enumerate() {
+            assert_eq!(l.decide(&key.to_string(), t0 + ms(*at)), *want, "step {i}: {key} at {at} ms");
+        }
+    }
+
+    #[test]
+    fn a_flood_that_ends_is_summarised_once() {
+        let t0 = Instant::now();
+        let mut l = RateLimiter::new(Limits { burst: 2, per_second: 1.0 });
+        for i in 0..1000 {
+            l.decide(&"flood", t0 + Duration::from_micros(i));
+        }
+        // Still within the flood: no token back yet.
+        assert!(l.ended_floods(t0 + ms(500)).is_empty());
+        assert_eq!(l.ended_floods(t0 + ms(1500)), vec![("flood", 998)]);
+        assert!(l.ended_floods(t0 + ms(5000)).is_empty(), "said once");
+        assert_eq!(l.decide(&"flood", t0 + ms(5000)), Decision::Allow);
+    }
+
+    #[test]
+    fn a_steady_flood_is_bounded() {
+        // 35 000 lines a second for 10 s from one call site.
+        let t0 = Instant::now();
+        let mut l = RateLimiter::new(Limits::default());
+        let mut written = 0;
+        let mut suppressed = 0;
+        for i in 0..350_000u64 {
+            match l.decide(&0, t0 + Duration::from_micros(i * 1_000_000 / 35_000)) {
+                Decision::Allow => written += 1,
+                Decision::AllowAfterSuppressed(n) => {
+                    written += 2;
+                    suppressed += n;
+                }
+                Decision::Suppress => {}
+            }
+        }
+        assert!(written <= 10 + 2 * 5 * 10 + 2, "{written} lines written");
+        // All but the last 200 ms (one token) of the flood were reported as suppressed.
+        assert!(suppressed > 340_000, "{suppressed}");
+    }
+}
