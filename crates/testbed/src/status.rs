@@ -51,6 +51,12 @@ pub struct ProxyStatus {
     /// Meshed pods of the node whose listeners the proxy has open.
     pub serving: usize,
     pub log: String,
+    /// Its readiness probe (`/healthz/ready` on :15021) passes.
+    #[serde(default)]
+    pub ready: bool,
+    /// Why it is not ready, when it is not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

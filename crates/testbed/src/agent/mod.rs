@@ -51,6 +51,8 @@ pub struct Agent {
     /// Per node: the workload uids its proxy reports as served.
     served: BTreeMap<String, BTreeSet<String>>,
     last_mesh: BTreeMap<std::path::PathBuf, String>,
+    /// Pods that could not be placed, reported once each (not every tick).
+    unplaceable: BTreeSet<(String, String)>,
 }
 
 /// Runs the agent until SIGTERM or a Shutdown request; removes the cluster
@@ -76,6 +78,7 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         proxies: Vec::new(),
         served: BTreeMap::new(),
         last_mesh: BTreeMap::new(),
+        unplaceable: BTreeSet::new(),
         paths,
     };
     if let Err(e) = ensure_ca(&agent.paths, cfg.ca_cert.as_deref(), cfg.ca_key.as_deref()) {
@@ -193,6 +196,7 @@ impl Agent {
     /// (or whose spec changed), creates the missing ones.
     fn reconcile(&mut self) {
         let desired = desired_pods(self.store.objects());
+        self.unplaceable.retain(|k| desired.iter().any(|p| p.namespace == k.0 && p.name == k.1));
         let wanted: BTreeMap<(String, String), &slipstream_k8s::PodInstance> =
             desired.iter().map(|p| ((p.namespace.clone(), p.name.clone()), p)).collect();
         let stale: Vec<(String, String)> = self
@@ -219,9 +223,13 @@ impl Agent {
             let node = &self.nodes[pos];
             let used: BTreeSet<Ipv4Addr> = self.pods.values().chain(self.stopping.iter()).map(|p| p.ip).collect();
             let Some(ip) = plan::next_pod_ip(node.index, &used) else {
-                tracing::error!(node = %node.name, "no pod address left for {}/{}", key.0, key.1);
+                // Retried every tick: said once per pod.
+                if self.unplaceable.insert(key.clone()) {
+                    tracing::error!(node = %node.name, "no pod address left for {}/{}; it waits until one is free", key.0, key.1);
+                }
                 continue;
             };
+            self.unplaceable.remove(&key);
             let meshed = mesh::is_meshed(&mesh::namespace_labels(&self.store, &inst.namespace), &inst.labels);
             let pod = PodRuntime::create(&self.paths, inst, node, ip, meshed);
             self.pods.insert(key, pod);
@@ -350,6 +358,8 @@ impl Agent {
                         restarts: proxy.restarts,
                         serving: self.served.get(&n.name).map(|s| s.len()).unwrap_or(0),
                         log: self.paths.node_proxy_log(&n.name).display().to_string(),
+                        ready: proxy.ready(),
+                        reason: if proxy.ready() { String::new() } else { proxy.reason() },
                     }),
                 })
                 .collect(),
@@ -407,15 +417,13 @@ fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 
 /// The mesh root: the operator's (copied in) or a new one.
 fn ensure_ca(paths: &Paths, cert: Option<&std::path::Path>, key: Option<&std::path::Path>) -> anyhow::Result<()> {
-    use anyhow::Context;
     let dir = paths.ca_dir();
     std::fs::create_dir_all(&dir)?;
     let (cert_out, key_out) = (dir.join("root-cert.pem"), dir.join("root-key.pem"));
     match (cert, key) {
         (Some(c), Some(k)) => {
             // Validate before use: a bad root is an error now, not at the first connection.
-            slipstream_identity::Ca::from_pem_files(c, k, None)
-                .with_context(|| format!("loading the CA from {} and {}", c.display(), k.display()))?;
+            validate_ca(c, k)?;
             std::fs::copy(c, &cert_out)?;
             std::fs::copy(k, &key_out)?;
             tracing::info!("mesh root from {}", c.display());
@@ -429,6 +437,18 @@ fn ensure_ca(paths: &Paths, cert: Option<&std::path::Path>, key: Option<&std::pa
         }
         _ => anyhow::bail!("--ca-cert and --ca-key go together"),
     }
+    Ok(())
+}
+
+/// An operator's CA is usable: it loads, signs, is valid now and for at
+/// least the lifetime of a workload certificate (one that ends sooner
+/// would cut certificates short and stop the mesh within a day).
+/// `up` runs this before creating anything, the agent again before use.
+pub fn validate_ca(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let ca = slipstream_identity::Ca::from_pem_files(cert, key, None)
+        .with_context(|| format!("loading the CA from {} and {}", cert.display(), key.display()))?;
+    ca.check_lifetime(slipstream_identity::DEFAULT_WORKLOAD_VALIDITY)?;
     Ok(())
 }
 
