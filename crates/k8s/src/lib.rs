@@ -11,9 +11,13 @@ pub mod istio;
 pub mod load;
 pub mod names;
 pub mod objects;
+pub mod security;
+pub mod strict;
 pub mod validate;
 
 pub use error::{ManifestError, ManifestErrors};
 pub use expand::{desired_pods, PodInstance};
-pub use load::{load_paths, load_str, Source};
+pub use load::{load_paths, load_paths_with, load_str, load_str_with, Source};
 pub use objects::*;
+pub use security::ContainerSecurity;
+pub use strict::FieldValidation;

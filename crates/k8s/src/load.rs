@@ -2,6 +2,7 @@
 
 use crate::error::{ManifestError, ManifestErrors};
 use crate::objects::*;
+use crate::strict::{self, FieldValidation};
 use crate::validate;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -20,13 +21,35 @@ pub const NATIVE_KINDS: &[(&str, &str)] =
 pub struct Loaded {
     pub object: Object,
     pub source: String,
+    /// 1-based YAML document index inside `source`.
+    pub document: usize,
     pub warnings: Vec<String>,
 }
 
-/// Loads every file given: a file, or a directory whose `*.yaml`, `*.yml`
-/// and `*.json` files are read in name order (not recursively, like
-/// `kubectl apply -f DIR`). All errors of all files are returned together.
+impl Loaded {
+    /// `file` or `file (document N)`.
+    pub fn place(&self) -> String {
+        if self.document > 1 {
+            format!("{} (document {})", self.source, self.document)
+        } else {
+            self.source.clone()
+        }
+    }
+}
+
+/// The path that means standard input, as in `kubectl apply -f -`.
+pub const STDIN: &str = "-";
+
+/// `load_paths_with` in strict field validation.
 pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Loaded>, ManifestErrors> {
+    load_paths_with(paths, FieldValidation::Strict)
+}
+
+/// Loads every file given: a file, `-` for standard input, or a directory
+/// whose `*.yaml`, `*.yml` and `*.json` files are read in name order (not
+/// recursively, like `kubectl apply -f DIR`). All errors of all files are
+/// returned together; the same object defined twice is one of them.
+pub fn load_paths_with(paths: &[PathBuf], mode: FieldValidation) -> Result<Vec<Loaded>, ManifestErrors> {
     let mut files = Vec::new();
     let mut errors = Vec::new();
     for p in paths {
@@ -39,9 +62,11 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Loaded>, ManifestErrors> {
     }
     let mut out = Vec::new();
     for f in files {
-        let label = f.display().to_string();
-        match std::fs::read_to_string(&f) {
-            Ok(text) => match load_str(&text, &Source(label)) {
+        let stdin = f.as_os_str() == STDIN;
+        let label = if stdin { "<stdin>".to_string() } else { f.display().to_string() };
+        let text = if stdin { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(&f) };
+        match text {
+            Ok(text) => match load_str_with(&text, &Source(label), mode) {
                 Ok(mut v) => out.append(&mut v),
                 Err(mut e) => errors.append(&mut e.0),
             },
@@ -54,6 +79,7 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Loaded>, ManifestErrors> {
             }),
         }
     }
+    errors.extend(duplicates(&out));
     if errors.is_empty() {
         Ok(out)
     } else {
@@ -61,7 +87,32 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Loaded>, ManifestErrors> {
     }
 }
 
+/// One error per object defined more than once, naming both places (the
+/// API server would apply the last one silently; `delete` would then fail).
+pub fn duplicates(loaded: &[Loaded]) -> Vec<ManifestError> {
+    let mut first: std::collections::BTreeMap<ObjectKey, &Loaded> = Default::default();
+    let mut errors = Vec::new();
+    for l in loaded {
+        match first.get(&l.object.key()) {
+            Some(f) => errors.push(ManifestError {
+                source: l.source.clone(),
+                document: l.document,
+                object: Some(describe(&l.object)),
+                field: String::new(),
+                message: format!("defined twice: also in {}; each object may appear once per apply", f.place()),
+            }),
+            None => {
+                first.insert(l.object.key(), l);
+            }
+        }
+    }
+    errors
+}
+
 fn collect_files(p: &Path) -> Result<Vec<PathBuf>, String> {
+    if p.as_os_str() == STDIN {
+        return Ok(vec![p.to_path_buf()]);
+    }
     let meta = std::fs::metadata(p).map_err(|e| format!("cannot read: {e}"))?;
     if meta.is_file() {
         return Ok(vec![p.to_path_buf()]);
@@ -72,9 +123,8 @@ fn collect_files(p: &Path) -> Result<Vec<PathBuf>, String> {
         .filter(|f| f.is_file() && matches!(f.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
         .collect();
     v.sort();
-    if v.is_empty() {
-        return Err("directory holds no .yaml, .yml or .json file".into());
-    }
+    // An empty directory is like an empty file: nothing to apply, which the
+    // command reports ("no objects passed to apply").
     Ok(v)
 }
 
@@ -82,6 +132,11 @@ fn collect_files(p: &Path) -> Result<Vec<PathBuf>, String> {
 /// List` is flattened. Objects are validated one by one (cross-object checks,
 /// such as a namespace existing, happen where the whole cluster is known).
 pub fn load_str(text: &str, source: &Source) -> Result<Vec<Loaded>, ManifestErrors> {
+    load_str_with(text, source, FieldValidation::Strict)
+}
+
+/// `load_str` with the given treatment of fields Kubernetes does not know.
+pub fn load_str_with(text: &str, source: &Source, mode: FieldValidation) -> Result<Vec<Loaded>, ManifestErrors> {
     let mut out = Vec::new();
     let mut errors = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
@@ -123,16 +178,33 @@ pub fn load_str(text: &str, source: &Source) -> Result<Vec<Loaded>, ManifestErro
             vec![value]
         };
         for value in items {
+            let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
+            let fields = strict::check(&kind, &value);
             match object_from_value(value) {
                 Ok((object, warnings)) => {
                     let label = describe(&object);
-                    match validate::validate(&object) {
-                        Ok(mut w) => {
-                            let mut warnings = warnings;
-                            warnings.append(&mut w);
-                            out.push(Loaded { object, source: source.0.clone(), warnings })
+                    let mut unknown = Vec::new();
+                    let mut warnings = warnings;
+                    for path in fields.unknown {
+                        match mode {
+                            FieldValidation::Strict => unknown.push(err(
+                                Some(label.clone()),
+                                &path,
+                                "unknown field (Kubernetes has no such field; check its spelling, or apply with --validate=warn to drop it)".into(),
+                            )),
+                            FieldValidation::Warn => warnings.push(format!("{label}: {path}: unknown field, dropped")),
+                            FieldValidation::Ignore => {}
                         }
+                    }
+                    warnings.extend(fields.ignored.iter().map(|p| format!("{label}: {p}: ignored by the local cluster")));
+                    match validate::validate(&object) {
+                        Ok(w) if unknown.is_empty() => {
+                            warnings.extend(w.into_iter().map(|w| format!("{label}: {w}")));
+                            out.push(Loaded { object, source: source.0.clone(), document, warnings })
+                        }
+                        Ok(_) => errors.append(&mut unknown),
                         Err(fes) => {
+                            errors.append(&mut unknown);
                             for fe in fes {
                                 errors.push(err(Some(label.clone()), &fe.field, fe.message));
                             }
@@ -237,4 +309,79 @@ fn typed<T: DeserializeOwned>(v: serde_json::Value) -> Result<T, (String, String
         let field = if path == "." { String::new() } else { path };
         (field, e.into_inner().to_string())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strict::FieldValidation::*;
+
+    const TYPO: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: demo}\nspec:\n  replcas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers:\n      - {name: c, command: [x], imagePullPolicy: Always}\n";
+
+    #[test]
+    fn unknown_fields_by_mode() {
+        let e = load_str_with(TYPO, &Source("web.yaml".into()), Strict).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "web.yaml (document 2): Deployment demo/web: spec.replcas: unknown field (Kubernetes has no such field; \
+             check its spelling, or apply with --validate=warn to drop it)"
+        );
+        let v = load_str_with(TYPO, &Source("web.yaml".into()), Warn).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!((v[1].document, v[1].place()), (2, "web.yaml (document 2)".to_string()));
+        assert_eq!(
+            v[1].warnings,
+            vec![
+                "Deployment demo/web: spec.replcas: unknown field, dropped",
+                "Deployment demo/web: spec.template.spec.containers[0].imagePullPolicy: ignored by the local cluster",
+            ]
+        );
+        let v = load_str_with(TYPO, &Source("web.yaml".into()), Ignore).unwrap();
+        assert_eq!(
+            v[1].warnings,
+            vec!["Deployment demo/web: spec.template.spec.containers[0].imagePullPolicy: ignored by the local cluster"]
+        );
+    }
+
+    #[test]
+    fn duplicates_name_both_places() {
+        let dir = tempfile::tempdir().unwrap();
+        let sa = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a}\n";
+        std::fs::write(dir.path().join("1.yaml"), format!("{sa}---\n{sa}")).unwrap();
+        std::fs::write(dir.path().join("2.yaml"), sa).unwrap();
+        let e = load_paths(&[dir.path().to_path_buf()]).unwrap_err();
+        let d = dir.path().display();
+        assert_eq!(e.0.len(), 2, "{e}");
+        assert_eq!(
+            e.0[0].to_string(),
+            format!("{d}/1.yaml (document 2): ServiceAccount default/a: defined twice: also in {d}/1.yaml; each object may appear once per apply")
+        );
+        assert!(e.0[1].to_string().starts_with(&format!("{d}/2.yaml: ServiceAccount default/a: defined twice: also in {d}/1.yaml")), "{e}");
+        // The same name in two namespaces, or two kinds, is no duplicate.
+        std::fs::write(dir.path().join("2.yaml"), "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a, namespace: x}\n").unwrap();
+        std::fs::write(dir.path().join("1.yaml"), format!("{sa}---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: a}}\n")).unwrap();
+        assert_eq!(load_paths(&[dir.path().to_path_buf()]).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn empty_inputs_load_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load_paths(&[dir.path().to_path_buf()]).unwrap().is_empty(), "a directory without manifests");
+        std::fs::write(dir.path().join("e.yaml"), "# only a comment\n---\n").unwrap();
+        assert!(load_paths(&[dir.path().join("e.yaml")]).unwrap().is_empty(), "a file of empty documents");
+        let e = load_paths(&[dir.path().join("missing.yaml")]).unwrap_err().to_string();
+        assert!(e.contains("missing.yaml: cannot read"), "{e}");
+    }
+
+    #[test]
+    fn huge_values_are_not_echoed() {
+        let big = "v".repeat(1 << 20);
+        let y = format!("apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: a, labels: {{app: {big}}}}}\n");
+        let e = load_str(&y, &Source("big.yaml".into())).unwrap_err().to_string();
+        assert!(e.len() < 400, "{} bytes: {}", e.len(), &e[..400]);
+        assert!(e.contains("metadata.labels[app]: \"vvvv") && e.contains("... (1048576 bytes) is longer than 63 characters"), "{e}");
+        let y = format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: a}}\nspec: {{replicas: \"{big}\"}}\n");
+        let e = load_str(&y, &Source("big.yaml".into())).unwrap_err().to_string();
+        assert!(e.len() < 400 && e.contains("spec.replicas: invalid type"), "{e:.400}");
+    }
 }

@@ -7,14 +7,14 @@ pub fn check_dns_label(s: &str) -> Result<(), String> {
         return Err("must not be empty".into());
     }
     if s.len() > 63 {
-        return Err(format!("{s:?} is longer than 63 characters"));
+        return Err(format!("{} is longer than 63 characters", shown(s)));
     }
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
     if !s.chars().all(ok_char) {
-        return Err(format!("{s:?} must consist of lower-case letters, digits and '-'"));
+        return Err(format!("{} must consist of lower-case letters, digits and '-'", shown(s)));
     }
     if s.starts_with('-') || s.ends_with('-') {
-        return Err(format!("{s:?} must start and end with a letter or digit"));
+        return Err(format!("{} must start and end with a letter or digit", shown(s)));
     }
     Ok(())
 }
@@ -27,11 +27,14 @@ pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
         return Err("must not be empty".into());
     }
     if s.len() > 253 {
-        return Err(format!("{s:?} is longer than 253 characters"));
+        return Err(format!("{} is longer than 253 characters", shown(s)));
     }
     for part in s.split('.') {
         check_dns_label(part).map_err(|_| {
-            format!("{s:?} must consist of lower-case letters, digits, '-' and '.', each part starting and ending with a letter or digit")
+            format!(
+                "{} must consist of lower-case letters, digits, '-' and '.', each part starting and ending with a letter or digit",
+                shown(s)
+            )
         })?;
     }
     Ok(())
@@ -47,27 +50,41 @@ pub fn check_label_key(k: &str) -> Result<(), String> {
     if let Some(p) = prefix {
         check_dns_subdomain(p).map_err(|e| format!("label key prefix: {e}"))?;
     }
-    check_label_value(name).map_err(|e| format!("label key {k:?}: {e}"))?;
+    check_label_value(name).map_err(|e| format!("label key {}: {e}", shown(k)))?;
     if name.is_empty() {
-        return Err(format!("label key {k:?} has an empty name"));
+        return Err(format!("label key {} has an empty name", shown(k)));
     }
     Ok(())
 }
 
 pub fn check_label_value(v: &str) -> Result<(), String> {
     if v.len() > 63 {
-        return Err(format!("{v:?} is longer than 63 characters"));
+        return Err(format!("{} is longer than 63 characters", shown(v)));
     }
     let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
     if !v.chars().all(ok) {
-        return Err(format!("{v:?} may hold only letters, digits, '-', '_' and '.'"));
+        return Err(format!("{} may hold only letters, digits, '-', '_' and '.'", shown(v)));
     }
     if let (Some(f), Some(l)) = (v.chars().next(), v.chars().last()) {
         if !f.is_ascii_alphanumeric() || !l.is_ascii_alphanumeric() {
-            return Err(format!("{v:?} must start and end with a letter or digit"));
+            return Err(format!("{} must start and end with a letter or digit", shown(v)));
         }
     }
     Ok(())
+}
+
+/// How many characters of a value an error message shows.
+pub const SHOWN_CHARS: usize = 80;
+
+/// A value quoted for an error message, cut to `SHOWN_CHARS` characters
+/// with its full size (`"aaaa..."... (1048576 bytes)`), so that a huge
+/// value is never echoed whole.
+pub fn shown(v: &str) -> String {
+    if v.chars().count() <= SHOWN_CHARS {
+        return format!("{v:?}");
+    }
+    let head: String = v.chars().take(SHOWN_CHARS).collect();
+    format!("{head:?}... ({} bytes)", v.len())
 }
 
 /// The alphabet Kubernetes uses for generated name suffixes (no vowels, no
@@ -126,6 +143,16 @@ mod tests {
         assert!(check_label_value("").is_ok());
         assert!(check_label_value("v1.2_3").is_ok());
         assert!(check_label_value("-x").is_err());
+    }
+
+    #[test]
+    fn shown_values_are_cut() {
+        assert_eq!(shown("web"), "\"web\"");
+        let big = "x".repeat(1 << 20);
+        let s = shown(&big);
+        assert_eq!(s, format!("\"{}\"... (1048576 bytes)", "x".repeat(SHOWN_CHARS)));
+        let e = check_label_value(&big).unwrap_err();
+        assert!(e.len() < 200 && e.contains("(1048576 bytes)"), "{e}");
     }
 
     #[test]

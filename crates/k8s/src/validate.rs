@@ -99,10 +99,14 @@ fn check_pod_spec(c: &mut Checker, f: &str, spec: &PodSpec, in_deployment: bool)
         } else {
             c.check(format!("{cf}.name"), check_dns_label(&ct.name));
             if !names.insert(ct.name.clone()) {
-                c.err(format!("{cf}.name"), format!("duplicate container name {:?}", ct.name));
+                c.err(format!("{cf}.name"), format!("duplicate container name {}", shown(&ct.name)));
             }
         }
         check_container(c, &cf, ct);
+        c.errors.extend(crate::security::check_container(f, &cf, spec.security_context.as_ref(), ct));
+    }
+    if let Some(sc) = &spec.security_context {
+        c.errors.extend(crate::security::check_pod(f, sc));
     }
     if let Some(sa) = spec.service_account_name.as_deref().filter(|s| !s.is_empty()) {
         c.check(format!("{f}.serviceAccountName"), check_dns_subdomain(sa));
@@ -150,7 +154,7 @@ fn check_container(c: &mut Checker, cf: &str, ct: &Container) {
                 Some(fr) if SUPPORTED_FIELD_REFS.contains(&fr.field_path.as_str()) => {}
                 Some(fr) => c.err(
                     format!("{ef}.valueFrom.fieldRef.fieldPath"),
-                    format!("{:?} is not supported; supported: {}", fr.field_path, SUPPORTED_FIELD_REFS.join(", ")),
+                    format!("{} is not supported; supported: {}", shown(&fr.field_path), SUPPORTED_FIELD_REFS.join(", ")),
                 ),
                 None => c.err(format!("{ef}.valueFrom"), "only fieldRef is supported"),
             },
@@ -164,7 +168,7 @@ fn check_container(c: &mut Checker, cf: &str, ct: &Container) {
         if let Some(n) = &p.name {
             c.check(format!("{pf}.name"), check_port_name(n));
             if !port_names.insert(n.clone()) {
-                c.err(format!("{pf}.name"), format!("duplicate port name {n:?}"));
+                c.err(format!("{pf}.name"), format!("duplicate port name {}", shown(n)));
             }
         }
     }
@@ -180,7 +184,7 @@ fn check_container(c: &mut Checker, cf: &str, ct: &Container) {
             match port {
                 IntOrString::Int(i) => check_port(c, &format!("{pf}.{field}"), *i),
                 IntOrString::Str(s) if !ct.ports.iter().any(|p| p.name.as_deref() == Some(s.as_str())) => {
-                    c.err(format!("{pf}.{field}"), format!("names port {s:?}, which the container does not declare"))
+                    c.err(format!("{pf}.{field}"), format!("names port {}, which the container does not declare", shown(s)))
                 }
                 IntOrString::Str(_) => {}
             }
@@ -213,10 +217,10 @@ fn check_port(c: &mut Checker, field: &str, p: i64) {
 fn check_port_name(n: &str) -> Result<(), String> {
     check_dns_label(n)?;
     if n.len() > 15 {
-        return Err(format!("{n:?} is longer than 15 characters"));
+        return Err(format!("{} is longer than 15 characters", shown(n)));
     }
     if !n.chars().any(|c| c.is_ascii_lowercase()) {
-        return Err(format!("{n:?} must contain a letter"));
+        return Err(format!("{} must contain a letter", shown(n)));
     }
     Ok(())
 }
@@ -253,7 +257,7 @@ fn check_service(c: &mut Checker, s: &Service) {
     }
     if let Some(ip) = spec.cluster_ip.as_deref() {
         if !ip.is_empty() && ip != "None" && ip.parse::<std::net::Ipv4Addr>().is_err() {
-            c.err("spec.clusterIP", format!("{ip:?} is neither an IPv4 address nor \"None\""));
+            c.err("spec.clusterIP", format!("{} is neither an IPv4 address nor \"None\"", shown(ip)));
         }
     }
     if spec.ports.is_empty() && !spec.is_headless() {
@@ -277,7 +281,7 @@ fn check_service(c: &mut Checker, s: &Service) {
             Some(n) => {
                 c.check(format!("{pf}.name"), check_dns_label(n));
                 if !names.insert(n.clone()) {
-                    c.err(format!("{pf}.name"), format!("duplicate port name {n:?}"));
+                    c.err(format!("{pf}.name"), format!("duplicate port name {}", shown(n)));
                 }
             }
             None if spec.ports.len() > 1 => c.err(format!("{pf}.name"), "required when a service has several ports"),
