@@ -30,8 +30,16 @@ impl Ctx {
             Ok(Response::Status { status }) => Ok(*status),
             Ok(other) => bail!("unexpected answer from the agent: {other:?}"),
             Err(e) => {
-                let text = std::fs::read_to_string(self.paths.state_file()).map_err(|_| {
-                    anyhow::anyhow!("no cluster {:?} is running (start one with `slipstream up`)", self.paths.cluster.as_str())
+                // Not root: say so, rather than "not running" or a stale state file.
+                if matches!(e.downcast_ref::<ipc::IpcError>(), Some(ipc::IpcError::PermissionDenied(_))) {
+                    return Err(e);
+                }
+                let text = std::fs::read_to_string(self.paths.state_file()).map_err(|err| match err.kind() {
+                    std::io::ErrorKind::PermissionDenied => anyhow::anyhow!(
+                        "permission denied reading {}: the cluster belongs to root; run the command with sudo",
+                        self.paths.state_file().display()
+                    ),
+                    _ => anyhow::anyhow!("no cluster {:?} is running (start one with `slipstream up`)", self.paths.cluster.as_str()),
                 })?;
                 let mut st: ClusterStatus = serde_json::from_str(&text).context("reading the state file")?;
                 st.agent.running = false;
@@ -41,6 +49,30 @@ impl Ctx {
                 Ok(st)
             }
         }
+    }
+}
+
+/// Raised by SIGINT, SIGTERM or SIGHUP once `up` catches them (see
+/// `cmd::up`), so that its waits stop and it can roll back.
+static INTERRUPTED: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> = std::sync::OnceLock::new();
+
+/// The flag the signal handlers raise (created on first use).
+pub fn interrupt_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    INTERRUPTED.get_or_init(Default::default).clone()
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.get().is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+/// Writes to stdout. A reader that went away (`| head`) ends the command
+/// quietly, as for any Unix filter, instead of a panic or an error.
+pub fn out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|_| o.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        r => Ok(r?),
     }
 }
 
@@ -112,6 +144,9 @@ pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool, scope: &Scope) 
     let deadline = Instant::now() + timeout;
     let mut shown = std::collections::BTreeSet::new();
     loop {
+        if interrupted() {
+            bail!("interrupted");
+        }
         let st = ctx.status()?;
         if !st.agent.running {
             bail!("the cluster agent stopped; see {}", ctx.paths.agent_log().display());

@@ -47,6 +47,8 @@ pub enum Response {
 pub enum IpcError {
     #[error("the cluster agent is not running (no answer on {0}); start a cluster with `slipstream up`")]
     NotRunning(String),
+    #[error("permission denied on {0}: the cluster belongs to root; run the command with sudo")]
+    PermissionDenied(String),
     #[error("talking to the cluster agent failed: {0}")]
     Io(#[from] std::io::Error),
     #[error("a message between the CLI and the cluster agent cannot be decoded (are both the same slipstream version?): {0}")]
@@ -54,7 +56,10 @@ pub enum IpcError {
 }
 
 pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Response, IpcError> {
-    let mut s = UnixStream::connect(socket).map_err(|_| IpcError::NotRunning(socket.display().to_string()))?;
+    let mut s = UnixStream::connect(socket).map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => IpcError::PermissionDenied(socket.display().to_string()),
+        _ => IpcError::NotRunning(socket.display().to_string()),
+    })?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     let mut line = serde_json::to_vec(req)?;

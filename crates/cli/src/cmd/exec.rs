@@ -6,14 +6,42 @@ use slipstream_testbed::sys::spawn::{self, SandboxSpec};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 
-/// Finds a pod by name, or `deploy/NAME` for a Deployment's first ready pod.
-pub fn find_pod<'a>(st: &'a ClusterStatus, ns: &str, pod: &str) -> anyhow::Result<&'a PodStatus> {
-    if let Some(dep) = pod.strip_prefix("deploy/").or_else(|| pod.strip_prefix("deployment/")) {
-        let owner = format!("Deployment/{dep}");
-        let mut pods: Vec<&PodStatus> = st.pods.iter().filter(|p| p.namespace == ns && p.owner.as_deref() == Some(&owner)).collect();
-        pods.sort_by_key(|p| !p.ready);
-        return pods.first().copied().ok_or_else(|| anyhow::anyhow!("deployment {ns}/{dep} has no pods"));
+/// What `exec` and `logs` were asked for, in kubectl's `TYPE/NAME` forms.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Target<'a> {
+    Pod(&'a str),
+    /// A Deployment's first ready pod.
+    Deployment(&'a str),
+}
+
+/// `NAME`, `pod/NAME` (`po`, `pods`), `deploy/NAME` (`deployment`,
+/// `deployments`, `deployment.apps`, `deployments.apps`), as kubectl takes them.
+pub fn parse_target(s: &str) -> Result<Target<'_>, String> {
+    let Some((kind, name)) = s.split_once('/') else { return Ok(Target::Pod(s)) };
+    if name.is_empty() || name.contains('/') {
+        return Err(format!("{s:?} is not NAME or TYPE/NAME"));
     }
+    match kind.to_ascii_lowercase().as_str() {
+        "po" | "pod" | "pods" => Ok(Target::Pod(name)),
+        "deploy" | "deployment" | "deployments" | "deployment.apps" | "deployments.apps" => Ok(Target::Deployment(name)),
+        _ => Err(format!(
+            "unknown resource type {kind:?} in {s:?}: use NAME, pod/NAME or deployment/NAME (also po, pods, deploy, deployments, deployment.apps)"
+        )),
+    }
+}
+
+/// Finds a pod by name (or `pod/NAME`), or `deploy/NAME` for a
+/// Deployment's first ready pod.
+pub fn find_pod<'a>(st: &'a ClusterStatus, ns: &str, pod: &str) -> anyhow::Result<&'a PodStatus> {
+    let pod = match parse_target(pod).map_err(anyhow::Error::msg)? {
+        Target::Deployment(dep) => {
+            let owner = format!("Deployment/{dep}");
+            let mut pods: Vec<&PodStatus> = st.pods.iter().filter(|p| p.namespace == ns && p.owner.as_deref() == Some(&owner)).collect();
+            pods.sort_by_key(|p| !p.ready);
+            return pods.first().copied().ok_or_else(|| anyhow::anyhow!("deployment {ns}/{dep} has no pods"));
+        }
+        Target::Pod(name) => name,
+    };
     st.pod(ns, pod).ok_or_else(|| {
         let names: Vec<String> = st.pods.iter().filter(|p| p.namespace == ns).map(|p| p.name.clone()).collect();
         anyhow::anyhow!(
@@ -60,4 +88,59 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, argv: &[Stri
     let mut child = spawn::spawn(&spec).with_context(|| format!("running {:?} in pod {ns}/{}", argv[0], p.name))?;
     let status = child.wait()?;
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_forms_as_kubectl_takes_them() {
+        let ok: &[(&str, Target)] = &[
+            ("web-1", Target::Pod("web-1")),
+            ("pod/web-1", Target::Pod("web-1")),
+            ("pods/web-1", Target::Pod("web-1")),
+            ("po/web-1", Target::Pod("web-1")),
+            ("Pod/web-1", Target::Pod("web-1")),
+            ("deploy/web", Target::Deployment("web")),
+            ("deployment/web", Target::Deployment("web")),
+            ("deployments/web", Target::Deployment("web")),
+            ("deployment.apps/web", Target::Deployment("web")),
+            ("deployments.apps/web", Target::Deployment("web")),
+        ];
+        for (s, want) in ok {
+            assert_eq!(parse_target(s).as_ref(), Ok(want), "{s}");
+        }
+        let e = parse_target("svc/web").unwrap_err();
+        assert!(e.starts_with("unknown resource type \"svc\" in \"svc/web\": use NAME, pod/NAME or deployment/NAME"), "{e}");
+        assert!(parse_target("pod/").is_err());
+        assert!(parse_target("pod/a/b").is_err());
+    }
+
+    #[test]
+    fn find_pod_by_every_form() {
+        let st: ClusterStatus = serde_json::from_value(serde_json::json!({
+            "version": 1, "cluster": "t", "agent": {"pid": 1, "running": true}, "nodes": [], "services": [],
+            "pods": [
+                {"namespace": "default", "name": "web-a", "node": "node1", "ip": "10.244.1.2", "serviceAccount": "default",
+                 "labels": {}, "phase": "Running", "ready": false, "restarts": 0, "netns": "x", "veth": "vp2", "cgroup": "/c",
+                 "owner": "Deployment/web", "containers": []},
+                {"namespace": "default", "name": "web-b", "node": "node1", "ip": "10.244.1.3", "serviceAccount": "default",
+                 "labels": {}, "phase": "Running", "ready": true, "restarts": 0, "netns": "x", "veth": "vp3", "cgroup": "/c",
+                 "owner": "Deployment/web", "containers": []}
+            ]
+        }))
+        .unwrap();
+        for form in ["web-a", "pod/web-a", "pods/web-a", "po/web-a"] {
+            assert_eq!(find_pod(&st, "default", form).unwrap().name, "web-a", "{form}");
+        }
+        for form in ["deploy/web", "deployment/web", "deployments/web", "deployment.apps/web"] {
+            assert_eq!(find_pod(&st, "default", form).unwrap().name, "web-b", "{form}: the ready one");
+        }
+        let e = find_pod(&st, "default", "deploy/nope").unwrap_err().to_string();
+        assert_eq!(e, "deployment default/nope has no pods");
+        let e = find_pod(&st, "default", "pod/nope").unwrap_err().to_string();
+        assert_eq!(e, "pod default/nope not found; pods in namespace default: web-a, web-b");
+        assert!(find_pod(&st, "default", "svc/web").unwrap_err().to_string().contains("unknown resource type \"svc\""));
+    }
 }

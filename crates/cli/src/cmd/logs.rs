@@ -27,7 +27,7 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, follow: bool
     let name = p.name.clone();
     for c in &containers {
         if containers.len() > 1 {
-            println!("==> container {} <==", c.name);
+            crate::common::out(&format!("==> container {} <==\n", c.name))?;
         }
         // Not started yet: no output.
         if Path::new(&c.log).exists() {
@@ -62,8 +62,11 @@ fn print_file(path: &Path, follow: bool, gone: impl Fn() -> bool) -> anyhow::Res
         let mut chunk = Vec::new();
         f.read_to_end(&mut chunk)?;
         pos += chunk.len() as u64;
-        out.write_all(&chunk)?;
-        out.flush()?;
+        match out.write_all(&chunk).and_then(|_| out.flush()) {
+            // `logs ... | head`: the reader is done, so are we.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            r => r?,
+        }
         if !follow || gone() {
             return Ok(());
         }

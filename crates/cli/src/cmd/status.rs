@@ -1,15 +1,28 @@
-use crate::common::Ctx;
+use crate::common::{self, Ctx};
 use anyhow::bail;
 use slipstream_testbed::status::ClusterStatus;
 
 pub fn run(ctx: &Ctx, output: &str) -> anyhow::Result<()> {
     let st = ctx.status()?;
     match output {
-        "json" => println!("{}", serde_json::to_string_pretty(&st)?),
-        "table" | "wide" => print!("{}", table(&st)),
+        "json" => {
+            if !st.agent.running {
+                eprintln!("{}", agent_down(&st));
+            }
+            common::out(&format!("{}\n", serde_json::to_string_pretty(&st)?))
+        }
+        "table" | "wide" => common::out(&table(&st)),
         other => bail!("unknown output format {other:?}: use table or json"),
     }
-    Ok(())
+}
+
+/// What `status` says when the agent does not answer.
+fn agent_down(st: &ClusterStatus) -> String {
+    format!(
+        "THE CLUSTER AGENT IS NOT RUNNING (pid {} is gone): what follows is its last recorded state, not the live one. \
+         Its pods may still be running, unsupervised; remove everything with `slipstream down`.",
+        st.agent.pid
+    )
 }
 
 fn columns(rows: &[Vec<String>]) -> String {
@@ -25,18 +38,22 @@ fn columns(rows: &[Vec<String>]) -> String {
 }
 
 pub fn table(st: &ClusterStatus) -> String {
-    let mut s = format!(
-        "cluster {} ({})\n\n",
-        st.cluster,
-        if st.agent.running { format!("agent pid {}", st.agent.pid) } else { "AGENT NOT RUNNING: showing its last recorded state".into() }
-    );
+    let mut s = if st.agent.running {
+        format!("cluster {} (agent pid {})\n\n", st.cluster, st.agent.pid)
+    } else {
+        format!("cluster {}\n{}\n\n", st.cluster, agent_down(st))
+    };
     let mut rows = vec![["NODE", "IP", "POD CIDR", "NETNS", "NODE PROXY"].map(String::from).to_vec()];
     for n in &st.nodes {
         let proxy = match &n.proxy {
-            Some(p) => match p.pid {
-                Some(pid) => format!("pid {pid}, serving {} pod(s), {} restart(s)", p.serving, p.restarts),
-                None => format!("not running ({} restart(s))", p.restarts),
-            },
+            Some(p) => {
+                let state = match (p.pid, p.ready) {
+                    (Some(pid), true) => format!("ready, pid {pid}"),
+                    (Some(pid), false) => format!("NOT READY ({}), pid {pid}", p.reason),
+                    (None, _) => format!("NOT RUNNING ({})", if p.reason.is_empty() { "restarting" } else { &p.reason }),
+                };
+                format!("{state}, serving {} pod(s), {} restart(s)", p.serving, p.restarts)
+            }
             None => "-".into(),
         };
         rows.push(vec![n.name.clone(), n.ip.clone(), n.pod_cidr.clone(), n.netns.clone(), proxy]);

@@ -3,6 +3,7 @@ use crate::examples;
 use anyhow::{bail, Context};
 use slipstream_testbed::agent::store::{ClusterFacts, Store};
 use slipstream_testbed::ipc::{Request, Response};
+use slipstream_testbed::status::ClusterStatus;
 use slipstream_testbed::{plan, sweep, sys};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -38,6 +39,13 @@ pub fn run(
         bail!("invalid manifests, nothing was changed:\n{}", errors.join("\n"));
     }
 
+    // The operator's CA must be valid now and outlive a workload
+    // certificate; checked here so that a bad one creates nothing.
+    if let (Some(c), Some(k)) = (&ca_cert, &ca_key) {
+        slipstream_testbed::agent::validate_ca(c, k)
+            .map_err(|e| anyhow::anyhow!("--ca-cert/--ca-key refused, nothing was changed: {e:#}"))?;
+    }
+
     let paths = &ctx.paths;
     let left = sweep::find(paths);
     if let Some(pid) = left.agent {
@@ -46,6 +54,19 @@ pub fn run(
             paths.cluster.as_str()
         );
     }
+    if !left.processes.is_empty() {
+        // Its agent died (kill -9, crash) but its pods and node proxies run on:
+        // sweeping would kill workloads nobody asked to stop.
+        bail!(
+            "cluster {:?} has no agent, but its workloads are still running without it ({} process(es) in its pods and node proxies); \
+             nothing was changed. See them with `slipstream status` (the agent's last recorded state); remove them with \
+             `slipstream down`, then run `slipstream up` again",
+            paths.cluster.as_str(),
+            left.processes.len()
+        );
+    }
+    // From here on the machine changes: Ctrl-C (or SIGTERM, SIGHUP) rolls back.
+    catch_interrupts()?;
     if !left.is_empty() {
         println!("removing leftovers of cluster {:?} that did not shut down cleanly: {}", paths.cluster.as_str(), left.describe());
         let problems = sweep::sweep(paths);
@@ -64,7 +85,70 @@ pub fn run(
             argv.extend([flag.to_string(), abs.display().to_string()]);
         }
     }
+    if common::interrupted() {
+        println!("interrupted before the cluster was created; nothing was changed");
+        std::process::exit(130);
+    }
     let mut agent = sys::spawn::spawn_daemon(&argv, &paths.agent_log()).context("starting the cluster agent")?;
+    match build(ctx, &mut agent, objects, timeout) {
+        Ok(st) => {
+            print_next_steps(ctx, &st);
+            Ok(())
+        }
+        Err(_) if common::interrupted() => roll_back(ctx, &mut agent),
+        Err(e) => Err(e),
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP raise `common::interrupted()`; a second one
+/// exits at once (code 130).
+fn catch_interrupts() -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let flag = common::interrupt_flag();
+    for sig in [SIGINT, SIGTERM, SIGHUP] {
+        // Conditional first: it exits only if the flag was already raised.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone()).context("installing signal handlers")?;
+        signal_hook::flag::register(sig, flag.clone()).context("installing signal handlers")?;
+    }
+    Ok(())
+}
+
+/// Interrupted while building: remove the half-built cluster, exit 130.
+fn roll_back(ctx: &Ctx, agent: &mut std::process::Child) -> ! {
+    let paths = &ctx.paths;
+    eprintln!("interrupted: removing the half-built cluster {:?} (press Ctrl-C again to leave it as it is)", paths.cluster.as_str());
+    // Graceful first (the agent stops pods and removes the network), then by name.
+    if ctx.call(&Request::Shutdown, Duration::from_secs(5)).is_ok() {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && !matches!(agent.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let problems = sweep::sweep(paths);
+    let left = sweep::find(paths);
+    if problems.is_empty() && left.is_empty() {
+        eprintln!("cluster {:?} removed: nothing of it is left", paths.cluster.as_str());
+    } else {
+        eprintln!(
+            "some of cluster {:?} could not be removed ({}): {}; run `slipstream down`",
+            paths.cluster.as_str(),
+            left.describe(),
+            problems.join("; ")
+        );
+    }
+    std::process::exit(130);
+}
+
+/// Waits for the agent, applies the manifests, waits for the pods.
+fn build(
+    ctx: &Ctx,
+    agent: &mut std::process::Child,
+    objects: Vec<slipstream_k8s::Object>,
+    timeout: Duration,
+) -> anyhow::Result<ClusterStatus> {
+    let paths = &ctx.paths;
 
     // Wait for the agent to have built the network and to answer.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -76,6 +160,9 @@ pub fn run(
         }
         if paths.socket().exists() && ctx.call(&Request::Status, Duration::from_secs(5)).is_ok() {
             break;
+        }
+        if common::interrupted() {
+            bail!("interrupted");
         }
         if Instant::now() > deadline {
             let _ = agent.kill();
@@ -93,8 +180,15 @@ pub fn run(
         }
         other => bail!("unexpected answer from the agent: {other:?}"),
     }
+    if common::interrupted() {
+        bail!("interrupted");
+    }
     println!("waiting for pods to be ready (timeout {timeout:?})");
-    let st = common::wait_converged(ctx, timeout, false, &common::Scope::All)?;
+    common::wait_converged(ctx, timeout, false, &common::Scope::All)
+}
+
+fn print_next_steps(ctx: &Ctx, st: &ClusterStatus) {
+    let paths = &ctx.paths;
     println!(
         "\ncluster {:?} is up: {} node(s), {} pod(s), {} service(s). Try:",
         paths.cluster.as_str(),
@@ -121,7 +215,6 @@ pub fn run(
         }
     }
     println!("  slipstream{flag} down");
-    Ok(())
 }
 
 /// The tools and kernel features `up` needs, each with what to do if absent.
