@@ -29,6 +29,15 @@ pub enum ResponseFlag {
     ProtocolError,
     /// An established tunnel broke mid-stream.
     ConnectionTerminated,
+    /// The connection would loop back into the node proxy itself (its own
+    /// listener or port, a loopback or local destination): refused.
+    SelfCall,
+    /// The source (a local pod, or a peer address) holds as many
+    /// connections, handshakes or streams as it may: refused.
+    SourceLimit,
+    /// The node proxy's own connection budget (from its open-file limit) is
+    /// spent: refused, whoever asks.
+    Overload,
 }
 
 impl ResponseFlag {
@@ -42,6 +51,9 @@ impl ResponseFlag {
             Self::Timeout => "TIMEOUT",
             Self::ProtocolError => "PROTOCOL_ERROR",
             Self::ConnectionTerminated => "CONNECTION_TERMINATED",
+            Self::SelfCall => "SELF_CALL",
+            Self::SourceLimit => "SOURCE_LIMIT",
+            Self::Overload => "OVERLOAD",
         }
     }
 }
@@ -134,6 +146,12 @@ pub enum HboneError {
     ProxyPort(u16),
     #[error("denied by authorization policy: {0}")]
     Denied(Arc<str>),
+    /// The peer holds as many of something as it may (`what` names it,
+    /// e.g. "open streams").
+    #[error("source limit: peer {peer} already holds {limit} {what}")]
+    SourceLimit { peer: IpAddr, what: &'static str, limit: u32 },
+    #[error("the node proxy's connection budget ({0}) is spent")]
+    Overloaded(u32),
 
     // ----- after the tunnel is up -----
     #[error("tunnel I/O: {0}")]
@@ -164,6 +182,8 @@ impl HboneError {
             Self::NoWorkload(_)
             | Self::UnknownPort(_)
             | Self::ProxyPort(_)
+            | Self::SourceLimit { .. }
+            | Self::Overloaded(_)
             | Self::Connect { .. }
             | Self::Timeout(_)
             | Self::Tls { .. }
@@ -181,6 +201,8 @@ impl HboneError {
             Self::IdentityMismatch { .. } => ResponseFlag::IdentityError,
             Self::Timeout(_) => ResponseFlag::Timeout,
             Self::Denied(_) => ResponseFlag::Deny,
+            Self::SourceLimit { .. } => ResponseFlag::SourceLimit,
+            Self::Overloaded(_) => ResponseFlag::Overload,
             Self::Status(code) => match *code {
                 StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ResponseFlag::Deny,
                 StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => ResponseFlag::Connect,
@@ -194,12 +216,13 @@ impl HboneError {
 
     pub fn fault(&self) -> Fault {
         match self {
-            Self::Certificate { .. } => Fault::Local,
+            Self::Certificate { .. } | Self::Overloaded(_) => Fault::Local,
             Self::BadRequest(_)
             | Self::AuthorityMismatch { .. }
             | Self::NoWorkload(_)
             | Self::UnknownPort(_)
             | Self::ProxyPort(_)
+            | Self::SourceLimit { .. }
             | Self::Denied(_) => Fault::Downstream,
             Self::Connect { .. }
             | Self::Tls { .. }

@@ -1,15 +1,24 @@
 //! The proxy's HTTP endpoints: metrics (:15020), readiness (:15021) and the
 //! admin server on loopback (:15000, `/config_dump`).
+//!
+//! Reachable by anyone who can reach the node, so each listener bounds what
+//! a client can hold: HTTP/1.1 only, a header-read timeout, a deadline for
+//! the whole connection, and a cap on open connections in total and per
+//! source IP (over it, a connection is closed at once and counted).
 
 use crate::config::Config;
+use crate::limits::{KeyedGuard, KeyedSlots, SlotGuard, Slots};
+use crate::metrics::ResponseFlag;
 use crate::proxy::Shared;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 pub struct Listeners {
@@ -31,16 +40,64 @@ pub fn serve(l: Listeners, shared: Arc<Shared>) {
 
 type Route = fn(&Shared, &str) -> Response<Full<Bytes>>;
 
+/// One listener's caps: open connections in total and per source IP.
+struct Gate {
+    total: Arc<Slots>,
+    per_source: Arc<KeyedSlots<IpAddr>>,
+}
+
+/// Whether a new connection from `ip` fits; the guards hold its place.
+fn admit(g: &Gate, ip: IpAddr) -> Result<(SlotGuard, KeyedGuard<IpAddr>), &'static str> {
+    let source = g.per_source.try_acquire(ip.to_canonical()).ok_or("admin_source_limit")?;
+    let total = g.total.try_acquire(1).ok_or("admin_limit")?;
+    Ok((total, source))
+}
+
 async fn serve_one(l: TcpListener, shared: Arc<Shared>, route: Route) {
+    let limits = &shared.config.limits;
+    let gate = Gate { total: Slots::new(limits.admin_connections), per_source: KeyedSlots::new(limits.admin_connections_per_source) };
+    let port = l.local_addr().map(|a| a.port()).unwrap_or_default();
     loop {
-        let Ok((s, _)) = l.accept().await else { continue };
+        let (s, peer) = match l.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors, typically: back off rather than spin.
+                tracing::warn!(port, "accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let held = match admit(&gate, peer.ip()) {
+            Ok(h) => h,
+            Err(reason) => {
+                shared.telemetry.metrics.rejected_because(ResponseFlag::SourceLimit, reason);
+                if shared.telemetry.log_refusal(&peer.ip().to_canonical().to_string()) {
+                    tracing::warn!(%peer, port, reason, "connection to an admin port refused: too many open connections");
+                }
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                continue;
+            }
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
+            let _held = held;
+            let (header_timeout, deadline) = (shared.config.limits.admin_header_timeout, shared.config.limits.admin_connection_deadline);
+            let metrics = shared.clone();
             let svc = service_fn(move |req: http::Request<Incoming>| {
                 let resp = route(&shared, req.uri().path());
                 async move { Ok::<_, std::convert::Infallible>(resp) }
             });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(s), svc).await;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(TokioIo::new(s), svc);
+            let reason = match tokio::time::timeout(deadline, conn).await {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) if e.is_timeout() => "admin_header_timeout",
+                Ok(Err(_)) => return,
+                Err(_) => "admin_deadline",
+            };
+            metrics.telemetry.metrics.rejected_because(ResponseFlag::Timeout, reason);
         });
     }
 }

@@ -39,6 +39,129 @@ pub struct NodeArgs {
     /// switches, at most one core); more spread connections over threads.
     #[arg(long, env = "SLIPSTREAM_NODE_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub workers: u16,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Overrides of the limits of docs/node-proxy.md ("Limits"); unset ones
+/// are derived from the open-file limit.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LimitArgs {
+    /// Descriptors all proxied connections together may hold (default: the
+    /// open-file limit less a reserve for listeners, tunnels and admin).
+    #[arg(long, env = "SLIPSTREAM_NODE_CONNECTION_BUDGET")]
+    pub connection_budget: Option<u32>,
+    /// Outbound connections one local pod may hold open (default: a quarter
+    /// of the budget).
+    #[arg(long, env = "SLIPSTREAM_NODE_POD_CONNECTIONS")]
+    pub pod_connections: Option<u32>,
+    /// Outbound connections of one local pod still being set up (connect,
+    /// HBONE handshake, CONNECT answer).
+    #[arg(long, env = "SLIPSTREAM_NODE_POD_PENDING")]
+    pub pod_pending: Option<u32>,
+    /// Open HBONE connections on :15008 per peer IP.
+    #[arg(long, env = "SLIPSTREAM_NODE_PEER_CONNECTIONS")]
+    pub peer_connections: Option<u32>,
+    /// TLS and HTTP/2 handshakes in progress on :15008 per peer IP.
+    #[arg(long, env = "SLIPSTREAM_NODE_PEER_HANDSHAKES")]
+    pub peer_handshakes: Option<u32>,
+    /// Open CONNECT streams per peer IP, across all its tunnels.
+    #[arg(long, env = "SLIPSTREAM_NODE_PEER_STREAMS")]
+    pub peer_streams: Option<u32>,
+    /// Open plaintext connections on :15006 per peer IP.
+    #[arg(long, env = "SLIPSTREAM_NODE_PEER_PLAINTEXT")]
+    pub peer_plaintext: Option<u32>,
+    /// Open connections per admin listener (:15000, :15020, :15021).
+    #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_CONNECTIONS")]
+    pub admin_connections: Option<u32>,
+    /// Open connections per admin listener and source IP.
+    #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_CONNECTIONS_PER_SOURCE")]
+    pub admin_connections_per_source: Option<u32>,
+    /// How long a client of an admin port has to send a request's headers.
+    #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_HEADER_TIMEOUT", value_parser = parse_duration)]
+    pub admin_header_timeout: Option<Duration>,
+    /// How long any connection to an admin port may last.
+    #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_CONNECTION_DEADLINE", value_parser = parse_duration)]
+    pub admin_connection_deadline: Option<Duration>,
+    /// Refusal log lines per source and second; the rest are summarised.
+    #[arg(long, env = "SLIPSTREAM_NODE_REFUSAL_LOG_BURST")]
+    pub refusal_log_burst: Option<u32>,
+}
+
+/// Every bound of the node proxy, as served at `/config_dump`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Limits {
+    /// RLIMIT_NOFILE (soft, after raising it to the hard limit).
+    pub open_files: u64,
+    /// Descriptors kept out of the budget: in-pod listeners, outbound HBONE
+    /// tunnels, admin connections, the log and configuration files.
+    pub reserved_files: u64,
+    /// Descriptors all proxied connections may hold together: one per
+    /// outbound or inbound-HBONE connection, two per passthrough or
+    /// plaintext connection, one per inbound HBONE connection.
+    pub connection_budget: u32,
+    pub pod_connections: u32,
+    pub pod_pending: u32,
+    pub peer_connections: u32,
+    pub peer_handshakes: u32,
+    pub peer_streams: u32,
+    pub peer_plaintext: u32,
+    pub admin_connections: u32,
+    pub admin_connections_per_source: u32,
+    #[serde(serialize_with = "as_secs")]
+    pub admin_header_timeout: Duration,
+    #[serde(serialize_with = "as_secs")]
+    pub admin_connection_deadline: Duration,
+    pub refusal_log_burst: u32,
+}
+
+fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Limits {
+    /// The limits for a process that may open `open_files` descriptors.
+    /// Pure: the table test below shows the defaults.
+    pub fn derive(open_files: u64, a: &LimitArgs) -> Limits {
+        // A tenth for what is not a proxied connection, at least 512.
+        let reserved_files = (open_files / 10).max(512).min(open_files);
+        let derived = u32::try_from(open_files - reserved_files).unwrap_or(u32::MAX);
+        let connection_budget = a.connection_budget.unwrap_or(derived);
+        // One pod may take a quarter of the node: three others as greedy
+        // still leave room for the rest.
+        let quarter = (connection_budget / 4).max(1);
+        let pod_connections = a.pod_connections.unwrap_or(quarter);
+        Limits {
+            open_files,
+            reserved_files,
+            connection_budget,
+            pod_connections,
+            pod_pending: a.pod_pending.unwrap_or(pod_connections.min(512)),
+            peer_connections: a.peer_connections.unwrap_or(quarter.min(1024)),
+            peer_handshakes: a.peer_handshakes.unwrap_or(64),
+            peer_streams: a.peer_streams.unwrap_or(quarter),
+            peer_plaintext: a.peer_plaintext.unwrap_or(quarter),
+            admin_connections: a.admin_connections.unwrap_or(128),
+            admin_connections_per_source: a.admin_connections_per_source.unwrap_or(16),
+            admin_header_timeout: a.admin_header_timeout.unwrap_or(Duration::from_secs(5)),
+            admin_connection_deadline: a.admin_connection_deadline.unwrap_or(Duration::from_secs(30)),
+            refusal_log_burst: a.refusal_log_burst.unwrap_or(5),
+        }
+    }
+}
+
+/// `500ms`, `5s`, `2m`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a duration (for example 500ms, 5s, 2m)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s or m)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -58,6 +181,16 @@ pub struct Config {
     pub poll_interval: Duration,
     /// How long open connections may finish after a drain starts.
     pub drain_period: Duration,
+    pub limits: Limits,
+}
+
+/// The open-file limit the proxy will run with: raised to the hard limit
+/// first (every proxied connection costs one or two descriptors).
+fn open_files() -> u64 {
+    match crate::sys::rlimit::raise_nofile() {
+        Ok(l) => l.soft,
+        Err(_) => crate::sys::rlimit::current().map(|l| l.soft).unwrap_or(1024),
+    }
 }
 
 impl Config {
@@ -75,6 +208,7 @@ impl Config {
             connect_timeout: Duration::from_secs(10),
             poll_interval: Duration::from_millis(100),
             drain_period: Duration::from_secs(5),
+            limits: Limits::derive(open_files(), &a.limits),
         }
     }
 
@@ -86,5 +220,43 @@ impl Config {
     }
     pub fn served_file(&self) -> PathBuf {
         self.config_dir.join(&self.node).join("served.json")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_derive_from_the_open_file_limit() {
+        // (open files, budget, per pod, pod pending, peer connections)
+        let cases = [(20_000, 18_000, 4_500, 512, 1_024), (1_024, 512, 128, 128, 128), (262_144, 235_930, 58_982, 512, 1_024)];
+        for (files, budget, pod, pending, peer) in cases {
+            let l = Limits::derive(files, &LimitArgs::default());
+            assert_eq!(
+                (l.connection_budget, l.pod_connections, l.pod_pending, l.peer_connections, l.peer_streams),
+                (budget, pod, pending, peer, pod),
+                "{files} open files"
+            );
+            assert!(u64::from(l.connection_budget) + l.reserved_files <= files);
+            assert!(l.pod_connections * 4 <= l.connection_budget, "a pod leaves room for three more");
+        }
+    }
+
+    #[test]
+    fn overrides_win() {
+        let a = LimitArgs { pod_connections: Some(200), admin_header_timeout: Some(Duration::from_millis(300)), ..Default::default() };
+        let l = Limits::derive(20_000, &a);
+        assert_eq!((l.pod_connections, l.pod_pending, l.admin_header_timeout), (200, 200, Duration::from_millis(300)));
+        assert_eq!(l.peer_streams, 4_500, "the others keep their defaults");
+    }
+
+    #[test]
+    fn durations() {
+        for (s, d) in [("500ms", 500), ("5s", 5000), ("2m", 120_000), ("3", 3000), ("0.5s", 500)] {
+            assert_eq!(parse_duration(s), Ok(Duration::from_millis(d)), "{s}");
+        }
+        assert!(parse_duration("5h").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("x").is_err());
     }
 }

@@ -3,20 +3,41 @@
 //! forget a connection or disagree with the other.
 
 use crate::accesslog::AccessLogEntry;
+use crate::limits::{Held, LogDecision, RefusalLog};
 use crate::metrics::{Metrics, Peer, Reporter, ResponseFlag, TcpLabels};
 use slipstream_core::{Service, Workload};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub struct Telemetry {
     pub metrics: Metrics,
     pub json_log: bool,
+    /// Refusals (self-calls, limits) log a few lines per source and
+    /// second; the metrics count every one.
+    pub refusal_log: RefusalLog<String>,
 }
 
 impl Telemetry {
+    pub fn new(json_log: bool, refusal_log_burst: u32) -> Telemetry {
+        Telemetry { metrics: Metrics::default(), json_log, refusal_log: RefusalLog::new(refusal_log_burst, Duration::from_secs(1)) }
+    }
+
     pub fn log(&self, e: &AccessLogEntry) {
         println!("{}", e.render(self.json_log));
+    }
+
+    /// Whether a refusal from `source` gets its log lines now.
+    pub fn log_refusal(&self, source: &str) -> bool {
+        self.refusal_log.check(&source.to_string(), Instant::now()) == LogDecision::Log
+    }
+
+    /// One WARN line per source whose refusal lines were suppressed in
+    /// the last second, saying how many; call it every second.
+    pub fn summarise_refusals(&self) {
+        for (source, n) in self.refusal_log.summaries(Instant::now()) {
+            tracing::warn!(%source, suppressed = n, "{n} more refusals of this source not logged (log lines are limited per source; the metrics count every one)");
+        }
     }
 }
 
@@ -42,6 +63,8 @@ pub struct ConnRecord {
     info: ConnInfo,
     start: Instant,
     telemetry: Arc<Telemetry>,
+    /// The limiter slots the connection holds, released with the record.
+    held: Held,
 }
 
 fn peer(w: &Option<Arc<Workload>>, identity: &str) -> Peer {
@@ -75,7 +98,27 @@ impl ConnRecord {
     /// Counts the connection as opened.
     pub fn open(info: ConnInfo, telemetry: Arc<Telemetry>) -> ConnRecord {
         telemetry.metrics.opened(&labels(&info, ResponseFlag::None));
-        ConnRecord { info, start: Instant::now(), telemetry }
+        ConnRecord { info, start: Instant::now(), telemetry, held: Held::default() }
+    }
+
+    /// Keeps `held` (limiter slots) until the connection closes.
+    pub fn holding(mut self, held: Held) -> Self {
+        self.held = held;
+        self
+    }
+
+    /// A connection refused before it carried a byte (a self-call, a
+    /// source over its limits): counted with `flag` like any close, but its
+    /// access-log line and a WARN line are written only while `source` has
+    /// log lines left this second (see [`Telemetry::summarise_refusals`]).
+    pub fn refuse(self, flag: ResponseFlag, detail: String, source: &str) {
+        if self.telemetry.log_refusal(source) {
+            let i = &self.info;
+            tracing::warn!(%source, src = %i.src_addr, dst = %i.dst_addr, %flag, "connection refused: {detail}");
+            self.close(0, 0, Some((flag, detail)));
+        } else {
+            self.telemetry.metrics.closed(&labels(&self.info, flag), 0, 0);
+        }
     }
 
     /// Counts the close and writes the access-log line. `received` is client

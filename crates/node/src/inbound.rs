@@ -7,9 +7,12 @@ use crate::conn::{ConnInfo, ConnRecord};
 use crate::inpod::LocalPod;
 use crate::metrics::{Reporter, ResponseFlag};
 use crate::proxy::Shared;
+use crate::selfcall::{self_call, Side};
 use crate::sockets::original_dst;
 use futures_util::future::BoxFuture;
-use slipstream_hbone::{CertResolver, Handler, HboneError, InboundRequest, ResolveError, Upstream};
+use slipstream_hbone::{
+    Admission, AdmissionRefused, CertResolver, Handler, HandshakeFailureKind, HboneError, InboundRequest, ResolveError, Upstream,
+};
 use slipstream_identity::{SpiffeId, WorkloadCert};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -67,6 +70,20 @@ impl Handler for HboneHandler {
                 mutual_tls: true,
             };
             let record = ConnRecord::open(info, self.shared.telemetry.clone());
+            // The peer's streams across all its tunnels, and one descriptor
+            // (the app socket) of the node's budget.
+            let limits = &self.shared.limits;
+            let record = match limits.inbound(&limits.peer_streams, "open HBONE streams", req.peer_addr.ip(), 1) {
+                Ok(held) => record.holding(held),
+                Err(over) => {
+                    let e = match over.flag {
+                        ResponseFlag::Overload => HboneError::Overloaded(over.limit),
+                        _ => HboneError::SourceLimit { peer: req.peer_addr.ip(), what: over.what, limit: over.limit },
+                    };
+                    record.refuse(over.flag, e.to_string(), &req.peer_addr.ip().to_canonical().to_string());
+                    return Err(e);
+                }
+            };
             if dst.is_none() {
                 let e = HboneError::NoWorkload(req.target);
                 record.close(0, 0, Some((e.flag(), e.to_string())));
@@ -100,6 +117,30 @@ impl Handler for HboneHandler {
     fn on_handshake_failure(&self, failure: &slipstream_hbone::HandshakeFailure) {
         crate::refusals::record_handshake_failure(&self.shared, failure);
     }
+
+    /// A new TCP connection on :15008, before its handshake: the peer's
+    /// open connections and pending handshakes, and one descriptor of the
+    /// node's budget.
+    fn admit(&self, peer_addr: SocketAddr, _local: SocketAddr) -> Result<Admission, AdmissionRefused> {
+        let l = &self.shared.limits;
+        let ip = peer_addr.ip();
+        let refused = |over: crate::limits::OverLimit, kind| AdmissionRefused { kind, detail: over.to_string() };
+        let conn = l.inbound(&l.peer_connections, "open HBONE connections", ip, 1).map_err(|o| match o.flag {
+            ResponseFlag::Overload => refused(o, HandshakeFailureKind::Overload),
+            _ => refused(o, HandshakeFailureKind::PeerConnectionLimit),
+        })?;
+        let handshake = l.peer_handshakes.try_acquire(ip.to_canonical()).ok_or_else(|| {
+            refused(
+                crate::limits::OverLimit {
+                    flag: ResponseFlag::SourceLimit,
+                    what: "HBONE handshakes in progress",
+                    limit: l.peer_handshakes.max(),
+                },
+                HandshakeFailureKind::PeerHandshakeLimit,
+            )
+        })?;
+        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)) })
+    }
 }
 
 /// Plaintext from outside the mesh to a meshed pod (PeerAuthentication
@@ -124,14 +165,27 @@ pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStr
         mutual_tls: false,
     };
     let record = ConnRecord::open(info, shared.telemetry.clone());
-    if slipstream_core::PROXY_PORTS.contains(&dst.port()) {
-        record.close(0, 0, Some((ResponseFlag::ProtocolError, format!("port {} is one of the node proxy's own ports", dst.port()))));
+    let source = peer.ip().to_canonical().to_string();
+    // The same rule as outbound: a proxy port here would loop.
+    if let Some(why) = self_call(Side::Inbound, dst, std::slice::from_ref(&pod.ip)) {
+        reset(&client);
+        record.refuse(ResponseFlag::SelfCall, why.to_string(), &source);
         return;
     }
+    // The peer's plaintext connections; two descriptors (client and app).
+    let limits = &shared.limits;
+    let record = match limits.inbound(&limits.peer_plaintext, "open plaintext connections", peer.ip(), 2) {
+        Ok(held) => record.holding(held),
+        Err(over) => {
+            reset(&client);
+            record.refuse(over.flag, over.to_string(), &source);
+            return;
+        }
+    };
     // PeerAuthentication STRICT arrives as a DENY policy on connections
     // without a peer identity, which is what plaintext is.
     if let Err(why) = crate::authz::authorize(&shared, &pod.uid, None, peer, dst) {
-        let _ = socket2::SockRef::from(&client).set_linger(Some(std::time::Duration::ZERO));
+        reset(&client);
         record.close(0, 0, Some((ResponseFlag::Deny, format!("plaintext refused: {why}"))));
         return;
     }
@@ -143,6 +197,11 @@ pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStr
         }
         Err(e) => record.close(0, 0, Some((ResponseFlag::Connect, format!("connect to {dst}: {e}")))),
     }
+}
+
+/// Makes the close of `s` a reset, so the client fails at once.
+fn reset(s: &TcpStream) {
+    let _ = socket2::SockRef::from(s).set_linger(Some(std::time::Duration::ZERO));
 }
 
 /// The app side of an inbound connection: counts bytes each way and closes

@@ -24,6 +24,8 @@ pub struct LocalPod {
     pub uid: String,
     pub ip: IpAddr,
     pub sockets: PodSockets,
+    /// What this pod holds of its outbound bounds.
+    pub limits: Arc<crate::limits::PodLimits>,
 }
 
 /// Local pods by IP: how the HBONE pool dials from the right namespace.
@@ -123,14 +125,14 @@ impl InPod {
         let out = sockets.listen(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), OUTBOUND_PORT))?;
         let plain = sockets.listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), INBOUND_PLAINTEXT_PORT))?;
         let hbone = sockets.listen(SocketAddr::new(ip, HBONE_PORT))?;
-        let pod = LocalPod { uid: uid.to_string(), ip, sockets };
+        let pod = LocalPod { uid: uid.to_string(), ip, sockets, limits: self.shared.limits.for_pod() };
         let (trigger, watch) = drain::channel();
         let server = Server::new(
             hbone,
             self.shared.server_tls.clone(),
             Arc::new(inbound::Certs(self.shared.clone())),
             Arc::new(inbound::HboneHandler { shared: self.shared.clone(), pod: pod.clone() }),
-            ServerConfig::default(),
+            ServerConfig { proxy_ports: slipstream_core::NODE_PROXY_PORTS.to_vec(), ..ServerConfig::default() },
         )
         .with_stats(self.shared.telemetry.metrics.hbone.clone());
         tokio::spawn(server.serve(watch.clone()));

@@ -154,7 +154,12 @@ fn render_hbone(out: &mut String, s: &StatsSnapshot) {
             "slipstream_hbone_inbound_handshake_failures_total",
             "HBONE connections that ended before a stream, by stage",
             "stage",
-            vec![("refused", s.refused_no_workload + s.refused_cert_unavailable), ("tls", s.tls_failures), ("http2", s.h2_failures)],
+            vec![
+                ("refused", s.refused_no_workload + s.refused_cert_unavailable),
+                ("limit", s.refused_limit),
+                ("tls", s.tls_failures),
+                ("http2", s.h2_failures),
+            ],
         ),
         (
             "slipstream_hbone_inbound_connection_closes_total",

@@ -4,8 +4,10 @@
 
 use crate::conn::{ConnInfo, ConnRecord};
 use crate::inpod::LocalPod;
+use crate::limits::{Held, OverLimit, SlotGuard};
 use crate::metrics::{Reporter, ResponseFlag};
 use crate::proxy::Shared;
+use crate::selfcall::{self_call, SelfCall, Side};
 use crate::sockets::original_dst;
 use futures_util::future::{self, Either, FutureExt};
 use slipstream_core::state::hbone_addr;
@@ -14,7 +16,7 @@ use slipstream_hbone::headers::{Baggage, Forwarded, WorkloadKind};
 use slipstream_hbone::{ConnectRequest, PoolKey};
 use slipstream_identity::SpiffeId;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
@@ -39,11 +41,30 @@ pub enum Plan {
 pub enum PlanError {
     #[error("service {service} has no healthy endpoint for port {port}")]
     NoEndpoints { service: String, port: u16 },
+    /// The pod connected to the proxy's listener itself, or to another
+    /// local destination capture never redirects (see `selfcall`).
+    #[error("{0}")]
+    SelfCall(SelfCall),
 }
 
-/// Decides where a captured connection to `dst` goes. `draw` chooses among
-/// weighted endpoints (uniform random in production, fixed in tests).
-pub fn plan(state: &MeshState, dst: SocketAddr, draw: u64) -> Result<Plan, PlanError> {
+impl PlanError {
+    pub fn flag(&self) -> ResponseFlag {
+        match self {
+            Self::NoEndpoints { .. } => ResponseFlag::Connect,
+            Self::SelfCall(_) => ResponseFlag::SelfCall,
+        }
+    }
+}
+
+/// Decides where a captured connection to `dst` goes; `own` are the source
+/// pod's addresses. `draw` chooses among weighted endpoints (uniform random
+/// in production, fixed in tests).
+pub fn plan(state: &MeshState, own: &[IpAddr], dst: SocketAddr, draw: u64) -> Result<Plan, PlanError> {
+    // Before anything else: a local destination was never captured, and
+    // passing it through would dial the proxy itself.
+    if let Some(why) = self_call(Side::Outbound, dst, own) {
+        return Err(PlanError::SelfCall(why));
+    }
     match state.destination(dst.ip()) {
         Destination::Service(svc) => {
             let eps = state.endpoints(&svc, dst.port());
@@ -94,8 +115,9 @@ pub fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAd
         // Refused (already recorded) or outside the mesh, both rare: boxed,
         // so they do not size the tunnels' futures.
         None => Either::Right(future::ready(()).boxed()),
-        Some(Carry::Passthrough { record, mut app, mut upstream }) => Either::Right(
+        Some(Carry::Passthrough { record, mut app, mut upstream, _upstream_fd }) => Either::Right(
             async move {
+                let _upstream_fd = _upstream_fd;
                 let r = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await;
                 match r {
                     Ok((up, down)) => record.close(up, down, None),
@@ -109,8 +131,18 @@ pub fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAd
 
 /// A connected connection, ready to carry bytes.
 enum Carry {
-    Hbone { record: ConnRecord, tunnel: slipstream_hbone::TunnelStream, app: TcpStream },
-    Passthrough { record: ConnRecord, app: TcpStream, upstream: TcpStream },
+    Hbone {
+        record: ConnRecord,
+        tunnel: slipstream_hbone::TunnelStream,
+        app: TcpStream,
+    },
+    /// Holds a second descriptor of the budget (the upstream socket).
+    Passthrough {
+        record: ConnRecord,
+        app: TcpStream,
+        upstream: TcpStream,
+        _upstream_fd: SlotGuard,
+    },
 }
 
 /// Plans and connects; `None` when the connection was refused (and already
@@ -121,6 +153,29 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
         Err(e) => {
             tracing::warn!(pod = %pod.uid, "captured connection without an original destination: {e}");
             shared.telemetry.metrics.rejected(ResponseFlag::ProtocolError);
+            return None;
+        }
+    };
+    // This pod's bounds first: one atomic operation each when under them.
+    let (held, _pending) = match admit(&pod) {
+        Ok(h) => h,
+        Err(over) => {
+            let snap = shared.snapshot.borrow().clone();
+            let src = snap.mesh.workload(&pod.uid);
+            let info = ConnInfo {
+                reporter: Reporter::Source,
+                src_addr: peer,
+                src,
+                src_identity: String::new(),
+                dst_addr: dst,
+                hbone_addr: None,
+                dst: None,
+                dst_identity: String::new(),
+                service: None,
+                mutual_tls: false,
+            };
+            reset(app);
+            ConnRecord::open(info, shared.telemetry.clone()).refuse(over.flag, over.to_string(), &pod.uid);
             return None;
         }
     };
@@ -139,17 +194,32 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
         service,
         mutual_tls: mtls,
     };
-    match plan(&snap.mesh, dst, rand::random()) {
+    match plan(&snap.mesh, std::slice::from_ref(&pod.ip), dst, rand::random()) {
+        Err(e @ PlanError::SelfCall(_)) => {
+            let record = ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone());
+            reset(app);
+            record.refuse(e.flag(), e.to_string(), &pod.uid);
+            None
+        }
         Err(e) => {
             let record = ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone());
             reset(app);
-            record.close(0, 0, Some((ResponseFlag::Connect, e.to_string())));
+            record.close(0, 0, Some((e.flag(), e.to_string())));
             None
         }
         Ok(Plan::Passthrough { addr, workload, service }) => {
-            let record = ConnRecord::open(info(addr, None, workload, service, false), shared.telemetry.clone());
+            let record = ConnRecord::open(info(addr, None, workload, service, false), shared.telemetry.clone()).holding(held);
+            // The upstream socket is a second descriptor.
+            let upstream_fd = match shared.limits.take_budget(1) {
+                Ok(g) => g,
+                Err(over) => {
+                    reset(app);
+                    record.refuse(over.flag, over.to_string(), &pod.uid);
+                    return None;
+                }
+            };
             match pod.sockets.connect_marked(addr, shared.config.connect_timeout).await {
-                Ok(upstream) => Some(Carry::Passthrough { record, app, upstream }),
+                Ok(upstream) => Some(Carry::Passthrough { record, app, upstream, _upstream_fd: upstream_fd }),
                 Err(e) => {
                     reset(app);
                     record.close(0, 0, Some((ResponseFlag::Connect, format!("connect to {addr}: {e}"))));
@@ -159,7 +229,8 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
         }
         Ok(Plan::Hbone { hbone, authority, expected_identities, workload, service }) => {
             let record =
-                ConnRecord::open(info(authority, Some(hbone), Some(workload.clone()), service.clone(), true), shared.telemetry.clone());
+                ConnRecord::open(info(authority, Some(hbone), Some(workload.clone()), service.clone(), true), shared.telemetry.clone())
+                    .holding(held);
             let ids: Result<Vec<SpiffeId>, _> = expected_identities.iter().map(|i| i.parse::<SpiffeId>()).collect();
             let (Ok(src_id), Ok(ids)) = (src_identity.parse::<SpiffeId>(), ids) else {
                 reset(app);
@@ -184,6 +255,14 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             }
         }
     }
+}
+
+/// Takes the pod's slots for a new outbound connection: one open
+/// connection (kept with its record) and one in set-up (dropped when
+/// `setup` returns).
+fn admit(pod: &LocalPod) -> Result<(Held, SlotGuard), OverLimit> {
+    let held = pod.limits.outbound()?;
+    Ok((held, pod.limits.pending()?))
 }
 
 fn baggage(w: &Workload) -> Baggage {
@@ -226,6 +305,9 @@ mod tests {
         assert!(size <= 512, "{size} bytes");
     }
 
+    /// The source pod's own address.
+    const OWN: &[IpAddr] = &[IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 1, 5))];
+
     fn wl(name: &str, ip: &str, meshed: bool, sa: &str) -> Workload {
         let mut services = std::collections::BTreeMap::new();
         services.insert("default/echo.default.svc.cluster.local".to_string(), vec![Port { service_port: 80, target_port: 8080 }]);
@@ -258,7 +340,7 @@ mod tests {
 
     #[test]
     fn service_vip_to_meshed_endpoint_uses_hbone_with_mapped_port() {
-        let p = plan(&state(true), "10.96.0.10:80".parse().unwrap(), 0).unwrap();
+        let p = plan(&state(true), OWN, "10.96.0.10:80".parse().unwrap(), 0).unwrap();
         let Plan::Hbone { hbone, authority, expected_identities, service, .. } = p else { panic!("{p:?}") };
         assert_eq!(hbone, "10.244.2.2:15008".parse().unwrap());
         assert_eq!(authority, "10.244.2.2:8080".parse().unwrap(), "service port mapped to target port");
@@ -269,7 +351,7 @@ mod tests {
     #[test]
     fn pod_ip_direct() {
         let Plan::Hbone { authority, expected_identities, service, .. } =
-            plan(&state(true), "10.244.2.2:9000".parse().unwrap(), 0).unwrap()
+            plan(&state(true), OWN, "10.244.2.2:9000".parse().unwrap(), 0).unwrap()
         else {
             panic!()
         };
@@ -281,15 +363,53 @@ mod tests {
     #[test]
     fn outside_the_mesh_passes_through() {
         assert!(
-            matches!(plan(&state(false), "10.96.0.10:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { addr, .. } if addr == "10.244.2.2:8080".parse().unwrap())
+            matches!(plan(&state(false), OWN, "10.96.0.10:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { addr, .. } if addr == "10.244.2.2:8080".parse().unwrap())
         );
-        assert!(matches!(plan(&state(true), "10.244.2.9:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { .. }));
-        assert!(matches!(plan(&state(true), "192.0.2.1:443".parse().unwrap(), 0).unwrap(), Plan::Passthrough { workload: None, .. }));
+        assert!(matches!(plan(&state(true), OWN, "10.244.2.9:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { .. }));
+        assert!(matches!(plan(&state(true), OWN, "192.0.2.1:443".parse().unwrap(), 0).unwrap(), Plan::Passthrough { workload: None, .. }));
     }
 
     #[test]
     fn unknown_service_port_has_no_endpoints() {
-        let e = plan(&state(true), "10.96.0.10:81".parse().unwrap(), 0).unwrap_err();
+        let e = plan(&state(true), OWN, "10.96.0.10:81".parse().unwrap(), 0).unwrap_err();
         assert_eq!(e.to_string(), "service echo.default.svc.cluster.local has no healthy endpoint for port 81");
+    }
+
+    #[test]
+    fn local_destinations_are_self_calls_before_anything_else() {
+        // (destination, expected): every local destination is refused
+        // whatever the mesh says, even one that names a meshed workload.
+        let cases = [
+            ("127.0.0.1:15001", true),
+            ("127.0.0.2:15001", true),
+            ("[::ffff:127.0.0.1]:15001", true),
+            ("0.0.0.0:15001", true),
+            ("10.244.1.5:15001", true),
+            ("10.244.1.5:15006", true),
+            ("10.244.1.5:15008", true),
+            ("10.244.1.5:15020", true),
+            ("10.244.1.5:8080", true),
+            ("[::1]:443", true),
+            ("10.244.2.2:15008", false),
+            ("10.96.0.10:80", false),
+            ("192.0.2.1:15001", false),
+        ];
+        let config = MeshConfig {
+            workloads: vec![wl("echo", "10.244.2.2", true, "echo"), wl("client", "10.244.1.5", true, "client")],
+            services: vec![],
+            policies: vec![],
+        };
+        let with_self = MeshState::new(&config);
+        for (dst, refused) in cases {
+            let r = plan(&with_self, OWN, dst.parse().unwrap(), 0);
+            match r {
+                Err(e @ PlanError::SelfCall(_)) => {
+                    assert!(refused, "{dst}: {e}");
+                    assert_eq!(e.flag(), ResponseFlag::SelfCall);
+                    assert!(e.to_string().starts_with("self-call refused: "), "{e}");
+                }
+                other => assert!(!refused, "{dst}: expected a self-call refusal, got {other:?}"),
+            }
+        }
     }
 }

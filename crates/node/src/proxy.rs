@@ -4,7 +4,6 @@ use crate::admin;
 use crate::config::Config;
 use crate::conn::Telemetry;
 use crate::inpod::{InPod, LocalPods};
-use crate::metrics::Metrics;
 use crate::watch::{Snapshot, Watcher};
 use anyhow::Context;
 use slipstream_hbone::{Pool, PoolConfig};
@@ -23,6 +22,8 @@ pub struct Shared {
     pub telemetry: Arc<Telemetry>,
     pub pods: LocalPods,
     pub tracker: Arc<crate::tracker::Tracker>,
+    /// Node-wide counters of what each source holds (docs: "Limits").
+    pub limits: crate::limits::NodeLimits,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -49,7 +50,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let pods = LocalPods::default();
     let pool = Pool::new(PoolConfig::default(), Arc::new(certs.clone()), Arc::new(pods.connector()));
     let shared = Arc::new(Shared {
-        telemetry: Arc::new(Telemetry { metrics: Metrics::default(), json_log: config.json_access_log }),
+        telemetry: Arc::new(Telemetry::new(config.json_access_log, config.limits.refusal_log_burst)),
+        limits: crate::limits::NodeLimits::new(&config.limits),
         config,
         snapshot: rx.clone(),
         certs,
@@ -61,6 +63,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
     admin::serve(admin_listeners, shared.clone());
     tokio::spawn(trim_memory(shared.clone()));
+    tokio::spawn(summarise_refusals(shared.telemetry.clone()));
+    let l = &shared.config.limits;
+    tracing::info!(
+        budget = l.connection_budget,
+        per_pod = l.pod_connections,
+        pod_pending = l.pod_pending,
+        peer_connections = l.peer_connections,
+        peer_handshakes = l.peer_handshakes,
+        peer_streams = l.peer_streams,
+        peer_plaintext = l.peer_plaintext,
+        "connection limits (see /config_dump)"
+    );
     tracing::info!(node = %shared.config.node, "node proxy ready");
 
     let mut inpod = InPod::new(shared.clone());
@@ -85,6 +99,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!("draining");
     inpod.drain_all().await;
     Ok(())
+}
+
+/// Says, once a second, how many refusal lines each source had suppressed.
+async fn summarise_refusals(telemetry: Arc<Telemetry>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        telemetry.summarise_refusals();
+    }
 }
 
 /// Returns the heap of closed connections to the kernel (see memtrim).

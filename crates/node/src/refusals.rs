@@ -41,6 +41,8 @@ pub fn record_refused_stream(shared: &Shared, pod: &LocalPod, r: &StreamRecord) 
 pub fn handshake_flag(kind: HandshakeFailureKind) -> ResponseFlag {
     match kind {
         HandshakeFailureKind::Http2 => ResponseFlag::ProtocolError,
+        HandshakeFailureKind::PeerConnectionLimit | HandshakeFailureKind::PeerHandshakeLimit => ResponseFlag::SourceLimit,
+        HandshakeFailureKind::Overload => ResponseFlag::Overload,
         _ => ResponseFlag::TlsFailure,
     }
 }
@@ -48,9 +50,13 @@ pub fn handshake_flag(kind: HandshakeFailureKind) -> ResponseFlag {
 /// A connection on :15008 that never carried a stream: not TLS, an
 /// untrusted client certificate, a timeout... No workload can be named, so
 /// it is counted in `slipstream_rejected_connections_total` by reason, and
-/// logged once with the peer's address.
+/// logged once with the peer's address (a few lines per peer and second at
+/// most: the rest are summarised, the counter has them all).
 pub fn record_handshake_failure(shared: &Shared, f: &HandshakeFailure) {
     let flag = handshake_flag(f.kind);
     shared.telemetry.metrics.rejected_because(flag, f.kind.as_str());
+    if !shared.telemetry.log_refusal(&f.peer_addr.ip().to_canonical().to_string()) {
+        return;
+    }
     tracing::warn!(peer = %f.peer_addr, local = %f.local_addr, reason = %f.kind, %flag, "inbound HBONE connection refused: {}", f.detail);
 }

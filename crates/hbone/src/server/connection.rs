@@ -42,6 +42,22 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
     let Ok(local) = tcp.local_addr() else {
         return;
     };
+    // Before anything is read: a peer over its limits costs no handshake.
+    let admission = match shared.handler.admit(peer_addr, local) {
+        Ok(a) => a,
+        Err(refused) => {
+            stats.refused_limit();
+            drop(tcp);
+            return shared.handler.on_handshake_failure(&HandshakeFailure {
+                peer_addr,
+                local_addr: local,
+                kind: refused.kind,
+                detail: refused.detail,
+            });
+        }
+    };
+    let _connection_permit = admission.connection;
+    let handshake_permit = admission.handshake;
     let _ = tcp.set_nodelay(true);
     let deadline = Instant::now() + shared.config.handshake_timeout;
     // Every way this connection can end before its first stream is reported
@@ -150,6 +166,7 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
         }
     };
 
+    drop(handshake_permit);
     let ctx = Arc::new(ConnContext {
         peer_identity: identity,
         peer_addr,

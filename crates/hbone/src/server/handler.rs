@@ -10,7 +10,7 @@ use http::{HeaderMap, StatusCode};
 use slipstream_identity::{FetchError, SpiffeId, WorkloadCert};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::handshake::HandshakeFailure;
+use super::handshake::{HandshakeFailure, HandshakeFailureKind};
 use crate::copy::CopyStats;
 use crate::error::HboneError;
 
@@ -76,6 +76,26 @@ pub struct StreamRecord {
     pub reached_handler: bool,
 }
 
+/// Something held while it lives (a slot in a limiter): dropping it
+/// releases what it holds.
+pub type Permit = Box<dyn Send + Sync>;
+
+/// What [`Handler::admit`] lets a new connection hold: `handshake` until
+/// its TLS and HTTP/2 handshakes are over, `connection` until it closes.
+#[derive(Default)]
+pub struct Admission {
+    pub handshake: Option<Permit>,
+    pub connection: Option<Permit>,
+}
+
+/// Why [`Handler::admit`] refused a connection: one of the limit kinds of
+/// [`HandshakeFailureKind`], and words for the log line.
+#[derive(Debug, Clone)]
+pub struct AdmissionRefused {
+    pub kind: HandshakeFailureKind,
+    pub detail: String,
+}
+
 /// Decides what a validated CONNECT connects to.
 pub trait Handler: Send + Sync + 'static {
     /// Connects to the application, or refuses: [`HboneError::NoWorkload`],
@@ -89,6 +109,14 @@ pub trait Handler: Send + Sync + 'static {
     /// target.
     fn accepts_foreign_target(&self, _tunnel_local: SocketAddr, _target: SocketAddr) -> bool {
         false
+    }
+
+    /// Called for every accepted TCP connection before anything is read
+    /// from it, so a peer over its limits costs no handshake. A refused
+    /// connection is closed at once (reset) and reported through
+    /// [`Handler::on_handshake_failure`] with the refusal's kind.
+    fn admit(&self, _peer_addr: SocketAddr, _local_addr: SocketAddr) -> Result<Admission, AdmissionRefused> {
+        Ok(Admission::default())
     }
 
     /// Called once per stream when it is finished or refused.

@@ -47,6 +47,14 @@ pub enum HandshakeFailureKind {
     NoWorkload,
     /// Refused: the destination workload's certificate is unavailable.
     CertUnavailable,
+    /// Refused before the handshake: the peer address already holds as
+    /// many open connections as it may.
+    PeerConnectionLimit,
+    /// Refused before the handshake: the peer address already has as many
+    /// handshakes in progress as it may.
+    PeerHandshakeLimit,
+    /// Refused before the handshake: the proxy's connection budget is spent.
+    Overload,
 }
 
 impl HandshakeFailureKind {
@@ -65,6 +73,9 @@ impl HandshakeFailureKind {
             Self::Http2 => "http2",
             Self::NoWorkload => "no_workload",
             Self::CertUnavailable => "cert_unavailable",
+            Self::PeerConnectionLimit => "peer_connection_limit",
+            Self::PeerHandshakeLimit => "peer_handshake_limit",
+            Self::Overload => "overload",
         }
     }
 }

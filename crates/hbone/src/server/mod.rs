@@ -14,15 +14,17 @@ use std::time::Duration;
 use slipstream_identity::tls::ServerTls;
 use tokio::net::TcpListener;
 
-pub use handler::{CertResolver, Handler, InboundRequest, ResolveError, StreamRecord, Upstream};
+pub use handler::{Admission, AdmissionRefused, CertResolver, Handler, InboundRequest, Permit, ResolveError, StreamRecord, Upstream};
 pub use handshake::{HandshakeFailure, HandshakeFailureKind};
 pub use stats::{ServerStats, StatsSnapshot};
 
 use crate::drain::DrainWatch;
 use crate::h2config::H2Config;
 
-/// The node proxy's own ports: a CONNECT to one of them is refused (503).
-pub const PROXY_PORTS: [u16; 3] = [15001, 15006, 15008];
+/// The node proxy's own ports (in-pod listeners 15001, 15006, 15008; admin
+/// 15000, metrics 15020, readiness 15021): a CONNECT to one of them is
+/// refused (503). The node proxy passes its own list in [`ServerConfig`].
+pub const PROXY_PORTS: [u16; 6] = [15001, 15006, 15008, 15000, 15020, 15021];
 
 /// How long a [`Handler`] should give the application to accept the
 /// upstream connection before answering 503 (PROTOCOLS.md section 2).

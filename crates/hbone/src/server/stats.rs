@@ -10,6 +10,7 @@ pub struct ServerStats {
     connections_accepted: AtomicU64,
     refused_no_workload: AtomicU64,
     refused_cert_unavailable: AtomicU64,
+    refused_limit: AtomicU64,
     tls_failures: AtomicU64,
     h2_failures: AtomicU64,
     keepalive_timeouts: AtomicU64,
@@ -34,6 +35,9 @@ pub struct StatsSnapshot {
     pub refused_no_workload: u64,
     /// TLS refused: the destination workload's certificate is unavailable.
     pub refused_cert_unavailable: u64,
+    /// Refused before the handshake by the handler's admission (a peer over
+    /// its limits, or the proxy's budget spent).
+    pub refused_limit: u64,
     /// Handshakes that failed (garbage, bad client certificate, timeouts...).
     pub tls_failures: u64,
     pub h2_failures: u64,
@@ -65,6 +69,7 @@ impl ServerStats {
             connections_accepted: get(&self.connections_accepted),
             refused_no_workload: get(&self.refused_no_workload),
             refused_cert_unavailable: get(&self.refused_cert_unavailable),
+            refused_limit: get(&self.refused_limit),
             tls_failures: get(&self.tls_failures),
             h2_failures: get(&self.h2_failures),
             keepalive_timeouts: get(&self.keepalive_timeouts),
@@ -90,6 +95,9 @@ impl ServerStats {
     }
     pub(crate) fn refused_cert_unavailable(&self) {
         inc(&self.refused_cert_unavailable)
+    }
+    pub(crate) fn refused_limit(&self) {
+        inc(&self.refused_limit)
     }
     pub(crate) fn tls_failure(&self) {
         inc(&self.tls_failures)

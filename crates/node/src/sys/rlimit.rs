@@ -25,6 +25,12 @@ fn get() -> io::Result<libc::rlimit> {
     Ok(lim)
 }
 
+/// RLIMIT_NOFILE as it is.
+pub fn current() -> io::Result<NofileLimit> {
+    let l = get()?;
+    Ok(NofileLimit { before: l.rlim_cur as u64, soft: l.rlim_cur as u64, hard: l.rlim_max as u64 })
+}
+
 /// Raises the soft open-file limit to the hard limit.
 pub fn raise_nofile() -> io::Result<NofileLimit> {
     let mut lim = get()?;
