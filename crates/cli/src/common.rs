@@ -91,9 +91,25 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Loads manifests, printing their warnings; every error at once.
+/// The command that loads manifests and its `--validate`, set once by
+/// `main` for `up`, `apply` and `delete`.
+static LOAD_OPTIONS: std::sync::OnceLock<(&'static str, slipstream_k8s::FieldValidation)> = std::sync::OnceLock::new();
+
+pub fn set_load_options(verb: &'static str, validation: slipstream_k8s::FieldValidation) {
+    let _ = LOAD_OPTIONS.set((verb, validation));
+}
+
+/// Loads manifests (`-` is standard input), printing their warnings; every
+/// error at once. Nothing to load is an error, as in kubectl.
 pub fn load(files: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
-    let loaded = slipstream_k8s::load_paths(files).map_err(|e| anyhow::anyhow!("invalid manifests, nothing was changed:\n{e}"))?;
+    let (verb, validation) = LOAD_OPTIONS.get().copied().unwrap_or(("apply", Default::default()));
+    let loaded =
+        slipstream_k8s::load_paths_with(files, validation).map_err(|e| anyhow::anyhow!("invalid manifests, nothing was changed:\n{e}"))?;
+    if loaded.is_empty() {
+        let names: Vec<String> =
+            files.iter().map(|f| if f.as_os_str() == "-" { "<stdin>".into() } else { f.display().to_string() }).collect();
+        bail!("no objects passed to {verb} ({} holds no manifest); nothing was changed", names.join(", "));
+    }
     print_warnings(&loaded);
     Ok(loaded)
 }
@@ -101,7 +117,7 @@ pub fn load(files: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
 pub fn print_warnings(loaded: &[Loaded]) {
     for l in loaded {
         for w in &l.warnings {
-            eprintln!("warning: {}: {w}", l.source);
+            eprintln!("warning: {}: {w}", l.place());
         }
     }
 }

@@ -39,10 +39,17 @@ enum Command {
     /// once every pod runs (and passes its readiness probe), leaving the
     /// cluster running in the background.
     Up {
-        /// Manifest file or directory (repeatable). Default: the bundled
-        /// quickstart example (a client and an echo server on two nodes).
+        /// Manifest file or directory (repeatable; `-` reads standard
+        /// input). Default: the bundled quickstart example (a client and an
+        /// echo server on two nodes).
         #[arg(short = 'f', long = "filename")]
         files: Vec<PathBuf>,
+        /// Fields Kubernetes does not know (a typo such as `spec.replcas`):
+        /// `strict` refuses the manifest, `warn` drops them with a warning,
+        /// `ignore` drops them silently. Fields Kubernetes knows and the
+        /// local cluster does not use are always accepted with a warning.
+        #[arg(long = "validate", default_value = "strict", value_name = "strict|warn|ignore")]
+        validate: slipstream_k8s::FieldValidation,
         /// Number of nodes.
         #[arg(long, default_value_t = 2)]
         nodes: usize,
@@ -70,8 +77,15 @@ enum Command {
     /// Create or update objects in the running cluster, then wait for the
     /// pods to be ready and deleted pods to be gone.
     Apply {
+        /// Manifest file or directory (repeatable; `-` reads standard input).
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<PathBuf>,
+        /// Fields Kubernetes does not know (a typo such as `spec.replcas`):
+        /// `strict` refuses the manifest, `warn` drops them with a warning,
+        /// `ignore` drops them silently. Fields Kubernetes knows and the
+        /// local cluster does not use are always accepted with a warning.
+        #[arg(long = "validate", default_value = "strict", value_name = "strict|warn|ignore")]
+        validate: slipstream_k8s::FieldValidation,
         /// Return as soon as the change is accepted.
         #[arg(long)]
         no_wait: bool,
@@ -81,8 +95,15 @@ enum Command {
     /// Delete the objects a manifest names (deleting a Namespace deletes
     /// everything in it), and wait for their pods to stop.
     Delete {
+        /// Manifest file or directory (repeatable; `-` reads standard input).
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<PathBuf>,
+        /// Fields Kubernetes does not know (a typo such as `spec.replcas`):
+        /// `strict` refuses the manifest, `warn` drops them with a warning,
+        /// `ignore` drops them silently. Fields Kubernetes knows and the
+        /// local cluster does not use are always accepted with a warning.
+        #[arg(long = "validate", default_value = "strict", value_name = "strict|warn|ignore")]
+        validate: slipstream_k8s::FieldValidation,
         /// Do not fail when an object does not exist.
         #[arg(long)]
         ignore_not_found: bool,
@@ -102,6 +123,12 @@ enum Command {
         /// Container whose environment to use (default: the first).
         #[arg(short = 'c', long = "container")]
         container: Option<String>,
+        /// Run as root with every capability and the machine's files (the
+        /// cluster's keys and state, cgroups, /sys writable), like nsenter or
+        /// `kubectl debug --profile=sysadmin`, instead of as the container
+        /// runs (its securityContext: user, capabilities, hidden files).
+        #[arg(long)]
+        privileged: bool,
         pod: String,
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -155,18 +182,25 @@ fn main() {
         Command::App(AppCommand::Echo(a)) => slipstream_apps::run_echo(a),
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
-            Command::Up { files, nodes, timeout, ca_cert, ca_key } => cmd::up::run(&ctx, &files, nodes, timeout, ca_cert, ca_key),
+            Command::Up { files, nodes, timeout, ca_cert, ca_key, validate } => {
+                common::set_load_options("up", validate);
+                cmd::up::run(&ctx, &files, nodes, timeout, ca_cert, ca_key)
+            }
             Command::Node(args) => cmd::node::run(&ctx, args),
             Command::Bench(args) => slipstream_bench::run(args),
             Command::Debug(d) => cmd::debug::run(&ctx, d),
             Command::Down => cmd::down::run(&ctx),
             Command::Status { output } => cmd::status::run(&ctx, &output),
-            Command::Apply { files, no_wait, timeout } => cmd::apply::apply(&ctx, &files, !no_wait, timeout),
-            Command::Delete { files, ignore_not_found, no_wait, timeout } => {
+            Command::Apply { files, no_wait, timeout, validate } => {
+                common::set_load_options("apply", validate);
+                cmd::apply::apply(&ctx, &files, !no_wait, timeout)
+            }
+            Command::Delete { files, ignore_not_found, no_wait, timeout, validate } => {
+                common::set_load_options("delete", validate);
                 cmd::apply::delete(&ctx, &files, ignore_not_found, !no_wait, timeout)
             }
-            Command::Exec { namespace, container, pod, command } => {
-                cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), &command).map(|code| std::process::exit(code))
+            Command::Exec { namespace, container, privileged, pod, command } => {
+                cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), privileged, &command).map(|code| std::process::exit(code))
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
             Command::Agent { nodes, ca_cert, ca_key } => cmd::agent::run(&ctx, nodes, ca_cert, ca_key),

@@ -51,7 +51,10 @@ pub fn find_pod<'a>(st: &'a ClusterStatus, ns: &str, pod: &str) -> anyhow::Resul
     })
 }
 
-pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, argv: &[String]) -> anyhow::Result<i32> {
+/// Runs `argv` in the pod as its container runs (user, groups,
+/// capabilities, the cluster's files hidden), or with `privileged` as root
+/// with every capability and the host's files, for operators.
+pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, privileged: bool, argv: &[String]) -> anyhow::Result<i32> {
     common::require_root("exec")?;
     let st = ctx.status()?;
     let p = find_pod(&st, ns, pod)?;
@@ -64,6 +67,17 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, argv: &[Stri
         bail!("pod {ns}/{} has no network namespace (phase {:?}: {})", p.name, p.phase, p.message);
     }
     let dir = ctx.paths.pod_dir(&p.namespace, &p.name);
+    let container = container.or(p.containers.first().map(|c| c.name.as_str())).unwrap_or_default();
+    let confinement = if privileged {
+        None
+    } else {
+        let path = slipstream_testbed::agent::pods::security_file(&dir, container);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!("reading what container {container:?} of pod {ns}/{} runs as (use --privileged to run as root)", p.name)
+        })?;
+        let sec: slipstream_k8s::ContainerSecurity = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+        Some(spawn::confinement(&sec))
+    };
     let mut env = vec![("PATH".to_string(), spawn::pod_path()), ("HOSTNAME".to_string(), p.name.clone())];
     // `slipstream` run in the pod (e.g. `debug hbone`) acts on this cluster.
     env.push(("SLIPSTREAM_CLUSTER".to_string(), ctx.paths.cluster.as_str().to_string()));
@@ -72,10 +86,14 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, argv: &[Stri
             env.push((k.to_string(), v));
         }
     }
+    if confinement.as_ref().is_some_and(|c| c.uid != 0) {
+        env.retain(|(k, _)| k != "HOME");
+        env.push(("HOME".into(), "/".into()));
+    }
     let spec = SandboxSpec {
         argv: argv.to_vec(),
         env,
-        cwd: None,
+        cwd: confinement.as_ref().map(|_| PathBuf::from("/")),
         netns: netns_path(&p.netns),
         cgroup: PathBuf::from(&p.cgroup),
         hostname: p.name.clone(),
@@ -85,7 +103,11 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, argv: &[Stri
         new_session: false,
         private_mounts: true,
     };
-    let mut child = spawn::spawn(&spec).with_context(|| format!("running {:?} in pod {ns}/{}", argv[0], p.name))?;
+    let child = match &confinement {
+        Some(c) => spawn::spawn_confined(&spec, c),
+        None => spawn::spawn(&spec),
+    };
+    let mut child = child.with_context(|| format!("running {:?} in pod {ns}/{}", argv[0], p.name))?;
     let status = child.wait()?;
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }

@@ -5,6 +5,8 @@ use crate::common::Ctx;
 pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
     // Diagnostics only: access-log lines are printed, never rate-limited.
     slipstream_testbed::logging::init();
+    // Pods share the machine's pid namespace: keep them out of our memory and /proc/PID/root.
+    slipstream_testbed::sys::spawn::make_non_dumpable()?;
     slipstream_node::sys::mem::tune_allocator();
     let workers = usize::from(args.workers);
     let config = slipstream_node::Config::from_args(ctx.paths.cluster.as_str(), args);

@@ -5,10 +5,10 @@
 use crate::names::{netns_path, Paths};
 use crate::status::{ContainerStatus, PodPhase, PodStatus};
 use crate::sys::{cgroup, net, netns, spawn};
-use slipstream_k8s::{Container, IntOrString, PodInstance, RestartPolicy};
+use slipstream_k8s::{Container, ContainerSecurity, IntOrString, PodInstance, PodSpec, RestartPolicy};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -43,8 +43,17 @@ pub struct PodRuntime {
     pub meshed: bool,
 }
 
+/// Where the agent records what a container runs as, for `exec`, which
+/// runs commands the same way (as `kubectl exec` does).
+pub fn security_file(pod_dir: &Path, container: &str) -> PathBuf {
+    pod_dir.join(format!("{container}.security.json"))
+}
+
 pub struct ContainerRuntime {
     pub spec: Container,
+    /// From the pod's and the container's securityContext.
+    pub security: ContainerSecurity,
+    confinement: spawn::Confinement,
     child: Option<Child>,
     pub restarts: u32,
     pub last_exit: Option<i32>,
@@ -60,8 +69,11 @@ pub struct ContainerRuntime {
 }
 
 impl ContainerRuntime {
-    fn new(spec: Container) -> Self {
+    fn new(spec: Container, pod: &PodSpec) -> Self {
+        let security = slipstream_k8s::security::of_container(pod, &spec);
         ContainerRuntime {
+            confinement: spawn::confinement(&security),
+            security,
             spec,
             child: None,
             restarts: 0,
@@ -92,7 +104,7 @@ impl PodRuntime {
         let mut pod = PodRuntime {
             cgroup: paths.pod_cgroup(&inst.namespace, &inst.name),
             dir: paths.pod_dir(&inst.namespace, &inst.name),
-            containers: inst.spec.containers.iter().cloned().map(ContainerRuntime::new).collect(),
+            containers: inst.spec.containers.iter().map(|c| ContainerRuntime::new(c.clone(), &inst.spec)).collect(),
             inst,
             node: node.index,
             ip,
@@ -115,6 +127,11 @@ impl PodRuntime {
     fn create_sandbox(&self, node: &Node) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
         cgroup::create(&self.cgroup).map_err(|e| format!("cannot create cgroup {}: {e}", self.cgroup.display()))?;
+        for c in &self.containers {
+            let path = security_file(&self.dir, &c.spec.name);
+            let text = serde_json::to_string(&c.security).expect("security settings serialize");
+            std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
         net::create_pod_network(&node.netns, &self.netns, self.ip).map_err(|e| e.to_string())?;
         if self.meshed {
             // Before any container runs: a meshed app never sends a byte
@@ -239,7 +256,8 @@ impl PodRuntime {
         let spec = spawn::SandboxSpec {
             argv,
             env,
-            cwd: c.spec.working_dir.as_ref().map(PathBuf::from),
+            // As a container runtime with an image that sets no WORKDIR.
+            cwd: Some(c.spec.working_dir.as_ref().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))),
             netns: netns_path(&self.netns),
             cgroup: self.cgroup.clone(),
             hostname: self.inst.name.clone(),
@@ -255,7 +273,7 @@ impl PodRuntime {
             c.restarts += 1;
         }
         c.next_start = None;
-        match spawn::spawn(&spec) {
+        match spawn::spawn_confined(&spec, &c.confinement) {
             Ok(child) => {
                 tracing::info!(pod = %key, container = %c.spec.name, pid = child.id(), "container started");
                 c.child = Some(child);
@@ -280,8 +298,11 @@ impl PodRuntime {
     fn env_for(&self, i: usize, nodes: &[Node]) -> Vec<(String, String)> {
         let node = nodes.iter().find(|n| n.index == self.node);
         let mut env = vec![("PATH".to_string(), spawn::pod_path()), ("HOSTNAME".to_string(), self.inst.name.clone())];
-        if let Ok(home) = std::env::var("HOME") {
-            env.push(("HOME".into(), home));
+        // Root keeps the agent's HOME; another user gets "/", as the kubelet
+        // gives a user the image's /etc/passwd does not know.
+        match std::env::var("HOME") {
+            Ok(home) if self.containers[i].security.uid == 0 => env.push(("HOME".into(), home)),
+            _ => env.push(("HOME".into(), "/".into())),
         }
         for e in &self.containers[i].spec.env {
             let v = match (&e.value, e.value_from.as_ref().and_then(|v| v.field_ref.as_ref())) {
@@ -348,7 +369,7 @@ impl PodRuntime {
             let path = h.path.clone().unwrap_or_else(|| "/".into());
             netns::in_netns(&netns, move || http_probe(addr, &path, timeout)).unwrap_or(false)
         } else if let Some(e) = &probe.exec {
-            exec_probe(&sandbox, e.command.clone(), timeout)
+            exec_probe(&sandbox, &c.confinement, e.command.clone(), timeout)
         } else {
             false
         };
@@ -469,9 +490,9 @@ fn http_probe(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
 }
 
 /// Runs an exec probe in the pod; success is exit code 0 within the timeout.
-fn exec_probe(sandbox: &spawn::SandboxSpec, argv: Vec<String>, timeout: Duration) -> bool {
+fn exec_probe(sandbox: &spawn::SandboxSpec, confinement: &spawn::Confinement, argv: Vec<String>, timeout: Duration) -> bool {
     let spec = spawn::SandboxSpec { argv, ..sandbox.clone() };
-    let Ok(mut child) = spawn::spawn(&spec) else { return false };
+    let Ok(mut child) = spawn::spawn_confined(&spec, confinement) else { return false };
     let deadline = Instant::now() + timeout;
     loop {
         match child.try_wait() {

@@ -1,6 +1,8 @@
 //! Starting a process inside a pod: its cgroup, its network namespace, a
 //! private mount namespace with the pod's hosts and resolv.conf, its host
-//! name. Everything is prepared before fork; the pre-exec closure only makes
+//! name, and its confinement (user, groups, capabilities, no_new_privs, the
+//! cluster's files hidden, /sys and the cgroup file systems read-only).
+//! Everything is prepared before fork; the pre-exec closure only makes
 //! async-signal-safe system calls.
 
 use std::ffi::CString;
@@ -33,6 +35,169 @@ pub struct SandboxSpec {
     pub private_mounts: bool,
 }
 
+/// How a pod's process is confined, decided from its container's
+/// `securityContext` by `confinement`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confinement {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    /// The capability set (bit n is capability n): the bounding set, and for
+    /// uid 0 what the process holds after exec. None keeps every capability
+    /// (`privileged: true`).
+    pub caps: Option<u64>,
+    /// Raised in the ambient set, so that a non-root process keeps the
+    /// capabilities its container adds across exec.
+    pub ambient: u64,
+    pub no_new_privs: bool,
+    /// Hide the cluster's state (keys, sockets) and pinned BPF objects behind
+    /// empty read-only tmpfs; /sys, every cgroup file system and /proc/sys
+    /// read-only. False only for privileged containers (the host's view).
+    pub hide_host: bool,
+    pub read_only_root: bool,
+}
+
+/// containerd's default capabilities less CAP_NET_RAW (which also allows
+/// SO_MARK, the node proxy's capture bypass, since Linux 5.17).
+pub const DEFAULT_CAPS: &[caps::Capability] = {
+    use caps::Capability::*;
+    &[
+        CAP_CHOWN,
+        CAP_DAC_OVERRIDE,
+        CAP_FSETID,
+        CAP_FOWNER,
+        CAP_MKNOD,
+        CAP_SETGID,
+        CAP_SETUID,
+        CAP_SETFCAP,
+        CAP_SETPCAP,
+        CAP_NET_BIND_SERVICE,
+        CAP_SYS_CHROOT,
+        CAP_KILL,
+        CAP_AUDIT_WRITE,
+    ]
+};
+
+fn mask<'a>(names: impl IntoIterator<Item = &'a String>) -> u64 {
+    names.into_iter().filter_map(|n| n.parse::<caps::Capability>().ok()).fold(0, |m, c| m | c.bitmask())
+}
+
+/// The confinement of a container with settings `sec` (pure). As Kubernetes
+/// with containerd: `drop: [ALL]` empties the default set, `add` adds
+/// (`ALL`: every capability), named drops remove. Unlike Kubernetes (whose
+/// non-root containers lose every capability at exec until KEP-2763), a
+/// non-root container keeps what it adds, as ambient capabilities. The
+/// process may not gain privileges (no_new_privs) when
+/// allowPrivilegeEscalation is false, or, when unset, if it runs as non-root
+/// without added capabilities.
+pub fn confinement(sec: &slipstream_k8s::ContainerSecurity) -> Confinement {
+    let all = caps::all().iter().fold(0u64, |m, c| m | c.bitmask());
+    let has_all = |v: &[String]| v.iter().any(|n| n == "ALL");
+    let base = Confinement {
+        uid: sec.uid,
+        gid: sec.gid,
+        groups: sec.supplemental_groups.clone(),
+        caps: None,
+        ambient: 0,
+        no_new_privs: false,
+        hide_host: false,
+        read_only_root: sec.read_only_root_filesystem,
+    };
+    if sec.privileged {
+        return base;
+    }
+    let mut set = if has_all(&sec.drop) { 0 } else { DEFAULT_CAPS.iter().fold(0, |m, c| m | c.bitmask()) };
+    let added = if has_all(&sec.add) { all } else { mask(&sec.add) };
+    set |= added;
+    set &= !mask(&sec.drop);
+    let ambient = if sec.uid != 0 { added & set } else { 0 };
+    let no_new_privs = match sec.allow_privilege_escalation {
+        Some(allow) => !allow,
+        None => sec.uid != 0 && ambient == 0,
+    };
+    Confinement { caps: Some(set), ambient, no_new_privs, hide_host: true, ..base }
+}
+
+/// The run directory every cluster keeps its state in (see `Paths::new`).
+fn run_root() -> PathBuf {
+    std::env::var_os("SLIPSTREAM_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| "/run/slipstream".into())
+}
+
+/// MS_* flags of a mount's options as /proc/mounts shows them.
+fn mount_flags(options: &str) -> libc::c_ulong {
+    options.split(',').fold(0, |f, o| {
+        f | match o {
+            "ro" => libc::MS_RDONLY,
+            "nosuid" => libc::MS_NOSUID,
+            "nodev" => libc::MS_NODEV,
+            "noexec" => libc::MS_NOEXEC,
+            "noatime" => libc::MS_NOATIME,
+            "nodiratime" => libc::MS_NODIRATIME,
+            "relatime" => libc::MS_RELATIME,
+            _ => 0,
+        }
+    })
+}
+
+/// From /proc/mounts: the mounts to make read-only in a confined pod (every
+/// one at or under /sys: sysfs, the cgroup v1 and v2 hierarchies, debugfs...)
+/// with their flags, and the flags of "/" (pure).
+pub fn read_only_mounts(proc_mounts: &str) -> (Vec<(String, libc::c_ulong)>, libc::c_ulong) {
+    let mut out = Vec::new();
+    let mut root = 0;
+    for l in proc_mounts.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 4 || f[1].contains('\\') {
+            continue;
+        }
+        let (target, flags) = (f[1], mount_flags(f[3]));
+        if target == "/" {
+            root = flags;
+        } else if (target == "/sys" || target.starts_with("/sys/")) && !target.starts_with("/sys/fs/bpf") {
+            if !out.iter().any(|(t, _)| t == target) {
+                out.push((target.to_string(), flags));
+            }
+        }
+    }
+    (out, root)
+}
+
+/// Confinement data ready for the pre-exec closure.
+struct PreparedConfinement {
+    c: Confinement,
+    last_cap: u32,
+    hide: Vec<CString>,
+    read_only: Vec<(CString, libc::c_ulong)>,
+    root_flags: libc::c_ulong,
+    proc_sys: CString,
+    tmpfs: CString,
+    tmpfs_data: CString,
+}
+
+fn prepare_confinement(c: &Confinement) -> io::Result<PreparedConfinement> {
+    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(caps::Capability::CAP_CHECKPOINT_RESTORE.index() as u32);
+    let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+    let (read_only, root_flags) = read_only_mounts(&mounts);
+    let hide = [run_root(), PathBuf::from("/sys/fs/bpf")]
+        .into_iter()
+        .filter(|p| p.is_dir())
+        .map(|p| cstr(p.as_os_str().as_encoded_bytes()))
+        .collect();
+    Ok(PreparedConfinement {
+        c: c.clone(),
+        last_cap,
+        hide,
+        read_only: read_only.into_iter().map(|(t, f)| (cstr(t.as_bytes()), f)).collect(),
+        root_flags,
+        proc_sys: cstr(b"/proc/sys"),
+        tmpfs: cstr(b"tmpfs"),
+        tmpfs_data: cstr(b"size=4k,mode=755"),
+    })
+}
+
 struct Prepared {
     netns: File,
     cgroup_procs: File,
@@ -41,9 +206,21 @@ struct Prepared {
     root: CString,
     new_session: bool,
     private_mounts: bool,
+    confinement: Option<PreparedConfinement>,
 }
 
+/// Starts a process in the pod with the caller's privileges (root, every
+/// capability, the host's files): the node proxy, `exec --privileged`.
 pub fn spawn(spec: &SandboxSpec) -> io::Result<Child> {
+    spawn_inner(spec, None)
+}
+
+/// Starts a pod's process confined as `c` says (needs `private_mounts`).
+pub fn spawn_confined(spec: &SandboxSpec, c: &Confinement) -> io::Result<Child> {
+    spawn_inner(spec, Some(c))
+}
+
+fn spawn_inner(spec: &SandboxSpec, confinement: Option<&Confinement>) -> io::Result<Child> {
     let ctx = |what: &str, p: &std::path::Path| {
         let p = p.display().to_string();
         let what = what.to_string();
@@ -67,6 +244,13 @@ pub fn spawn(spec: &SandboxSpec) -> io::Result<Child> {
         root: cstr(b"/"),
         new_session: spec.new_session,
         private_mounts: spec.private_mounts,
+        confinement: match confinement {
+            Some(_) if !spec.private_mounts => {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "a confined process needs a private mount namespace"))
+            }
+            Some(c) => Some(prepare_confinement(c)?),
+            None => None,
+        },
     };
     let program = resolve_program(&spec.argv[0]);
     let mut cmd = Command::new(&program);
@@ -79,7 +263,8 @@ pub fn spawn(spec: &SandboxSpec) -> io::Result<Child> {
         cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f);
     }
     // SAFETY: the closure calls only async-signal-safe functions (write,
-    // setns, unshare, mount, sethostname, setsid) on data prepared above.
+    // setns, unshare, mount, sethostname, setsid, prctl, setgroups, setgid,
+    // setuid, capset) on data prepared above.
     unsafe {
         cmd.pre_exec(move || enter(&prepared));
     }
@@ -103,13 +288,112 @@ fn enter(p: &Prepared) -> io::Result<()> {
             for (src, dst) in &p.mounts {
                 check(libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
             }
+            if let Some(c) = &p.confinement {
+                confine_mounts(c, p.root.as_ptr())?;
+            }
             check(libc::sethostname(p.hostname.as_ptr(), p.hostname.as_bytes().len()))?;
         }
         if p.new_session && libc::setsid() < 0 {
             return Err(io::Error::last_os_error());
         }
+        if let Some(c) = &p.confinement {
+            confine_credentials(c)?;
+        }
     }
     Ok(())
+}
+
+/// In the pod's mount namespace (after the hosts and resolv.conf binds):
+/// hide, then make read-only. Async-signal-safe.
+unsafe fn confine_mounts(p: &PreparedConfinement, root: *const libc::c_char) -> io::Result<()> {
+    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+    let null = std::ptr::null::<libc::c_char>();
+    let locked = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    if p.c.hide_host {
+        for dir in &p.hide {
+            check(libc::mount(p.tmpfs.as_ptr(), dir.as_ptr(), p.tmpfs.as_ptr(), libc::MS_RDONLY | locked, p.tmpfs_data.as_ptr().cast()))?;
+        }
+        for (target, flags) in &p.read_only {
+            check(libc::mount(null, target.as_ptr(), null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags, std::ptr::null()))?;
+        }
+        check(libc::mount(p.proc_sys.as_ptr(), p.proc_sys.as_ptr(), null, libc::MS_BIND, std::ptr::null()))?;
+        check(libc::mount(null, p.proc_sys.as_ptr(), null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | locked, std::ptr::null()))?;
+    }
+    if p.c.read_only_root {
+        check(libc::mount(null, root, null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | p.root_flags, std::ptr::null()))?;
+    }
+    Ok(())
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Bounding set, groups and ids, capability sets, ambient set,
+/// no_new_privs, in the order the kernel allows them. Async-signal-safe.
+unsafe fn confine_credentials(p: &PreparedConfinement) -> io::Result<()> {
+    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+    let c = &p.c;
+    if let Some(set) = c.caps {
+        for cap in 0..=p.last_cap.min(63) {
+            if set & (1u64 << cap) == 0 {
+                check(libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0))?;
+            }
+        }
+    }
+    if c.ambient != 0 {
+        // Keep the permitted set across setuid, to raise the ambient set.
+        check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0))?;
+    }
+    check(libc::setgroups(c.groups.len(), c.groups.as_ptr()))?;
+    check(libc::setgid(c.gid))?;
+    check(libc::setuid(c.uid))?;
+    if let Some(set) = c.caps {
+        // uid 0: what it holds; others: only what they add (inheritable too,
+        // which the ambient set requires).
+        let (held, inheritable) = if c.uid == 0 { (set, 0) } else { (c.ambient, c.ambient) };
+        let header = CapHeader { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
+        let data = [0, 1].map(|i| CapData {
+            effective: (held >> (32 * i)) as u32,
+            permitted: (held >> (32 * i)) as u32,
+            inheritable: (inheritable >> (32 * i)) as u32,
+        });
+        if libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for cap in 0..=p.last_cap.min(63) {
+            if c.ambient & (1u64 << cap) != 0 {
+                check(libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong, cap as libc::c_ulong, 0, 0))?;
+            }
+        }
+    }
+    if c.no_new_privs {
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+    }
+    Ok(())
+}
+
+/// Makes this process non-dumpable: no core dumps, and a process of the same
+/// uid without CAP_SYS_PTRACE (a root pod) can neither read its memory nor
+/// reach its files through /proc/PID/{mem,root,fd,environ}. For the agent
+/// and the node proxies, which hold the mesh's keys.
+pub fn make_non_dumpable() -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_DUMPABLE) has no memory-safety preconditions.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 fn cstr(b: &[u8]) -> CString {
@@ -151,4 +435,74 @@ pub fn spawn_daemon(argv: &[String], log: &std::path::Path) -> io::Result<Child>
         cmd.pre_exec(|| if libc::setsid() < 0 { Err(io::Error::last_os_error()) } else { Ok(()) });
     }
     cmd.spawn()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use caps::Capability::*;
+    use slipstream_k8s::ContainerSecurity;
+
+    fn bits(c: &[caps::Capability]) -> u64 {
+        c.iter().fold(0, |m, c| m | c.bitmask())
+    }
+
+    fn sec(uid: u32, add: &[&str], drop: &[&str], ape: Option<bool>) -> ContainerSecurity {
+        ContainerSecurity {
+            uid,
+            gid: uid,
+            add: add.iter().map(|s| s.to_string()).collect(),
+            drop: drop.iter().map(|s| s.to_string()).collect(),
+            allow_privilege_escalation: ape,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn confinement_table() {
+        let default = bits(DEFAULT_CAPS);
+        let all = caps::all().iter().fold(0, |m, c| m | c.bitmask());
+        // (settings, caps, ambient, no_new_privs)
+        let cases: Vec<(ContainerSecurity, Option<u64>, u64, bool)> = vec![
+            // Nothing set: root with containerd's defaults less NET_RAW.
+            (sec(0, &[], &[], None), Some(default), 0, false),
+            (sec(0, &[], &["ALL"], None), Some(0), 0, false),
+            (sec(0, &["CAP_NET_ADMIN"], &[], None), Some(default | CAP_NET_ADMIN.bitmask()), 0, false),
+            (sec(0, &["CAP_NET_BIND_SERVICE"], &["ALL"], Some(false)), Some(CAP_NET_BIND_SERVICE.bitmask()), 0, true),
+            (sec(0, &[], &["CAP_KILL", "CAP_CHOWN"], None), Some(default & !bits(&[CAP_KILL, CAP_CHOWN])), 0, false),
+            (sec(0, &["ALL"], &["CAP_SYS_ADMIN"], None), Some(all & !CAP_SYS_ADMIN.bitmask()), 0, false),
+            // Non-root: nothing held; no_new_privs unless escalation is allowed.
+            (sec(1000, &[], &[], None), Some(default), 0, true),
+            (sec(1000, &[], &["ALL"], Some(true)), Some(0), 0, false),
+            // Non-root keeps what it adds, as ambient capabilities.
+            (
+                sec(1000, &["CAP_NET_BIND_SERVICE"], &["ALL"], None),
+                Some(CAP_NET_BIND_SERVICE.bitmask()),
+                CAP_NET_BIND_SERVICE.bitmask(),
+                false,
+            ),
+            (sec(1000, &["CAP_NET_ADMIN"], &["CAP_NET_ADMIN"], None), Some(default), 0, true),
+        ];
+        for (s, caps, ambient, nnp) in cases {
+            let c = confinement(&s);
+            assert_eq!((c.caps, c.ambient, c.no_new_privs), (caps, ambient, nnp), "{s:?}");
+            assert!(c.hide_host && (c.uid, c.gid) == (s.uid, s.gid), "{s:?}");
+        }
+        assert_eq!(default & (CAP_NET_RAW.bitmask() | CAP_NET_ADMIN.bitmask() | CAP_SYS_ADMIN.bitmask() | CAP_SYS_PTRACE.bitmask()), 0);
+        let p = confinement(&ContainerSecurity { privileged: true, read_only_root_filesystem: true, ..Default::default() });
+        assert_eq!((p.caps, p.hide_host, p.no_new_privs, p.read_only_root), (None, false, false, true), "privileged: the host's view");
+    }
+
+    #[test]
+    fn read_only_mounts_from_proc_mounts() {
+        let m = "/dev/vda / ext4 rw,nosuid,relatime 0 0\nsysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n\
+                 tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
+                 cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\nbpf /sys/fs/bpf bpf rw,relatime 0 0\n\
+                 proc /proc proc rw,nosuid 0 0\ntmpfs /run tmpfs rw,nosuid,nodev 0 0\n";
+        let (ro, root) = read_only_mounts(m);
+        let targets: Vec<&str> = ro.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(targets, ["/sys", "/sys/fs/cgroup", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified"]);
+        assert_eq!(ro[0].1, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME);
+        assert_eq!(root, libc::MS_NOSUID | libc::MS_RELATIME);
+    }
 }

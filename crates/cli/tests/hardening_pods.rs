@@ -1,0 +1,172 @@
+//! Issue 11, finding 7: a pod is confined as its securityContext says, and
+//! by default (root, containerd's capabilities less NET_RAW) it still cannot
+//! bypass the node proxy's capture, read the cluster's keys, leave its
+//! cgroup or change the node's firewall. Also strict field validation and
+//! the apply input checks (duplicates, empty input, stdin).
+
+mod common;
+use common::*;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+const PODS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: default, labels: {istio.io/dataplane-mode: ambient}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: rootpod}
+spec:
+  containers:
+  - {name: c, command: [sleep, infinity]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: userpod}
+spec:
+  securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000}
+  containers:
+  - name: c
+    command: [sleep, infinity]
+    securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: ropod}
+spec:
+  containers:
+  - name: c
+    command: [sleep, infinity]
+    securityContext: {readOnlyRootFilesystem: true}
+"#;
+
+/// Sets the node proxy's bypass mark on a socket; prints `set` or the errno.
+const SET_MARK: &str = "import socket\ns = socket.socket()\ntry:\n    s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, 0x539)\n    print('set')\nexcept OSError as e:\n    print('errno', e.errno)\n";
+
+/// (exit code, stdout and stderr) of `exec [--privileged] POD -- CMD`.
+fn exec(c: &Cluster, privileged: bool, pod: &str, cmd: &[&str]) -> (i32, String) {
+    let mut a = vec!["exec"];
+    if privileged {
+        a.push("--privileged");
+    }
+    a.extend_from_slice(&[pod, "--"]);
+    a.extend_from_slice(cmd);
+    let o = c.run(&a);
+    (o.status.code().unwrap_or(-1), text(&o))
+}
+
+fn sh(c: &Cluster, pod: &str, script: &str) -> (i32, String) {
+    exec(c, false, pod, &["sh", "-c", script])
+}
+
+#[test]
+fn pods_cannot_bypass_capture_read_keys_or_leave_their_cgroup() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write_manifest(&dir, "pods.yaml", PODS);
+    let c = Cluster::up("t-hk-pods", &["--nodes", "1", "-f", &m]);
+    let st = c.status();
+    let pid_of = |pod: &str| -> i64 {
+        let p = st["pods"].as_array().unwrap().iter().find(|p| p["name"] == pod).unwrap_or_else(|| panic!("no pod {pod}"));
+        assert_eq!(p["meshed"], true, "{pod} is meshed");
+        p["containers"][0]["pid"].as_i64().unwrap()
+    };
+    let proxy_pid = st["nodes"][0]["proxy"]["pid"].as_i64().expect("node proxy pid");
+    let key = format!("/run/slipstream/{}/ca/root-key.pem", c.name);
+    assert!(std::path::Path::new(&key).exists(), "the CA key is where the test looks: {key}");
+    let cg = cgroup2();
+
+    // The controls: as an operator (exec --privileged) each attempt works,
+    // so every refusal below is the confinement's doing.
+    assert_eq!(exec(&c, true, "rootpod", &["python3", "-c", SET_MARK]).1.trim(), "set");
+    assert_eq!(exec(&c, true, "rootpod", &["cat", &key]).0, 0);
+    let (code, out) = exec(&c, true, "rootpod", &["nft", "list", "ruleset"]);
+    assert!(code == 0 && out.contains("slipstream_mesh"), "{out}");
+    assert_eq!(exec(&c, true, "rootpod", &["id", "-u"]).1.trim(), "0");
+
+    for (pod, other, uid, gid) in [("rootpod", "userpod", "0", "0"), ("userpod", "rootpod", "1000", "1000")] {
+        let (code, out) = exec(&c, false, pod, &["id", "-u"]);
+        assert_eq!((code, out.trim()), (0, uid), "{pod}: id -u");
+        assert_eq!(exec(&c, false, pod, &["id", "-g"]).1.trim(), gid, "{pod}: id -g");
+        // The capture cannot be bypassed: SO_MARK needs NET_ADMIN or NET_RAW.
+        assert_eq!(exec(&c, false, pod, &["python3", "-c", SET_MARK]).1.trim(), "errno 1", "{pod}: SO_MARK 0x539 must be EPERM");
+        // The cluster's files are hidden: keys, sockets, other pods' logs.
+        let (code, out) = exec(&c, false, pod, &["cat", &key]);
+        assert_ne!(code, 0, "{pod} read the CA key: {out}");
+        let (code, out) = sh(&c, pod, "ls -A /run/slipstream");
+        assert_eq!((code, out.trim()), (0, ""), "{pod}: /run/slipstream must look empty");
+        // Another pod's and the node proxy's files through /proc are closed.
+        for (target, pid) in [(other, pid_of(other)), ("the node proxy", proxy_pid)] {
+            let (code, out) = sh(&c, pod, &format!("ls /proc/{pid}/root/run/ || cat /proc/{pid}/environ"));
+            assert_ne!(code, 0, "{pod} reached the files of {target} (pid {pid}): {out}");
+        }
+        // The cgroup file systems are read-only: no way out of its cgroup.
+        for target in [cg.join("cgroup.procs"), cg.join("slipstream").join(&c.name).join("cgroup.procs")] {
+            let (code, out) = sh(&c, pod, &format!("echo $$ > {}", target.display()));
+            assert_ne!(code, 0, "{pod} moved itself to {}: {out}", target.display());
+        }
+        // The node's firewall (the capture rules) is out of reach.
+        let (code, out) = exec(&c, false, pod, &["nft", "list", "ruleset"]);
+        assert_ne!(code, 0, "{pod} listed the nftables rules: {out}");
+    }
+    // Every process of each pod is still in the pod's own cgroup.
+    for pod in ["rootpod", "userpod"] {
+        let procs = std::fs::read_to_string(format!("/proc/{}/cgroup", pid_of(pod))).unwrap();
+        assert!(procs.contains(&format!("/slipstream/{}/", c.name)), "{pod}: {procs}");
+    }
+
+    // readOnlyRootFilesystem: even root cannot write to "/"; without it, it can.
+    let (code, out) = sh(&c, "ropod", "touch /opt/t-hk-pods-probe");
+    assert!(code != 0 && out.contains("Read-only file system"), "{out}");
+    let (code, out) = sh(&c, "rootpod", "touch /var/tmp/t-hk-pods-probe && rm /var/tmp/t-hk-pods-probe");
+    assert_eq!(code, 0, "a root pod without readOnlyRootFilesystem writes: {out}");
+    // A non-root pod cannot gain privileges (no_new_privs) nor act as root.
+    let (_, out) = sh(&c, "userpod", "grep -E '^(NoNewPrivs|CapEff|CapBnd)' /proc/self/status");
+    assert!(out.contains("NoNewPrivs:\t1") && out.contains("CapEff:\t0000000000000000"), "{out}");
+    c.down();
+}
+
+const WEB: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replcas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      securityContext: {runAsNonRoot: true, runAsUser: 1000}\n      containers:\n      - {name: c, command: [sleep, infinity], imagePullPolicy: Always}\n";
+
+#[test]
+fn apply_refuses_unknown_fields_duplicates_and_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = write_manifest(&dir, "ns.yaml", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a}\n");
+    let c = Cluster::up("t-hk-apply", &["--nodes", "1", "-f", &ns]);
+    let web = write_manifest(&dir, "web.yaml", WEB);
+
+    let o = c.run(&["apply", "-f", &web]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains(&format!("{web}: Deployment default/web: spec.replcas: unknown field")), "{out}");
+    assert!(c.pods("web-").is_empty(), "a refused apply changed nothing");
+
+    // Duplicates name both places; an empty file is nothing to apply.
+    let dup = write_manifest(&dir, "dup.yaml", &format!("{WEB}---\n{WEB}"));
+    let out = text(&c.run(&["apply", "--validate=ignore", "-f", &dup]));
+    assert!(out.contains(&format!("{dup} (document 2): Deployment default/web: defined twice: also in {dup}")), "{out}");
+    let empty = write_manifest(&dir, "empty.yaml", "# nothing\n");
+    let o = c.run(&["apply", "-f", &empty]);
+    assert!(!o.status.success() && text(&o).contains("no objects passed to apply"), "{}", text(&o));
+    assert!(c.pods("web-").is_empty());
+
+    // --validate=warn applies it, from standard input, with the warnings.
+    let mut child = Command::new(bin())
+        .args(["--cluster", &c.name, "apply", "--validate=warn", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(WEB.as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("warning: <stdin>: Deployment default/web: spec.replcas: unknown field, dropped"), "{out}");
+    assert!(out.contains("spec.template.spec.containers[0].imagePullPolicy: ignored by the local cluster"), "{out}");
+    let pods = c.pods("web-");
+    assert_eq!(pods.len(), 1, "one replica (the misspelled field was dropped)");
+    let pod = pods[0]["name"].as_str().unwrap().to_string();
+    assert_eq!(c.exec("default", &pod, &["id", "-u"]).1.trim(), "1000");
+    c.down();
+}
