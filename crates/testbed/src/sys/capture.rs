@@ -8,6 +8,16 @@
 //! HBONE to the proxy's :15008 listener untouched; the proxy's own sockets
 //! carry mark 0x539 (skip capture) or 0x111 (transparent inbound, whose
 //! replies are routed back to the proxy through table 100).
+//!
+//! IPv6: the local cluster addresses pods over IPv4 only, yet every pod
+//! interface has an IPv6 link-local address and apps listen on `[::]`.
+//! Capture and policy are IPv4, so IPv6 would be a side door around STRICT
+//! mTLS: a meshed pod's eth0 refuses IPv6 in both directions (TCP gets a
+//! reset so clients fail at once, everything else is dropped). The resets
+//! that refusal sends leave through the output hook too, so segments that
+//! only reset pass, and so does neighbour discovery (without it no SYN ever
+//! arrives to be reset and clients wait for a timeout); neither carries
+//! anything to or from an app. Loopback (`::1`) inside the pod is untouched.
 
 use super::cmd::{ip_batch, run, CmdError};
 
@@ -36,6 +46,19 @@ table inet {TABLE} {{
     oifname "lo" return
     fib daddr type local return
     meta nfproto ipv4 meta l4proto tcp redirect to :15001
+  }}
+  chain ipv6_in {{
+    type filter hook input priority filter; policy accept;
+    iifname "eth0" icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept
+    iifname "eth0" meta nfproto ipv6 meta l4proto tcp counter reject with tcp reset
+    iifname "eth0" meta nfproto ipv6 counter drop
+  }}
+  chain ipv6_out {{
+    type filter hook output priority filter; policy accept;
+    oifname "eth0" icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept
+    oifname "eth0" meta nfproto ipv6 tcp flags & rst == rst accept
+    oifname "eth0" meta nfproto ipv6 meta l4proto tcp counter reject with tcp reset
+    oifname "eth0" meta nfproto ipv6 counter drop
   }}
   chain output_route {{
     type route hook output priority mangle; policy accept;
@@ -68,5 +91,15 @@ mod tests {
         assert!(r.contains("meta mark & 0xfff == 0x539 return"));
         assert!(r.contains("tcp dport != 15008 redirect to :15006"));
         assert!(r.contains("redirect to :15001"));
+    }
+
+    #[test]
+    fn ipv6_is_refused_both_ways_on_the_pod_interface_but_not_on_loopback() {
+        let r = super::ruleset();
+        for dir in ["iifname", "oifname"] {
+            assert!(r.contains(&format!("{dir} \"eth0\" meta nfproto ipv6 meta l4proto tcp counter reject with tcp reset")), "{dir}");
+            assert!(r.contains(&format!("{dir} \"eth0\" meta nfproto ipv6 counter drop")), "{dir}");
+        }
+        assert!(!r.contains("\"lo\" meta nfproto ipv6"), "loopback IPv6 inside the pod stays usable");
     }
 }
