@@ -93,6 +93,12 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(agent.paths.socket());
     let listener = UnixListener::bind(agent.paths.socket())?;
+    // Whoever can connect controls the cluster (and runs pods as root):
+    // root only, whatever the umask.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(agent.paths.socket(), std::fs::Permissions::from_mode(0o600))?;
+    }
     listener.set_nonblocking(true)?;
     agent.sync_services();
     agent.persist();
