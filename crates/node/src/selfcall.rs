@@ -77,7 +77,8 @@ mod tests {
         use SelfCall::*;
         use Side::*;
         let a = |s: &str| -> SocketAddr { s.parse().unwrap() };
-        let cases: &[(Side, &str, Option<fn(SocketAddr) -> SelfCall>)] = &[
+        type Expected = Option<fn(SocketAddr) -> SelfCall>;
+        let cases: &[(Side, &str, Expected)] = &[
             (Outbound, "127.0.0.1:15001", Some(ProxyPort)),
             (Outbound, "127.0.0.2:15001", Some(ProxyPort)),
             (Outbound, "127.0.0.1:8080", Some(Loopback)),
