@@ -115,8 +115,9 @@ enum Command {
     /// Run a command inside a pod (its network, names and cgroup) and
     /// return its exit code.
     ///
-    /// POD is a pod name or `deploy/NAME` (the first ready pod of a
-    /// Deployment).
+    /// POD is a pod name, `pod/NAME` (`po`, `pods`), or `deploy/NAME`
+    /// (`deployment`, `deployments`, `deployment.apps`: the first ready pod
+    /// of a Deployment), as kubectl takes them.
     Exec {
         #[arg(short = 'n', long = "namespace", default_value = "default")]
         namespace: String,
