@@ -5,6 +5,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +13,8 @@ use common::*;
 use futures_util::future::BoxFuture;
 use slipstream_hbone::drain;
 use slipstream_hbone::{
-    CertSource, ConnectRequest, Handler, HandshakeFailure, HandshakeFailureKind, HboneError, InboundRequest, PoolConfig, ResponseFlag,
-    Server, ServerConfig, StreamRecord, Upstream,
+    Admission, AdmissionRefused, CertSource, ConnectRequest, Handler, HandshakeFailure, HandshakeFailureKind, HboneError, InboundRequest,
+    Permit, PoolConfig, ResponseFlag, Server, ServerConfig, StreamRecord, Upstream,
 };
 use slipstream_identity::{Ca, FetchError, SpiffeId, TrustDomain, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,6 +25,18 @@ use tokio::net::{TcpListener, TcpStream};
 struct Recorder {
     failures: Mutex<Vec<HandshakeFailure>>,
     records: Mutex<Vec<StreamRecord>>,
+    /// Admits at most this many handshakes at once (0: any number).
+    max_handshakes: usize,
+    handshakes: Arc<AtomicUsize>,
+}
+
+/// Counts a handshake in progress until dropped.
+struct Pending(Arc<AtomicUsize>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Handler for Recorder {
@@ -48,6 +61,15 @@ impl Handler for Recorder {
 
     fn on_handshake_failure(&self, failure: &HandshakeFailure) {
         self.failures.lock().unwrap().push(failure.clone());
+    }
+
+    fn admit(&self, _peer: SocketAddr, _local: SocketAddr) -> Result<Admission, AdmissionRefused> {
+        if self.max_handshakes > 0 && self.handshakes.fetch_add(1, Ordering::SeqCst) >= self.max_handshakes {
+            self.handshakes.fetch_sub(1, Ordering::SeqCst);
+            return Err(AdmissionRefused { kind: HandshakeFailureKind::PeerHandshakeLimit, detail: "too many".into() });
+        }
+        let pending: Option<Permit> = (self.max_handshakes > 0).then(|| Box::new(Pending(self.handshakes.clone())) as Permit);
+        Ok(Admission { handshake: pending, connection: None })
     }
 }
 
@@ -74,8 +96,17 @@ impl Recorder {
 }
 
 async fn serve(mesh: &Mesh, who: &SpiffeId, config: ServerConfig) -> (SocketAddr, Arc<Recorder>, drain::DrainTrigger) {
+    serve_with(mesh, who, config, Recorder::default()).await
+}
+
+async fn serve_with(
+    mesh: &Mesh,
+    who: &SpiffeId,
+    config: ServerConfig,
+    recorder: Recorder,
+) -> (SocketAddr, Arc<Recorder>, drain::DrainTrigger) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let recorder = Arc::new(recorder);
     let resolver = TestResolver { certs: mesh.certs.clone(), workloads: [(LOCALHOST, who.clone())].into_iter().collect() };
     let server = Server::new(listener, mesh.server_tls(), Arc::new(resolver), recorder.clone(), config);
     let addr = server.local_addr().unwrap();
@@ -126,6 +157,51 @@ async fn a_silent_client_is_dropped_after_the_handshake_budget() {
     assert_eq!(n, 0, "closed");
     let f = rec.wait_failures(1).await;
     assert_eq!(f[0].kind, HandshakeFailureKind::Timeout, "{f:#?}");
+}
+
+#[tokio::test]
+async fn admission_is_asked_before_the_handshake_and_held_until_it_ends() {
+    let mesh = Mesh::new();
+    let recorder = Recorder { max_handshakes: 1, ..Recorder::default() };
+    let (addr, rec, _drain) = serve_with(&mesh, &id("server"), ServerConfig::default(), recorder).await;
+    // A silent client holds the one handshake slot.
+    let silent = TcpStream::connect(addr).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while rec.handshakes.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the silent client admitted");
+    // The next is closed at once, before any TLS, and reported once.
+    let mut refused = TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(2), refused.read(&mut buf)).await.expect("closed at once").unwrap_or(0);
+    assert_eq!(n, 0, "nothing sent, not even a TLS alert");
+    let f = rec.wait_failures(1).await;
+    assert_eq!((f.len(), f[0].kind, f[0].kind.as_str()), (1, HandshakeFailureKind::PeerHandshakeLimit, "peer_handshake_limit"));
+    // The slot comes back when the silent client leaves.
+    drop(silent);
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while rec.handshakes.load(Ordering::SeqCst) != 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the silent client's slot given back when it closed");
+    let back = raw(addr, b"GET / HTTP/1.1\r\n\r\n").await;
+    assert_eq!(back.first(), Some(&0x15), "admitted again: it gets the TLS alert {back:?}");
+    let f = rec.wait_failures(3).await;
+    assert_eq!(f.iter().filter(|f| f.kind == HandshakeFailureKind::PeerHandshakeLimit).count(), 1, "{f:#?}");
+    // (A refused handshake keeps its slot while it lingers to let the
+    // client read the alert, up to 1 s.)
+    tokio::time::timeout(Duration::from_secs(3), async {
+        while rec.handshakes.load(Ordering::SeqCst) != 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("every slot given back");
 }
 
 /// Presents one certificate whatever identity is asked for.
