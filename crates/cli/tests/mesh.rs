@@ -156,12 +156,28 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
     assert!(after_src.contains(&format!("source_principal=\"{CLIENT_ID}\"")));
     assert!(after_dst.contains(&format!("destination_principal=\"{ECHO_ID}\"")));
 
-    // fortio through the mesh: every request answered 200.
-    let (code, out) = c.exec(
-        "default",
+    // fortio through the mesh: every request answered 200. As root
+    // (`exec --privileged`): fortio is installed under /root/go/bin, out of
+    // reach of the client's uid 1000; the pod's capture applies all the same.
+    let o = c.run(&[
+        "exec",
+        "--privileged",
         "deploy/client",
-        &["fortio", "load", "-quiet", "-c", "8", "-qps", "200", "-t", "2s", "-json", "-", "http://echo:8080/echo?size=1024"],
-    );
+        "--",
+        "fortio",
+        "load",
+        "-quiet",
+        "-c",
+        "8",
+        "-qps",
+        "200",
+        "-t",
+        "2s",
+        "-json",
+        "-",
+        "http://echo:8080/echo?size=1024",
+    ]);
+    let (code, out) = (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned());
     assert_eq!(code, 0, "{out}");
     let f: serde_json::Value = serde_json::from_str(&out).expect("fortio json");
     let ok = f["RetCodes"]["200"].as_u64().unwrap_or(0);
