@@ -51,8 +51,11 @@ if ! command -v fortio >/dev/null 2>&1 && [ ! -x "${GOPATH:-$HOME/go}/bin/fortio
     echo "setup.sh: WARNING: go not found; fortio not installed (needed only by benchmarks)" >&2
   fi
 fi
-if [ -x "${GOPATH:-$HOME/go}/bin/fortio" ] && [ ! -e /usr/local/bin/fortio ]; then
-  ln -sf "${GOPATH:-$HOME/go}/bin/fortio" /usr/local/bin/fortio
+# A copy, not a link: pods run as non-root users, who cannot reach into
+# root's home directory where `go install` puts it.
+if [ -x "${GOPATH:-$HOME/go}/bin/fortio" ] && { [ ! -e /usr/local/bin/fortio ] || [ -L /usr/local/bin/fortio ]; }; then
+  rm -f /usr/local/bin/fortio
+  install -m 0755 "${GOPATH:-$HOME/go}/bin/fortio" /usr/local/bin/fortio
 fi
 
 # Rust toolchain is expected (rustup); say so clearly if missing.

@@ -378,10 +378,8 @@ fn one_pod_at_its_limit_does_not_starve_the_others() {
     assert_eq!(first, serde_json::json!({"served": LIMIT, "refused": 1000 - LIMIT, "timeout": 0}), "exactly its limit served");
 
     // Meanwhile the other pod of the node is served as before.
-    // (As root: fortio is installed under /root on this machine.)
     let o = c.run(&[
         "exec",
-        "--privileged",
         "deploy/client",
         "--",
         "fortio",
