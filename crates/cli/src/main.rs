@@ -157,6 +157,15 @@ enum Command {
     /// Built-in sample applications (run inside pods).
     #[command(subcommand)]
     App(AppCommand),
+    /// The init of a pod's container: its own PID namespace, then the
+    /// command, confined (started by the agent and `exec`; not for direct use).
+    #[command(hide = true)]
+    PodInit {
+        #[arg(long)]
+        spec: String,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// The cluster agent (started by `up`; not for direct use).
     #[command(hide = true)]
     Agent {
@@ -180,6 +189,9 @@ enum AppCommand {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        // First, before anything could start a process: pod-init's first
+        // child becomes PID 1 of the pod's namespace.
+        Command::PodInit { spec, command } => slipstream_testbed::sys::podinit::main(&spec, &command),
         Command::App(AppCommand::Echo(a)) => slipstream_apps::run_echo(a),
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
@@ -205,7 +217,7 @@ fn main() {
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
             Command::Agent { nodes, ca_cert, ca_key } => cmd::agent::run(&ctx, nodes, ca_cert, ca_key),
-            Command::App(_) => unreachable!("handled above"),
+            Command::App(_) | Command::PodInit { .. } => unreachable!("handled above"),
         }),
     };
     if let Err(e) = result {

@@ -51,9 +51,21 @@ pub fn find_pod<'a>(st: &'a ClusterStatus, ns: &str, pod: &str) -> anyhow::Resul
     })
 }
 
+/// The PID namespace of an exec'd command (pure): the container's when it
+/// runs (its pod-init's pid), as `kubectl exec`; a new one of its own when it
+/// does not (between restarts); with `privileged`, the machine's (None).
+pub fn pid_namespace(privileged: bool, container_pid: Option<i32>) -> Option<spawn::PidNamespace> {
+    match (privileged, container_pid) {
+        (true, _) => None,
+        (false, Some(pid)) => Some(spawn::PidNamespace::JoinContainer(pid)),
+        (false, None) => Some(spawn::PidNamespace::New),
+    }
+}
+
 /// Runs `argv` in the pod as its container runs (user, groups,
-/// capabilities, the cluster's files hidden), or with `privileged` as root
-/// with every capability and the host's files, for operators.
+/// capabilities, the cluster's files hidden, in the container's PID
+/// namespace), or with `privileged` as root with every capability and the
+/// host's files and processes, for operators.
 pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, privileged: bool, argv: &[String]) -> anyhow::Result<i32> {
     common::require_root("exec")?;
     let st = ctx.status()?;
@@ -103,9 +115,10 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, privileged: 
         new_session: false,
         private_mounts: true,
     };
-    let child = match &confinement {
-        Some(c) => spawn::spawn_confined(&spec, c),
-        None => spawn::spawn(&spec),
+    let pid = p.containers.iter().find(|c| c.name == container).and_then(|c| c.pid);
+    let child = match (&confinement, pid_namespace(privileged, pid)) {
+        (Some(c), Some(ns)) => spawn::spawn_confined(&spec, c, ns),
+        _ => spawn::spawn(&spec),
     };
     let mut child = child.with_context(|| format!("running {:?} in pod {ns}/{}", argv[0], p.name))?;
     let status = child.wait()?;
@@ -115,6 +128,16 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, privileged: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pid_namespace_of_an_exec() {
+        use spawn::PidNamespace::*;
+        for (privileged, pid, want) in
+            [(true, Some(42), None), (true, None, None), (false, Some(42), Some(JoinContainer(42))), (false, None, Some(New))]
+        {
+            assert_eq!(pid_namespace(privileged, pid), want, "privileged {privileged}, container pid {pid:?}");
+        }
+    }
 
     #[test]
     fn target_forms_as_kubectl_takes_them() {

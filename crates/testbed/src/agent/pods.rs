@@ -273,7 +273,7 @@ impl PodRuntime {
             c.restarts += 1;
         }
         c.next_start = None;
-        match spawn::spawn_confined(&spec, &c.confinement) {
+        match spawn::spawn_confined(&spec, &c.confinement, spawn::PidNamespace::New) {
             Ok(child) => {
                 tracing::info!(pod = %key, container = %c.spec.name, pid = child.id(), "container started");
                 c.child = Some(child);
@@ -341,9 +341,7 @@ impl PodRuntime {
             private_mounts: true,
         };
         let c = &mut self.containers[i];
-        if c.child.is_none() {
-            return;
-        }
+        let Some(pid) = c.pid() else { return };
         let Some(probe) = c.spec.readiness_probe.clone() else {
             c.ready = c.started_at.is_some_and(|t| t.elapsed() >= MIN_READY);
             return;
@@ -369,7 +367,7 @@ impl PodRuntime {
             let path = h.path.clone().unwrap_or_else(|| "/".into());
             netns::in_netns(&netns, move || http_probe(addr, &path, timeout)).unwrap_or(false)
         } else if let Some(e) = &probe.exec {
-            exec_probe(&sandbox, &c.confinement, e.command.clone(), timeout)
+            exec_probe(&sandbox, &c.confinement, pid, e.command.clone(), timeout)
         } else {
             false
         };
@@ -489,10 +487,11 @@ fn http_probe(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
     line.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok()).is_some_and(|c| (200..400).contains(&c))
 }
 
-/// Runs an exec probe in the pod; success is exit code 0 within the timeout.
-fn exec_probe(sandbox: &spawn::SandboxSpec, confinement: &spawn::Confinement, argv: Vec<String>, timeout: Duration) -> bool {
+/// Runs an exec probe in the pod, in the PID namespace of the container
+/// whose pod-init is `pid`; success is exit code 0 within the timeout.
+fn exec_probe(sandbox: &spawn::SandboxSpec, confinement: &spawn::Confinement, pid: i32, argv: Vec<String>, timeout: Duration) -> bool {
     let spec = spawn::SandboxSpec { argv, ..sandbox.clone() };
-    let Ok(mut child) = spawn::spawn_confined(&spec, confinement) else { return false };
+    let Ok(mut child) = spawn::spawn_confined(&spec, confinement, spawn::PidNamespace::JoinContainer(pid)) else { return false };
     let deadline = Instant::now() + timeout;
     loop {
         match child.try_wait() {

@@ -6,4 +6,5 @@ pub mod cmd;
 pub mod net;
 pub mod netns;
 pub mod signals;
+pub mod podinit;
 pub mod spawn;

@@ -1,14 +1,15 @@
 //! Starting a process inside a pod: its cgroup, its network namespace, a
 //! private mount namespace with the pod's hosts and resolv.conf, its host
-//! name, and its confinement (user, groups, capabilities, no_new_privs, the
-//! cluster's files hidden, /sys and the cgroup file systems read-only).
-//! Everything is prepared before fork; the pre-exec closure only makes
-//! async-signal-safe system calls.
+//! name, and its confinement (the cluster's files hidden, /sys and the cgroup
+//! file systems read-only, a minimal /dev, its own PID namespace; user,
+//! groups, capabilities and no_new_privs, applied by `podinit` last before
+//! the command runs). Everything is prepared before fork; the pre-exec
+//! closure only makes async-signal-safe system calls.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -37,7 +38,7 @@ pub struct SandboxSpec {
 
 /// How a pod's process is confined, decided from its container's
 /// `securityContext` by `confinement`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Confinement {
     pub uid: u32,
     pub gid: u32,
@@ -52,13 +53,17 @@ pub struct Confinement {
     pub no_new_privs: bool,
     /// Hide the cluster's state (keys, sockets) and pinned BPF objects behind
     /// empty read-only tmpfs; /sys, every cgroup file system and /proc/sys
-    /// read-only. False only for privileged containers (the host's view).
+    /// (with runc's other /proc entries) read-only; a minimal /dev. False only
+    /// for privileged containers (the host's view).
     pub hide_host: bool,
     pub read_only_root: bool,
 }
 
 /// containerd's default capabilities less CAP_NET_RAW (which also allows
-/// SO_MARK, the node proxy's capture bypass, since Linux 5.17).
+/// SO_MARK, the node proxy's capture bypass, since Linux 5.17) and less
+/// CAP_MKNOD: runtimes keep MKNOD because a device cgroup forbids opening
+/// the nodes made with it; we have no device cgroup program, so a root pod
+/// could make and open a node for the machine's disk.
 pub const DEFAULT_CAPS: &[caps::Capability] = {
     use caps::Capability::*;
     &[
@@ -66,7 +71,6 @@ pub const DEFAULT_CAPS: &[caps::Capability] = {
         CAP_DAC_OVERRIDE,
         CAP_FSETID,
         CAP_FOWNER,
-        CAP_MKNOD,
         CAP_SETGID,
         CAP_SETUID,
         CAP_SETFCAP,
@@ -162,23 +166,63 @@ pub fn read_only_mounts(proc_mounts: &str) -> (Vec<(String, libc::c_ulong)>, lib
     (out, root)
 }
 
+/// A confined process's PID namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PidNamespace {
+    /// Its own, whose PID 1 is pod-init's reaper: it sees only itself and
+    /// its children (a container).
+    New,
+    /// The one of a running container, named by the host pid of the
+    /// container's pod-init (the pid `status` shows): `exec` and exec probes
+    /// see the container's processes, as in Kubernetes.
+    JoinContainer(i32),
+}
+
+/// Device nodes of a confined pod's /dev: (name, major, minor), the set
+/// runc makes.
+pub const DEVICES: [(&str, u32, u32); 6] =
+    [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
+/// Symlinks of a confined pod's /dev: (name, target).
+pub const DEV_LINKS: [(&str, &str); 5] = [
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+];
+
+/// Whether a process whose /proc/PID/cgroup reads `proc_cgroup` is in the
+/// cgroup directory `dir` (a path under the cgroup2 mount) (pure).
+pub fn in_cgroup(proc_cgroup: &str, dir: &std::path::Path) -> bool {
+    proc_cgroup.lines().filter_map(|l| l.strip_prefix("0::")).any(|rel| rel.len() > 1 && dir.ends_with(rel.trim_start_matches('/')))
+}
+
 /// Confinement data ready for the pre-exec closure.
 struct PreparedConfinement {
     c: Confinement,
-    last_cap: u32,
     hide: Vec<CString>,
     read_only: Vec<(CString, libc::c_ulong)>,
     root_flags: libc::c_ulong,
-    proc_sys: CString,
     tmpfs: CString,
     tmpfs_data: CString,
+    dev: PreparedDev,
+}
+
+/// A minimal /dev: a tmpfs with the `DEVICES`, a new devpts instance, a
+/// /dev/shm and the `DEV_LINKS`.
+struct PreparedDev {
+    dev: CString,
+    dev_data: CString,
+    nodes: Vec<(CString, libc::dev_t)>,
+    pts: CString,
+    devpts: CString,
+    pts_data: CString,
+    shm: CString,
+    shm_data: CString,
+    links: Vec<(CString, CString)>,
 }
 
 fn prepare_confinement(c: &Confinement) -> io::Result<PreparedConfinement> {
-    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(caps::Capability::CAP_CHECKPOINT_RESTORE.index() as u32);
     let mounts = std::fs::read_to_string("/proc/self/mounts")?;
     let (read_only, root_flags) = read_only_mounts(&mounts);
     let hide = [run_root(), PathBuf::from("/sys/fs/bpf")]
@@ -186,16 +230,31 @@ fn prepare_confinement(c: &Confinement) -> io::Result<PreparedConfinement> {
         .filter(|p| p.is_dir())
         .map(|p| cstr(p.as_os_str().as_encoded_bytes()))
         .collect();
+    let dev = |name: &str| cstr(format!("/dev/{name}").as_bytes());
     Ok(PreparedConfinement {
         c: c.clone(),
-        last_cap,
         hide,
         read_only: read_only.into_iter().map(|(t, f)| (cstr(t.as_bytes()), f)).collect(),
         root_flags,
-        proc_sys: cstr(b"/proc/sys"),
         tmpfs: cstr(b"tmpfs"),
         tmpfs_data: cstr(b"size=4k,mode=755"),
+        dev: PreparedDev {
+            dev: cstr(b"/dev"),
+            dev_data: cstr(b"mode=755,size=64k"),
+            nodes: DEVICES.iter().map(|(n, major, minor)| (dev(n), libc::makedev(*major, *minor))).collect(),
+            pts: dev("pts"),
+            devpts: cstr(b"devpts"),
+            pts_data: cstr(b"newinstance,ptmxmode=0666,mode=0620,gid=5"),
+            shm: dev("shm"),
+            shm_data: cstr(b"mode=1777,size=65536k"),
+            links: DEV_LINKS.iter().map(|(n, target)| (cstr(target.as_bytes()), dev(n))).collect(),
+        },
     })
+}
+
+enum PreparedPidNs {
+    New,
+    Join(File),
 }
 
 struct Prepared {
@@ -207,24 +266,101 @@ struct Prepared {
     new_session: bool,
     private_mounts: bool,
     confinement: Option<PreparedConfinement>,
+    pid_ns: Option<PreparedPidNs>,
+    /// pod-init's status pipe, to keep open across exec.
+    status_fd: Option<RawFd>,
 }
 
 /// Starts a process in the pod with the caller's privileges (root, every
-/// capability, the host's files): the node proxy, `exec --privileged`.
+/// capability, the host's files and PID namespace): the node proxy,
+/// `exec --privileged`.
 pub fn spawn(spec: &SandboxSpec) -> io::Result<Child> {
-    spawn_inner(spec, None)
+    let mut cmd = Command::new(resolve_program(&spec.argv[0]));
+    cmd.args(&spec.argv[1..]);
+    spawn_inner(spec, cmd, None)
 }
 
-/// Starts a pod's process confined as `c` says (needs `private_mounts`).
-pub fn spawn_confined(spec: &SandboxSpec, c: &Confinement) -> io::Result<Child> {
-    spawn_inner(spec, Some(c))
+/// Starts a pod's process confined as `c` says (needs `private_mounts`),
+/// in the PID namespace `pid_ns`, under `slipstream pod-init` (see
+/// `podinit`): the child returned is pod-init, which exits as the command
+/// does. Returns an error, as for any spawn, when the command cannot start.
+pub fn spawn_confined(spec: &SandboxSpec, c: &Confinement, pid_ns: PidNamespace) -> io::Result<Child> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new fds into the array, owned below.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created and are owned here only.
+    let (status_r, status_w) = unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let init =
+        crate::sys::podinit::InitSpec { confinement: c.clone(), new_pid_ns: pid_ns == PidNamespace::New, status_fd: status_w.as_raw_fd() };
+    // /proc/self/exe: this very binary, even if it was replaced on disk.
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg0("slipstream").arg("pod-init").arg("--spec").arg(serde_json::to_string(&init).map_err(io::Error::other)?).arg("--");
+    cmd.arg(resolve_program(&spec.argv[0])).args(&spec.argv[1..]);
+    let mut child = spawn_inner(spec, cmd, Some((c, pid_ns, status_w.as_raw_fd())))?;
+    drop(status_w);
+    match read_status(status_r, std::time::Duration::from_secs(10)) {
+        Ok(msg) if msg.is_empty() => Ok(child),
+        Ok(msg) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(io::Error::other(msg))
+        }
+        Err(e) => {
+            tracing::warn!("pod-init of {} did not report: {e}", spec.argv[0]);
+            Ok(child)
+        }
+    }
 }
 
-fn spawn_inner(spec: &SandboxSpec, confinement: Option<&Confinement>) -> io::Result<Child> {
+/// pod-init's report: empty once the command runs, else why it did not.
+fn read_status(mut r: File, timeout: std::time::Duration) -> io::Result<String> {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + timeout;
+    let mut out = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut p = libc::pollfd { fd: r.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll on one valid fd.
+        match unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) } {
+            0 => return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no word within {timeout:?}"))),
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            _ => {
+                let mut buf = [0u8; 4096];
+                match r.read(&mut buf)? {
+                    0 => return Ok(String::from_utf8_lossy(&out).into_owned()),
+                    n => out.extend_from_slice(&buf[..n]),
+                }
+            }
+        }
+    }
+}
+
+fn spawn_inner(spec: &SandboxSpec, mut cmd: Command, confined: Option<(&Confinement, PidNamespace, RawFd)>) -> io::Result<Child> {
     let ctx = |what: &str, p: &std::path::Path| {
         let p = p.display().to_string();
         let what = what.to_string();
         move |e: io::Error| io::Error::new(e.kind(), format!("{what} {p}: {e}"))
+    };
+    let pid_ns = match confined {
+        None => None,
+        Some((_, PidNamespace::New, _)) => Some(PreparedPidNs::New),
+        Some((_, PidNamespace::JoinContainer(pid), _)) => {
+            let path = PathBuf::from(format!("/proc/{pid}/ns/pid_for_children"));
+            let ns = File::open(&path).map_err(ctx("cannot open the container's PID namespace", &path))?;
+            // Opened first, checked next: a reused pid cannot slip in between.
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if !in_cgroup(&cg, &spec.cgroup) {
+                return Err(io::Error::new(io::ErrorKind::NotFound, format!("process {pid} is no longer the container's (it restarted?)")));
+            }
+            Some(PreparedPidNs::Join(ns))
+        }
     };
     let prepared = Prepared {
         netns: File::open(&spec.netns).map_err(ctx("cannot open network namespace", &spec.netns))?,
@@ -244,17 +380,17 @@ fn spawn_inner(spec: &SandboxSpec, confinement: Option<&Confinement>) -> io::Res
         root: cstr(b"/"),
         new_session: spec.new_session,
         private_mounts: spec.private_mounts,
-        confinement: match confinement {
+        confinement: match confined {
             Some(_) if !spec.private_mounts => {
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, "a confined process needs a private mount namespace"))
             }
-            Some(c) => Some(prepare_confinement(c)?),
+            Some((c, _, _)) => Some(prepare_confinement(c)?),
             None => None,
         },
+        pid_ns,
+        status_fd: confined.map(|(_, _, fd)| fd),
     };
-    let program = resolve_program(&spec.argv[0]);
-    let mut cmd = Command::new(&program);
-    cmd.args(&spec.argv[1..]).env_clear().envs(spec.env.iter().map(|(k, v)| (k, v)));
+    cmd.env_clear().envs(spec.env.iter().map(|(k, v)| (k, v)));
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
@@ -263,8 +399,8 @@ fn spawn_inner(spec: &SandboxSpec, confinement: Option<&Confinement>) -> io::Res
         cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f);
     }
     // SAFETY: the closure calls only async-signal-safe functions (write,
-    // setns, unshare, mount, sethostname, setsid, prctl, setgroups, setgid,
-    // setuid, capset) on data prepared above.
+    // setns, unshare, mount, mknod, chmod, mkdir, symlink, sethostname,
+    // setsid, fcntl) on data prepared above.
     unsafe {
         cmd.pre_exec(move || enter(&prepared));
     }
@@ -296,15 +432,21 @@ fn enter(p: &Prepared) -> io::Result<()> {
         if p.new_session && libc::setsid() < 0 {
             return Err(io::Error::last_os_error());
         }
-        if let Some(c) = &p.confinement {
-            confine_credentials(c)?;
+        // For pod-init's children: its first becomes PID 1 of a new one.
+        match &p.pid_ns {
+            Some(PreparedPidNs::New) => check(libc::unshare(libc::CLONE_NEWPID))?,
+            Some(PreparedPidNs::Join(ns)) => check(libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID))?,
+            None => {}
+        }
+        if let Some(fd) = p.status_fd {
+            check(libc::fcntl(fd, libc::F_SETFD, 0))?;
         }
     }
     Ok(())
 }
 
 /// In the pod's mount namespace (after the hosts and resolv.conf binds):
-/// hide, then make read-only. Async-signal-safe.
+/// hide, make read-only, a minimal /dev. Async-signal-safe.
 unsafe fn confine_mounts(p: &PreparedConfinement, root: *const libc::c_char) -> io::Result<()> {
     let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
     let null = std::ptr::null::<libc::c_char>();
@@ -316,8 +458,32 @@ unsafe fn confine_mounts(p: &PreparedConfinement, root: *const libc::c_char) -> 
         for (target, flags) in &p.read_only {
             check(libc::mount(null, target.as_ptr(), null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags, std::ptr::null()))?;
         }
-        check(libc::mount(p.proc_sys.as_ptr(), p.proc_sys.as_ptr(), null, libc::MS_BIND, std::ptr::null()))?;
-        check(libc::mount(null, p.proc_sys.as_ptr(), null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | locked, std::ptr::null()))?;
+        let d = &p.dev;
+        check(libc::mount(
+            p.tmpfs.as_ptr(),
+            d.dev.as_ptr(),
+            p.tmpfs.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            d.dev_data.as_ptr().cast(),
+        ))?;
+        for (path, dev) in &d.nodes {
+            check(libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o666, *dev))?;
+            // The umask took some bits away.
+            check(libc::chmod(path.as_ptr(), 0o666))?;
+        }
+        check(libc::mkdir(d.pts.as_ptr(), 0o755))?;
+        check(libc::mount(
+            d.devpts.as_ptr(),
+            d.pts.as_ptr(),
+            d.devpts.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            d.pts_data.as_ptr().cast(),
+        ))?;
+        check(libc::mkdir(d.shm.as_ptr(), 0o755))?;
+        check(libc::mount(p.tmpfs.as_ptr(), d.shm.as_ptr(), p.tmpfs.as_ptr(), locked, d.shm_data.as_ptr().cast()))?;
+        for (target, path) in &d.links {
+            check(libc::symlink(target.as_ptr(), path.as_ptr()))?;
+        }
     }
     if p.c.read_only_root {
         check(libc::mount(null, root, null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | p.root_flags, std::ptr::null()))?;
@@ -326,26 +492,27 @@ unsafe fn confine_mounts(p: &PreparedConfinement, root: *const libc::c_char) -> 
 }
 
 #[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
+pub(crate) struct CapHeader {
+    pub(crate) version: u32,
+    pub(crate) pid: libc::c_int,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
+pub(crate) struct CapData {
+    pub(crate) effective: u32,
+    pub(crate) permitted: u32,
+    pub(crate) inheritable: u32,
 }
 
 /// Bounding set, groups and ids, capability sets, ambient set,
-/// no_new_privs, in the order the kernel allows them. Async-signal-safe.
-unsafe fn confine_credentials(p: &PreparedConfinement) -> io::Result<()> {
+/// no_new_privs, in the order the kernel allows them; `last_cap` from
+/// /proc/sys/kernel/cap_last_cap. Async-signal-safe (pod-init calls it last
+/// before the container's command runs).
+pub(crate) unsafe fn drop_credentials(c: &Confinement, last_cap: u32) -> io::Result<()> {
     let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
-    let c = &p.c;
     if let Some(set) = c.caps {
-        for cap in 0..=p.last_cap.min(63) {
+        for cap in 0..=last_cap.min(63) {
             if set & (1u64 << cap) == 0 {
                 check(libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0))?;
             }
@@ -371,7 +538,7 @@ unsafe fn confine_credentials(p: &PreparedConfinement) -> io::Result<()> {
         if libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) != 0 {
             return Err(io::Error::last_os_error());
         }
-        for cap in 0..=p.last_cap.min(63) {
+        for cap in 0..=last_cap.min(63) {
             if c.ambient & (1u64 << cap) != 0 {
                 check(libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong, cap as libc::c_ulong, 0, 0))?;
             }
@@ -489,8 +656,27 @@ mod tests {
             assert!(c.hide_host && (c.uid, c.gid) == (s.uid, s.gid), "{s:?}");
         }
         assert_eq!(default & (CAP_NET_RAW.bitmask() | CAP_NET_ADMIN.bitmask() | CAP_SYS_ADMIN.bitmask() | CAP_SYS_PTRACE.bitmask()), 0);
+        // No MKNOD: without a device cgroup, a node for the disk could be opened.
+        assert_eq!(default & CAP_MKNOD.bitmask(), 0);
+        assert_eq!(confinement(&sec(0, &["CAP_MKNOD"], &[], None)).caps, Some(default | CAP_MKNOD.bitmask()), "unless added");
         let p = confinement(&ContainerSecurity { privileged: true, read_only_root_filesystem: true, ..Default::default() });
         assert_eq!((p.caps, p.hide_host, p.no_new_privs, p.read_only_root), (None, false, false, true), "privileged: the host's view");
+    }
+
+    #[test]
+    fn in_cgroup_matches_the_pods_cgroup_only() {
+        let dir = std::path::Path::new("/sys/fs/cgroup/slipstream/c1/pods/default.web");
+        let cases = [
+            ("0::/slipstream/c1/pods/default.web\n", true),
+            ("12:cpu:/x\n0::/slipstream/c1/pods/default.web\n", true),
+            ("0::/slipstream/c1/pods/default.web2\n", false),
+            ("0::/slipstream/c1/pods/other.web\n", false),
+            ("0::/\n", false),
+            ("", false),
+        ];
+        for (text, want) in cases {
+            assert_eq!(in_cgroup(text, dir), want, "{text:?}");
+        }
     }
 
     #[test]

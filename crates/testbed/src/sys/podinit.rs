@@ -1,0 +1,349 @@
+//! `slipstream pod-init`: the small init every confined pod process runs
+//! under, so that it gets its own PID namespace (as a container runtime
+//! gives each container). The agent (or `exec`) starts it through
+//! `spawn::spawn_confined`, whose pre-exec step already put it in the pod's
+//! cgroup, network, mount and UTS namespaces, hid the machine's files, made a
+//! minimal /dev and unshared (or joined) the PID namespace for its children.
+//! Then:
+//!
+//! ```text
+//! pod-init (host PID namespace: the pid `status` shows, the agent's child)
+//!  ├── PID 1 of the new namespace: reaps orphans, nothing else (not when joining)
+//!  └── the command (PID 2): fresh /proc, confinement applied, exec
+//! ```
+//!
+//! The command is pod-init's own child, so pod-init sees its exact exit
+//! status and exits with it (128+N when killed by signal N). The command is
+//! not PID 1: a PID 1 ignores SIGTERM unless it handles it, and the agent's
+//! graceful stop must stop `sleep infinity` at once, as it did before. PID 1
+//! and the command die with pod-init (PR_SET_PDEATHSIG), and everything left
+//! in the namespace dies with PID 1, so killing pod-init kills the container.
+
+use super::spawn::{drop_credentials, Confinement};
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::io::{self, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, ExitStatus};
+
+/// What pod-init is told, as one JSON argument written by `spawn_confined`
+/// (from a `Confinement` it already validated).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitSpec {
+    pub confinement: Confinement,
+    /// A new PID namespace, whose PID 1 pod-init starts; false when it joins
+    /// a running container's (`exec`, exec probes).
+    pub new_pid_ns: bool,
+    /// Written with the reason when the command cannot be started, then
+    /// closed; closed empty once it runs.
+    pub status_fd: RawFd,
+}
+
+/// Signals pod-init passes on to the command.
+pub const FORWARDED: [libc::c_int; 6] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2];
+
+/// Whether a signal pod-init received should be passed on to the command
+/// (pure). Not when the command got it too: from the kernel (a terminal's
+/// Ctrl-C reaches the whole process group) or from pod-init's parent (the
+/// agent stops a pod by signalling every process of its cgroup). Anyone
+/// else (`kill <pid from status>`) signalled pod-init alone.
+pub fn forward(sig: libc::c_int, si_code: libc::c_int, sender: libc::pid_t, parent: libc::pid_t) -> bool {
+    FORWARDED.contains(&sig) && si_code != libc::SI_KERNEL && !(si_code == libc::SI_USER && sender == parent)
+}
+
+/// The exit code that reports `status`: the code, or 128+N for signal N, as
+/// a shell reports it (pure).
+pub fn exit_code(status: ExitStatus) -> i32 {
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// /proc entries a confined command must not write (read-only) or read
+/// (covered), as runc masks them: the kernel's sysctls, the SysRq trigger
+/// (which reboots the machine), interrupt and bus settings; kernel memory,
+/// keys and timers.
+const PROC_READ_ONLY: [&str; 5] = ["/proc/sys", "/proc/sysrq-trigger", "/proc/bus", "/proc/fs", "/proc/irq"];
+const PROC_MASKED: [&str; 8] = [
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/timer_stats",
+    "/proc/acpi",
+    "/proc/scsi",
+];
+
+/// Everything the command's pre-exec step needs, prepared before fork.
+struct CommandSetup {
+    confinement: Confinement,
+    last_cap: u32,
+    /// Cover /proc's sensitive entries (false for privileged containers).
+    mask: bool,
+    proc_: CString,
+    proc_type: CString,
+    proc_read_only: Vec<CString>,
+    masked_files: Vec<CString>,
+    masked_dirs: Vec<CString>,
+    dev_null: CString,
+    tmpfs: CString,
+    tmpfs_data: CString,
+    life: RawFd,
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).expect("no NUL")
+}
+
+/// Runs pod-init: never returns. `spec` is `InitSpec` as JSON, `argv` the
+/// command. Must run before this process starts any other (its first child
+/// becomes PID 1 of the new namespace).
+pub fn main(spec: &str, argv: &[String]) -> ! {
+    let spec: InitSpec = match serde_json::from_str(spec) {
+        Ok(s) => s,
+        Err(e) => fail(None, &format!("pod-init: bad --spec: {e}")),
+    };
+    // SAFETY: fcntl on an fd number; the command must not inherit it.
+    unsafe { libc::fcntl(spec.status_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let status = Some(spec.status_fd);
+    if argv.is_empty() {
+        fail(status, "pod-init: no command");
+    }
+    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(caps::Capability::CAP_CHECKPOINT_RESTORE.index() as u32);
+    let exists = |p: &str| std::path::Path::new(p).exists();
+    let is_dir = |p: &str| std::path::Path::new(p).is_dir();
+    // The life pipe: its write end is held by this process only, so the
+    // children see it hang up once we are gone (closing the race before
+    // their PR_SET_PDEATHSIG).
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        fail(status, &format!("pod-init: pipe: {}", io::Error::last_os_error()));
+    }
+    let (life_r, life_w) = (fds[0], fds[1]);
+    let setup = CommandSetup {
+        mask: spec.confinement.hide_host,
+        confinement: spec.confinement,
+        last_cap,
+        proc_: c("/proc"),
+        proc_type: c("proc"),
+        proc_read_only: PROC_READ_ONLY.into_iter().filter(|p| exists(p)).map(c).collect(),
+        masked_files: PROC_MASKED.into_iter().filter(|p| exists(p) && !is_dir(p)).map(c).collect(),
+        masked_dirs: PROC_MASKED.into_iter().filter(|p| is_dir(p)).map(c).collect(),
+        dev_null: c("/dev/null"),
+        tmpfs: c("tmpfs"),
+        tmpfs_data: c("size=4k,mode=555"),
+        life: life_r,
+    };
+
+    // Block what we wait for before any child exists, so nothing is lost.
+    // SAFETY (this block): sigset operations on a local set.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+
+    let init = if spec.new_pid_ns {
+        // SAFETY: this process is single-threaded here; the child only
+        // makes system calls before it loops in `reaper`.
+        match unsafe { libc::fork() } {
+            -1 => fail(status, &format!("pod-init: fork: {}", io::Error::last_os_error())),
+            0 => unsafe { reaper(spec.status_fd, life_r, life_w) },
+            pid => Some(pid),
+        }
+    } else {
+        None
+    };
+
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    // SAFETY: the closure makes only async-signal-safe system calls on data
+    // prepared above.
+    unsafe {
+        cmd.pre_exec(move || enter_command(&setup, life_w));
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(pid) = init {
+                // SAFETY: kill and waitpid of our own child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, std::ptr::null_mut(), 0);
+                }
+            }
+            fail(status, &format!("cannot start {}: {e}", argv[0]));
+        }
+    };
+    // SAFETY: the fd is ours; closing it empty tells the caller the command runs.
+    unsafe { libc::close(spec.status_fd) };
+    let pid = child.id() as libc::pid_t;
+
+    loop {
+        // SAFETY: sigwaitinfo fills `info`; si_pid is read for a signal
+        // sent by a process (SI_USER), where it is set.
+        let (sig, code, sender) = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let sig = libc::sigwaitinfo(&set, &mut info);
+            (sig, info.si_code, if sig > 0 { info.si_pid() } else { 0 })
+        };
+        if sig == libc::SIGCHLD {
+            if let Ok(Some(st)) = child.try_wait() {
+                if let Some(init) = init {
+                    // Ends the namespace: whatever the command left is killed.
+                    // SAFETY: kill and waitpid of our own child.
+                    unsafe {
+                        libc::kill(init, libc::SIGKILL);
+                        libc::waitpid(init, std::ptr::null_mut(), 0);
+                    }
+                }
+                std::process::exit(exit_code(st));
+            }
+        } else if sig > 0 && forward(sig, code, sender, std::os::unix::process::parent_id() as libc::pid_t) {
+            // SAFETY: kill(2) of our own child, not yet reaped.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+}
+
+/// Reports `msg` on the status fd (or stderr) and exits 127.
+fn fail(status: Option<RawFd>, msg: &str) -> ! {
+    match status {
+        // SAFETY: the fd is ours and used once; File closes it.
+        Some(fd) => {
+            let _ = unsafe { std::fs::File::from_raw_fd(fd) }.write_all(msg.as_bytes());
+        }
+        None => eprintln!("{msg}"),
+    }
+    std::process::exit(127)
+}
+
+/// Exits if pod-init is gone (the life pipe hung up). Async-signal-safe.
+unsafe fn exit_if_orphaned(life: RawFd) {
+    let mut p = libc::pollfd { fd: life, events: libc::POLLIN, revents: 0 };
+    if libc::poll(&mut p, 1, 0) != 0 && p.revents & libc::POLLHUP != 0 {
+        libc::_exit(137);
+    }
+}
+
+/// PID 1 of the pod's namespace: reaps every orphan until pod-init kills it
+/// (or dies: PR_SET_PDEATHSIG). Holds no capability and is not dumpable:
+/// a pod cannot use it for anything. Signals from inside the namespace do
+/// not reach it (a PID 1 without handlers ignores them, SIGKILL included).
+unsafe fn reaper(status_fd: RawFd, life_r: RawFd, life_w: RawFd) -> ! {
+    libc::close(status_fd);
+    libc::close(life_w);
+    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+    exit_if_orphaned(life_r);
+    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    // Drop every capability (it only waits). The bounding set and uid stay:
+    // they do not matter to a process that never execs.
+    let header = super::spawn::CapHeader { version: 0x2008_0522, pid: 0 };
+    let data = [super::spawn::CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    libc::syscall(libc::SYS_capset, &header as *const super::spawn::CapHeader, data.as_ptr());
+    let mut set: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut set);
+    libc::sigaddset(&mut set, libc::SIGCHLD);
+    loop {
+        while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+        // SIGCHLD stays blocked (inherited), so one arriving between the
+        // loop above and this wait is pending and ends it at once.
+        libc::sigwaitinfo(&set, std::ptr::null_mut());
+    }
+}
+
+/// The command's pre-exec step, in the new (or joined) PID namespace: a
+/// /proc of that namespace, its sensitive entries covered, then the
+/// container's credentials. Async-signal-safe.
+fn enter_command(s: &CommandSetup, life_w: RawFd) -> io::Result<()> {
+    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+    let null = std::ptr::null::<libc::c_char>();
+    let locked = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY (whole block): plain system calls on fds and NUL-terminated
+    // strings that outlive them.
+    unsafe {
+        libc::close(life_w);
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        // A fresh procfs shows the mounting process's PID namespace. It goes
+        // over the machine's /proc in the container's own mount namespace.
+        check(libc::mount(s.proc_type.as_ptr(), s.proc_.as_ptr(), s.proc_type.as_ptr(), locked, std::ptr::null()))?;
+        if s.mask {
+            for p in &s.proc_read_only {
+                check(libc::mount(p.as_ptr(), p.as_ptr(), null, libc::MS_BIND | libc::MS_REC, std::ptr::null()))?;
+                check(libc::mount(null, p.as_ptr(), null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | locked, std::ptr::null()))?;
+            }
+            for p in &s.masked_files {
+                check(libc::mount(s.dev_null.as_ptr(), p.as_ptr(), null, libc::MS_BIND, std::ptr::null()))?;
+            }
+            for p in &s.masked_dirs {
+                check(libc::mount(s.tmpfs.as_ptr(), p.as_ptr(), s.tmpfs.as_ptr(), libc::MS_RDONLY | locked, s.tmpfs_data.as_ptr().cast()))?;
+            }
+        }
+        drop_credentials(&s.confinement, s.last_cap)?;
+        // After the credentials: changing the uid clears it.
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
+        exit_if_orphaned(s.life);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwards_only_what_the_command_did_not_get_too() {
+        let parent = 100;
+        // (signal, si_code, sender, forwarded)
+        let cases = [
+            // `kill -TERM <pod-init pid>` by someone else: only pod-init got it.
+            (libc::SIGTERM, libc::SI_USER, 555, true),
+            (libc::SIGUSR1, libc::SI_QUEUE, 555, true),
+            (libc::SIGHUP, libc::SI_TKILL, 555, true),
+            // The agent signals the whole cgroup: the command has it already.
+            (libc::SIGTERM, libc::SI_USER, parent, false),
+            // Ctrl-C on a terminal: the kernel signals the process group.
+            (libc::SIGINT, libc::SI_KERNEL, 0, false),
+            // Not a forwarded signal.
+            (libc::SIGCHLD, libc::SI_USER, 555, false),
+            (libc::SIGWINCH, libc::SI_USER, 555, false),
+        ];
+        for (sig, code, sender, want) in cases {
+            assert_eq!(forward(sig, code, sender, parent), want, "signal {sig} code {code} from {sender}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_as_a_shell_reports_them() {
+        // Raw wait statuses: exit code in bits 8-15, signal in bits 0-6.
+        for (raw, want) in [(0, 0), (7 << 8, 7), (255 << 8, 255), (9, 137), (15, 143), (6 | 0x80, 134)] {
+            assert_eq!(exit_code(ExitStatus::from_raw(raw)), want, "raw status {raw:#x}");
+        }
+    }
+
+    #[test]
+    fn spec_round_trips_as_json() {
+        let spec = InitSpec {
+            confinement: super::super::spawn::confinement(&slipstream_k8s::ContainerSecurity {
+                uid: 1000,
+                gid: 1000,
+                ..Default::default()
+            }),
+            new_pid_ns: true,
+            status_fd: 5,
+        };
+        let back: InitSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec);
+    }
+}
