@@ -1,13 +1,16 @@
 //! Issue 11, finding 7: a pod is confined as its securityContext says, and
 //! by default (root, containerd's capabilities less NET_RAW) it still cannot
 //! bypass the node proxy's capture, read the cluster's keys, leave its
-//! cgroup or change the node's firewall. Also strict field validation and
-//! the apply input checks (duplicates, empty input, stdin).
+//! cgroup or change the node's firewall; in its own PID namespace with a
+//! minimal /dev it cannot see, signal or stop the node proxy or the agent,
+//! nor reach the machine's disks. Also strict field validation and the apply
+//! input checks (duplicates, empty input, stdin).
 
 mod common;
 use common::*;
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const PODS: &str = r#"
 apiVersion: v1
@@ -168,5 +171,155 @@ fn apply_refuses_unknown_fields_duplicates_and_nothing() {
     assert_eq!(pods.len(), 1, "one replica (the misspelled field was dropped)");
     let pod = pods[0]["name"].as_str().unwrap().to_string();
     assert_eq!(c.exec("default", &pod, &["id", "-u"]).1.trim(), "1000");
+    c.down();
+}
+
+const PIDNS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: default, labels: {istio.io/dataplane-mode: ambient}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: client}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: client}}
+  template:
+    metadata: {labels: {app: client}}
+    spec:
+      containers: [{name: client, command: [sleep, infinity]}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: echo}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      securityContext: {runAsNonRoot: true, runAsUser: 1000}
+      containers:
+      - name: echo
+        command: [slipstream, app, echo]
+        ports: [{name: http, containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /healthz, port: http}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo}
+spec:
+  selector: {app: echo}
+  ports: [{name: http, port: 8080, targetPort: http}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: userpod}
+spec:
+  securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000}
+  containers:
+  - name: c
+    command: [sleep, infinity]
+    securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+"#;
+
+/// What a confined pod's /dev holds, and nothing else.
+const MINIMAL_DEV: &str = "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero";
+
+/// The command line of every process a pod sees in /proc, one a line.
+const LIST_PROCS: &str = "for p in /proc/[0-9]*; do echo \"${p#/proc/} $(tr '\\0' ' ' < $p/cmdline)\"; done";
+
+#[test]
+fn pods_see_only_their_own_processes_and_a_minimal_dev() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write_manifest(&dir, "pidns.yaml", PIDNS);
+    let c = Cluster::up("t-hk-pidns", &["--nodes", "1", "-f", &m]);
+    let st = c.status();
+    let proxy_pid = st["nodes"][0]["proxy"]["pid"].as_i64().expect("node proxy pid");
+    let agent_pid = st["agent"]["pid"].as_i64().unwrap();
+    let client = c.pods("client-")[0]["name"].as_str().unwrap().to_string();
+    // Writable by every pod's user, so that only the capability is missing.
+    let node = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::set_permissions(node.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let node_path = node.path().join("disk").display().to_string();
+
+    // The controls: as an operator (exec --privileged: the machine's PID
+    // namespace and /dev, every capability) each attempt works.
+    let (code, out) = exec(&c, true, &client, &["kill", "-0", &proxy_pid.to_string()]);
+    assert_eq!(code, 0, "the node proxy is visible to a privileged exec: {out}");
+    let (code, out) = exec(&c, true, &client, &["sh", "-c", &format!("mknod {node_path} b 8 0 && rm {node_path}")]);
+    assert_eq!(code, 0, "a privileged exec makes a block device node: {out}");
+    let (_, host_dev) = exec(&c, true, &client, &["ls", "/dev"]);
+    assert!(host_dev.split_whitespace().count() > MINIMAL_DEV.split(' ').count(), "the machine's /dev is larger: {host_dev}");
+
+    for pod in [client.as_str(), "userpod"] {
+        // The node proxy and the agent are not there to signal.
+        for (what, sig, pid) in [("the node proxy", "-STOP", proxy_pid), ("the agent", "-9", agent_pid)] {
+            let (code, out) = exec(&c, false, pod, &["kill", sig, &pid.to_string()]);
+            assert!(code != 0 && out.contains("No such process"), "{pod}: kill {sig} {what} ({pid}): {code} {out}");
+        }
+        // /proc holds the pod's own processes: PID 1 its init, then the
+        // container's command and this exec.
+        let (code, out) = sh(&c, pod, LIST_PROCS);
+        assert_eq!(code, 0, "{out}");
+        let procs: Vec<(i64, &str)> = out.lines().filter_map(|l| l.split_once(' ')).map(|(p, cmd)| (p.parse().unwrap(), cmd)).collect();
+        assert!(procs.iter().any(|(p, cmd)| *p == 1 && cmd.contains("pod-init")), "{pod}: PID 1 is pod-init: {out}");
+        assert!(procs.iter().any(|(p, cmd)| *p > 1 && cmd.starts_with("sleep infinity")), "{pod}: its command: {out}");
+        for (pid, cmd) in &procs {
+            assert!(*pid != proxy_pid && *pid != agent_pid, "{pod} sees the node proxy or the agent: {out}");
+            assert!(
+                cmd.contains("pod-init") || cmd.starts_with("sleep infinity") || cmd.starts_with("sh -c") || cmd.is_empty(),
+                "{pod} sees a process that is not its own: {pid} {cmd}"
+            );
+        }
+        // /dev is the minimal set: no disks, no /dev/mem.
+        let (code, out) = exec(&c, false, pod, &["ls", "/dev"]);
+        assert_eq!((code, out.split_whitespace().collect::<Vec<_>>().join(" ")), (0, MINIMAL_DEV.to_string()), "{pod}: /dev");
+        let (code, out) = exec(&c, false, pod, &["sh", "-c", "echo ok > /dev/null && head -c 4 /dev/urandom | wc -c"]);
+        assert_eq!((code, out.trim()), (0, "4"), "{pod}: /dev/null and /dev/urandom work");
+        // No CAP_MKNOD, even for root: no node for the machine's disk.
+        let (code, out) = exec(&c, false, pod, &["mknod", &node_path, "b", "8", "0"]);
+        assert!(code != 0 && out.contains("Operation not permitted"), "{pod}: mknod: {code} {out}");
+        assert!(!node.path().join("disk").exists());
+    }
+
+    // The node proxy was never touched, and still carries meshed traffic.
+    let st = c.status();
+    assert_eq!(st["nodes"][0]["proxy"]["pid"].as_i64(), Some(proxy_pid), "the node proxy is the same process");
+    assert_eq!(st["nodes"][0]["proxy"]["restarts"], 0);
+    assert_eq!(st["agent"]["pid"].as_i64(), Some(agent_pid));
+    assert!(st["pods"].as_array().unwrap().iter().all(|p| p["meshed"] == true), "every pod is meshed");
+    let (code, out) = c.exec("default", "deploy/client", &["curl", "-sS", "--max-time", "5", "http://echo:8080/healthz"]);
+    assert_eq!(code, 0, "meshed curl from the client to echo: {out}");
+
+    // Exit codes pass through pod-init unchanged.
+    assert_eq!(sh(&c, "deploy/client", "exit 7").0, 7);
+    // A signal sent to the pid `status` shows (pod-init) reaches the
+    // command, which shows as killed by it (128+15), and restarts.
+    let user_pid = c.pods("userpod")[0]["containers"][0]["pid"].as_i64().unwrap();
+    assert!(Command::new("kill").args(["-TERM", &user_pid.to_string()]).status().unwrap().success());
+    wait_until("userpod to restart after SIGTERM with exit code 143", Duration::from_secs(20), || {
+        let p = &c.pods("userpod")[0];
+        p["restarts"] == 1 && p["containers"][0]["lastExitCode"] == 143 && p["ready"] == true
+    });
+    c.down();
+}
+
+#[test]
+fn graceful_stop_reaches_the_command_under_pod_init() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("stopped");
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: trapper}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: c\n    command: [sh, -c, \"trap 'echo stopped > {}; exit 0' TERM; while true; do sleep 1; done\"]\n",
+        marker.display()
+    );
+    let m = write_manifest(&dir, "trap.yaml", &pod);
+    let c = Cluster::up("t-hk-stop", &["--nodes", "1", "-f", &m]);
+    let started = std::time::Instant::now();
+    c.ok(&["delete", "-f", &m]);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default().trim(), "stopped", "the SIGTERM trap ran");
+    assert!(started.elapsed() < Duration::from_secs(20), "stopped on SIGTERM, not killed after the grace period: {:?}", started.elapsed());
+    assert!(c.pods("trapper").is_empty());
     c.down();
 }
