@@ -20,59 +20,6 @@ const CLIENT_ID: &str = "spiffe://cluster.local/ns/default/sa/client";
 const ECHO_ID: &str = "spiffe://cluster.local/ns/default/sa/echo";
 const BYPASS: &str = "0x539";
 
-/// One node proxy as the tests observe it.
-struct Proxy {
-    node: String,
-    pid: i32,
-    netns: String,
-    log: String,
-}
-
-impl Proxy {
-    fn fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid))
-            .map(|d| d.count())
-            .unwrap_or_else(|e| panic!("node proxy of {} (pid {}) is gone: {e}", self.node, self.pid))
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap();
-        status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap()
-    }
-
-    fn metrics(&self) -> Metrics {
-        let o = Command::new("ip")
-            .args(["netns", "exec", &self.netns, "curl", "-sS", "--max-time", "5", "http://127.0.0.1:15020/metrics"])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "metrics of {}: {}", self.node, text(&o));
-        Metrics(String::from_utf8(o.stdout).unwrap())
-    }
-
-    fn log_len(&self) -> usize {
-        std::fs::metadata(&self.log).map(|m| m.len() as usize).unwrap_or(0)
-    }
-
-    /// The log written since `offset`.
-    fn log_since(&self, offset: usize) -> String {
-        let all = std::fs::read(&self.log).unwrap_or_default();
-        String::from_utf8_lossy(&all[offset.min(all.len())..]).into_owned()
-    }
-}
-
-struct Metrics(String);
-
-impl Metrics {
-    /// Sum over the series of `name` whose labels contain every `must`.
-    fn sum(&self, name: &str, must: &[&str]) -> u64 {
-        self.0
-            .lines()
-            .filter(|l| (l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))) && must.iter().all(|m| l.contains(m)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    }
-}
-
 /// The cluster and what the cases need of it.
 struct Env {
     c: Cluster,
@@ -103,17 +50,7 @@ impl Env {
         let c = Cluster::adopt(name);
         assert!(o.status.success(), "up failed:\n{}", text(&o));
         let st = c.status();
-        let proxies = st["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| Proxy {
-                node: n["name"].as_str().unwrap().to_string(),
-                pid: n["proxy"]["pid"].as_i64().expect("node proxy pid") as i32,
-                netns: n["netns"].as_str().unwrap().to_string(),
-                log: n["proxy"]["log"].as_str().unwrap().to_string(),
-            })
-            .collect();
+        let proxies = st["nodes"].as_array().unwrap().iter().map(|n| Proxy::of(&c, n["name"].as_str().unwrap())).collect();
         let client_ip = c.pods("client-")[0]["ip"].as_str().unwrap().to_string();
         let echo_ip = c.pods("echo-")[0]["ip"].as_str().unwrap().to_string();
         Env { c, client_ip, echo_ip, proxies }

@@ -154,3 +154,92 @@ pub fn write_manifest(dir: &tempfile::TempDir, name: &str, text: &str) -> String
     std::fs::write(&p, text).unwrap();
     p.display().to_string()
 }
+
+/// One node proxy as the tests observe it.
+pub struct Proxy {
+    pub node: String,
+    pub pid: i32,
+    pub netns: String,
+    pub log: String,
+}
+
+impl Proxy {
+    pub fn of(c: &Cluster, node: &str) -> Proxy {
+        let st = c.status();
+        let n = st["nodes"].as_array().unwrap().iter().find(|n| n["name"] == node).unwrap_or_else(|| panic!("no node {node}: {st}"));
+        Proxy {
+            node: node.to_string(),
+            pid: n["proxy"]["pid"].as_i64().expect("node proxy pid") as i32,
+            netns: n["netns"].as_str().unwrap().to_string(),
+            log: n["proxy"]["log"].as_str().unwrap().to_string(),
+        }
+    }
+
+    pub fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid))
+            .map(|d| d.count())
+            .unwrap_or_else(|e| panic!("node proxy of {} (pid {}) is gone: {e}", self.node, self.pid))
+    }
+
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap();
+        status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap()
+    }
+
+    /// A fresh scrape of /metrics from the node's own namespace.
+    pub fn metrics(&self) -> Metrics {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.netns, "curl", "-sS", "--max-time", "5", "http://127.0.0.1:15020/metrics"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "metrics of {}: {}", self.node, text(&o));
+        Metrics(String::from_utf8(o.stdout).unwrap())
+    }
+
+    pub fn log_len(&self) -> usize {
+        std::fs::metadata(&self.log).map(|m| m.len() as usize).unwrap_or(0)
+    }
+
+    pub fn log_since(&self, offset: usize) -> String {
+        let all = std::fs::read(&self.log).unwrap_or_default();
+        String::from_utf8_lossy(&all[offset.min(all.len())..]).into_owned()
+    }
+
+    /// Still the process it was, never restarted.
+    pub fn assert_same(&self, c: &Cluster, case: &str) {
+        let st = c.status();
+        let n = st["nodes"].as_array().unwrap().iter().find(|n| n["name"] == self.node.as_str()).unwrap();
+        assert_eq!(n["proxy"]["pid"].as_i64(), Some(self.pid as i64), "{case}: the node proxy of {} was replaced", self.node);
+        assert_eq!(n["proxy"]["restarts"], 0, "{case}: the node proxy of {} restarted", self.node);
+    }
+
+    /// Waits until the proxy holds at most `max` descriptors.
+    pub fn settle_fds(&self, case: &str, max: usize) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let now = self.fds();
+            if now <= max {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{case}: the node proxy of {} keeps {now} descriptors open (at most {max} expected)",
+                self.node
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+pub struct Metrics(pub String);
+
+impl Metrics {
+    /// Sum over the series of `name` whose labels contain every `must`.
+    pub fn sum(&self, name: &str, must: &[&str]) -> u64 {
+        self.0
+            .lines()
+            .filter(|l| (l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))) && must.iter().all(|m| l.contains(m)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+}
