@@ -8,18 +8,34 @@
 //! many were suppressed. A loop that fails the same way for every pod every
 //! tick thus writes a few lines a second, not tens of thousands.
 //!
+//! Lines with the target [`slipstream_core::PER_SOURCE_LOG_TARGET`] are let
+//! through: their emitter limits them per source (the node proxy's refusal
+//! lines), and one call site shared by every source would let a flooding
+//! source hide the others' lines.
+//!
 //! The decision is the pure [`RateLimiter`] (unit-tested with a fake clock);
-//! [`RateLimitLayer`] is the thin tracing layer around it.
+//! [`RateLimitLayer`] is the thin tracing layer around it. Its cost per
+//! event is one map lookup under the lock; looking for floods that ended
+//! walks only the call sites that are suppressing, at most every
+//! [`SWEEP_EVERY`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{Event, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 
 /// Target of the summary lines (never rate-limited themselves).
 pub const SUMMARY_TARGET: &str = "slipstream::log_limit";
+
+/// How often the layer looks for floods that ended.
+pub const SWEEP_EVERY: Duration = Duration::from_millis(200);
+
+/// Whether the call-site limiter leaves lines of `target` alone.
+fn exempt(target: &str) -> bool {
+    target == SUMMARY_TARGET || target == slipstream_core::PER_SOURCE_LOG_TARGET
+}
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -56,11 +72,25 @@ struct Bucket {
 pub struct RateLimiter<K> {
     limits: Limits,
     buckets: HashMap<K, Bucket>,
+    /// The keys with suppressed lines not yet reported: the only ones
+    /// [`RateLimiter::ended_floods`] looks at.
+    suppressing: HashSet<K>,
+    next_sweep: Option<Instant>,
 }
 
 impl<K: Hash + Eq + Clone> RateLimiter<K> {
     pub fn new(limits: Limits) -> Self {
-        RateLimiter { limits, buckets: HashMap::new() }
+        RateLimiter { limits, buckets: HashMap::new(), suppressing: HashSet::new(), next_sweep: None }
+    }
+
+    /// Whether it is time to look for ended floods (then not again for
+    /// [`SWEEP_EVERY`]); false at once while no key is suppressing.
+    pub fn sweep_due(&mut self, now: Instant) -> bool {
+        if self.suppressing.is_empty() || self.next_sweep.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.next_sweep = Some(now + SWEEP_EVERY);
+        true
     }
 
     fn refill(limits: &Limits, b: &mut Bucket, now: Instant) {
@@ -78,9 +108,15 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
             b.tokens -= 1.0;
             match std::mem::take(&mut b.suppressed) {
                 0 => Decision::Allow,
-                n => Decision::AllowAfterSuppressed(n),
+                n => {
+                    self.suppressing.remove(key);
+                    Decision::AllowAfterSuppressed(n)
+                }
             }
         } else {
+            if b.suppressed == 0 {
+                self.suppressing.insert(key.clone());
+            }
             b.suppressed += 1;
             Decision::Suppress
         }
@@ -88,15 +124,20 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
 
     /// Keys whose flood has ended (they suppressed lines and would let one
     /// through again), with how many they suppressed; their counts reset.
+    /// Looks only at the keys that are suppressing.
     pub fn ended_floods(&mut self, now: Instant) -> Vec<(K, u64)> {
         let limits = self.limits;
         let mut out = Vec::new();
-        for (k, b) in self.buckets.iter_mut().filter(|(_, b)| b.suppressed > 0) {
+        let buckets = &mut self.buckets;
+        self.suppressing.retain(|k| {
+            let Some(b) = buckets.get_mut(k) else { return false };
             Self::refill(&limits, b, now);
             if b.tokens >= 1.0 {
                 out.push((k.clone(), std::mem::take(&mut b.suppressed)));
+                return false;
             }
-        }
+            true
+        });
         out
     }
 }
@@ -142,7 +183,7 @@ fn summary(site: &'static Metadata<'static>, n: u64) {
 impl<S: Subscriber> Layer<S> for RateLimitLayer {
     fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
         let meta = event.metadata();
-        if meta.target() == SUMMARY_TARGET {
+        if exempt(meta.target()) {
             return true;
         }
         let now = Instant::now();
@@ -150,7 +191,7 @@ impl<S: Subscriber> Layer<S> for RateLimitLayer {
             let mut l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
             let site = Site(meta);
             let d = l.decide(&site, now);
-            let ended: Vec<(Site, u64)> = l.ended_floods(now).into_iter().filter(|(s, _)| *s != site).collect();
+            let ended = if l.sweep_due(now) { l.ended_floods(now) } else { Vec::new() };
             (d, ended)
         };
         // Emitted with the lock released: the summary is an event too.
@@ -231,6 +272,38 @@ mod tests {
         assert_eq!(l.ended_floods(t0 + ms(1500)), vec![("flood", 998)]);
         assert!(l.ended_floods(t0 + ms(5000)).is_empty(), "said once");
         assert_eq!(l.decide(&"flood", t0 + ms(5000)), Decision::Allow);
+    }
+
+    #[test]
+    fn only_suppressing_keys_are_swept_and_not_on_every_event() {
+        let t0 = Instant::now();
+        let mut l = RateLimiter::new(Limits { burst: 1, per_second: 1.0 });
+        // Many quiet call sites: none is ever looked at by a sweep.
+        for k in 0..10_000u32 {
+            assert_eq!(l.decide(&k, t0), Decision::Allow);
+        }
+        assert!(!l.sweep_due(t0), "nothing suppressing: no sweep");
+        assert_eq!(l.decide(&7, t0), Decision::Suppress);
+        assert_eq!(l.suppressing.len(), 1);
+        // (offset in ms, sweep due?): at most one sweep per SWEEP_EVERY.
+        for (at, due) in [(0, true), (50, false), (199, false), (200, true), (300, false), (400, true)] {
+            assert_eq!(l.sweep_due(t0 + ms(at)), due, "at {at} ms");
+        }
+        assert!(l.ended_floods(t0 + ms(500)).is_empty(), "no token back yet");
+        assert_eq!(l.ended_floods(t0 + ms(1000)), vec![(7, 1)]);
+        assert!(l.suppressing.is_empty() && !l.sweep_due(t0 + ms(5000)), "reported once, then nothing to sweep");
+        // A line let through after its flood reports it and leaves the set.
+        l.decide(&8, t0 + ms(5000));
+        assert_eq!(l.decide(&8, t0 + ms(5000)), Decision::Suppress);
+        assert_eq!(l.decide(&8, t0 + ms(6000)), Decision::AllowAfterSuppressed(1));
+        assert!(l.suppressing.is_empty());
+    }
+
+    #[test]
+    fn per_source_lines_and_summaries_pass_the_call_site_limit() {
+        assert!(exempt(SUMMARY_TARGET));
+        assert!(exempt(slipstream_core::PER_SOURCE_LOG_TARGET));
+        assert!(!exempt("slipstream_node::conn"));
     }
 
     #[test]
