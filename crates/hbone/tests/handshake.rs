@@ -69,7 +69,7 @@ impl Handler for Recorder {
             return Err(AdmissionRefused { kind: HandshakeFailureKind::PeerHandshakeLimit, detail: "too many".into() });
         }
         let pending: Option<Permit> = (self.max_handshakes > 0).then(|| Box::new(Pending(self.handshakes.clone())) as Permit);
-        Ok(Admission { handshake: pending, connection: None })
+        Ok(Admission { handshake: pending, ..Admission::default() })
     }
 }
 

@@ -5,6 +5,10 @@
 //! a client can hold: HTTP/1.1 only, a header-read timeout, a deadline for
 //! the whole connection, and a cap on open connections in total and per
 //! source IP (over it, a connection is closed at once and counted).
+//! Connections from the node's own loopback (the agent's readiness probe,
+//! an operator's curl) draw on caps of their own: no pod can come from the
+//! node's loopback, so no pod can fill the slots the probe needs and make
+//! the agent restart the proxy.
 
 use crate::config::Config;
 use crate::limits::{KeyedGuard, KeyedSlots, SlotGuard, Slots};
@@ -40,22 +44,52 @@ pub fn serve(l: Listeners, shared: Arc<Shared>) {
 
 type Route = fn(&Shared, &str) -> Response<Full<Bytes>>;
 
-/// One listener's caps: open connections in total and per source IP.
+/// One listener's caps: open connections in total and per source IP, and
+/// a separate total for the node's own loopback.
 struct Gate {
     total: Arc<Slots>,
     per_source: Arc<KeyedSlots<IpAddr>>,
+    loopback: Arc<Slots>,
 }
 
-/// Whether a new connection from `ip` fits; the guards hold its place.
-fn admit(g: &Gate, ip: IpAddr) -> Result<(SlotGuard, KeyedGuard<IpAddr>), &'static str> {
-    let source = g.per_source.try_acquire(ip.to_canonical()).ok_or("admin_source_limit")?;
-    let total = g.total.try_acquire(1).ok_or("admin_limit")?;
-    Ok((total, source))
+impl Gate {
+    fn new(total: u32, per_source: u32) -> Gate {
+        Gate { total: Slots::new(total), per_source: KeyedSlots::new(per_source), loopback: Slots::new(total) }
+    }
+}
+
+/// Why a connection to an admin port was refused: its flag and its
+/// `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Refused {
+    flag: ResponseFlag,
+    reason: &'static str,
+}
+
+/// The slots an admitted connection holds until it closes: one of its
+/// listener's total (or loopback) slots, and its source's.
+struct AdminHeld {
+    _slot: SlotGuard,
+    _source: Option<KeyedGuard<IpAddr>>,
+}
+
+/// Whether a new connection from `ip` fits; the guards hold its place. A
+/// source over its own cap is SOURCE_LIMIT; a full listener is OVERLOAD
+/// (nobody's fault in particular).
+fn admit(g: &Gate, ip: IpAddr) -> Result<AdminHeld, Refused> {
+    let ip = ip.to_canonical();
+    if ip.is_loopback() {
+        let held = g.loopback.try_acquire(1).ok_or(Refused { flag: ResponseFlag::Overload, reason: "admin_loopback_limit" })?;
+        return Ok(AdminHeld { _slot: held, _source: None });
+    }
+    let source = g.per_source.try_acquire(ip).ok_or(Refused { flag: ResponseFlag::SourceLimit, reason: "admin_source_limit" })?;
+    let total = g.total.try_acquire(1).ok_or(Refused { flag: ResponseFlag::Overload, reason: "admin_limit" })?;
+    Ok(AdminHeld { _slot: total, _source: Some(source) })
 }
 
 async fn serve_one(l: TcpListener, shared: Arc<Shared>, route: Route) {
     let limits = &shared.config.limits;
-    let gate = Gate { total: Slots::new(limits.admin_connections), per_source: KeyedSlots::new(limits.admin_connections_per_source) };
+    let gate = Gate::new(limits.admin_connections, limits.admin_connections_per_source);
     let port = l.local_addr().map(|a| a.port()).unwrap_or_default();
     loop {
         let (s, peer) = match l.accept().await {
@@ -69,12 +103,12 @@ async fn serve_one(l: TcpListener, shared: Arc<Shared>, route: Route) {
         };
         let held = match admit(&gate, peer.ip()) {
             Ok(h) => h,
-            Err(reason) => {
-                shared.telemetry.metrics.rejected_because(ResponseFlag::SourceLimit, reason);
+            Err(Refused { flag, reason }) => {
+                shared.telemetry.metrics.rejected_because(flag, reason);
                 if shared.telemetry.log_refusal(&peer.ip().to_canonical().to_string()) {
-                    tracing::warn!(%peer, port, reason, "connection to an admin port refused: too many open connections");
+                    tracing::warn!(target: crate::conn::REFUSAL_TARGET, %peer, port, reason, %flag, "connection to an admin port refused: too many open connections");
                 }
-                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                crate::sockets::reset(&s);
                 continue;
             }
         };
@@ -143,5 +177,51 @@ fn admin(s: &Shared, path: &str) -> Response<Full<Bytes>> {
         }
         "/metrics" => stats(s, path),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "try /config_dump\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_as_a_table() {
+        // Caps: 3 in total, 2 per source, and 3 for the node's loopback.
+        let g = Gate::new(3, 2);
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) =
+            ("10.244.1.3".parse().unwrap(), "10.244.2.4".parse().unwrap(), "10.0.0.7".parse().unwrap());
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let mapped_lo: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let source = Some(("SOURCE_LIMIT", "admin_source_limit"));
+        let full = Some(("OVERLOAD", "admin_limit"));
+        // (source, refused with) in order; what is admitted stays held.
+        let steps: &[(IpAddr, Option<(&str, &str)>)] = &[
+            (a, None),
+            (a, None),
+            (a, source),
+            (b, None),
+            (b, full),
+            (c, full),
+            // The listener is full for everyone else, not for the node's
+            // own loopback (the agent's probe): it has its own slots.
+            (lo, None),
+            (mapped_lo, None),
+            (lo, None),
+            (lo, Some(("OVERLOAD", "admin_loopback_limit"))),
+        ];
+        let mut held = Vec::new();
+        for (i, (ip, want)) in steps.iter().enumerate() {
+            match admit(&g, *ip) {
+                Ok(h) => {
+                    assert_eq!(*want, None, "step {i}: {ip} admitted");
+                    held.push(h);
+                }
+                Err(r) => assert_eq!(Some((r.flag.as_str(), r.reason)), *want, "step {i}: {ip}"),
+            }
+        }
+        assert_eq!((g.total.in_use(), g.loopback.in_use(), g.per_source.in_use(a), g.per_source.in_use(b)), (3, 3, 2, 1));
+        assert_eq!(g.per_source.in_use(c), 0, "a refusal for the total gives the source's slot back");
+        drop(held);
+        assert_eq!((g.total.in_use(), g.loopback.in_use(), g.per_source.keys()), (0, 0, 0));
     }
 }

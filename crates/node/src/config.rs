@@ -52,23 +52,26 @@ pub struct LimitArgs {
     #[arg(long, env = "SLIPSTREAM_NODE_CONNECTION_BUDGET")]
     pub connection_budget: Option<u32>,
     /// Outbound connections one local pod may hold open (default: a quarter
-    /// of the budget).
+    /// of the budget, at most 4096).
     #[arg(long, env = "SLIPSTREAM_NODE_POD_CONNECTIONS")]
     pub pod_connections: Option<u32>,
     /// Outbound connections of one local pod still being set up (connect,
     /// HBONE handshake, CONNECT answer).
     #[arg(long, env = "SLIPSTREAM_NODE_POD_PENDING")]
     pub pod_pending: Option<u32>,
-    /// Open HBONE connections on :15008 per peer IP.
+    /// Open HBONE connections on :15008 per peer IP (default: twice what
+    /// its streams need at 100 per connection, at least 16).
     #[arg(long, env = "SLIPSTREAM_NODE_PEER_CONNECTIONS")]
     pub peer_connections: Option<u32>,
     /// TLS and HTTP/2 handshakes in progress on :15008 per peer IP.
     #[arg(long, env = "SLIPSTREAM_NODE_PEER_HANDSHAKES")]
     pub peer_handshakes: Option<u32>,
-    /// Open CONNECT streams per peer IP, across all its tunnels.
+    /// Open CONNECT streams per peer IP, across all its tunnels (default: a
+    /// quarter of the budget, at most 4096).
     #[arg(long, env = "SLIPSTREAM_NODE_PEER_STREAMS")]
     pub peer_streams: Option<u32>,
-    /// Open plaintext connections on :15006 per peer IP.
+    /// Open plaintext connections on :15006 per peer IP (default: an eighth
+    /// of the budget, at most 2048: two descriptors each).
     #[arg(long, env = "SLIPSTREAM_NODE_PEER_PLAINTEXT")]
     pub peer_plaintext: Option<u32>,
     /// Open connections per admin listener (:15000, :15020, :15021).
@@ -127,20 +130,28 @@ impl Limits {
         let reserved_files = (open_files / 10).max(512).min(open_files);
         let derived = u32::try_from(open_files - reserved_files).unwrap_or(u32::MAX);
         let connection_budget = a.connection_budget.unwrap_or(derived);
-        // One pod may take a quarter of the node: three others as greedy
-        // still leave room for the rest.
+        // One source may take a quarter of the node (three others as greedy
+        // still leave room for the rest), and never more than a fixed
+        // number, so what one source can make the proxy buffer is bounded
+        // whatever RLIMIT_NOFILE is (docs/node-proxy.md "Limits" has the
+        // worst case in bytes).
         let quarter = (connection_budget / 4).max(1);
-        let pod_connections = a.pod_connections.unwrap_or(quarter);
+        let pod_connections = a.pod_connections.unwrap_or(quarter.min(MAX_PER_SOURCE));
+        let peer_streams = a.peer_streams.unwrap_or(quarter.min(MAX_PER_SOURCE));
         Limits {
             open_files,
             reserved_files,
             connection_budget,
             pod_connections,
             pod_pending: a.pod_pending.unwrap_or(pod_connections.min(512)),
-            peer_connections: a.peer_connections.unwrap_or(quarter.min(1024)),
+            // Enough tunnels for the peer's streams at the pool's 100 per
+            // connection, twice over, and at least 16.
+            peer_connections: a.peer_connections.unwrap_or(peer_streams.div_ceil(100).saturating_mul(2).max(16)),
             peer_handshakes: a.peer_handshakes.unwrap_or(64),
-            peer_streams: a.peer_streams.unwrap_or(quarter),
-            peer_plaintext: a.peer_plaintext.unwrap_or(quarter),
+            peer_streams,
+            // Two descriptors each (client and app): half as many for the
+            // same quarter of the budget.
+            peer_plaintext: a.peer_plaintext.unwrap_or((quarter / 2).clamp(1, MAX_PER_SOURCE / 2)),
             admin_connections: a.admin_connections.unwrap_or(128),
             admin_connections_per_source: a.admin_connections_per_source.unwrap_or(16),
             admin_header_timeout: a.admin_header_timeout.unwrap_or(Duration::from_secs(5)),
@@ -149,6 +160,10 @@ impl Limits {
         }
     }
 }
+
+/// The most connections (or streams) one source holds by default, whatever
+/// the open-file limit.
+pub const MAX_PER_SOURCE: u32 = 4096;
 
 /// `500ms`, `5s`, `2m`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -229,17 +244,26 @@ mod tests {
 
     #[test]
     fn limits_derive_from_the_open_file_limit() {
-        // (open files, budget, per pod, pod pending, peer connections)
-        let cases = [(20_000, 18_000, 4_500, 512, 1_024), (1_024, 512, 128, 128, 128), (262_144, 235_930, 58_982, 512, 1_024)];
-        for (files, budget, pod, pending, peer) in cases {
+        // (open files, budget, per pod and peer streams, pod pending, peer
+        // connections, peer plaintext): a quarter of the budget per source,
+        // at most 4096 (plaintext: half, two descriptors each).
+        let cases = [
+            (20_000, 18_000, 4_096, 512, 82, 2_048),
+            (1_024, 512, 128, 128, 16, 64),
+            (262_144, 235_930, 4_096, 512, 82, 2_048),
+            (1 << 20, 943_719, 4_096, 512, 82, 2_048),
+        ];
+        for (files, budget, pod, pending, peer_conns, plain) in cases {
             let l = Limits::derive(files, &LimitArgs::default());
             assert_eq!(
-                (l.connection_budget, l.pod_connections, l.pod_pending, l.peer_connections, l.peer_streams),
-                (budget, pod, pending, peer, pod),
+                (l.connection_budget, l.pod_connections, l.pod_pending, l.peer_connections, l.peer_streams, l.peer_plaintext),
+                (budget, pod, pending, peer_conns, pod, plain),
                 "{files} open files"
             );
             assert!(u64::from(l.connection_budget) + l.reserved_files <= files);
             assert!(l.pod_connections * 4 <= l.connection_budget, "a pod leaves room for three more");
+            assert!(l.peer_plaintext * 2 * 4 <= l.connection_budget, "so do a peer's plaintext connections, two descriptors each");
+            assert!(l.peer_connections * 100 >= l.peer_streams, "tunnels enough for the streams");
         }
     }
 
@@ -248,7 +272,10 @@ mod tests {
         let a = LimitArgs { pod_connections: Some(200), admin_header_timeout: Some(Duration::from_millis(300)), ..Default::default() };
         let l = Limits::derive(20_000, &a);
         assert_eq!((l.pod_connections, l.pod_pending, l.admin_header_timeout), (200, 200, Duration::from_millis(300)));
-        assert_eq!(l.peer_streams, 4_500, "the others keep their defaults");
+        assert_eq!(l.peer_streams, 4_096, "the others keep their defaults");
+        // More streams per peer bring the tunnels they need (the 10k test).
+        let l = Limits::derive(20_000, &LimitArgs { peer_streams: Some(10_000), ..Default::default() });
+        assert_eq!((l.peer_streams, l.peer_connections), (10_000, 200));
     }
 
     #[test]

@@ -3,12 +3,16 @@
 //! forget a connection or disagree with the other.
 
 use crate::accesslog::AccessLogEntry;
-use crate::limits::{Held, LogDecision, RefusalLog};
+use crate::limits::{LogDecision, RefusalLog, Taken};
 use crate::metrics::{Metrics, Peer, Reporter, ResponseFlag, TcpLabels};
 use slipstream_core::{Service, Workload};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The target of refusal lines and their summaries: limited per source
+/// here, so the per-call-site log limiter lets them through.
+pub const REFUSAL_TARGET: &str = slipstream_core::PER_SOURCE_LOG_TARGET;
 
 pub struct Telemetry {
     pub metrics: Metrics,
@@ -29,14 +33,14 @@ impl Telemetry {
 
     /// Whether a refusal from `source` gets its log lines now.
     pub fn log_refusal(&self, source: &str) -> bool {
-        self.refusal_log.check(&source.to_string(), Instant::now()) == LogDecision::Log
+        self.refusal_log.check(source, Instant::now()) == LogDecision::Log
     }
 
     /// One WARN line per source whose refusal lines were suppressed in
     /// the last second, saying how many; call it every second.
     pub fn summarise_refusals(&self) {
         for (source, n) in self.refusal_log.summaries(Instant::now()) {
-            tracing::warn!(%source, suppressed = n, "{n} more refusals of this source not logged (log lines are limited per source; the metrics count every one)");
+            tracing::warn!(target: REFUSAL_TARGET, %source, suppressed = n, "{n} more refusals of this source not logged (log lines are limited per source; the metrics count every one)");
         }
     }
 }
@@ -64,7 +68,7 @@ pub struct ConnRecord {
     start: Instant,
     telemetry: Arc<Telemetry>,
     /// The limiter slots the connection holds, released with the record.
-    held: Held,
+    held: Option<Taken>,
 }
 
 fn peer(w: &Option<Arc<Workload>>, identity: &str) -> Peer {
@@ -98,12 +102,12 @@ impl ConnRecord {
     /// Counts the connection as opened.
     pub fn open(info: ConnInfo, telemetry: Arc<Telemetry>) -> ConnRecord {
         telemetry.metrics.opened(&labels(&info, ResponseFlag::None));
-        ConnRecord { info, start: Instant::now(), telemetry, held: Held::default() }
+        ConnRecord { info, start: Instant::now(), telemetry, held: None }
     }
 
     /// Keeps `held` (limiter slots) until the connection closes.
-    pub fn holding(mut self, held: Held) -> Self {
-        self.held = held;
+    pub fn holding(mut self, held: Taken) -> Self {
+        self.held = Some(held);
         self
     }
 
@@ -114,7 +118,7 @@ impl ConnRecord {
     pub fn refuse(self, flag: ResponseFlag, detail: String, source: &str) {
         if self.telemetry.log_refusal(source) {
             let i = &self.info;
-            tracing::warn!(%source, src = %i.src_addr, dst = %i.dst_addr, %flag, "connection refused: {detail}");
+            tracing::warn!(target: REFUSAL_TARGET, %source, src = %i.src_addr, dst = %i.dst_addr, %flag, "connection refused: {detail}");
             self.close(0, 0, Some((flag, detail)));
         } else {
             self.telemetry.metrics.closed(&labels(&self.info, flag), 0, 0);

@@ -5,10 +5,11 @@
 
 use crate::conn::{ConnInfo, ConnRecord};
 use crate::inpod::LocalPod;
+use crate::limits::{Kind, Source};
 use crate::metrics::{Reporter, ResponseFlag};
 use crate::proxy::Shared;
 use crate::selfcall::{self_call, Side};
-use crate::sockets::original_dst;
+use crate::sockets::{original_dst, reset};
 use futures_util::future::BoxFuture;
 use slipstream_hbone::{
     Admission, AdmissionRefused, CertResolver, Handler, HandshakeFailureKind, HboneError, InboundRequest, ResolveError, Upstream,
@@ -71,9 +72,13 @@ impl Handler for HboneHandler {
             };
             let record = ConnRecord::open(info, self.shared.telemetry.clone());
             // The peer's streams across all its tunnels, and one descriptor
-            // (the app socket) of the node's budget.
-            let limits = &self.shared.limits;
-            let record = match limits.inbound(&limits.peer_streams, "open HBONE streams", req.peer_addr.ip(), 1) {
+            // (the app socket) of the node's budget: atomics on the peer's
+            // counters found when its connection was admitted.
+            let peer = match req.context.clone().map(Arc::downcast::<Source>) {
+                Some(Ok(peer)) => peer,
+                _ => self.shared.limits.peer(req.peer_addr.ip()),
+            };
+            let record = match peer.take(Kind::PeerStreams, 1) {
                 Ok(held) => record.holding(held),
                 Err(over) => {
                     let e = match over.flag {
@@ -119,27 +124,18 @@ impl Handler for HboneHandler {
     }
 
     /// A new TCP connection on :15008, before its handshake: the peer's
-    /// open connections and pending handshakes, and one descriptor of the
-    /// node's budget.
+    /// open connections (with one descriptor of the node's budget) and
+    /// pending handshakes. The peer's counters are looked up here, once, and
+    /// carried to every stream of the connection.
     fn admit(&self, peer_addr: SocketAddr, _local: SocketAddr) -> Result<Admission, AdmissionRefused> {
-        let l = &self.shared.limits;
-        let ip = peer_addr.ip();
-        let refused = |over: crate::limits::OverLimit, kind| AdmissionRefused { kind, detail: over.to_string() };
-        let conn = l.inbound(&l.peer_connections, "open HBONE connections", ip, 1).map_err(|o| match o.flag {
-            ResponseFlag::Overload => refused(o, HandshakeFailureKind::Overload),
-            _ => refused(o, HandshakeFailureKind::PeerConnectionLimit),
-        })?;
-        let handshake = l.peer_handshakes.try_acquire(ip.to_canonical()).ok_or_else(|| {
-            refused(
-                crate::limits::OverLimit {
-                    flag: ResponseFlag::SourceLimit,
-                    what: "HBONE handshakes in progress",
-                    limit: l.peer_handshakes.max(),
-                },
-                HandshakeFailureKind::PeerHandshakeLimit,
-            )
-        })?;
-        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)) })
+        let peer = self.shared.limits.peer(peer_addr.ip());
+        let refused = |over: crate::limits::OverLimit, kind| {
+            let kind = if over.flag == ResponseFlag::Overload { HandshakeFailureKind::Overload } else { kind };
+            AdmissionRefused { kind, detail: over.to_string() }
+        };
+        let conn = peer.take(Kind::PeerConnections, 1).map_err(|o| refused(o, HandshakeFailureKind::PeerConnectionLimit))?;
+        let handshake = peer.take(Kind::PeerHandshakes, 0).map_err(|o| refused(o, HandshakeFailureKind::PeerHandshakeLimit))?;
+        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)), context: Some(peer) })
     }
 }
 
@@ -165,20 +161,20 @@ pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStr
         mutual_tls: false,
     };
     let record = ConnRecord::open(info, shared.telemetry.clone());
-    let source = peer.ip().to_canonical().to_string();
-    // The same rule as outbound: a proxy port here would loop.
+    // Refusal lines are limited per source: its name, only when refused.
+    let source = || peer.ip().to_canonical().to_string();
+    // The same rule as outbound: an in-pod listener's port here would loop.
     if let Some(why) = self_call(Side::Inbound, dst, std::slice::from_ref(&pod.ip)) {
         reset(&client);
-        record.refuse(ResponseFlag::SelfCall, why.to_string(), &source);
+        record.refuse(ResponseFlag::SelfCall, why.to_string(), &source());
         return;
     }
     // The peer's plaintext connections; two descriptors (client and app).
-    let limits = &shared.limits;
-    let record = match limits.inbound(&limits.peer_plaintext, "open plaintext connections", peer.ip(), 2) {
+    let record = match shared.limits.peer(peer.ip()).take(Kind::PeerPlaintext, 2) {
         Ok(held) => record.holding(held),
         Err(over) => {
             reset(&client);
-            record.refuse(over.flag, over.to_string(), &source);
+            record.refuse(over.flag, over.to_string(), &source());
             return;
         }
     };
@@ -197,11 +193,6 @@ pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStr
         }
         Err(e) => record.close(0, 0, Some((ResponseFlag::Connect, format!("connect to {dst}: {e}")))),
     }
-}
-
-/// Makes the close of `s` a reset, so the client fails at once.
-fn reset(s: &TcpStream) {
-    let _ = socket2::SockRef::from(s).set_linger(Some(std::time::Duration::ZERO));
 }
 
 /// The app side of an inbound connection: counts bytes each way and closes

@@ -25,7 +25,7 @@ pub struct LocalPod {
     pub ip: IpAddr,
     pub sockets: PodSockets,
     /// What this pod holds of its outbound bounds.
-    pub limits: Arc<crate::limits::PodLimits>,
+    pub limits: Arc<crate::limits::Source>,
 }
 
 /// Local pods by IP: how the HBONE pool dials from the right namespace.
@@ -132,7 +132,7 @@ impl InPod {
             self.shared.server_tls.clone(),
             Arc::new(inbound::Certs(self.shared.clone())),
             Arc::new(inbound::HboneHandler { shared: self.shared.clone(), pod: pod.clone() }),
-            ServerConfig { proxy_ports: slipstream_core::NODE_PROXY_PORTS.to_vec(), ..ServerConfig::default() },
+            ServerConfig::default(),
         )
         .with_stats(self.shared.telemetry.metrics.hbone.clone());
         tokio::spawn(server.serve(watch.clone()));

@@ -2,24 +2,30 @@
 //!
 //! The node proxy is shared by every pod of its node: a pod (or a peer
 //! address) that opens connections as fast as it can must hit its own bound
-//! while the others are served as before. Two pure types do the counting:
+//! while the others are served as before. The counting is plain atomics:
 //!
-//! - [`Slots`]: one counter with a maximum (a local pod's outbound
-//!   connections, the node's connection budget). Acquire and release are
-//!   one atomic operation each.
-//! - [`KeyedSlots`]: a counter per key (a peer IP) in a small map, taken
-//!   once per connection or stream, never per byte.
+//! - [`Slots`]: one counter with a maximum (the node's connection budget).
+//! - [`Source`]: what one source holds, one [`Slots`] per [`Kind`], and the
+//!   budget it draws on. A local pod's is made once with its listeners (its
+//!   `LocalPod` holds it); a peer IP's is looked up in a small map
+//!   ([`NodeLimits::peer`]) once per HBONE connection or plaintext
+//!   connection, never per stream or byte: the HBONE server carries the
+//!   peer's `Source` from the connection's admission to its streams.
+//! - [`Taken`]: one slot of a source and its descriptors of the budget, given
+//!   back when dropped (16 bytes, no allocation), so a slot is held exactly
+//!   as long as what it counts.
 //!
-//! Both hand out guards that give the slot back when dropped, so a slot is
-//! held exactly as long as what it counts. [`RefusalLog`] keeps the log
-//! lines of refusals to a few per second per source.
+//! [`KeyedSlots`] (a counter per key in a map) is for the admin listeners,
+//! taken once per admin connection. [`RefusalLog`] keeps the log lines of
+//! refusals to a few per second per source.
 
 use crate::metrics::ResponseFlag;
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// A counter with a maximum.
@@ -38,7 +44,11 @@ pub struct SlotGuard {
 
 impl Slots {
     pub fn new(max: u32) -> Arc<Slots> {
-        Arc::new(Slots { used: AtomicU32::new(0), max })
+        Arc::new(Slots::unshared(max))
+    }
+
+    fn unshared(max: u32) -> Slots {
+        Slots { used: AtomicU32::new(0), max }
     }
 
     pub fn max(&self) -> u32 {
@@ -51,15 +61,23 @@ impl Slots {
 
     /// Takes `n` slots, or none if that would go over the maximum. Exact: a
     /// refusal means the slots were all held at that instant.
+    fn take(&self, n: u32) -> bool {
+        self.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| u.checked_add(n).filter(|&t| t <= self.max)).is_ok()
+    }
+
+    fn give(&self, n: u32) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// [`Slots::take`], held by a guard.
     pub fn try_acquire(self: &Arc<Self>, n: u32) -> Option<SlotGuard> {
-        self.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| u.checked_add(n).filter(|&t| t <= self.max)).ok()?;
-        Some(SlotGuard { slots: self.clone(), n })
+        self.take(n).then(|| SlotGuard { slots: self.clone(), n })
     }
 }
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.slots.used.fetch_sub(self.n, Ordering::AcqRel);
+        self.slots.give(self.n);
     }
 }
 
@@ -123,6 +141,112 @@ impl<K: Eq + Hash + Copy> Drop for KeyedGuard<K> {
     }
 }
 
+/// What a source holds: each kind has its own bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A local pod's open outbound connections, set-up ones included.
+    PodOpen,
+    /// A local pod's outbound connections still being set up.
+    PodPending,
+    /// A peer IP's open HBONE connections on :15008.
+    PeerConnections,
+    /// A peer IP's TLS and HTTP/2 handshakes in progress on :15008.
+    PeerHandshakes,
+    /// A peer IP's open CONNECT streams, across all its tunnels.
+    PeerStreams,
+    /// A peer IP's open plaintext connections on :15006.
+    PeerPlaintext,
+}
+
+const KINDS: usize = 6;
+
+impl Kind {
+    /// What the source holds too many of, for the log line.
+    pub fn what(self) -> &'static str {
+        match self {
+            Kind::PodOpen => "open outbound connections",
+            Kind::PodPending => "outbound connections in set-up",
+            Kind::PeerConnections => "open HBONE connections",
+            Kind::PeerHandshakes => "HBONE handshakes in progress",
+            Kind::PeerStreams => "open HBONE streams",
+            Kind::PeerPlaintext => "open plaintext connections",
+        }
+    }
+}
+
+/// One source (a local pod, or a peer IP): a counter per [`Kind`] and the
+/// node's budget it draws on. A peer's leaves the node's map when the last
+/// thing it holds is given back.
+#[derive(Debug)]
+pub struct Source {
+    slots: [Slots; KINDS],
+    budget: Arc<Slots>,
+    /// Peers only: the map it is in, to leave it when dropped.
+    registry: Option<(IpAddr, Weak<PeerMap>)>,
+}
+
+type PeerMap = Mutex<HashMap<IpAddr, Weak<Source>>>;
+
+/// One slot of a source and `descriptors` of the node's budget, given back
+/// when dropped. Keeps its source alive: counts never restart while held.
+#[derive(Debug)]
+pub struct Taken {
+    source: Arc<Source>,
+    kind: Kind,
+    descriptors: u32,
+}
+
+impl Source {
+    pub fn in_use(&self, kind: Kind) -> u32 {
+        self.slots[kind as usize].in_use()
+    }
+
+    pub fn max(&self, kind: Kind) -> u32 {
+        self.slots[kind as usize].max()
+    }
+
+    /// One slot of `kind` and `descriptors` of the budget, or neither: over
+    /// the source's bound it is SOURCE_LIMIT, over the budget OVERLOAD. Two
+    /// atomic operations when under both.
+    pub fn take(self: &Arc<Self>, kind: Kind, descriptors: u32) -> Result<Taken, OverLimit> {
+        let own = &self.slots[kind as usize];
+        if !own.take(1) {
+            return Err(OverLimit { flag: ResponseFlag::SourceLimit, what: kind.what(), limit: own.max() });
+        }
+        if descriptors > 0 && !self.budget.take(descriptors) {
+            own.give(1);
+            return Err(over_budget(&self.budget));
+        }
+        Ok(Taken { source: self.clone(), kind, descriptors })
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        self.source.slots[self.kind as usize].give(1);
+        if self.descriptors > 0 {
+            self.source.budget.give(self.descriptors);
+        }
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        let Some((ip, map)) = &self.registry else { return };
+        let Some(map) = map.upgrade() else { return };
+        let mut m = map.lock().expect("peer map lock");
+        // A newer source of the same peer may have replaced this one.
+        if m.get(ip).is_some_and(|w| w.strong_count() == 0) {
+            m.remove(ip);
+        }
+    }
+}
+
+fn over_budget(budget: &Slots) -> OverLimit {
+    OverLimit { flag: ResponseFlag::Overload, what: "", limit: budget.max() }
+}
+
 /// Whether to write a refusal's log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogDecision {
@@ -155,12 +279,17 @@ impl<K: Eq + Hash + Clone> RefusalLog<K> {
         RefusalLog { windows: Mutex::new(HashMap::new()), burst, period }
     }
 
-    /// One refusal of `key` at `now`.
-    pub fn check(&self, key: &K, now: Instant) -> LogDecision {
+    /// One refusal of `key` at `now` (the key is copied only for a source
+    /// not yet in the map).
+    pub fn check<Q>(&self, key: &Q, now: Instant) -> LogDecision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let mut m = self.windows.lock().expect("refusal log lock");
         let w = match m.get_mut(key) {
             Some(w) => w,
-            None => m.entry(key.clone()).or_insert(Window { start: now, logged: 0, suppressed: 0 }),
+            None => m.entry(key.to_owned()).or_insert(Window { start: now, logged: 0, suppressed: 0 }),
         };
         if now.duration_since(w.start) >= self.period && w.suppressed == 0 {
             // A new window; one with suppressed lines waits for its summary.
@@ -198,45 +327,51 @@ impl<K: Eq + Hash + Clone> RefusalLog<K> {
 pub struct NodeLimits {
     /// Descriptors held by proxied connections, all sources together.
     pub budget: Arc<Slots>,
-    /// Inbound, per peer IP: open HBONE connections on :15008.
-    pub peer_connections: Arc<KeyedSlots<IpAddr>>,
-    /// Inbound, per peer IP: handshakes in progress on :15008.
-    pub peer_handshakes: Arc<KeyedSlots<IpAddr>>,
-    /// Inbound, per peer IP: open CONNECT streams across its tunnels.
-    pub peer_streams: Arc<KeyedSlots<IpAddr>>,
-    /// Inbound, per peer IP: open plaintext connections on :15006.
-    pub peer_plaintext: Arc<KeyedSlots<IpAddr>>,
-    /// Per local pod, handed to each [`PodLimits`].
-    pod_connections: u32,
-    pod_pending: u32,
-}
-
-/// One local pod's outbound counters (its `LocalPod` holds them), with the
-/// node's budget they draw on.
-#[derive(Debug)]
-pub struct PodLimits {
-    /// Open outbound connections, set-up ones included.
-    pub open: Arc<Slots>,
-    /// Outbound connections still being set up.
-    pub pending: Arc<Slots>,
-    budget: Arc<Slots>,
+    /// The peers that hold something, by IP.
+    peers: Arc<PeerMap>,
+    /// The bound of each kind, for new sources.
+    max: [u32; KINDS],
 }
 
 impl NodeLimits {
     pub fn new(l: &crate::config::Limits) -> Self {
         NodeLimits {
             budget: Slots::new(l.connection_budget),
-            peer_connections: KeyedSlots::new(l.peer_connections),
-            peer_handshakes: KeyedSlots::new(l.peer_handshakes),
-            peer_streams: KeyedSlots::new(l.peer_streams),
-            peer_plaintext: KeyedSlots::new(l.peer_plaintext),
-            pod_connections: l.pod_connections,
-            pod_pending: l.pod_pending,
+            peers: Arc::default(),
+            max: [l.pod_connections, l.pod_pending, l.peer_connections, l.peer_handshakes, l.peer_streams, l.peer_plaintext],
         }
     }
 
-    pub fn for_pod(&self) -> Arc<PodLimits> {
-        Arc::new(PodLimits { open: Slots::new(self.pod_connections), pending: Slots::new(self.pod_pending), budget: self.budget.clone() })
+    fn source(&self, registry: Option<(IpAddr, Weak<PeerMap>)>) -> Source {
+        Source { slots: self.max.map(Slots::unshared), budget: self.budget.clone(), registry }
+    }
+
+    /// A new local pod's counters (its `LocalPod` keeps them).
+    pub fn for_pod(&self) -> Arc<Source> {
+        Arc::new(self.source(None))
+    }
+
+    /// The counters of peer `ip`: one lookup under a lock, taken once per
+    /// HBONE connection (its streams reuse it) or plaintext connection.
+    pub fn peer(&self, ip: IpAddr) -> Arc<Source> {
+        let ip = ip.to_canonical();
+        let mut m = self.peers.lock().expect("peer map lock");
+        if let Some(s) = m.get(&ip).and_then(Weak::upgrade) {
+            return s;
+        }
+        let s = Arc::new(self.source(Some((ip, Arc::downgrade(&self.peers)))));
+        m.insert(ip, Arc::downgrade(&s));
+        s
+    }
+
+    /// How many peers hold something.
+    pub fn peers(&self) -> usize {
+        self.peers.lock().expect("peer map lock").len()
+    }
+
+    /// `descriptors` of the node budget.
+    pub fn take_budget(&self, descriptors: u32) -> Result<SlotGuard, OverLimit> {
+        self.budget.try_acquire(descriptors).ok_or_else(|| over_budget(&self.budget))
     }
 }
 
@@ -255,72 +390,6 @@ impl std::fmt::Display for OverLimit {
             ResponseFlag::Overload => write!(f, "the node proxy's connection budget ({} descriptors) is spent", self.limit),
             _ => write!(f, "source limit: already {} {} (the most one source may hold)", self.limit, self.what),
         }
-    }
-}
-
-/// What a connection holds while it lives: its source's slot and its
-/// share of the node's budget, released when its record is dropped. Small
-/// on purpose (16 bytes): every open connection's future carries one.
-#[derive(Debug, Default)]
-pub enum Held {
-    #[default]
-    Nothing,
-    /// One open outbound connection of a pod and one descriptor of the
-    /// budget, in one pointer (no allocation).
-    Pod(PodGuard),
-    /// A peer's slot and `n` descriptors (inbound, which allocates anyway).
-    Peer(Box<(KeyedGuard<IpAddr>, SlotGuard)>),
-}
-
-/// One open outbound connection of a pod and one descriptor of the node's
-/// budget; both released on drop.
-#[derive(Debug)]
-pub struct PodGuard(Arc<PodLimits>);
-
-impl Drop for PodGuard {
-    fn drop(&mut self) {
-        self.0.open.used.fetch_sub(1, Ordering::AcqRel);
-        self.0.budget.used.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-fn over(flag: ResponseFlag, what: &'static str, limit: u32) -> OverLimit {
-    OverLimit { flag, what, limit }
-}
-
-impl NodeLimits {
-    /// `descriptors` of the node budget.
-    pub fn take_budget(&self, descriptors: u32) -> Result<SlotGuard, OverLimit> {
-        take_budget(&self.budget, descriptors)
-    }
-
-    /// A new inbound connection or stream from `peer`, counted in `slots`,
-    /// with `descriptors` of the budget.
-    pub fn inbound(&self, slots: &Arc<KeyedSlots<IpAddr>>, what: &'static str, peer: IpAddr, descriptors: u32) -> Result<Held, OverLimit> {
-        let g = slots.try_acquire(peer.to_canonical()).ok_or_else(|| over(ResponseFlag::SourceLimit, what, slots.max()))?;
-        Ok(Held::Peer(Box::new((g, self.take_budget(descriptors)?))))
-    }
-}
-
-fn take_budget(budget: &Arc<Slots>, descriptors: u32) -> Result<SlotGuard, OverLimit> {
-    budget.try_acquire(descriptors).ok_or_else(|| over(ResponseFlag::Overload, "", budget.max()))
-}
-
-impl PodLimits {
-    /// A new outbound connection of this pod: its open slot and one
-    /// descriptor of the budget (two atomic operations).
-    pub fn outbound(self: &Arc<Self>) -> Result<Held, OverLimit> {
-        let open = self.open.try_acquire(1).ok_or_else(|| over(ResponseFlag::SourceLimit, "open outbound connections", self.open.max()))?;
-        let budget = take_budget(&self.budget, 1)?;
-        // Both now owned by one guard.
-        std::mem::forget(open);
-        std::mem::forget(budget);
-        Ok(Held::Pod(PodGuard(self.clone())))
-    }
-
-    /// One outbound connection in set-up, until the guard is dropped.
-    pub fn pending(&self) -> Result<SlotGuard, OverLimit> {
-        self.pending.try_acquire(1).ok_or_else(|| over(ResponseFlag::SourceLimit, "outbound connections in set-up", self.pending.max()))
     }
 }
 
@@ -402,12 +471,12 @@ mod tests {
         assert_eq!(log.summaries(at(5600)), vec![("pod-c", 3)]);
     }
 
-    fn limits(budget: u32, pod: u32, pending: u32, peer: u32) -> NodeLimits {
+    fn limits(budget: u32, pod: u32, pending: u32, peer_streams: u32) -> NodeLimits {
         let a = crate::config::LimitArgs {
             connection_budget: Some(budget),
             pod_connections: Some(pod),
             pod_pending: Some(pending),
-            peer_streams: Some(peer),
+            peer_streams: Some(peer_streams),
             ..Default::default()
         };
         NodeLimits::new(&crate::config::Limits::derive(20_000, &a))
@@ -417,39 +486,62 @@ mod tests {
     fn a_pod_at_its_limit_leaves_the_others_served() {
         let node = limits(10, 3, 2, 3);
         let (a, b) = (node.for_pod(), node.for_pod());
-        let held_a: Vec<Held> = (0..3).map(|_| a.outbound().unwrap()).collect();
-        let e = a.outbound().unwrap_err();
+        let held_a: Vec<Taken> = (0..3).map(|_| a.take(Kind::PodOpen, 1).unwrap()).collect();
+        let e = a.take(Kind::PodOpen, 1).unwrap_err();
         assert_eq!((e.flag, e.limit), (ResponseFlag::SourceLimit, 3));
         assert_eq!(e.to_string(), "source limit: already 3 open outbound connections (the most one source may hold)");
-        assert_eq!((a.open.in_use(), node.budget.in_use()), (3, 3), "a refusal takes nothing");
-        let held_b: Vec<Held> = (0..3).map(|_| b.outbound().unwrap()).collect();
+        assert_eq!((a.in_use(Kind::PodOpen), node.budget.in_use()), (3, 3), "a refusal takes nothing");
+        let held_b: Vec<Taken> = (0..3).map(|_| b.take(Kind::PodOpen, 1).unwrap()).collect();
         assert_eq!(node.budget.in_use(), 6);
         drop(held_a);
-        assert_eq!((a.open.in_use(), b.open.in_use(), node.budget.in_use()), (0, 3, 3), "released with the guard");
+        assert_eq!((a.in_use(Kind::PodOpen), b.in_use(Kind::PodOpen), node.budget.in_use()), (0, 3, 3), "released with the guard");
         drop(held_b);
-        // Pending is its own bound.
-        let p = (a.pending().unwrap(), a.pending().unwrap());
-        assert_eq!(a.pending().unwrap_err().what, "outbound connections in set-up");
+        // Pending is its own bound, and takes none of the budget.
+        let p = (a.take(Kind::PodPending, 0).unwrap(), a.take(Kind::PodPending, 0).unwrap());
+        assert_eq!(a.take(Kind::PodPending, 0).unwrap_err().what, "outbound connections in set-up");
+        assert_eq!(node.budget.in_use(), 0);
         drop(p);
-        assert!(a.pending().is_ok());
+        assert!(a.take(Kind::PodPending, 0).is_ok());
     }
 
     #[test]
     fn the_node_budget_bounds_every_source_together() {
         let node = limits(4, 3, 3, 3);
         let (a, b) = (node.for_pod(), node.for_pod());
-        let peer: IpAddr = "10.0.0.9".parse().unwrap();
-        let _a = (a.outbound().unwrap(), a.outbound().unwrap());
-        let plain = node.inbound(&node.peer_plaintext, "open plaintext connections", peer, 2).unwrap();
-        let e = b.outbound().unwrap_err();
+        let peer = node.peer("10.0.0.9".parse().unwrap());
+        let _a = (a.take(Kind::PodOpen, 1).unwrap(), a.take(Kind::PodOpen, 1).unwrap());
+        let plain = peer.take(Kind::PeerPlaintext, 2).unwrap();
+        let e = b.take(Kind::PodOpen, 1).unwrap_err();
         assert_eq!(e.flag, ResponseFlag::Overload, "the budget, not b's own limit");
-        assert_eq!(b.open.in_use(), 0, "b's slot was given back");
-        assert_eq!(node.peer_streams.in_use(peer), 0);
-        let e = node.inbound(&node.peer_streams, "open HBONE streams", peer, 1).unwrap_err();
+        assert_eq!(b.in_use(Kind::PodOpen), 0, "b's slot was given back");
+        let e = peer.take(Kind::PeerStreams, 1).unwrap_err();
         assert_eq!(e.flag, ResponseFlag::Overload);
-        assert_eq!(node.peer_streams.in_use(peer), 0, "the peer's slot was given back");
+        assert_eq!(peer.in_use(Kind::PeerStreams), 0, "the peer's slot was given back");
         drop(plain);
-        assert!(b.outbound().is_ok());
-        assert_eq!(std::mem::size_of::<Held>(), 16);
+        assert!(b.take(Kind::PodOpen, 1).is_ok());
+        assert_eq!(std::mem::size_of::<Taken>(), 16);
+        assert_eq!(std::mem::size_of::<Option<Taken>>(), 16);
+    }
+
+    #[test]
+    fn a_peer_is_one_source_while_it_holds_anything() {
+        let node = limits(100, 3, 3, 2);
+        let (x, y): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        // Looked up once per connection; the streams reuse what was found.
+        let conn = node.peer(x);
+        let s1 = conn.take(Kind::PeerStreams, 1).unwrap();
+        drop(conn);
+        // A second lookup (another tunnel, an IPv4-mapped address) finds the
+        // same counters while anything is held: the bound is per peer.
+        let again = node.peer("::ffff:10.0.0.1".parse().unwrap());
+        let s2 = again.take(Kind::PeerStreams, 1).unwrap();
+        assert_eq!(again.take(Kind::PeerStreams, 1).unwrap_err().flag, ResponseFlag::SourceLimit);
+        drop(again);
+        assert!(node.peer(y).take(Kind::PeerStreams, 1).is_ok(), "another peer has its own");
+        assert_eq!(node.peers(), 1, "y held nothing after its stream ended: gone");
+        drop((s1, s2));
+        assert_eq!(node.peers(), 0, "x left the map with its last slot");
+        assert_eq!(node.budget.in_use(), 0);
+        assert_eq!(node.peer(x).in_use(Kind::PeerStreams), 0, "fresh counters");
     }
 }

@@ -4,11 +4,11 @@
 
 use crate::conn::{ConnInfo, ConnRecord};
 use crate::inpod::LocalPod;
-use crate::limits::{Held, OverLimit, SlotGuard};
+use crate::limits::{Kind, OverLimit, SlotGuard, Taken};
 use crate::metrics::{Reporter, ResponseFlag};
 use crate::proxy::Shared;
 use crate::selfcall::{self_call, SelfCall, Side};
-use crate::sockets::original_dst;
+use crate::sockets::{original_dst, reset};
 use futures_util::future::{self, Either, FutureExt};
 use slipstream_core::state::hbone_addr;
 use slipstream_core::{Destination, MeshState, Service, Workload, WorkloadType};
@@ -156,29 +156,6 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             return None;
         }
     };
-    // This pod's bounds first: one atomic operation each when under them.
-    let (held, _pending) = match admit(&pod) {
-        Ok(h) => h,
-        Err(over) => {
-            let snap = shared.snapshot.borrow().clone();
-            let src = snap.mesh.workload(&pod.uid);
-            let info = ConnInfo {
-                reporter: Reporter::Source,
-                src_addr: peer,
-                src,
-                src_identity: String::new(),
-                dst_addr: dst,
-                hbone_addr: None,
-                dst: None,
-                dst_identity: String::new(),
-                service: None,
-                mutual_tls: false,
-            };
-            reset(app);
-            ConnRecord::open(info, shared.telemetry.clone()).refuse(over.flag, over.to_string(), &pod.uid);
-            return None;
-        }
-    };
     let snap = shared.snapshot.borrow().clone();
     let src = snap.mesh.workload(&pod.uid);
     let src_identity = src.as_ref().map(|w| w.spiffe_id()).unwrap_or_default();
@@ -194,16 +171,25 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
         service,
         mutual_tls: mtls,
     };
+    // This pod's bounds first: two atomic operations each when under them.
+    let (held, _pending) = match admit(&pod) {
+        Ok(h) => h,
+        Err(over) => {
+            reset(&app);
+            ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone()).refuse(over.flag, over.to_string(), &pod.uid);
+            return None;
+        }
+    };
     match plan(&snap.mesh, std::slice::from_ref(&pod.ip), dst, rand::random()) {
         Err(e @ PlanError::SelfCall(_)) => {
             let record = ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone());
-            reset(app);
+            reset(&app);
             record.refuse(e.flag(), e.to_string(), &pod.uid);
             None
         }
         Err(e) => {
             let record = ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone());
-            reset(app);
+            reset(&app);
             record.close(0, 0, Some((e.flag(), e.to_string())));
             None
         }
@@ -213,7 +199,7 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             let upstream_fd = match shared.limits.take_budget(1) {
                 Ok(g) => g,
                 Err(over) => {
-                    reset(app);
+                    reset(&app);
                     record.refuse(over.flag, over.to_string(), &pod.uid);
                     return None;
                 }
@@ -221,7 +207,7 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             match pod.sockets.connect_marked(addr, shared.config.connect_timeout).await {
                 Ok(upstream) => Some(Carry::Passthrough { record, app, upstream, _upstream_fd: upstream_fd }),
                 Err(e) => {
-                    reset(app);
+                    reset(&app);
                     record.close(0, 0, Some((ResponseFlag::Connect, format!("connect to {addr}: {e}"))));
                     None
                 }
@@ -233,7 +219,7 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
                     .holding(held);
             let ids: Result<Vec<SpiffeId>, _> = expected_identities.iter().map(|i| i.parse::<SpiffeId>()).collect();
             let (Ok(src_id), Ok(ids)) = (src_identity.parse::<SpiffeId>(), ids) else {
-                reset(app);
+                reset(&app);
                 record.close(0, 0, Some((ResponseFlag::IdentityError, "invalid SPIFFE identity in the mesh configuration".into())));
                 return None;
             };
@@ -248,7 +234,7 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
                 Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app }),
                 Err(e) => {
                     tracing::debug!(pod = %pod.uid, %authority, "HBONE connect failed: {e}");
-                    reset(app);
+                    reset(&app);
                     record.close(0, 0, Some((e.flag(), e.to_string())));
                     None
                 }
@@ -260,9 +246,9 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
 /// Takes the pod's slots for a new outbound connection: one open
 /// connection (kept with its record) and one in set-up (dropped when
 /// `setup` returns).
-fn admit(pod: &LocalPod) -> Result<(Held, SlotGuard), OverLimit> {
-    let held = pod.limits.outbound()?;
-    Ok((held, pod.limits.pending()?))
+fn admit(pod: &LocalPod) -> Result<(Taken, Taken), OverLimit> {
+    let held = pod.limits.take(Kind::PodOpen, 1)?;
+    Ok((held, pod.limits.take(Kind::PodPending, 0)?))
 }
 
 fn baggage(w: &Workload) -> Baggage {
@@ -279,13 +265,6 @@ fn baggage(w: &Workload) -> Baggage {
         service_name: w.canonical_name.clone(),
         service_version: w.canonical_revision.clone(),
     }
-}
-
-/// Closes the app's connection with a reset, so it fails at once instead of
-/// seeing a clean end of stream it could mistake for an empty answer.
-fn reset(s: TcpStream) {
-    let _ = socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO));
-    drop(s);
 }
 
 #[cfg(test)]

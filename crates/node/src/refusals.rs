@@ -58,5 +58,5 @@ pub fn record_handshake_failure(shared: &Shared, f: &HandshakeFailure) {
     if !shared.telemetry.log_refusal(&f.peer_addr.ip().to_canonical().to_string()) {
         return;
     }
-    tracing::warn!(peer = %f.peer_addr, local = %f.local_addr, reason = %f.kind, %flag, "inbound HBONE connection refused: {}", f.detail);
+    tracing::warn!(target: crate::conn::REFUSAL_TARGET, peer = %f.peer_addr, local = %f.local_addr, reason = %f.kind, %flag, "inbound HBONE connection refused: {}", f.detail);
 }

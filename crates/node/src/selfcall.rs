@@ -6,10 +6,13 @@
 //! (loopback, unspecified, one of the pod's own addresses) was made straight
 //! to the listener by the pod: passing it through would dial the proxy
 //! itself, again and again. Inbound, the destination is always the pod's own
-//! address; there a target port that is one of the proxy's own would reach
-//! the proxy's listener instead of the app.
+//! address; there a target port that is one of the proxy's in-pod listeners
+//! (`slipstream_core::PROXY_PORTS`: 15001, 15006, 15008, PROTOCOLS.md
+//! section 2) would reach the proxy instead of the app. The admin ports
+//! (15000, 15020, 15021) listen in the node's namespace, not the pod's: a
+//! pod's own address on those ports is the app's, so inbound they pass.
 
-use slipstream_core::NODE_PROXY_PORTS;
+use slipstream_core::PROXY_PORTS;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
@@ -22,7 +25,7 @@ pub enum SelfCall {
     Unspecified(SocketAddr),
     /// Outbound to one of the pod's own addresses.
     OwnAddress(SocketAddr),
-    /// A port of the node proxy's own on a local address.
+    /// One of the proxy's in-pod listener ports on a local address.
     ProxyPort(SocketAddr),
 }
 
@@ -42,7 +45,7 @@ impl fmt::Display for SelfCall {
 pub enum Side {
     /// On the outbound listener (:15001): every local destination refused.
     Outbound,
-    /// On :15006 or as an HBONE target: the proxy's own ports refused.
+    /// On :15006 or as an HBONE target: the in-pod listener ports refused.
     Inbound,
 }
 
@@ -58,7 +61,7 @@ pub fn self_call(side: Side, dst: SocketAddr, own: &[IpAddr]) -> Option<SelfCall
     } else {
         None
     };
-    let proxy_port = NODE_PROXY_PORTS.contains(&dst.port());
+    let proxy_port = PROXY_PORTS.contains(&dst.port());
     match (side, local) {
         (_, Some(_)) if proxy_port => Some(SelfCall::ProxyPort(dst)),
         (Side::Outbound, local) => local,
@@ -92,7 +95,10 @@ mod tests {
             (Outbound, "[::]:80", Some(Unspecified)),
             (Outbound, "10.244.1.5:15006", Some(ProxyPort)),
             (Outbound, "10.244.1.5:15008", Some(ProxyPort)),
-            (Outbound, "10.244.1.5:15020", Some(ProxyPort)),
+            // The admin ports are not in the pod: a local address on them
+            // is refused as local, not as a proxy port.
+            (Outbound, "10.244.1.5:15020", Some(OwnAddress)),
+            (Outbound, "127.0.0.1:15021", Some(Loopback)),
             (Outbound, "10.244.1.5:8080", Some(OwnAddress)),
             (Outbound, "[::ffff:10.244.1.5]:8080", Some(OwnAddress)),
             // Another pod, the node, outside: never a self-call, whatever
@@ -102,12 +108,15 @@ mod tests {
             (Outbound, "10.244.1.1:15020", None),
             (Outbound, "192.0.2.1:443", None),
             (Outbound, "10.96.0.10:80", None),
-            // Inbound: the pod's own ports are fine, the proxy's are not.
+            // Inbound: the pod's own ports are fine, the proxy's in-pod
+            // listeners are not; the admin ports are the app's here.
             (Inbound, "10.244.1.5:8080", None),
             (Inbound, "10.244.1.5:15006", Some(ProxyPort)),
             (Inbound, "10.244.1.5:15001", Some(ProxyPort)),
-            (Inbound, "10.244.1.5:15000", Some(ProxyPort)),
-            (Inbound, "10.244.1.5:15021", Some(ProxyPort)),
+            (Inbound, "10.244.1.5:15008", Some(ProxyPort)),
+            (Inbound, "10.244.1.5:15000", None),
+            (Inbound, "10.244.1.5:15020", None),
+            (Inbound, "10.244.1.5:15021", None),
             (Inbound, "127.0.0.1:15006", Some(ProxyPort)),
         ];
         for (side, dst, want) in cases {

@@ -89,3 +89,10 @@ pub fn original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
     let a = if s.local_addr()?.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
     a.as_socket().ok_or_else(|| io::Error::other("original destination is not an IP address"))
 }
+
+/// Makes the close of `s` a reset (SO_LINGER 0), so the client fails at
+/// once instead of seeing a clean end of stream it could mistake for an
+/// empty answer. Takes effect when `s` is dropped.
+pub fn reset(s: &TcpStream) {
+    let _ = s.set_zero_linger();
+}

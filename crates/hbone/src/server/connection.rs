@@ -47,6 +47,8 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
         Ok(a) => a,
         Err(refused) => {
             stats.refused_limit();
+            // Closed with a reset (SO_LINGER 0): the peer fails at once.
+            let _ = tcp.set_zero_linger();
             drop(tcp);
             return shared.handler.on_handshake_failure(&HandshakeFailure {
                 peer_addr,
@@ -58,6 +60,7 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
     };
     let _connection_permit = admission.connection;
     let handshake_permit = admission.handshake;
+    let context = admission.context;
     let _ = tcp.set_nodelay(true);
     let deadline = Instant::now() + shared.config.handshake_timeout;
     // Every way this connection can end before its first stream is reported
@@ -174,6 +177,7 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
         handler: shared.handler.clone(),
         stats: shared.stats.clone(),
         proxy_ports: shared.config.proxy_ports.clone().into(),
+        context,
     });
     let ping_pong = conn.ping_pong();
     let (interval, ka_timeout) = (shared.config.h2.keepalive_interval, shared.config.h2.keepalive_timeout);

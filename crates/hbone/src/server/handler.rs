@@ -1,6 +1,7 @@
 //! What the node proxy plugs into the server: certificate choice by
 //! destination IP, and what to do with a validated CONNECT.
 
+use std::any::Any;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +54,9 @@ pub struct InboundRequest {
     pub target: SocketAddr,
     /// All request headers (`baggage`, `forwarded`, `traceparent`, ...).
     pub headers: HeaderMap,
+    /// What [`Handler::admit`] returned as [`Admission::context`] for this
+    /// stream's connection.
+    pub context: Option<ConnectionContext>,
 }
 
 /// The outcome of one CONNECT stream, for metrics and access logs.
@@ -80,12 +84,20 @@ pub struct StreamRecord {
 /// releases what it holds.
 pub type Permit = Box<dyn Send + Sync>;
 
+/// Something the handler found out once per connection and wants back
+/// with each of its streams (the node proxy: the peer's limit counters,
+/// so a stream costs no lookup). `Arc::downcast` recovers its type.
+pub type ConnectionContext = std::sync::Arc<dyn Any + Send + Sync>;
+
 /// What [`Handler::admit`] lets a new connection hold: `handshake` until
-/// its TLS and HTTP/2 handshakes are over, `connection` until it closes.
+/// its TLS and HTTP/2 handshakes are over, `connection` until it closes;
+/// `context` is handed to every stream of the connection in
+/// [`InboundRequest::context`].
 #[derive(Default)]
 pub struct Admission {
     pub handshake: Option<Permit>,
     pub connection: Option<Permit>,
+    pub context: Option<ConnectionContext>,
 }
 
 /// Why [`Handler::admit`] refused a connection: one of the limit kinds of

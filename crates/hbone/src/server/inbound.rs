@@ -14,7 +14,7 @@ use http::{Method, Request, Response, StatusCode};
 use slipstream_identity::SpiffeId;
 use tokio::time::Instant;
 
-use super::handler::{Handler, InboundRequest, StreamRecord, Upstream};
+use super::handler::{ConnectionContext, Handler, InboundRequest, StreamRecord, Upstream};
 use super::stats::ServerStats;
 use crate::authority::parse_authority;
 use crate::copy::{self, CopyStats};
@@ -29,6 +29,8 @@ pub(crate) struct ConnContext {
     pub handler: Arc<dyn Handler>,
     pub stats: Arc<ServerStats>,
     pub proxy_ports: Arc<[u16]>,
+    /// What the handler's admission gave this connection.
+    pub context: Option<ConnectionContext>,
 }
 
 /// Serves one CONNECT stream to its end.
@@ -83,6 +85,7 @@ async fn open(
         tunnel_local: ctx.tunnel_local,
         target,
         headers: parts.headers,
+        context: ctx.context.clone(),
     };
     let upstream = match ctx.handler.connect(&inbound).await {
         Ok(upstream) => upstream,

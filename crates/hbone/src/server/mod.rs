@@ -14,17 +14,14 @@ use std::time::Duration;
 use slipstream_identity::tls::ServerTls;
 use tokio::net::TcpListener;
 
-pub use handler::{Admission, AdmissionRefused, CertResolver, Handler, InboundRequest, Permit, ResolveError, StreamRecord, Upstream};
+pub use handler::{
+    Admission, AdmissionRefused, CertResolver, ConnectionContext, Handler, InboundRequest, Permit, ResolveError, StreamRecord, Upstream,
+};
 pub use handshake::{HandshakeFailure, HandshakeFailureKind};
 pub use stats::{ServerStats, StatsSnapshot};
 
 use crate::drain::DrainWatch;
 use crate::h2config::H2Config;
-
-/// The node proxy's own ports (in-pod listeners 15001, 15006, 15008; admin
-/// 15000, metrics 15020, readiness 15021): a CONNECT to one of them is
-/// refused (503). The node proxy passes its own list in [`ServerConfig`].
-pub const PROXY_PORTS: [u16; 6] = [15001, 15006, 15008, 15000, 15020, 15021];
 
 /// How long a [`Handler`] should give the application to accept the
 /// upstream connection before answering 503 (PROTOCOLS.md section 2).
@@ -39,7 +36,11 @@ pub struct ServerConfig {
     /// Budget for choosing the certificate and the TLS and HTTP/2
     /// handshakes; slow or silent clients are dropped after it.
     pub handshake_timeout: Duration,
-    /// Target ports refused with 503.
+    /// Target ports refused with 503: by default the proxy's in-pod
+    /// listeners (`slipstream_core::PROXY_PORTS`: 15001, 15006, 15008, as
+    /// PROTOCOLS.md section 2 lists them). The admin ports are not among
+    /// them: they listen in the node's namespace, so `<pod IP>:15020`
+    /// reaches the pod's app, not the proxy.
     pub proxy_ports: Vec<u16>,
 }
 
@@ -49,7 +50,7 @@ impl Default for ServerConfig {
             h2: H2Config::default(),
             max_concurrent_streams: 200,
             handshake_timeout: Duration::from_secs(10),
-            proxy_ports: PROXY_PORTS.to_vec(),
+            proxy_ports: slipstream_core::PROXY_PORTS.to_vec(),
         }
     }
 }
