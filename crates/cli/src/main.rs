@@ -60,7 +60,10 @@ enum Command {
         /// with --ca-key. Default: a new root for this cluster.
         #[arg(long, requires = "ca_key")]
         ca_cert: Option<PathBuf>,
-        /// Private key (PEM) of --ca-cert.
+        /// Private key (PEM) of --ca-cert. The agent copies it into the
+        /// cluster's state (hidden from pods) and covers the original path
+        /// with an empty file in every pod; pods still read the rest of the
+        /// machine's files, so removing the original after `up` is safest.
         #[arg(long, requires = "ca_cert")]
         ca_key: Option<PathBuf>,
     },

@@ -1,7 +1,9 @@
 //! Issue 11, finding 7: a pod is confined as its securityContext says, and
 //! by default (root, containerd's capabilities less NET_RAW) it still cannot
-//! bypass the node proxy's capture, read the cluster's keys, leave its
-//! cgroup or change the node's firewall; in its own PID namespace with a
+//! bypass the node proxy's capture, read the cluster's keys or the
+//! operator's CA key, leave its cgroup, change the node's firewall, write
+//! the machine's files or reach its services under /run; in its own PID
+//! namespace with a
 //! minimal /dev it cannot see, signal or stop the node proxy or the agent,
 //! nor reach the machine's disks. Also strict field validation and the apply
 //! input checks (duplicates, empty input, stdin).
@@ -63,11 +65,27 @@ fn sh(c: &Cluster, pod: &str, script: &str) -> (i32, String) {
     exec(c, false, pod, &["sh", "-c", script])
 }
 
+/// An operator's mesh root (valid for years): (certificate, key) paths in `dir`.
+fn operator_ca(dir: &tempfile::TempDir) -> (String, String) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name.push(rcgen::DnType::CommonName, "t-hk-pods operator root");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2099, 1, 1);
+    let cert = params.self_signed(&key).unwrap();
+    (write_manifest(dir, "root-cert.pem", &cert.pem()), write_manifest(dir, "root-key.pem", &key.serialize_pem()))
+}
+
 #[test]
 fn pods_cannot_bypass_capture_read_keys_or_leave_their_cgroup() {
     let dir = tempfile::tempdir().unwrap();
     let m = write_manifest(&dir, "pods.yaml", PODS);
-    let c = Cluster::up("t-hk-pods", &["--nodes", "1", "-f", &m]);
+    // Outside /tmp (which pods do not share): only the cover hides it.
+    let ca_dir = tempfile::Builder::new().prefix("t-hk-pods-ca").tempdir_in(std::env::var("HOME").unwrap_or("/root".into())).unwrap();
+    let (ca_cert, ca_key) = operator_ca(&ca_dir);
+    let c = Cluster::up("t-hk-pods", &["--nodes", "1", "-f", &m, "--ca-cert", &ca_cert, "--ca-key", &ca_key]);
     let st = c.status();
     let pid_of = |pod: &str| -> i64 {
         let p = st["pods"].as_array().unwrap().iter().find(|p| p["name"] == pod).unwrap_or_else(|| panic!("no pod {pod}"));
@@ -83,6 +101,10 @@ fn pods_cannot_bypass_capture_read_keys_or_leave_their_cgroup() {
     // so every refusal below is the confinement's doing.
     assert_eq!(exec(&c, true, "rootpod", &["python3", "-c", SET_MARK]).1.trim(), "set");
     assert_eq!(exec(&c, true, "rootpod", &["cat", &key]).0, 0);
+    let (code, out) = exec(&c, true, "rootpod", &["cat", &ca_key]);
+    assert!(code == 0 && out.contains("PRIVATE KEY"), "the operator's key, as root on the machine: {out}");
+    let (code, out) = exec(&c, true, "rootpod", &["sh", "-c", "test -w /etc -a -w /usr/local/bin -a -w /etc/cron.d && ls /run"]);
+    assert!(code == 0 && out.contains("netns"), "the machine's files are writable and /run full to root: {out}");
     let (code, out) = exec(&c, true, "rootpod", &["nft", "list", "ruleset"]);
     assert!(code == 0 && out.contains("slipstream_mesh"), "{out}");
     assert_eq!(exec(&c, true, "rootpod", &["id", "-u"]).1.trim(), "0");
@@ -96,8 +118,17 @@ fn pods_cannot_bypass_capture_read_keys_or_leave_their_cgroup() {
         // The cluster's files are hidden: keys, sockets, other pods' logs.
         let (code, out) = exec(&c, false, pod, &["cat", &key]);
         assert_ne!(code, 0, "{pod} read the CA key: {out}");
-        let (code, out) = sh(&c, pod, "ls -A /run/slipstream");
-        assert_eq!((code, out.trim()), (0, ""), "{pod}: /run/slipstream must look empty");
+        // /run is the pod's own, empty: no cluster state, no D-Bus, systemd,
+        // Docker or user sockets, no /run/netns.
+        let (code, out) = sh(&c, pod, "ls -A /run");
+        assert_eq!((code, out.trim()), (0, ""), "{pod}: /run must be empty");
+        // The operator's --ca-key is covered by an empty file (which root,
+        // with DAC_OVERRIDE, reads; uid 1000 cannot even reach it).
+        let (code, out) = exec(&c, false, pod, &["cat", &ca_key]);
+        assert!(!out.contains("PRIVATE KEY"), "{pod} read the operator's CA key at {ca_key}: {out}");
+        if pod == "rootpod" {
+            assert_eq!((code, out.as_str()), (0, ""), "{pod}: the operator's CA key at {ca_key}");
+        }
         // Another pod's and the node proxy's files through /proc are closed.
         for (target, pid) in [(other, pid_of(other)), ("the node proxy", proxy_pid)] {
             let (code, out) = sh(&c, pod, &format!("ls /proc/{pid}/root/run/ || cat /proc/{pid}/environ"));
@@ -118,11 +149,24 @@ fn pods_cannot_bypass_capture_read_keys_or_leave_their_cgroup() {
         assert!(procs.contains(&format!("/slipstream/{}/", c.name)), "{pod}: {procs}");
     }
 
-    // readOnlyRootFilesystem: even root cannot write to "/"; without it, it can.
-    let (code, out) = sh(&c, "ropod", "touch /opt/t-hk-pods-probe");
-    assert!(code != 0 && out.contains("Read-only file system"), "{out}");
-    let (code, out) = sh(&c, "rootpod", "touch /var/tmp/t-hk-pods-probe && rm /var/tmp/t-hk-pods-probe");
-    assert_eq!(code, 0, "a root pod without readOnlyRootFilesystem writes: {out}");
+    // The machine's files are read-only even to a root pod (with
+    // DAC_OVERRIDE): no preloaded library, no binary, no cron job.
+    for target in ["/etc/ld.so.preload", "/usr/local/bin/t-hk-pods-x", "/etc/cron.d/t-hk-pods-x"] {
+        let (code, out) = sh(&c, "rootpod", &format!(": >> {target}"));
+        assert!(code != 0 && out.contains("Read-only file system"), "rootpod wrote {target}: {code} {out}");
+    }
+    // Its /tmp and /var/tmp are private and writable, by any user.
+    for (pod, tmp) in [("rootpod", "/tmp"), ("rootpod", "/var/tmp"), ("userpod", "/tmp")] {
+        let file = format!("{tmp}/t-hk-pods-{pod}");
+        let (code, out) = sh(&c, pod, &format!("echo private > {file} && cat {file}"));
+        assert_eq!((code, out.trim()), (0, "private"), "{pod} writes {file}");
+        assert!(!std::path::Path::new(&file).exists(), "the machine's {tmp} shows {pod}'s {file}");
+    }
+    // readOnlyRootFilesystem: even its private /tmp is read-only.
+    for target in ["/opt/t-hk-pods-probe", "/tmp/t-hk-pods-probe"] {
+        let (code, out) = sh(&c, "ropod", &format!("touch {target}"));
+        assert!(code != 0 && out.contains("Read-only file system"), "ropod: {target}: {out}");
+    }
     // A non-root pod cannot gain privileges (no_new_privs) nor act as root.
     let (_, out) = sh(&c, "userpod", "grep -E '^(NoNewPrivs|CapEff|CapBnd)' /proc/self/status");
     assert!(out.contains("NoNewPrivs:\t1") && out.contains("CapEff:\t0000000000000000"), "{out}");
@@ -239,9 +283,7 @@ fn pods_see_only_their_own_processes_and_a_minimal_dev() {
     let proxy_pid = st["nodes"][0]["proxy"]["pid"].as_i64().expect("node proxy pid");
     let agent_pid = st["agent"]["pid"].as_i64().unwrap();
     let client = c.pods("client-")[0]["name"].as_str().unwrap().to_string();
-    // Writable by every pod's user, so that only the capability is missing.
     let node = tempfile::tempdir_in("/var/tmp").unwrap();
-    std::fs::set_permissions(node.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
     let node_path = node.path().join("disk").display().to_string();
 
     // The controls: as an operator (exec --privileged: the machine's PID
@@ -278,10 +320,10 @@ fn pods_see_only_their_own_processes_and_a_minimal_dev() {
         assert_eq!((code, out.split_whitespace().collect::<Vec<_>>().join(" ")), (0, MINIMAL_DEV.to_string()), "{pod}: /dev");
         let (code, out) = exec(&c, false, pod, &["sh", "-c", "echo ok > /dev/null && head -c 4 /dev/urandom | wc -c"]);
         assert_eq!((code, out.trim()), (0, "4"), "{pod}: /dev/null and /dev/urandom work");
-        // No CAP_MKNOD, even for root: no node for the machine's disk.
-        let (code, out) = exec(&c, false, pod, &["mknod", &node_path, "b", "8", "0"]);
-        assert!(code != 0 && out.contains("Operation not permitted"), "{pod}: mknod: {code} {out}");
-        assert!(!node.path().join("disk").exists());
+        // No CAP_MKNOD, even for root: no node for the machine's disk (in
+        // the pod's own /tmp, writable, so only the capability is missing).
+        let (code, out) = exec(&c, false, pod, &["sh", "-c", "mknod /tmp/disk b 8 0 || ls /tmp/disk"]);
+        assert!(code != 0 && out.contains("Operation not permitted") && out.contains("No such file"), "{pod}: mknod: {code} {out}");
     }
 
     // The node proxy was never touched, and still carries meshed traffic.
@@ -310,8 +352,10 @@ fn pods_see_only_their_own_processes_and_a_minimal_dev() {
 fn graceful_stop_reaches_the_command_under_pod_init() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("stopped");
+    // Privileged, to write the machine's /tmp (confined pods have their
+    // own); it still runs under pod-init.
     let pod = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: trapper}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: c\n    command: [sh, -c, \"trap 'echo stopped > {}; exit 0' TERM; while true; do sleep 1; done\"]\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: trapper}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: c\n    securityContext: {{privileged: true}}\n    command: [sh, -c, \"trap 'echo stopped > {}; exit 0' TERM; while true; do sleep 1; done\"]\n",
         marker.display()
     );
     let m = write_manifest(&dir, "trap.yaml", &pod);

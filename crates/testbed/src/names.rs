@@ -34,6 +34,12 @@ impl fmt::Display for ClusterName {
 
 pub const DEFAULT_CLUSTER: &str = "slipstream";
 
+/// The directory every cluster keeps its state under: `$SLIPSTREAM_RUN_DIR`,
+/// else `/run/slipstream`.
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("SLIPSTREAM_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| "/run/slipstream".into())
+}
+
 /// Every location a cluster uses on the machine.
 #[derive(Debug, Clone)]
 pub struct Paths {
@@ -48,7 +54,7 @@ pub struct Paths {
 
 impl Paths {
     pub fn new(cluster: ClusterName) -> Result<Self, String> {
-        let run = std::env::var_os("SLIPSTREAM_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| "/run/slipstream".into());
+        let run = run_dir();
         let cg = crate::sys::cgroup::cgroup2_mount()?;
         Ok(Paths {
             state_dir: run.join(cluster.as_str()),
@@ -90,6 +96,12 @@ impl Paths {
     }
     pub fn ca_dir(&self) -> PathBuf {
         self.state_dir.join("ca")
+    }
+    /// Where the agent records the path of the operator's `--ca-key` (which
+    /// it copied into `ca_dir`), so that every pod process, including
+    /// `exec`'s, gets that file covered.
+    pub fn operator_key_record(&self) -> PathBuf {
+        self.ca_dir().join("operator-key-path")
     }
     pub fn agent_cgroup(&self) -> PathBuf {
         self.cgroup_root.join("agent")

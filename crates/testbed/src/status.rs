@@ -51,9 +51,10 @@ pub struct ProxyStatus {
     /// Meshed pods of the node whose listeners the proxy has open.
     pub serving: usize,
     pub log: String,
-    /// Its readiness probe (`/healthz/ready` on :15021) passes.
-    #[serde(default)]
-    pub ready: bool,
+    /// Its readiness probe (`/healthz/ready` on :15021) passes. Absent
+    /// (unknown) in a state file written by an agent that did not probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
     /// Why it is not ready, when it is not.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,

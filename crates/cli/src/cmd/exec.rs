@@ -3,7 +3,6 @@ use anyhow::{bail, Context};
 use slipstream_testbed::names::netns_path;
 use slipstream_testbed::status::{ClusterStatus, PodStatus};
 use slipstream_testbed::sys::spawn::{self, SandboxSpec};
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 
 /// What `exec` and `logs` were asked for, in kubectl's `TYPE/NAME` forms.
@@ -114,6 +113,10 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, privileged: 
         log: None,
         new_session: false,
         private_mounts: true,
+        masked_files: slipstream_testbed::agent::masked_files(&ctx.paths),
+        // The agent stops a pod by signalling its whole cgroup, this exec
+        // included: pod-init must not pass those on a second time.
+        cgroup_signaller: st.agent.running.then_some(st.agent.pid),
     };
     let pid = p.containers.iter().find(|c| c.name == container).and_then(|c| c.pid);
     let child = match (&confinement, pid_namespace(privileged, pid)) {
@@ -121,8 +124,7 @@ pub fn run(ctx: &Ctx, ns: &str, pod: &str, container: Option<&str>, privileged: 
         _ => spawn::spawn(&spec),
     };
     let mut child = child.with_context(|| format!("running {:?} in pod {ns}/{}", argv[0], p.name))?;
-    let status = child.wait()?;
-    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Ok(slipstream_testbed::sys::signals::exit_code(child.wait()?))
 }
 
 #[cfg(test)]

@@ -5,7 +5,10 @@ use crate::common::Ctx;
 pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
     // Diagnostics only: access-log lines are printed, never rate-limited.
     slipstream_testbed::logging::init();
-    // Pods share the machine's pid namespace: keep them out of our memory and /proc/PID/root.
+    // It holds the mesh's keys. Confined pods cannot see it (their own PID
+    // namespace), but privileged ones and any root process of the machine
+    // without CAP_SYS_PTRACE must not read its memory or its
+    // /proc/PID/{mem,root,fd,environ} either, and no core dump may hold them.
     slipstream_testbed::sys::spawn::make_non_dumpable()?;
     slipstream_node::sys::mem::tune_allocator();
     let workers = usize::from(args.workers);

@@ -48,8 +48,11 @@ pub fn table(st: &ClusterStatus) -> String {
         let proxy = match &n.proxy {
             Some(p) => {
                 let state = match (p.pid, p.ready) {
-                    (Some(pid), true) => format!("ready, pid {pid}"),
-                    (Some(pid), false) => format!("NOT READY ({}), pid {pid}", p.reason),
+                    (Some(pid), Some(true)) => format!("ready, pid {pid}"),
+                    (Some(pid), Some(false)) => {
+                        format!("NOT READY ({}), pid {pid}", if p.reason.is_empty() { "no reason recorded" } else { &p.reason })
+                    }
+                    (Some(pid), None) => format!("readiness unknown (not recorded by this agent), pid {pid}"),
                     (None, _) => format!("NOT RUNNING ({})", if p.reason.is_empty() { "restarting" } else { &p.reason }),
                 };
                 format!("{state}, serving {} pod(s), {} restart(s)", p.serving, p.restarts)
@@ -96,4 +99,38 @@ pub fn table(st: &ClusterStatus) -> String {
         s.push_str(&format!("\nstored, not acted on yet: {}\n", st.other_objects.join(", ")));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_proxy(proxy: serde_json::Value) -> ClusterStatus {
+        serde_json::from_value(serde_json::json!({
+            "version": 1, "cluster": "t", "agent": {"pid": 1, "running": true}, "pods": [], "services": [],
+            "nodes": [{"name": "node1", "netns": "t.node.node1", "ip": "10.0.0.1", "podCIDR": "10.244.1.0/24", "proxy": proxy}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn node_proxy_readiness_column() {
+        let base = serde_json::json!({"pid": 7, "restarts": 0, "serving": 2, "log": "l"});
+        let cases = [
+            (serde_json::json!({"ready": true}), "ready, pid 7, serving 2 pod(s), 0 restart(s)"),
+            (
+                serde_json::json!({"ready": false, "reason": "readiness probe failed 1 time: x"}),
+                "NOT READY (readiness probe failed 1 time: x), pid 7",
+            ),
+            // A state file of an agent that did not probe: no `ready` at all.
+            (serde_json::json!({}), "readiness unknown (not recorded by this agent), pid 7"),
+            (serde_json::json!({"ready": false}), "NOT READY (no reason recorded), pid 7"),
+        ];
+        for (extra, want) in cases {
+            let mut proxy = base.clone();
+            proxy.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let t = table(&with_proxy(proxy.clone()));
+            assert!(t.contains(want) && !t.contains("()"), "{proxy}: {t}");
+        }
+    }
 }

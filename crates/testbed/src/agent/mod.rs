@@ -5,6 +5,7 @@
 pub mod mesh;
 pub mod nodeproxy;
 pub mod pods;
+pub mod probe;
 pub mod services;
 pub mod store;
 
@@ -91,14 +92,7 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         agent.teardown();
         return Err(e);
     }
-    let _ = std::fs::remove_file(agent.paths.socket());
-    let listener = UnixListener::bind(agent.paths.socket())?;
-    // Whoever can connect controls the cluster (and runs pods as root):
-    // root only, whatever the umask.
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(agent.paths.socket(), std::fs::Permissions::from_mode(0o600))?;
-    }
+    let listener = bind_private(&agent.paths.socket())?;
     listener.set_nonblocking(true)?;
     agent.sync_services();
     agent.persist();
@@ -364,7 +358,7 @@ impl Agent {
                         restarts: proxy.restarts,
                         serving: self.served.get(&n.name).map(|s| s.len()).unwrap_or(0),
                         log: self.paths.node_proxy_log(&n.name).display().to_string(),
-                        ready: proxy.ready(),
+                        ready: Some(proxy.ready()),
                         reason: if proxy.ready() { String::new() } else { proxy.reason() },
                     }),
                 })
@@ -412,6 +406,35 @@ impl Agent {
     }
 }
 
+/// Binds the agent's socket at `path`, reachable by root only from the
+/// first instant: whoever can connect controls the cluster (and runs pods
+/// as root). It is bound inside a new 0700 directory, made 0600, then
+/// renamed into place, so no umask and no moment leaves it open to others.
+fn bind_private(path: &std::path::Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = path.with_extension("bind");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    let tmp = dir.join("sock");
+    let bound = UnixListener::bind(&tmp).and_then(|l| {
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&tmp, path)?;
+        Ok(l)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    bound
+}
+
+/// Files every confined pod process gets covered (see
+/// `SandboxSpec::masked_files`): the operator's `--ca-key`, as recorded by
+/// the agent that copied it.
+pub fn masked_files(paths: &Paths) -> Vec<std::path::PathBuf> {
+    match std::fs::read_to_string(paths.operator_key_record()) {
+        Ok(p) if !p.trim().is_empty() => vec![std::path::PathBuf::from(p.trim_end_matches('\n'))],
+        _ => Vec::new(),
+    }
+}
+
 fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
@@ -432,7 +455,15 @@ fn ensure_ca(paths: &Paths, cert: Option<&std::path::Path>, key: Option<&std::pa
             validate_ca(c, k)?;
             std::fs::copy(c, &cert_out)?;
             std::fs::copy(k, &key_out)?;
-            tracing::info!("mesh root from {}", c.display());
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&key_out, std::fs::Permissions::from_mode(0o600))?;
+            }
+            // Pods keep read access to the machine's files: the original key
+            // gets covered in every pod process (`masked_files`).
+            let original = std::fs::canonicalize(k)?;
+            write_private(&paths.operator_key_record(), &format!("{}\n", original.display()))?;
+            tracing::info!("mesh root from {} (its key {} is hidden from pods)", c.display(), original.display());
         }
         (None, None) => {
             let td = slipstream_identity::TrustDomain::new(slipstream_core::DEFAULT_TRUST_DOMAIN)?;

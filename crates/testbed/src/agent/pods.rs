@@ -6,7 +6,6 @@ use crate::names::{netns_path, Paths};
 use crate::status::{ContainerStatus, PodPhase, PodStatus};
 use crate::sys::{cgroup, net, netns, spawn};
 use slipstream_k8s::{Container, ContainerSecurity, IntOrString, PodInstance, PodSpec, RestartPolicy};
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -202,8 +201,7 @@ impl PodRuntime {
         for c in &mut self.containers {
             let Some(child) = c.child.as_mut() else { continue };
             let Ok(Some(status)) = child.try_wait() else { continue };
-            use std::os::unix::process::ExitStatusExt;
-            let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+            let code = crate::sys::signals::exit_code(status);
             c.child = None;
             c.ready = false;
             c.last_exit = Some(code);
@@ -243,7 +241,7 @@ impl PodRuntime {
             }
         }
         for i in 0..self.containers.len() {
-            self.probe(i);
+            self.probe(i, paths);
         }
         before != self.containers.iter().map(|c| c.ready).collect::<Vec<_>>()
     }
@@ -266,6 +264,8 @@ impl PodRuntime {
             log: Some(paths.container_log(&self.inst.namespace, &self.inst.name, &c.spec.name)),
             new_session: true,
             private_mounts: true,
+            masked_files: super::masked_files(paths),
+            cgroup_signaller: Some(std::process::id() as i32),
         };
         let key = self.key();
         let c = &mut self.containers[i];
@@ -324,21 +324,24 @@ impl PodRuntime {
         env
     }
 
-    fn probe(&mut self, i: usize) {
+    fn probe(&mut self, i: usize, paths: &Paths) {
         let ip = self.ip;
         let netns = netns_path(&self.netns);
-        let sandbox = spawn::SandboxSpec {
-            argv: Vec::new(),
+        let (cgroup, hostname, hosts, resolv) = (self.cgroup.clone(), self.inst.name.clone(), self.hosts_path(), self.resolv_path());
+        let sandbox = |argv| spawn::SandboxSpec {
+            argv,
             env: vec![("PATH".into(), spawn::pod_path())],
             cwd: None,
             netns: netns.clone(),
-            cgroup: self.cgroup.clone(),
-            hostname: self.inst.name.clone(),
-            hosts: Some(self.hosts_path()),
-            resolv: Some(self.resolv_path()),
+            cgroup,
+            hostname,
+            hosts: Some(hosts),
+            resolv: Some(resolv),
             log: Some(PathBuf::from("/dev/null")),
             new_session: true,
             private_mounts: true,
+            masked_files: super::masked_files(paths),
+            cgroup_signaller: Some(std::process::id() as i32),
         };
         let c = &mut self.containers[i];
         let Some(pid) = c.pid() else { return };
@@ -365,9 +368,9 @@ impl PodRuntime {
         } else if let Some(h) = &probe.http_get {
             let addr = SocketAddr::from((ip, port_of(&h.port)));
             let path = h.path.clone().unwrap_or_else(|| "/".into());
-            netns::in_netns(&netns, move || http_probe(addr, &path, timeout)).unwrap_or(false)
+            netns::in_netns(&netns, move || super::probe::http_ready(addr, &path, timeout).is_ok()).unwrap_or(false)
         } else if let Some(e) = &probe.exec {
-            exec_probe(&sandbox, &c.confinement, pid, e.command.clone(), timeout)
+            exec_probe(&sandbox(e.command.clone()), &c.confinement, pid, timeout)
         } else {
             false
         };
@@ -473,25 +476,10 @@ impl PodRuntime {
     }
 }
 
-fn http_probe(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout) else { return false };
-    let _ = s.set_read_timeout(Some(timeout));
-    let _ = s.set_write_timeout(Some(timeout));
-    let req = format!("GET {path} HTTP/1.0\r\nHost: {}\r\nUser-Agent: slipstream-probe\r\n\r\n", addr.ip());
-    if s.write_all(req.as_bytes()).is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 32];
-    let n = s.read(&mut buf).unwrap_or(0);
-    let line = String::from_utf8_lossy(&buf[..n]);
-    line.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok()).is_some_and(|c| (200..400).contains(&c))
-}
-
 /// Runs an exec probe in the pod, in the PID namespace of the container
 /// whose pod-init is `pid`; success is exit code 0 within the timeout.
-fn exec_probe(sandbox: &spawn::SandboxSpec, confinement: &spawn::Confinement, pid: i32, argv: Vec<String>, timeout: Duration) -> bool {
-    let spec = spawn::SandboxSpec { argv, ..sandbox.clone() };
-    let Ok(mut child) = spawn::spawn_confined(&spec, confinement, spawn::PidNamespace::JoinContainer(pid)) else { return false };
+fn exec_probe(spec: &spawn::SandboxSpec, confinement: &spawn::Confinement, pid: i32, timeout: Duration) -> bool {
+    let Ok(mut child) = spawn::spawn_confined(spec, confinement, spawn::PidNamespace::JoinContainer(pid)) else { return false };
     let deadline = Instant::now() + timeout;
     loop {
         match child.try_wait() {

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::io::{self, Write};
 use std::os::fd::{FromRawFd, RawFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, ExitStatus};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
 
 /// What pod-init is told, as one JSON argument written by `spawn_confined`
 /// (from a `Confinement` it already validated).
@@ -38,6 +38,10 @@ pub struct InitSpec {
     /// Written with the reason when the command cannot be started, then
     /// closed; closed empty once it runs.
     pub status_fd: RawFd,
+    /// Besides pod-init's parent, the process that signals every process of
+    /// the pod's cgroup (the agent, when `exec` started pod-init).
+    #[serde(default)]
+    pub cgroup_signaller: Option<libc::pid_t>,
 }
 
 /// Signals pod-init passes on to the command.
@@ -45,17 +49,13 @@ pub const FORWARDED: [libc::c_int; 6] = [libc::SIGTERM, libc::SIGINT, libc::SIGH
 
 /// Whether a signal pod-init received should be passed on to the command
 /// (pure). Not when the command got it too: from the kernel (a terminal's
-/// Ctrl-C reaches the whole process group) or from pod-init's parent (the
-/// agent stops a pod by signalling every process of its cgroup). Anyone
-/// else (`kill <pid from status>`) signalled pod-init alone.
-pub fn forward(sig: libc::c_int, si_code: libc::c_int, sender: libc::pid_t, parent: libc::pid_t) -> bool {
-    FORWARDED.contains(&sig) && si_code != libc::SI_KERNEL && !(si_code == libc::SI_USER && sender == parent)
-}
-
-/// The exit code that reports `status`: the code, or 128+N for signal N, as
-/// a shell reports it (pure).
-pub fn exit_code(status: ExitStatus) -> i32 {
-    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+/// Ctrl-C reaches the whole process group) or from one of `signallers`:
+/// pod-init's parent and the agent, which stops a pod by signalling every
+/// process of its cgroup (for an `exec`, the parent is the CLI and the agent
+/// is named apart). Anyone else (`kill <pid from status>`) signalled
+/// pod-init alone.
+pub fn forward(sig: libc::c_int, si_code: libc::c_int, sender: libc::pid_t, signallers: &[libc::pid_t]) -> bool {
+    FORWARDED.contains(&sig) && si_code != libc::SI_KERNEL && !(si_code == libc::SI_USER && signallers.contains(&sender))
 }
 
 /// /proc entries a confined command must not write (read-only) or read
@@ -99,6 +99,14 @@ fn c(s: &str) -> CString {
 /// command. Must run before this process starts any other (its first child
 /// becomes PID 1 of the new namespace).
 pub fn main(spec: &str, argv: &[String]) -> ! {
+    // First: it runs as root with every capability for the container's
+    // life, so a root pod must not read its memory or reach its files
+    // through /proc/PID (the reaper, forked below, inherits this; the
+    // command's exec makes it dumpable again, as it should be).
+    // SAFETY: prctl(PR_SET_DUMPABLE) has no memory-safety preconditions.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        fail(None, &format!("pod-init: cannot become non-dumpable: {}", io::Error::last_os_error()));
+    }
     let spec: InitSpec = match serde_json::from_str(spec) {
         Ok(s) => s,
         Err(e) => fail(None, &format!("pod-init: bad --spec: {e}")),
@@ -187,6 +195,8 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
     // SAFETY: the fd is ours; closing it empty tells the caller the command runs.
     unsafe { libc::close(spec.status_fd) };
     let pid = child.id() as libc::pid_t;
+    let mut signallers = vec![std::os::unix::process::parent_id() as libc::pid_t];
+    signallers.extend(spec.cgroup_signaller);
 
     loop {
         // SAFETY: sigwaitinfo fills `info`; si_pid is read for a signal
@@ -206,9 +216,9 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
                         libc::waitpid(init, std::ptr::null_mut(), 0);
                     }
                 }
-                std::process::exit(exit_code(st));
+                std::process::exit(super::signals::exit_code(st));
             }
-        } else if sig > 0 && forward(sig, code, sender, std::os::unix::process::parent_id() as libc::pid_t) {
+        } else if sig > 0 && forward(sig, code, sender, &signallers) {
             // SAFETY: kill(2) of our own child, not yet reaped.
             unsafe { libc::kill(pid, sig) };
         }
@@ -236,15 +246,14 @@ unsafe fn exit_if_orphaned(life: RawFd) {
 }
 
 /// PID 1 of the pod's namespace: reaps every orphan until pod-init kills it
-/// (or dies: PR_SET_PDEATHSIG). Holds no capability and is not dumpable:
-/// a pod cannot use it for anything. Signals from inside the namespace do
+/// (or dies: PR_SET_PDEATHSIG). Holds no capability and is not dumpable
+/// (inherited from pod-init): a pod cannot use it for anything. Signals from inside the namespace do
 /// not reach it (a PID 1 without handlers ignores them, SIGKILL included).
 unsafe fn reaper(status_fd: RawFd, life_r: RawFd, life_w: RawFd) -> ! {
     libc::close(status_fd);
     libc::close(life_w);
     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
     exit_if_orphaned(life_r);
-    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
     // Drop every capability (it only waits). The bounding set and uid stay:
     // they do not matter to a process that never execs.
     let header = super::spawn::CapHeader { version: 0x2008_0522, pid: 0 };
@@ -304,15 +313,17 @@ mod tests {
 
     #[test]
     fn forwards_only_what_the_command_did_not_get_too() {
-        let parent = 100;
+        let (parent, agent) = (100, 200);
         // (signal, si_code, sender, forwarded)
         let cases = [
             // `kill -TERM <pod-init pid>` by someone else: only pod-init got it.
             (libc::SIGTERM, libc::SI_USER, 555, true),
             (libc::SIGUSR1, libc::SI_QUEUE, 555, true),
             (libc::SIGHUP, libc::SI_TKILL, 555, true),
-            // The agent signals the whole cgroup: the command has it already.
+            // The agent signals the whole cgroup: the command has it already,
+            // whether the agent is pod-init's parent or an `exec`'s CLI is.
             (libc::SIGTERM, libc::SI_USER, parent, false),
+            (libc::SIGTERM, libc::SI_USER, agent, false),
             // Ctrl-C on a terminal: the kernel signals the process group.
             (libc::SIGINT, libc::SI_KERNEL, 0, false),
             // Not a forwarded signal.
@@ -320,15 +331,7 @@ mod tests {
             (libc::SIGWINCH, libc::SI_USER, 555, false),
         ];
         for (sig, code, sender, want) in cases {
-            assert_eq!(forward(sig, code, sender, parent), want, "signal {sig} code {code} from {sender}");
-        }
-    }
-
-    #[test]
-    fn exit_codes_as_a_shell_reports_them() {
-        // Raw wait statuses: exit code in bits 8-15, signal in bits 0-6.
-        for (raw, want) in [(0, 0), (7 << 8, 7), (255 << 8, 255), (9, 137), (15, 143), (6 | 0x80, 134)] {
-            assert_eq!(exit_code(ExitStatus::from_raw(raw)), want, "raw status {raw:#x}");
+            assert_eq!(forward(sig, code, sender, &[parent, agent]), want, "signal {sig} code {code} from {sender}");
         }
     }
 
@@ -342,6 +345,7 @@ mod tests {
             }),
             new_pid_ns: true,
             status_fd: 5,
+            cgroup_signaller: Some(42),
         };
         let back: InitSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
         assert_eq!(back, spec);

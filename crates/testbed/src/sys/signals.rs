@@ -1,4 +1,5 @@
-//! Signals: sending them, and a termination flag for the agent's loop.
+//! Signals: sending them, a termination flag for the agent's loop, and the
+//! exit code of a process they killed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -39,5 +40,26 @@ pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => !s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')).unwrap_or(false),
         Err(_) => false,
+    }
+}
+
+/// The exit code that reports `status`: the code, or 128+N for signal N, as
+/// a shell reports it (pure).
+pub fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    #[test]
+    fn exit_codes_as_a_shell_reports_them() {
+        // Raw wait statuses: exit code in bits 8-15, signal in bits 0-6.
+        for (raw, want) in [(0, 0), (7 << 8, 7), (255 << 8, 255), (9, 137), (15, 143), (6 | 0x80, 134)] {
+            assert_eq!(super::exit_code(ExitStatus::from_raw(raw)), want, "raw status {raw:#x}");
+        }
     }
 }

@@ -1,15 +1,17 @@
 //! Starting a process inside a pod: its cgroup, its network namespace, a
 //! private mount namespace with the pod's hosts and resolv.conf, its host
-//! name, and its confinement (the cluster's files hidden, /sys and the cgroup
-//! file systems read-only, a minimal /dev, its own PID namespace; user,
-//! groups, capabilities and no_new_privs, applied by `podinit` last before
-//! the command runs). Everything is prepared before fork; the pre-exec
-//! closure only makes async-signal-safe system calls.
+//! name, and its confinement (every mount of the machine read-only, the
+//! cluster's files and the operator's CA key hidden, private /tmp, /var/tmp
+//! and /run, a minimal /dev, its own PID namespace; user, groups,
+//! capabilities and no_new_privs, applied by `podinit` last before the
+//! command runs). Everything is prepared before fork; the pre-exec closure
+//! only makes async-signal-safe system calls.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -34,6 +36,15 @@ pub struct SandboxSpec {
     /// host's, so that network namespaces created later under /run/netns
     /// stay visible to it.
     pub private_mounts: bool,
+    /// Files a confined process must not read although the rest of the
+    /// machine's files stay readable: each is covered with an empty file
+    /// (/dev/null, as runc masks paths). The operator's `--ca-key`, which
+    /// the agent copied into the cluster's (hidden) state.
+    pub masked_files: Vec<PathBuf>,
+    /// The process that stops a pod by signalling every process of its
+    /// cgroup (the agent): pod-init does not pass its signals on, the
+    /// command got them already. pod-init's parent never needs naming.
+    pub cgroup_signaller: Option<i32>,
 }
 
 /// How a pod's process is confined, decided from its container's
@@ -51,11 +62,16 @@ pub struct Confinement {
     /// capabilities its container adds across exec.
     pub ambient: u64,
     pub no_new_privs: bool,
-    /// Hide the cluster's state (keys, sockets) and pinned BPF objects behind
-    /// empty read-only tmpfs; /sys, every cgroup file system and /proc/sys
-    /// (with runc's other /proc entries) read-only; a minimal /dev. False only
-    /// for privileged containers (the host's view).
+    /// Every mount of the machine read-only (the root, /etc, /usr, /sys,
+    /// the cgroup file systems...), the cluster's state (keys, sockets),
+    /// pinned BPF objects and `masked_files` hidden, /proc/sys (with runc's
+    /// other /proc entries) read-only; private tmpfs at /tmp, /var/tmp
+    /// (1777) and /run (empty: no D-Bus, systemd or Docker sockets, no
+    /// /run/netns); a minimal /dev. False only for privileged containers
+    /// (the host's view).
     pub hide_host: bool,
+    /// With `hide_host`: the private /tmp, /var/tmp and /run are read-only
+    /// too. Without it (privileged): "/" is remounted read-only.
     pub read_only_root: bool,
 }
 
@@ -122,11 +138,6 @@ pub fn confinement(sec: &slipstream_k8s::ContainerSecurity) -> Confinement {
     Confinement { caps: Some(set), ambient, no_new_privs, hide_host: true, ..base }
 }
 
-/// The run directory every cluster keeps its state in (see `Paths::new`).
-fn run_root() -> PathBuf {
-    std::env::var_os("SLIPSTREAM_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| "/run/slipstream".into())
-}
-
 /// MS_* flags of a mount's options as /proc/mounts shows them.
 fn mount_flags(options: &str) -> libc::c_ulong {
     options.split(',').fold(0, |f, o| {
@@ -143,24 +154,48 @@ fn mount_flags(options: &str) -> libc::c_ulong {
     })
 }
 
-/// From /proc/mounts: the mounts to make read-only in a confined pod (every
-/// one at or under /sys: sysfs, the cgroup v1 and v2 hierarchies, debugfs...)
-/// with their flags, and the flags of "/" (pure).
+/// A mount point as /proc/mounts writes it: space, tab, newline and
+/// backslash as octal escapes (pure).
+fn unescape_mount_path(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8).wrapping_add(c - b'0')));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// From /proc/mounts: every mount point with the flags to keep when it is
+/// remounted read-only (the per-mount way, for kernels without
+/// mount_setattr), in table order (parents first), each once; and the flags
+/// of "/". Automount points are left out: resolving one mounts it (pure).
 pub fn read_only_mounts(proc_mounts: &str) -> (Vec<(String, libc::c_ulong)>, libc::c_ulong) {
-    let mut out = Vec::new();
+    let mut out: Vec<(String, libc::c_ulong)> = Vec::new();
     let mut root = 0;
     for l in proc_mounts.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();
-        if f.len() < 4 || f[1].contains('\\') {
+        if f.len() < 4 || f[2] == "autofs" {
             continue;
         }
-        let (target, flags) = (f[1], mount_flags(f[3]));
+        let (target, flags) = (unescape_mount_path(f[1]), mount_flags(f[3]));
         if target == "/" {
             root = flags;
-        } else if (target == "/sys" || target.starts_with("/sys/")) && !target.starts_with("/sys/fs/bpf") {
-            if !out.iter().any(|(t, _)| t == target) {
-                out.push((target.to_string(), flags));
-            }
+        }
+        match out.iter_mut().find(|(t, _)| *t == target) {
+            // Mounted over: the one on top is the one a path reaches.
+            Some(prev) => prev.1 = flags,
+            None => out.push((target, flags)),
         }
     }
     (out, root)
@@ -197,15 +232,64 @@ pub fn in_cgroup(proc_cgroup: &str, dir: &std::path::Path) -> bool {
     proc_cgroup.lines().filter_map(|l| l.strip_prefix("0::")).any(|rel| rel.len() > 1 && dir.ends_with(rel.trim_start_matches('/')))
 }
 
+/// Private tmpfs of a confined pod: (mount point, options).
+pub const PRIVATE_DIRS: [(&str, &str); 3] = [("/tmp", "mode=1777"), ("/var/tmp", "mode=1777"), ("/run", "mode=755")];
+
 /// Confinement data ready for the pre-exec closure.
 struct PreparedConfinement {
     c: Confinement,
     hide: Vec<CString>,
+    masked: Vec<CString>,
+    dev_null: CString,
+    /// Every mount, for kernels without mount_setattr.
     read_only: Vec<(CString, libc::c_ulong)>,
     root_flags: libc::c_ulong,
+    private: Vec<(CString, CString)>,
+    /// This binary, when it lives under a private directory (a build in
+    /// /var/tmp): pods run it (`slipstream app ...`, PATH), so it stays
+    /// there, read-only.
+    keep_exe: Option<KeptFile>,
     tmpfs: CString,
     tmpfs_data: CString,
     dev: PreparedDev,
+}
+
+/// A file put back, read-only, inside a private tmpfs that covers it.
+struct KeptFile {
+    /// Its number names it in `source` (/proc/self/fd/N); the pre-exec step
+    /// reopens the file under that number.
+    fd: OwnedFd,
+    source: CString,
+    /// The directories to make in the tmpfs, parents first, then the file.
+    dirs: Vec<CString>,
+    path: CString,
+}
+
+/// The private directory `path` lies under, if any (pure).
+pub fn under_private_dir(path: &std::path::Path) -> Option<&'static str> {
+    PRIVATE_DIRS.iter().map(|(d, _)| *d).find(|d| path.starts_with(d) && path != std::path::Path::new(d))
+}
+
+fn keep_exe() -> io::Result<Option<KeptFile>> {
+    let Ok(exe) = std::env::current_exe() else { return Ok(None) };
+    let Some(dir) = under_private_dir(&exe) else { return Ok(None) };
+    let f = File::options().read(true).custom_flags(libc::O_PATH | libc::O_CLOEXEC).open(&exe)?;
+    let fd = OwnedFd::from(f);
+    let dirs = exe
+        .ancestors()
+        .skip(1)
+        .take_while(|a| a.starts_with(dir) && *a != std::path::Path::new(dir))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .map(|a| cstr(a.as_os_str().as_encoded_bytes()))
+        .collect();
+    Ok(Some(KeptFile {
+        source: cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes()),
+        fd,
+        dirs,
+        path: cstr(exe.as_os_str().as_encoded_bytes()),
+    }))
 }
 
 /// A minimal /dev: a tmpfs with the `DEVICES`, a new devpts instance, a
@@ -222,10 +306,10 @@ struct PreparedDev {
     links: Vec<(CString, CString)>,
 }
 
-fn prepare_confinement(c: &Confinement) -> io::Result<PreparedConfinement> {
+fn prepare_confinement(c: &Confinement, masked_files: &[PathBuf]) -> io::Result<PreparedConfinement> {
     let mounts = std::fs::read_to_string("/proc/self/mounts")?;
     let (read_only, root_flags) = read_only_mounts(&mounts);
-    let hide = [run_root(), PathBuf::from("/sys/fs/bpf")]
+    let hide = [crate::names::run_dir(), PathBuf::from("/sys/fs/bpf")]
         .into_iter()
         .filter(|p| p.is_dir())
         .map(|p| cstr(p.as_os_str().as_encoded_bytes()))
@@ -234,8 +318,16 @@ fn prepare_confinement(c: &Confinement) -> io::Result<PreparedConfinement> {
     Ok(PreparedConfinement {
         c: c.clone(),
         hide,
+        masked: masked_files.iter().filter(|p| p.is_file()).map(|p| cstr(p.as_os_str().as_encoded_bytes())).collect(),
+        dev_null: cstr(b"/dev/null"),
         read_only: read_only.into_iter().map(|(t, f)| (cstr(t.as_bytes()), f)).collect(),
         root_flags,
+        private: PRIVATE_DIRS
+            .iter()
+            .filter(|(d, _)| std::path::Path::new(d).is_dir())
+            .map(|(d, data)| (cstr(d.as_bytes()), cstr(data.as_bytes())))
+            .collect(),
+        keep_exe: keep_exe()?,
         tmpfs: cstr(b"tmpfs"),
         tmpfs_data: cstr(b"size=4k,mode=755"),
         dev: PreparedDev {
@@ -292,8 +384,12 @@ pub fn spawn_confined(spec: &SandboxSpec, c: &Confinement, pid_ns: PidNamespace)
     }
     // SAFETY: both fds were just created and are owned here only.
     let (status_r, status_w) = unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let init =
-        crate::sys::podinit::InitSpec { confinement: c.clone(), new_pid_ns: pid_ns == PidNamespace::New, status_fd: status_w.as_raw_fd() };
+    let init = crate::sys::podinit::InitSpec {
+        confinement: c.clone(),
+        new_pid_ns: pid_ns == PidNamespace::New,
+        status_fd: status_w.as_raw_fd(),
+        cgroup_signaller: spec.cgroup_signaller,
+    };
     // /proc/self/exe: this very binary, even if it was replaced on disk.
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg0("slipstream").arg("pod-init").arg("--spec").arg(serde_json::to_string(&init).map_err(io::Error::other)?).arg("--");
@@ -384,7 +480,7 @@ fn spawn_inner(spec: &SandboxSpec, mut cmd: Command, confined: Option<(&Confinem
             Some(_) if !spec.private_mounts => {
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, "a confined process needs a private mount namespace"))
             }
-            Some((c, _, _)) => Some(prepare_confinement(c)?),
+            Some((c, _, _)) => Some(prepare_confinement(c, &spec.masked_files)?),
             None => None,
         },
         pid_ns,
@@ -445,18 +541,109 @@ fn enter(p: &Prepared) -> io::Result<()> {
     Ok(())
 }
 
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+/// Makes every mount of this (private) mount namespace read-only, keeping
+/// each one's other flags: mount_setattr(AT_RECURSIVE) on "/" (Linux 5.12),
+/// else a read-only remount of each mount of the table. Async-signal-safe.
+unsafe fn make_every_mount_read_only(p: &PreparedConfinement, root: *const libc::c_char) -> io::Result<()> {
+    let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let r = libc::syscall(
+        libc::SYS_mount_setattr,
+        libc::AT_FDCWD,
+        root,
+        libc::AT_RECURSIVE as libc::c_uint,
+        &attr as *const MountAttr,
+        std::mem::size_of::<MountAttr>(),
+    );
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(e);
+    }
+    let null = std::ptr::null::<libc::c_char>();
+    for (target, flags) in &p.read_only {
+        let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags;
+        // A mount point that is gone (deleted, or under another mount)
+        // cannot be reached from the pod either.
+        if libc::mount(null, target.as_ptr(), null, flags, std::ptr::null()) != 0
+            && io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT)
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// In the pod's mount namespace (after the hosts and resolv.conf binds):
-/// hide, make read-only, a minimal /dev. Async-signal-safe.
+/// every mount read-only; the cluster's state hidden and the masked files
+/// covered; private /tmp, /var/tmp and /run; a minimal /dev.
+/// Async-signal-safe.
 unsafe fn confine_mounts(p: &PreparedConfinement, root: *const libc::c_char) -> io::Result<()> {
     let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
     let null = std::ptr::null::<libc::c_char>();
     let locked = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     if p.c.hide_host {
+        if let Some(k) = &p.keep_exe {
+            // Reopened here: a bind mount's source must be in this mount
+            // namespace, and the fd opened before fork is in the caller's.
+            // It takes the number `source` names.
+            let fd = libc::open(k.path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+            if fd < 0 || libc::dup3(fd, k.fd.as_raw_fd(), libc::O_CLOEXEC) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(fd);
+        }
+        make_every_mount_read_only(p, root)?;
         for dir in &p.hide {
             check(libc::mount(p.tmpfs.as_ptr(), dir.as_ptr(), p.tmpfs.as_ptr(), libc::MS_RDONLY | locked, p.tmpfs_data.as_ptr().cast()))?;
         }
-        for (target, flags) in &p.read_only {
-            check(libc::mount(null, target.as_ptr(), null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags, std::ptr::null()))?;
+        for file in &p.masked {
+            // Gone since it was checked: nothing to cover.
+            if libc::mount(p.dev_null.as_ptr(), file.as_ptr(), null, libc::MS_BIND, std::ptr::null()) != 0 {
+                if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+                    continue;
+                }
+                return Err(io::Error::last_os_error());
+            }
+            // Not nodev: it reads as empty, as runc's masked paths do.
+            let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NOEXEC;
+            check(libc::mount(null, file.as_ptr(), null, flags, std::ptr::null()))?;
+        }
+        // After the hide (the run directory may be under /run or /tmp).
+        for (dir, data) in &p.private {
+            check(libc::mount(p.tmpfs.as_ptr(), dir.as_ptr(), p.tmpfs.as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, data.as_ptr().cast()))?;
+        }
+        if let Some(k) = &p.keep_exe {
+            for d in &k.dirs {
+                if libc::mkdir(d.as_ptr(), 0o755) != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            let fd = libc::open(k.path.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o555);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(fd);
+            check(libc::mount(k.source.as_ptr(), k.path.as_ptr(), null, libc::MS_BIND, std::ptr::null()))?;
+            let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+            check(libc::mount(null, k.path.as_ptr(), null, flags, std::ptr::null()))?;
+        }
+        if p.c.read_only_root {
+            for (dir, _) in &p.private {
+                let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+                check(libc::mount(null, dir.as_ptr(), null, flags, std::ptr::null()))?;
+            }
         }
         let d = &p.dev;
         check(libc::mount(
@@ -485,7 +672,7 @@ unsafe fn confine_mounts(p: &PreparedConfinement, root: *const libc::c_char) -> 
             check(libc::symlink(target.as_ptr(), path.as_ptr()))?;
         }
     }
-    if p.c.read_only_root {
+    if p.c.read_only_root && !p.c.hide_host {
         check(libc::mount(null, root, null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | p.root_flags, std::ptr::null()))?;
     }
     Ok(())
@@ -684,11 +871,42 @@ mod tests {
         let m = "/dev/vda / ext4 rw,nosuid,relatime 0 0\nsysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n\
                  tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
                  cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\nbpf /sys/fs/bpf bpf rw,relatime 0 0\n\
-                 proc /proc proc rw,nosuid 0 0\ntmpfs /run tmpfs rw,nosuid,nodev 0 0\n";
+                 proc /proc proc rw,nosuid 0 0\ntmpfs /run tmpfs rw,nosuid,nodev 0 0\n\
+                 systemd-1 /proc/sys/fs/binfmt_misc autofs rw,relatime 0 0\n\
+                 /dev/vdb /mnt/my\\040disk ext4 ro,noexec 0 0\ntmpfs /run tmpfs rw,nosuid,nodev,noexec 0 0\n";
         let (ro, root) = read_only_mounts(m);
         let targets: Vec<&str> = ro.iter().map(|(t, _)| t.as_str()).collect();
-        assert_eq!(targets, ["/sys", "/sys/fs/cgroup", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified"]);
-        assert_eq!(ro[0].1, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME);
+        assert_eq!(
+            targets,
+            ["/", "/sys", "/sys/fs/cgroup", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/bpf", "/proc", "/run", "/mnt/my disk"],
+            "every mount once, escapes decoded, automount points left out"
+        );
+        assert_eq!(ro[1].1, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME, "its flags kept");
+        assert_eq!(ro[7].1, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "/run mounted twice: the top one's flags");
+        assert_eq!(ro[8].1, libc::MS_RDONLY | libc::MS_NOEXEC);
         assert_eq!(root, libc::MS_NOSUID | libc::MS_RELATIME);
+    }
+
+    #[test]
+    fn binaries_under_private_dirs_are_kept() {
+        use std::path::Path;
+        for (path, want) in [
+            ("/var/tmp/slipstream-target/release/slipstream", Some("/var/tmp")),
+            ("/tmp/x/slipstream", Some("/tmp")),
+            ("/usr/local/bin/slipstream", None),
+            ("/tmpx/slipstream", None),
+            ("/run", None),
+        ] {
+            assert_eq!(under_private_dir(Path::new(path)), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn mount_paths_are_unescaped() {
+        for (raw, want) in
+            [("/a\\040b", "/a b"), ("/t\\011x\\012", "/t\tx\n"), ("/back\\134slash", "/back\\slash"), ("/x\\9", "/x\\9"), ("/", "/")]
+        {
+            assert_eq!(unescape_mount_path(raw), want, "{raw}");
+        }
     }
 }
