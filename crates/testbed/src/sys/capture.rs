@@ -14,10 +14,12 @@
 //! Capture and policy are IPv4, so IPv6 would be a side door around STRICT
 //! mTLS: a meshed pod's eth0 refuses IPv6 in both directions (TCP gets a
 //! reset so clients fail at once, everything else is dropped). The resets
-//! that refusal sends leave through the output hook too, so segments that
-//! only reset pass, and so does neighbour discovery (without it no SYN ever
-//! arrives to be reset and clients wait for a timeout); neither carries
-//! anything to or from an app. Loopback (`::1`) inside the pod is untouched.
+//! that refusal sends leave through the output hook too, so bare resets
+//! pass: a 20-byte TCP header with no options and no payload (IPv6 payload
+//! length 20, no extension header), RST set and none of SYN, FIN, PSH, URG.
+//! Neighbour discovery passes too (without it no SYN ever arrives to be
+//! reset and clients wait for a timeout). Neither carries a byte to or from
+//! an app. Loopback (`::1`) inside the pod is untouched.
 
 use super::cmd::{ip_batch, run, CmdError};
 
@@ -56,7 +58,7 @@ table inet {TABLE} {{
   chain ipv6_out {{
     type filter hook output priority filter; policy accept;
     oifname "eth0" icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept
-    oifname "eth0" meta nfproto ipv6 tcp flags & rst == rst accept
+    oifname "eth0" ip6 nexthdr tcp ip6 length 20 tcp flags & (fin | syn | rst | psh | urg) == rst accept
     oifname "eth0" meta nfproto ipv6 meta l4proto tcp counter reject with tcp reset
     oifname "eth0" meta nfproto ipv6 counter drop
   }}
@@ -101,5 +103,16 @@ mod tests {
             assert!(r.contains(&format!("{dir} \"eth0\" meta nfproto ipv6 counter drop")), "{dir}");
         }
         assert!(!r.contains("\"lo\" meta nfproto ipv6"), "loopback IPv6 inside the pod stays usable");
+        // Only bare resets leave: no payload (payload length = a TCP header
+        // without options), no SYN/FIN/PSH/URG, so nothing rides on them.
+        let out: Vec<&str> = r.lines().filter(|l| l.contains("oifname \"eth0\"") && l.trim_end().ends_with("accept")).collect();
+        assert_eq!(
+            out,
+            [
+                "    oifname \"eth0\" icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept",
+                "    oifname \"eth0\" ip6 nexthdr tcp ip6 length 20 tcp flags & (fin | syn | rst | psh | urg) == rst accept",
+            ],
+            "the only IPv6 the pod may send on eth0"
+        );
     }
 }
