@@ -50,6 +50,12 @@ fn quickstart_reaches_the_echo_server_on_the_other_node_by_name() {
     // exec returns the command's exit code; the pod has its own host name.
     assert_eq!(c.exec("default", "deploy/client", &["sh", "-c", "exit 7"]).0, 7);
     assert_eq!(c.exec("default", "deploy/client", &["hostname"]).1.trim(), client["name"].as_str().unwrap());
+    // The examples run as the distroless "nonroot" user, not a likely real
+    // user of the machine (1000 is often the operator's own).
+    for pod in ["deploy/client", "deploy/echo"] {
+        assert_eq!(c.exec("default", pod, &["id", "-u"]).1.trim(), "65532", "{pod}: id -u");
+        assert_eq!(c.exec("default", pod, &["id", "-g"]).1.trim(), "65532", "{pod}: id -g");
+    }
     // An unknown name fails at once rather than hanging.
     assert_ne!(c.exec("default", "deploy/client", &["curl", "-sS", "--max-time", "5", "http://nosuchservice:8080/"]).0, 0);
     // logs show the server's per-request lines.

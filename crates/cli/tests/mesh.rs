@@ -156,7 +156,7 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
     assert!(after_src.contains(&format!("source_principal=\"{CLIENT_ID}\"")));
     assert!(after_dst.contains(&format!("destination_principal=\"{ECHO_ID}\"")));
 
-    // fortio through the mesh, as the client pod's own user (uid 1000):
+    // fortio through the mesh, as the client pod's own user (uid 65532):
     // every request answered 200.
     let o = c.run(&[
         "exec",
