@@ -142,27 +142,46 @@ fn a_pod_cannot_make_its_node_proxy_call_itself() {
     let v = python(&c, "client", SELF_CALLS_PY, &args);
     let results = v.as_array().unwrap();
     assert_eq!(results.len(), targets.len());
+    // Exactly these reach the proxy's listeners in the pod (127.0.0.1:15001,
+    // 0.0.0.0:15006, <pod IP>:15008) and are self-calls: reset by the
+    // proxy. The admin ports listen in the node's namespace, not the pod's,
+    // and 15001 only on 127.0.0.1: those targets find nothing listening and
+    // the pod's own kernel refuses them, the proxy never sees them.
+    let self_outbound = ["127.0.0.1:15001", "0.0.0.0:15001", "[::ffff:127.0.0.1]:15001"];
+    let self_inbound = ["127.0.0.1:15006".to_string(), format!("{ip}:15006")];
+    let mut kernel: Vec<String> = ["127.0.0.2:15001", "127.0.0.1:15020", "127.0.0.1:15021", "127.0.0.1:15000"].map(String::from).to_vec();
+    kernel.extend([15001, 15020, 15021, 15000].map(|p| format!("{ip}:{p}")));
+    let hbone = format!("{ip}:15008");
     for r in results {
         let (t, end, ms) = (r["target"].as_str().unwrap(), r["end"].as_str().unwrap(), r["ms"].as_u64().unwrap());
         assert!(ms < 2000, "{t}: failed fast, not after {ms} ms ({end})");
-        assert_ne!(end, "timeout", "{t}: {r}");
+        let want = if self_outbound.contains(&t) || self_inbound.iter().any(|s| s == t) {
+            "reset"
+        } else if kernel.iter().any(|k| k == t) {
+            "refused"
+        } else {
+            assert_eq!(t, hbone, "a target of the list");
+            // The HBONE server, which refuses plaintext (not a self-call).
+            assert!(end != "refused" && end != "timeout", "{t}: {r}");
+            continue;
+        };
+        assert_eq!(end, want, "{t}: {r}");
     }
-    // What reached the proxy's listeners was reset by it, not looped.
-    let reset = |t: &str| results.iter().filter(|r| r["target"] == t).all(|r| r["end"] == "reset");
-    for t in ["127.0.0.1:15001", "0.0.0.0:15001", "[::ffff:127.0.0.1]:15001", "127.0.0.1:15006", &format!("{ip}:15006")] {
-        assert!(reset(t), "{t} is refused with a reset: {v}");
-    }
-    let refused = results.iter().filter(|r| r["end"] == "reset").count() as u64;
-    assert!(refused >= 34, "{v}");
+    // 30 more to 127.0.0.1:15001, then the three outbound and two inbound.
+    let (outbound, inbound) = (30 + self_outbound.len() as u64, self_inbound.len() as u64);
+    let refused = outbound + inbound;
 
-    // Counted exactly, each with its flag.
+    // Counted exactly, each with its flag and side.
+    let self_calls = |m: &Metrics, reporter: &str| m.sum(CLOSED, &[&format!("reporter=\"{reporter}\""), "response_flags=\"SELF_CALL\""]);
     wait_until("every self-call counted", Duration::from_secs(10), || {
-        node1.metrics().sum(CLOSED, &["response_flags=\"SELF_CALL\""]) - m.sum(CLOSED, &["response_flags=\"SELF_CALL\""]) == refused
+        let now = node1.metrics();
+        self_calls(&now, "source") + self_calls(&now, "destination") - self_calls(&m, "source") - self_calls(&m, "destination") == refused
     });
     let m2 = node1.metrics();
-    let outbound = m2.sum(CLOSED, &["reporter=\"source\"", "response_flags=\"SELF_CALL\""])
-        - m.sum(CLOSED, &["reporter=\"source\"", "response_flags=\"SELF_CALL\""]);
-    assert_eq!(outbound, refused - 2, "all but the two to :15006 were outbound");
+    assert_eq!(self_calls(&m2, "source") - self_calls(&m, "source"), outbound, "the captured ones, on :15001");
+    assert_eq!(self_calls(&m2, "destination") - self_calls(&m, "destination"), inbound, "the two to :15006");
+    let not_tls = |m: &Metrics| m.sum(REJECTED, &["reason=\"not_tls\""]);
+    assert_eq!(not_tls(&m2) - not_tls(&m), 1, "the plaintext request to {hbone}, refused by the HBONE server");
     // Logged: a few lines per second, the rest summarised, none lost.
     wait_until("the self-calls logged or summarised", Duration::from_secs(10), || {
         let (lines, suppressed) = logged_refusals(&node1, log, "SELF_CALL", "");
@@ -471,5 +490,80 @@ fn slow_clients_cannot_hold_the_proxy_ports() {
     let (code, out) =
         c.exec("default", "deploy/client", &["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "http://echo:8080/echo"]);
     assert_eq!((code, out.as_str()), (0, "200"));
+    c.down();
+}
+
+/// The admin caps must never cost the node proxy its life: the agent probes
+/// readiness on 127.0.0.1:15021 in the node's namespace, where no pod can
+/// come from. Here pods on both nodes fill node2's readiness listener (caps
+/// 4 in total, 2 per source, a header timeout longer than the attack) for
+/// longer than the agent's three failed probes would take (2 s apart, 1 s
+/// timeout each): the proxy keeps its pid and stays ready.
+#[test]
+fn pods_filling_the_admin_caps_cannot_get_the_proxy_restarted() {
+    let c = up(
+        "t-hp-probe",
+        &[
+            ("SLIPSTREAM_NODE_ADMIN_CONNECTIONS", "4"),
+            ("SLIPSTREAM_NODE_ADMIN_CONNECTIONS_PER_SOURCE", "2"),
+            ("SLIPSTREAM_NODE_ADMIN_HEADER_TIMEOUT", "40s"),
+            ("SLIPSTREAM_NODE_ADMIN_CONNECTION_DEADLINE", "60s"),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    c.ok(&["apply", "-f", &write_manifest(&dir, "outsider.yaml", OUTSIDER)]);
+    wait_until("the outsider running", Duration::from_secs(30), || c.pods("outsider-").first().is_some_and(|p| p["ready"] == true));
+    let node2 = Proxy::of(&c, "node2");
+    let proxy_of = |st: &Value| st["nodes"].as_array().unwrap().iter().find(|n| n["name"] == "node2").unwrap()["proxy"].clone();
+    wait_until("node2's proxy ready", Duration::from_secs(30), || proxy_of(&c.status())["ready"] == true);
+    let node2_ip =
+        c.status()["nodes"].as_array().unwrap().iter().find(|n| n["name"] == "node2").unwrap()["ip"].as_str().unwrap().to_string();
+    let ready = format!("{node2_ip}:15021");
+    let m = node2.metrics();
+    let delta = |now: &Metrics, flag: &str, reason: &str| {
+        let l = [format!("response_flags=\"{flag}\""), format!("reason=\"{reason}\"")];
+        let l: Vec<&str> = l.iter().map(String::as_str).collect();
+        now.sum(REJECTED, &l) - m.sum(REJECTED, &l)
+    };
+
+    // An unmeshed pod on node1 and the echo pod on node2 (local to the
+    // proxy) each try 4 half-sent requests and hold what is admitted for
+    // 20 s: 2 each, which fills the listener's 4.
+    let hold = ["4", "20", "GET /healthz/ready HTTP/1.1\r\n", ready.as_str()];
+    let mut holders: Vec<_> = ["outsider", "echo"].iter().map(|d| python_in(&c, d, SLOW_PY, &hold)).collect();
+    let mut lines: Vec<_> = holders.iter_mut().map(|h| BufReader::new(h.stdout.take().unwrap()).lines()).collect();
+    for l in &mut lines {
+        let opened: Value = serde_json::from_str(&l.next().expect("a holder's first line").unwrap()).unwrap();
+        assert_eq!(opened["opened"], 4);
+    }
+    wait_until("each holder refused twice at its own cap", Duration::from_secs(10), || {
+        delta(&node2.metrics(), "SOURCE_LIMIT", "admin_source_limit") == 4
+    });
+    let full_since = Instant::now();
+    // A third source (the client pod on node1) finds the listener full.
+    let v = python(&c, "client", SLOW_PY, &["2", "1", "GET /healthz/ready HTTP/1.1\r\n", &ready]);
+    assert_eq!((v["closed"].as_u64(), v["still_open"].as_u64()), (Some(2), Some(0)), "refused at once: {v}");
+    assert_eq!(delta(&node2.metrics(), "OVERLOAD", "admin_limit"), 2, "the listener's cap was hit");
+
+    // While it stays full, longer than three probe failures would take,
+    // every status says the same process, ready, never restarted.
+    let mut polls = 0;
+    while full_since.elapsed() < Duration::from_secs(12) {
+        let p = proxy_of(&c.status());
+        assert_eq!(p["pid"].as_i64(), Some(node2.pid as i64), "the agent replaced node2's proxy after {:?}: {p}", full_since.elapsed());
+        assert_eq!((p["ready"].as_bool(), p["restarts"].as_u64()), (Some(true), Some(0)), "after {:?}: {p}", full_since.elapsed());
+        polls += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(polls >= 10, "{polls} status polls in 12 s");
+    // The holders kept their connections all along (the cap stayed full).
+    for (mut h, mut l) in holders.into_iter().zip(lines) {
+        let done: Value = serde_json::from_str(&l.next().expect("a holder's last line").unwrap()).unwrap();
+        assert!(h.wait().unwrap().success());
+        assert_eq!((done["closed"].as_u64(), done["still_open"].as_u64()), (Some(2), Some(2)), "2 refused, 2 held for 20 s: {done}");
+    }
+    node2.assert_same(&c, "full admin caps");
+    let log = std::fs::read_to_string(&node2.log).unwrap();
+    assert!(log.contains("connection to an admin port refused: too many open connections"), "the refusals are logged");
     c.down();
 }
