@@ -28,6 +28,9 @@ pub struct Cluster {
     log: PathBuf,
 }
 
+/// Node proxy bounds the bench sets for its own cluster (see `Cluster::up`).
+pub const BENCH_LIMITS: [(&str, &str); 2] = [("SLIPSTREAM_NODE_POD_CONNECTIONS", "12000"), ("SLIPSTREAM_NODE_PEER_STREAMS", "12000")];
+
 impl Cluster {
     pub fn new(exe: PathBuf, name: &str, log: PathBuf) -> Cluster {
         Cluster { exe, name: name.to_string(), log }
@@ -56,7 +59,18 @@ impl Cluster {
     pub fn up(&self, manifests: &Path, nodes: usize, timeout: Duration) -> anyhow::Result<()> {
         let secs = format!("{}s", timeout.as_secs());
         let nodes = nodes.to_string();
-        let child = self.logged(&["up", "-f", &manifests.display().to_string(), "--nodes", &nodes, "--timeout", &secs])?.spawn()?;
+        let mut cmd = self.logged(&["up", "-f", &manifests.display().to_string(), "--nodes", &nodes, "--timeout", &secs])?;
+        // R1 holds 10 000 connections from one client pod to one server
+        // pod: above the node proxy's default per-pod and per-peer bounds
+        // (4 096, docs/node-proxy.md "Limits"), which exist to keep one pod
+        // from starving others and would refuse most of them. The bench
+        // raises them, unless the caller set them.
+        for (k, v) in BENCH_LIMITS {
+            if std::env::var_os(k).is_none() {
+                cmd.env(k, v);
+            }
+        }
+        let child = cmd.spawn()?;
         let st = supervise(child, timeout + Duration::from_secs(30), true)?;
         if !st.success() {
             bail!("`slipstream --cluster {} up` failed ({st}):\n{}", self.name, self.log_tail());
