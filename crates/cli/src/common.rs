@@ -197,6 +197,15 @@ pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool, scope: &Scope) 
                 None => {}
             }
         }
+        // `up` returns with every node proxy answering its readiness probe,
+        // so its first `status` does not show them NOT READY (starting).
+        if matches!(scope, Scope::All) {
+            for n in &st.nodes {
+                if let Some(p) = n.proxy.as_ref().filter(|p| p.ready == Some(false)) {
+                    waiting.push(format!("node proxy of {}: not ready ({})", n.name, p.reason));
+                }
+            }
+        }
         if waiting.is_empty() {
             return Ok(st);
         }
