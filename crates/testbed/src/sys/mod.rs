@@ -5,6 +5,6 @@ pub mod cgroup;
 pub mod cmd;
 pub mod net;
 pub mod netns;
-pub mod signals;
 pub mod podinit;
+pub mod signals;
 pub mod spawn;
