@@ -72,6 +72,14 @@ impl Env {
     /// printed, stderr). As an operator (`exec --privileged`): the tool sets
     /// the proxy's bypass mark and reads workload keys to act as any
     /// identity, which the pod itself may not.
+    /// `slipstream debug ARGS` in the client pod as its own (unprivileged)
+    /// user, through the pod's capture: the command, to add to and spawn.
+    fn debug_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin());
+        c.args(["--cluster", &self.c.name, "exec", "deploy/client", "--", "slipstream", "--cluster", &self.c.name, "debug"]).args(args);
+        c
+    }
+
     fn debug(&self, args: &[&str]) -> (i32, Value, String) {
         let mut a = vec!["exec", "--privileged", "deploy/client", "--", "slipstream", "--cluster", &self.c.name, "debug"];
         a.extend_from_slice(args);
@@ -400,21 +408,8 @@ fn half_close_both_ways_and_a_reader_that_stops() {
     // memory must stay flat, and other connections must still work.
     let before = env.before();
     let rss_before: Vec<u64> = env.proxies.iter().map(Proxy::rss_kib).collect();
-    let stalled = Command::new(bin())
-        .args([
-            "--cluster",
-            &env.c.name,
-            "exec",
-            "deploy/client",
-            "--",
-            "slipstream",
-            "--cluster",
-            &env.c.name,
-            "debug",
-            "tcp",
-            "--to",
-            &echo_tcp,
-        ])
+    let stalled = env
+        .debug_command(&["tcp", "--to", &echo_tcp])
         .args(["--send-bytes", "2GiB", "--no-read", "--idle", "2s", "--timeout", "12s", "-o", "json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -482,21 +477,8 @@ fn nofile(pid: i32) -> (usize, usize) {
 /// line (all open and verified).
 fn hold(env: &Env, to: &str, n: usize) -> (std::process::Child, std::io::Lines<BufReader<std::process::ChildStdout>>, Value) {
     let count = n.to_string();
-    let mut child = Command::new(bin())
-        .args([
-            "--cluster",
-            &env.c.name,
-            "exec",
-            "deploy/client",
-            "--",
-            "slipstream",
-            "--cluster",
-            &env.c.name,
-            "debug",
-            "hold",
-            "--to",
-            to,
-        ])
+    let mut child = env
+        .debug_command(&["hold", "--to", to])
         .args(["--connections", &count, "--concurrency", "200", "--wait-stdin"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
