@@ -181,16 +181,14 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
         }
     };
     match plan(&snap.mesh, std::slice::from_ref(&pod.ip), dst, rand::random()) {
-        Err(e @ PlanError::SelfCall(_)) => {
-            let record = ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone());
-            reset(&app);
-            record.refuse(e.flag(), e.to_string(), &pod.uid);
-            None
-        }
         Err(e) => {
             let record = ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone());
             reset(&app);
-            record.close(0, 0, Some((e.flag(), e.to_string())));
+            match e {
+                // A pod repeats its self-calls on purpose: rate-limited log per source.
+                PlanError::SelfCall(_) => record.refuse(e.flag(), e.to_string(), &pod.uid),
+                _ => record.close(0, 0, Some((e.flag(), e.to_string()))),
+            }
             None
         }
         Ok(Plan::Passthrough { addr, workload, service }) => {
