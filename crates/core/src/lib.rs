@@ -5,9 +5,11 @@
 #![forbid(unsafe_code)]
 
 pub mod policy;
+pub mod spiffe;
 pub mod state;
 pub mod workload;
 
+pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, SPIFFE_PREFIX};
 pub use state::{Destination, MeshState};
 pub use workload::*;
 

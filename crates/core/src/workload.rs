@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// One definition, in `spiffe`; named here too because the workload API
+/// reads an empty `trust_domain` as this one.
+pub use crate::spiffe::DEFAULT_TRUST_DOMAIN;
 /// Istio's root namespace: its policies apply mesh-wide.
 pub const ROOT_NAMESPACE: &str = "istio-system";
 

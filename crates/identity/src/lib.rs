@@ -19,7 +19,6 @@ mod error;
 mod manager;
 mod pem;
 mod provider;
-mod spiffe;
 pub mod tls;
 mod x509;
 
@@ -29,5 +28,9 @@ pub use csr::generate_csr;
 pub use error::CertError;
 pub use manager::{CertManager, CertManagerConfig, CertStatus, CertSummary};
 pub use provider::{CertificateProvider, FetchError, LocalCaProvider};
+// The identity type is pure and lives in `slipstream_core::spiffe`, where
+// the mesh model validates identities as resources arrive; this crate keeps
+// serving it from the paths its users have always named.
+use slipstream_core::spiffe;
 pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, DEFAULT_TRUST_DOMAIN, SPIFFE_PREFIX};
 pub use x509::{format_time, SanError};

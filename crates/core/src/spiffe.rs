@@ -1,5 +1,9 @@
 //! SPIFFE workload identities: `spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>`.
 //!
+//! Pure, so it lives in core: the mesh model parses every workload's identity
+//! and every service's SANs once, when the resource arrives. The identity
+//! crate (certificates, TLS) re-exports these types from its own root.
+//!
 //! Istio (and so ztunnel) only ever issues and accepts this one shape of
 //! SPIFFE ID, so the type models exactly that shape rather than an arbitrary
 //! SPIFFE path. Validation happens once, here; everything downstream holds a
