@@ -4,26 +4,17 @@
 //! Kubernetes; the control plane and the local cluster both produce it.
 #![forbid(unsafe_code)]
 
+pub mod abi;
 pub mod policy;
 pub mod spiffe;
 pub mod state;
 pub mod workload;
 
+// The ports have always been named from the crate root.
+pub use abi::{ADMIN_PORT, HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROXY_PORTS, READINESS_PORT, STATS_PORT};
 pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, SPIFFE_PREFIX};
 pub use state::{Destination, MeshState};
 pub use workload::*;
-
-// The in-pod listeners' ports (15001, 15006, 15008) and their one list,
-// `PROXY_PORTS`, are in `workload`. The admin ports below listen in the
-// node's namespace, never in a pod's: a pod's `<own IP>:15020` reaches the
-// pod's app, not the proxy, so no data-path rule lists them.
-
-/// The node proxy's admin server (`/config_dump`), in the node's namespace.
-pub const ADMIN_PORT: u16 = 15000;
-/// The node proxy's Prometheus metrics, in the node's namespace.
-pub const STATS_PORT: u16 = 15020;
-/// The node proxy's readiness endpoint, in the node's namespace.
-pub const READINESS_PORT: u16 = 15021;
 
 /// The `tracing` target of log lines their emitter already limits per
 /// source (the node proxy's refusal lines and its "N more refusals not

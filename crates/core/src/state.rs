@@ -4,7 +4,7 @@
 use crate::policy::{Authorization, Scope};
 use crate::workload::*;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 #[derive(Debug, Default, Clone)]
@@ -142,10 +142,8 @@ impl MeshState {
     }
 }
 
-/// The socket address of a workload's HBONE listener.
-pub fn hbone_addr(ip: IpAddr) -> SocketAddr {
-    SocketAddr::new(ip, crate::workload::HBONE_PORT)
-}
+/// Moved to `abi`; still named here for its users.
+pub use crate::abi::hbone_addr;
 
 #[cfg(test)]
 mod tests {

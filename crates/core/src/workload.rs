@@ -169,9 +169,3 @@ pub struct NodePods {
 pub struct Served {
     pub uids: Vec<String>,
 }
-
-/// The proxy's own ports, which CONNECT may never target.
-pub const OUTBOUND_PORT: u16 = 15001;
-pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
-pub const HBONE_PORT: u16 = 15008;
-pub const PROXY_PORTS: [u16; 3] = [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT];

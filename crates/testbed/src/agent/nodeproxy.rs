@@ -23,7 +23,7 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 pub const FAILURE_THRESHOLD: u32 = 3;
 /// The same for a proxy that has not been ready yet (start-up allowance).
 pub const STARTUP_FAILURE_THRESHOLD: u32 = 15;
-const READY_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 15021);
+const READY_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], slipstream_core::READINESS_PORT);
 const READY_PATH: &str = "/healthz/ready";
 const BACKOFF_START: Duration = Duration::from_millis(500);
 /// A proxy that ran this long before exiting restarts without back-off.

@@ -22,14 +22,10 @@
 //! an app. Loopback (`::1`) inside the pod is untouched.
 
 use super::cmd::{ip_batch, run, CmdError};
+// The marks, ports and table are shared with the node proxy (and later the
+// eBPF programs); they are defined once, in core's ABI module.
+use slipstream_core::abi::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, INPOD_MARK, MARK_MASK, OUTBOUND_PORT, PROXY_MARK, ROUTE_TABLE};
 
-/// Mark on the node proxy's outbound sockets: never captured.
-pub const PROXY_MARK: u32 = 0x539;
-/// Mark on the node proxy's transparent inbound sockets; saved in conntrack
-/// so the app's replies can be routed to the proxy.
-pub const INPOD_MARK: u32 = 0x111;
-pub const MARK_MASK: u32 = 0xfff;
-pub const ROUTE_TABLE: u32 = 100;
 pub const TABLE: &str = "slipstream_mesh";
 
 pub fn ruleset() -> String {
@@ -39,7 +35,7 @@ delete table inet {TABLE}
 table inet {TABLE} {{
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname "eth0" meta nfproto ipv4 meta l4proto tcp tcp dport != 15008 redirect to :15006
+    iifname "eth0" meta nfproto ipv4 meta l4proto tcp tcp dport != {HBONE_PORT} redirect to :{INBOUND_PLAINTEXT_PORT}
   }}
   chain output {{
     type nat hook output priority -100; policy accept;
@@ -47,7 +43,7 @@ table inet {TABLE} {{
     meta mark & {MARK_MASK:#x} == {INPOD_MARK:#x} return
     oifname "lo" return
     fib daddr type local return
-    meta nfproto ipv4 meta l4proto tcp redirect to :15001
+    meta nfproto ipv4 meta l4proto tcp redirect to :{OUTBOUND_PORT}
   }}
   chain ipv6_in {{
     type filter hook input priority filter; policy accept;
