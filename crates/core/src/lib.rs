@@ -2,9 +2,16 @@
 //! (`istio.workload.Workload`/`Service`, shared/PROTOCOLS.md section 4), and
 //! the index the node proxy decides with. Pure: no I/O, no protobuf, no
 //! Kubernetes; the control plane and the local cluster both produce it.
+//!
+//! Resources go into [`MeshIndex`] (one mutable owner, validating each as
+//! it arrives) and come out as [`MeshState`] snapshots (immutable, cheap to
+//! clone); docs/node-internals.md has the picture.
 #![forbid(unsafe_code)]
 
 pub mod abi;
+#[cfg(test)]
+mod fixtures;
+pub mod index;
 pub mod policy;
 pub mod spiffe;
 pub mod state;
@@ -12,8 +19,9 @@ pub mod workload;
 
 // The ports have always been named from the crate root.
 pub use abi::{ADMIN_PORT, HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROXY_PORTS, READINESS_PORT, STATS_PORT};
+pub use index::{ApplyReport, Change, MeshIndex, ResourceError, ResourceKind};
 pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, SPIFFE_PREFIX};
-pub use state::{Destination, MeshState};
+pub use state::{Destination, Endpoint, MeshService, MeshState, MeshWorkload, WorkloadLabels};
 pub use workload::*;
 
 /// The `tracing` target of log lines their emitter already limits per
