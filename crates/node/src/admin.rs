@@ -12,14 +12,14 @@
 
 use crate::config::Config;
 use crate::limits::{KeyedGuard, KeyedSlots, SlotGuard, Slots};
-use crate::metrics::ResponseFlag;
-use crate::proxy::Shared;
+use crate::state::Shared;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use slipstream_hbone::ResponseFlag;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +29,14 @@ pub struct Listeners {
     admin: TcpListener,
     stats: TcpListener,
     readiness: TcpListener,
+}
+
+impl Listeners {
+    /// The admin, stats and readiness addresses as bound.
+    pub fn addrs(&self) -> (std::net::SocketAddr, std::net::SocketAddr, std::net::SocketAddr) {
+        let a = |l: &TcpListener| l.local_addr().expect("bound listener");
+        (a(&self.admin), a(&self.stats), a(&self.readiness))
+    }
 }
 
 pub async fn bind(c: &Config) -> anyhow::Result<Listeners> {
@@ -106,7 +114,7 @@ async fn serve_one(l: TcpListener, shared: Arc<Shared>, route: Route) {
             Err(Refused { flag, reason }) => {
                 shared.telemetry.metrics.rejected_because(flag, reason);
                 if shared.telemetry.log_refusal(&peer.ip().to_canonical().to_string()) {
-                    tracing::warn!(target: crate::conn::REFUSAL_TARGET, %peer, port, reason, %flag, "connection to an admin port refused: too many open connections");
+                    tracing::warn!(target: crate::telemetry::REFUSAL_TARGET, %peer, port, reason, %flag, "connection to an admin port refused: too many open connections");
                 }
                 crate::sockets::reset(&s);
                 continue;
@@ -142,14 +150,20 @@ fn text(code: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>> {
 
 fn stats(s: &Shared, path: &str) -> Response<Full<Bytes>> {
     match path {
-        "/metrics" | "/stats/prometheus" => text(StatusCode::OK, "text/plain; version=0.0.4", s.telemetry.metrics.render()),
+        "/metrics" | "/stats/prometheus" => {
+            text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", s.telemetry.metrics.render())
+        }
         _ => text(StatusCode::NOT_FOUND, "text/plain", "try /metrics\n".into()),
     }
 }
 
-fn readiness(_: &Shared, path: &str) -> Response<Full<Bytes>> {
+/// 200 `ready`, or 503 with one line per reason (see `ready`).
+fn readiness(s: &Shared, path: &str) -> Response<Full<Bytes>> {
     match path {
-        "/healthz/ready" => text(StatusCode::OK, "text/plain", "ready\n".into()),
+        "/healthz/ready" => match s.ready() {
+            Ok(()) => text(StatusCode::OK, "text/plain", "ready\n".into()),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why.join("\n") + "\n"),
+        },
         _ => text(StatusCode::NOT_FOUND, "text/plain", "try /healthz/ready\n".into()),
     }
 }
@@ -157,7 +171,7 @@ fn readiness(_: &Shared, path: &str) -> Response<Full<Bytes>> {
 fn admin(s: &Shared, path: &str) -> Response<Full<Bytes>> {
     match path {
         "/config_dump" => {
-            let snap = s.snapshot.borrow().clone();
+            let snap = s.snapshot();
             let certs: Vec<serde_json::Value> = s
                 .certs
                 .certificates()
@@ -165,11 +179,26 @@ fn admin(s: &Shared, path: &str) -> Response<Full<Bytes>> {
                 .map(|c| serde_json::json!({"identity": c.identity.to_string(), "state": format!("{:?}", c.status)}))
                 .collect();
             let pool: Vec<String> = s.pool.snapshot().into_iter().map(|p| format!("{p:?}")).collect();
+            let mut local: Vec<serde_json::Value> = s
+                .pods
+                .all()
+                .into_iter()
+                .map(|p| serde_json::json!({"uid": &*p.uid, "ip": p.ip, "openConnections": p.conns.len()}))
+                .collect();
+            local.sort_by_key(|v| v["uid"].as_str().map(str::to_owned));
+            let mut workloads: Vec<&slipstream_core::Workload> = snap.workloads().map(|w| w.workload()).collect();
+            workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
+            let mut services: Vec<&slipstream_core::Service> = snap.services().map(|s| s.service()).collect();
+            services.sort_by(|a, b| (&a.namespace, &a.hostname).cmp(&(&b.namespace, &b.hostname)));
+            let mut policies: Vec<&slipstream_core::policy::Authorization> = snap.policies().map(|p| p.as_ref()).collect();
+            policies.sort_by_key(|p| p.key());
             let body = serde_json::json!({
                 "config": s.config,
-                "workloads": snap.config.workloads,
-                "services": snap.config.services,
-                "localPods": snap.pods.pods,
+                "readiness": s.ready().err().unwrap_or_default(),
+                "workloads": workloads,
+                "services": services,
+                "policies": policies,
+                "localPods": local,
                 "certificates": certs,
                 "pool": pool,
             });

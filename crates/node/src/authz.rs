@@ -1,32 +1,57 @@
-//! Authorization of inbound connections: the applicable policies of the
-//! destination workload (shared/PROTOCOLS.md section 4) over what the
-//! connection proved about itself. Fails closed: a destination the proxy
-//! cannot find is denied.
+//! Authorization of inbound connections as a pure function of one mesh
+//! snapshot and what the connection proved about itself: the applicable
+//! policies of the destination workload (shared/PROTOCOLS.md section 4).
+//! Used when a connection arrives and again, for every open connection,
+//! after a policy change.
 
-use crate::proxy::Shared;
 use slipstream_core::policy::{check, ConnAttrs, Decision};
+use slipstream_core::{MeshState, MeshWorkload, SpiffeId};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-/// Ok, or the reason for the denial. `principal` is the verified peer
-/// identity without `spiffe://` (None for plaintext).
-pub fn authorize(shared: &Shared, dst_uid: &str, principal: Option<&str>, src: SocketAddr, dst: SocketAddr) -> Result<(), String> {
-    let snap = shared.snapshot.borrow().clone();
-    let Some(w) = snap.mesh.workload(dst_uid) else {
-        return Err(format!("workload {dst_uid} is not in the mesh configuration"));
-    };
-    let policies = snap.mesh.policies_for(&w);
+/// What an inbound connection proved: the verified peer identity (None for
+/// plaintext) and its addresses.
+#[derive(Debug, Clone, Copy)]
+pub struct Conn<'a> {
+    pub peer: Option<&'a SpiffeId>,
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+}
+
+/// The verdict, and the dry-run policies that matched (logged by the
+/// caller; they never decide).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub result: Result<(), Arc<str>>,
+    pub dry_run: Vec<String>,
+}
+
+pub fn authorize(state: &MeshState, dst: &MeshWorkload, c: Conn<'_>) -> Verdict {
+    let policies = state.policies_for(dst);
     if policies.is_empty() {
-        return Ok(());
+        return Verdict { result: Ok(()), dry_run: Vec::new() };
     }
-    let namespace = principal.and_then(|p| p.split('/').nth(2));
-    let attrs = ConnAttrs { principal, namespace, source_ip: src.ip(), destination_ip: dst.ip(), destination_port: dst.port() };
-    let mut dry = Vec::new();
-    let d = check(policies.iter().map(|p| p.as_ref()), &attrs, &mut dry);
-    for p in dry {
-        tracing::info!(policy = %p, src = %src, dst = %dst, principal = principal.unwrap_or("-"), "dry-run policy matched");
-    }
-    match d {
+    let principal = c.peer.map(SpiffeId::principal);
+    let attrs = ConnAttrs {
+        principal: principal.as_deref(),
+        namespace: c.peer.map(SpiffeId::namespace),
+        source_ip: c.src.ip(),
+        destination_ip: c.dst.ip(),
+        destination_port: c.dst.port(),
+    };
+    let mut dry_run = Vec::new();
+    let result = match check(policies.iter().map(|p| p.as_ref()), &attrs, &mut dry_run) {
         Decision::Allow => Ok(()),
-        Decision::Deny(why) => Err(why),
+        Decision::Deny(why) => Err(Arc::from(why)),
+    };
+    Verdict { result, dry_run }
+}
+
+/// [`authorize`] for a connection to the workload `dst_uid`; a destination
+/// the snapshot does not know is denied (fail closed).
+pub fn authorize_uid(state: &MeshState, dst_uid: &str, c: Conn<'_>) -> Verdict {
+    match state.workload(dst_uid) {
+        Some(w) => authorize(state, &w, c),
+        None => Verdict { result: Err(format!("workload {dst_uid} is not in the mesh configuration").into()), dry_run: Vec::new() },
     }
 }

@@ -179,23 +179,94 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
+/// Everything about the HBONE client pool (PROTOCOLS.md section 2).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PoolSettings {
+    pub max_streams_per_connection: usize,
+    #[serde(serialize_with = "as_secs")]
+    pub idle_timeout: Duration,
+    /// TCP + TLS + HTTP/2 handshakes toward a peer.
+    #[serde(serialize_with = "as_secs")]
+    pub connect_timeout: Duration,
+    /// Waiting for the answer to a CONNECT (longer than the peer's 10 s
+    /// upstream connect).
+    #[serde(serialize_with = "as_secs")]
+    pub response_timeout: Duration,
+}
+
+/// HTTP/2 settings of tunnels, both directions (PROTOCOLS.md section 2).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct H2Settings {
+    pub stream_window: u32,
+    pub connection_window: u32,
+    pub max_frame_size: u32,
+    pub max_header_list_size: u32,
+    pub max_send_buffer: usize,
+    #[serde(serialize_with = "as_secs")]
+    pub keepalive_interval: Duration,
+    #[serde(serialize_with = "as_secs")]
+    pub keepalive_timeout: Duration,
+}
+
+/// The HBONE server of every pod (:15008).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ServerSettings {
+    pub max_concurrent_streams: u32,
+    #[serde(serialize_with = "as_secs")]
+    pub handshake_timeout: Duration,
+}
+
+/// Workload certificates.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CertSettings {
+    /// Lifetime of issued certificates; renewed at half of it.
+    #[serde(serialize_with = "as_secs")]
+    pub validity: Duration,
+    /// First delay after a failed fetch; doubles up to `max_retry`.
+    #[serde(serialize_with = "as_secs")]
+    pub initial_retry: Duration,
+    #[serde(serialize_with = "as_secs")]
+    pub max_retry: Duration,
+    #[serde(serialize_with = "as_secs")]
+    pub min_refresh: Duration,
+}
+
+/// Timeouts of the proxy's own lifecycle and data path.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Upstream connect (inbound to the app, passthrough): 503 after it.
+    #[serde(serialize_with = "as_secs")]
+    pub upstream_connect: Duration,
+    /// How often the configuration files are checked for changes.
+    #[serde(serialize_with = "as_secs")]
+    pub poll_interval: Duration,
+    /// How long open connections may finish once a drain starts.
+    #[serde(serialize_with = "as_secs")]
+    pub drain_grace: Duration,
+    /// After the grace period, how long connections still open get to
+    /// close once told to; then the drain is over, whatever is left.
+    #[serde(serialize_with = "as_secs")]
+    pub drain_force: Duration,
+}
+
+/// The node proxy's one configuration, served whole at `/config_dump`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
     pub cluster: String,
     pub node: String,
     pub config_dir: PathBuf,
     pub ca_dir: PathBuf,
+    pub trust_domain: String,
     pub json_access_log: bool,
     pub admin_addr: SocketAddr,
     pub stats_addr: SocketAddr,
     pub readiness_addr: SocketAddr,
-    pub cert_validity: Duration,
-    /// Upstream connect timeout, inbound (PROTOCOLS.md: 503 after 10 s).
-    pub connect_timeout: Duration,
-    /// How often the configuration files are checked for changes.
-    pub poll_interval: Duration,
-    /// How long open connections may finish after a drain starts.
-    pub drain_period: Duration,
+    pub workers: u16,
+    pub timeouts: Timeouts,
+    pub pool: PoolSettings,
+    pub h2: H2Settings,
+    pub server: ServerSettings,
+    pub certs: CertSettings,
     pub limits: Limits,
 }
 
@@ -210,21 +281,103 @@ fn open_files() -> u64 {
 
 impl Config {
     pub fn from_args(cluster: &str, a: NodeArgs) -> Config {
+        let mut c = Config::defaults(cluster, &a.node, Limits::derive(open_files(), &a.limits));
+        c.config_dir = a.config_dir;
+        c.ca_dir = a.ca_dir;
+        c.json_access_log = a.log_format == "json";
+        c.admin_addr = a.admin_addr;
+        c.stats_addr = a.stats_addr;
+        c.readiness_addr = a.readiness_addr;
+        c.workers = a.workers;
+        c.certs.validity = Duration::from_secs(a.cert_hours.max(1) * 3600);
+        c
+    }
+
+    /// Every default of PROTOCOLS.md and docs/node-proxy.md, with `limits`.
+    pub fn defaults(cluster: &str, node: &str, limits: Limits) -> Config {
+        let h2 = slipstream_hbone::H2Config::default();
+        let pool = slipstream_hbone::PoolConfig::default();
+        let server = slipstream_hbone::ServerConfig::default();
+        let certs = slipstream_identity::CertManagerConfig::default();
         Config {
             cluster: cluster.to_string(),
-            node: a.node,
-            config_dir: a.config_dir,
-            ca_dir: a.ca_dir,
-            json_access_log: a.log_format == "json",
-            admin_addr: a.admin_addr,
-            stats_addr: a.stats_addr,
-            readiness_addr: a.readiness_addr,
-            cert_validity: Duration::from_secs(a.cert_hours.max(1) * 3600),
-            connect_timeout: Duration::from_secs(10),
-            poll_interval: Duration::from_millis(100),
-            drain_period: Duration::from_secs(5),
-            limits: Limits::derive(open_files(), &a.limits),
+            node: node.to_string(),
+            config_dir: PathBuf::new(),
+            ca_dir: PathBuf::new(),
+            trust_domain: slipstream_core::DEFAULT_TRUST_DOMAIN.to_string(),
+            json_access_log: false,
+            admin_addr: "127.0.0.1:15000".parse().expect("literal"),
+            stats_addr: "0.0.0.0:15020".parse().expect("literal"),
+            readiness_addr: "0.0.0.0:15021".parse().expect("literal"),
+            workers: 2,
+            timeouts: Timeouts {
+                upstream_connect: slipstream_hbone::UPSTREAM_CONNECT_TIMEOUT,
+                poll_interval: Duration::from_millis(100),
+                drain_grace: Duration::from_secs(5),
+                drain_force: Duration::from_secs(1),
+            },
+            pool: PoolSettings {
+                max_streams_per_connection: pool.max_streams_per_connection,
+                idle_timeout: pool.idle_timeout,
+                connect_timeout: pool.connect_timeout,
+                response_timeout: pool.response_timeout,
+            },
+            h2: H2Settings {
+                stream_window: h2.stream_window,
+                connection_window: h2.connection_window,
+                max_frame_size: h2.max_frame_size,
+                max_header_list_size: h2.max_header_list_size,
+                max_send_buffer: h2.max_send_buffer,
+                keepalive_interval: h2.keepalive_interval,
+                keepalive_timeout: h2.keepalive_timeout,
+            },
+            server: ServerSettings { max_concurrent_streams: server.max_concurrent_streams, handshake_timeout: server.handshake_timeout },
+            certs: CertSettings {
+                validity: slipstream_identity::DEFAULT_WORKLOAD_VALIDITY,
+                initial_retry: certs.initial_retry,
+                max_retry: certs.max_retry,
+                min_refresh: certs.min_refresh,
+            },
+            limits,
         }
+    }
+
+    pub fn h2_config(&self) -> slipstream_hbone::H2Config {
+        let h = &self.h2;
+        slipstream_hbone::H2Config {
+            stream_window: h.stream_window,
+            connection_window: h.connection_window,
+            max_frame_size: h.max_frame_size,
+            max_header_list_size: h.max_header_list_size,
+            max_send_buffer: h.max_send_buffer,
+            keepalive_interval: h.keepalive_interval,
+            keepalive_timeout: h.keepalive_timeout,
+        }
+    }
+
+    pub fn pool_config(&self) -> slipstream_hbone::PoolConfig {
+        let p = &self.pool;
+        slipstream_hbone::PoolConfig {
+            max_streams_per_connection: p.max_streams_per_connection,
+            idle_timeout: p.idle_timeout,
+            connect_timeout: p.connect_timeout,
+            response_timeout: p.response_timeout,
+            h2: self.h2_config(),
+        }
+    }
+
+    pub fn server_config(&self) -> slipstream_hbone::ServerConfig {
+        slipstream_hbone::ServerConfig {
+            h2: self.h2_config(),
+            max_concurrent_streams: self.server.max_concurrent_streams,
+            handshake_timeout: self.server.handshake_timeout,
+            ..Default::default()
+        }
+    }
+
+    pub fn cert_manager_config(&self) -> slipstream_identity::CertManagerConfig {
+        let c = &self.certs;
+        slipstream_identity::CertManagerConfig { initial_retry: c.initial_retry, max_retry: c.max_retry, min_refresh: c.min_refresh }
     }
 
     pub fn workloads_file(&self) -> PathBuf {
@@ -276,6 +429,21 @@ mod tests {
         // More streams per peer bring the tunnels they need (the 10k test).
         let l = Limits::derive(20_000, &LimitArgs { peer_streams: Some(10_000), ..Default::default() });
         assert_eq!((l.peer_streams, l.peer_connections), (10_000, 200));
+    }
+
+    #[test]
+    fn the_defaults_are_the_protocol_s_and_round_trip_to_the_libraries() {
+        let c = Config::defaults("c", "node1", Limits::derive(20_000, &LimitArgs::default()));
+        assert_eq!((c.h2.stream_window, c.h2.connection_window, c.h2.max_frame_size), (4 << 20, 16 << 20, 1 << 20));
+        assert_eq!(c.server.max_concurrent_streams, 200);
+        assert_eq!((c.pool.max_streams_per_connection, c.pool.idle_timeout), (100, Duration::from_secs(300)));
+        assert_eq!(c.timeouts.upstream_connect, Duration::from_secs(10));
+        assert_eq!(c.pool_config().h2.max_header_list_size, c.h2.max_header_list_size);
+        let dump = serde_json::to_value(&c).unwrap();
+        for key in ["timeouts", "pool", "h2", "server", "certs", "limits", "trust_domain"] {
+            assert!(dump.get(key).is_some(), "/config_dump shows {key}: {dump}");
+        }
+        assert_eq!(dump["pool"]["idle_timeout"], 300.0);
     }
 
     #[test]

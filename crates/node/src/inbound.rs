@@ -1,27 +1,109 @@
-//! Inbound: HBONE on `<pod IP>:15008` (the server checks the protocol; this
-//! module picks the certificate and connects to the app) and plaintext on
-//! :15006 from outside the mesh. Either way the app sees the client pod's
-//! IP as the source address.
+//! Inbound: HBONE on `<pod IP>:15008` (the HBONE server checks the protocol;
+//! this module picks the certificate, decides and connects to the app) and
+//! plaintext on :15006 from outside the mesh. [`plan`] decides once over one
+//! mesh snapshot (pure: table tests, no sockets); the handlers carry it out.
+//! Either way the app sees the client pod's IP as the source address.
 
-use crate::conn::{ConnInfo, ConnRecord};
-use crate::inpod::LocalPod;
+use crate::authz;
+use crate::conns::AuthzKey;
+use crate::error::ProxyError;
 use crate::limits::{Kind, Source};
-use crate::metrics::{Reporter, ResponseFlag};
-use crate::proxy::Shared;
 use crate::selfcall::{self_call, Side};
-use crate::sockets::{original_dst, reset};
+use crate::sockets::reset;
+use crate::state::{LocalPod, Shared};
+use crate::telemetry::{AppSide, ConnInfo, ConnRecord, Metered, Reporter, SrcIdentity};
 use futures_util::future::BoxFuture;
+use slipstream_core::{MeshState, SpiffeId};
 use slipstream_hbone::{
-    Admission, AdmissionRefused, CertResolver, Handler, HandshakeFailureKind, HboneError, InboundRequest, ResolveError, Upstream,
+    Admission, AdmissionRefused, CertResolver, Handler, HandshakeFailure, HandshakeFailureKind, HboneError, InboundRequest, ResolveError,
+    ResponseFlag, StreamRecord, Upstream,
 };
-use slipstream_identity::{SpiffeId, WorkloadCert};
-use std::io;
+use slipstream_identity::WorkloadCert;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+
+/// An inbound connection, as the planner sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The local pod whose listener took the connection.
+    pub pod_uid: &'a str,
+    pub pod_ip: IpAddr,
+    /// The verified peer identity; None for plaintext.
+    pub peer: Option<&'a SpiffeId>,
+    pub src_addr: SocketAddr,
+    /// The target: the CONNECT authority, or the original destination.
+    pub dst: SocketAddr,
+    /// HBONE only: the tunnel's local address, `<pod IP>:15008`.
+    pub tunnel_local: Option<SocketAddr>,
+    /// The `forwarded` header (the service the client addressed).
+    pub forwarded: Option<&'a str>,
+}
+
+/// Where an allowed connection goes.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The app's address.
+    pub app: SocketAddr,
+    /// The source address the app sees (the client's).
+    pub src_ip: IpAddr,
+    /// What a policy change re-decides the open connection from.
+    pub authz: AuthzKey,
+}
+
+/// One decision: the connection's telemetry, and where it goes or why not.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub info: ConnInfo,
+    pub target: Result<Target, ProxyError>,
+    /// Dry-run policies that matched (logged, never deciding).
+    pub dry_run: Vec<String>,
+}
+
+pub fn plan(state: &MeshState, req: &Request<'_>) -> Plan {
+    let dst = state.workload(req.pod_uid);
+    let mtls = req.peer.is_some();
+    let service = req.forwarded.and_then(forwarded_host).and_then(|h| state.service_by_hostname(h));
+    let src = state.workload_by_ip(req.src_addr.ip());
+    let info = ConnInfo {
+        reporter: Reporter::Destination,
+        src_addr: req.src_addr,
+        src_id: SrcIdentity::verified(req.peer, src.as_ref()),
+        src,
+        dst_addr: req.tunnel_local.unwrap_or(req.dst),
+        hbone_addr: req.tunnel_local.map(|_| req.dst),
+        dst: dst.clone(),
+        service,
+        mutual_tls: mtls,
+    };
+    let mut dry_run = Vec::new();
+    let target = (|| {
+        // The same rule as outbound: an in-pod listener's port would loop.
+        if let Some(why) = self_call(Side::Inbound, req.dst, std::slice::from_ref(&req.pod_ip)) {
+            return Err(ProxyError::SelfCall(why));
+        }
+        let w = dst.as_ref().ok_or(ProxyError::NoWorkload(req.dst))?;
+        let verdict = authz::authorize(state, w, authz::Conn { peer: req.peer, src: req.src_addr, dst: req.dst });
+        dry_run = verdict.dry_run;
+        // PeerAuthentication STRICT arrives as a DENY policy on
+        // connections without a peer identity, which is what plaintext is.
+        verdict.result.map_err(|why| ProxyError::Denied(if mtls { why } else { format!("plaintext refused: {why}").into() }))?;
+        Ok(Target { app: req.dst, src_ip: req.src_addr.ip(), authz: AuthzKey { peer: req.peer.cloned(), src: req.src_addr, dst: req.dst } })
+    })();
+    Plan { info, target, dry_run }
+}
+
+/// The host of a `forwarded` header's `host=` (the source proxy adds it
+/// when the app dialed a service).
+fn forwarded_host(f: &str) -> Option<&str> {
+    f.split(';').find_map(|p| p.trim().strip_prefix("host=")).map(|h| h.trim_matches('"'))
+}
+
+fn log_dry_run(p: &Plan) {
+    for policy in &p.dry_run {
+        tracing::info!(%policy, src = %p.info.src_addr, dst = ?p.info.hbone_addr.unwrap_or(p.info.dst_addr), "dry-run policy matched");
+    }
+}
 
 /// The server presents the destination workload's own certificate.
 pub struct Certs(pub Arc<Shared>);
@@ -29,21 +111,10 @@ pub struct Certs(pub Arc<Shared>);
 impl CertResolver for Certs {
     fn resolve(&self, local_ip: IpAddr) -> BoxFuture<'_, Result<Arc<WorkloadCert>, ResolveError>> {
         Box::pin(async move {
-            let w = self
-                .0
-                .pods
-                .get(local_ip)
-                .and_then(|p| self.0.snapshot.borrow().mesh.workload(&p.uid))
-                .ok_or(ResolveError::NoWorkload(local_ip))?;
-            let id = workload_id(&self.0, &w).map_err(|_| ResolveError::NoWorkload(local_ip))?;
-            self.0.certs.fetch_certificate(&id).await.map_err(|source| ResolveError::Fetch { ip: local_ip, source })
+            let w = self.0.pods.get(local_ip).and_then(|p| self.0.snapshot().workload(&p.uid)).ok_or(ResolveError::NoWorkload(local_ip))?;
+            self.0.certs.fetch_certificate(w.identity()).await.map_err(|source| ResolveError::Fetch { ip: local_ip, source })
         })
     }
-}
-
-pub fn workload_id(shared: &Shared, w: &slipstream_core::Workload) -> Result<SpiffeId, slipstream_identity::SpiffeIdError> {
-    let _ = shared;
-    w.spiffe_id().parse()
 }
 
 pub struct HboneHandler {
@@ -54,25 +125,23 @@ pub struct HboneHandler {
 impl Handler for HboneHandler {
     fn connect<'a>(&'a self, req: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>> {
         Box::pin(async move {
-            let snap = self.shared.snapshot.borrow().clone();
-            let dst = snap.mesh.workload(&self.pod.uid);
-            let src = snap.mesh.workload_by_ip(req.peer_addr.ip());
-            let service = addressed_service(&snap.mesh, &req.headers);
-            let info = ConnInfo {
-                reporter: Reporter::Destination,
-                src_addr: req.peer_addr,
-                src,
-                src_identity: req.peer_identity.to_string(),
-                dst_addr: req.target,
-                hbone_addr: Some(req.tunnel_local),
-                dst: dst.clone(),
-                dst_identity: dst.as_ref().map(|w| w.spiffe_id()).unwrap_or_default(),
-                service,
-                mutual_tls: true,
-            };
-            let record = ConnRecord::open(info, self.shared.telemetry.clone());
-            // The peer's streams across all its tunnels, and one descriptor
-            // (the app socket) of the node's budget: atomics on the peer's
+            let snap = self.shared.snapshot();
+            let forwarded = req.headers.get("forwarded").and_then(|v| v.to_str().ok());
+            let p = plan(
+                &snap,
+                &Request {
+                    pod_uid: &self.pod.uid,
+                    pod_ip: self.pod.ip,
+                    peer: Some(&req.peer_identity),
+                    src_addr: req.peer_addr,
+                    dst: req.target,
+                    tunnel_local: Some(req.tunnel_local),
+                    forwarded,
+                },
+            );
+            log_dry_run(&p);
+            let record = ConnRecord::open(p.info, self.shared.telemetry.clone());
+            // The peer's streams across all its tunnels: atomics on the
             // counters found when its connection was admitted.
             let peer = match req.context.clone().map(Arc::downcast::<Source>) {
                 Some(Ok(peer)) => peer,
@@ -80,47 +149,21 @@ impl Handler for HboneHandler {
             };
             let record = match peer.take(Kind::PeerStreams, 1) {
                 Ok(held) => record.holding(held),
-                Err(over) => {
-                    let e = match over.flag {
-                        ResponseFlag::Overload => HboneError::Overloaded(over.limit),
-                        _ => HboneError::SourceLimit { peer: req.peer_addr.ip(), what: over.what, limit: over.limit },
-                    };
-                    record.refuse(over.flag, e.to_string(), &req.peer_addr.ip().to_canonical().to_string());
-                    return Err(e);
-                }
+                Err(over) => return Err(refuse(record, over.into(), req.peer_addr.ip())),
             };
-            if dst.is_none() {
-                let e = HboneError::NoWorkload(req.target);
-                record.close(0, 0, Some((e.flag(), e.to_string())));
-                return Err(e);
-            }
-            let principal = req.peer_identity.principal();
-            if let Err(why) = crate::authz::authorize(&self.shared, &self.pod.uid, Some(&principal), req.peer_addr, req.target) {
-                let e = HboneError::denied(why);
-                record.close(0, 0, Some((ResponseFlag::Deny, e.to_string())));
-                return Err(e);
-            }
-            match self.pod.sockets.connect_transparent(req.peer_addr.ip(), req.target, self.shared.config.connect_timeout).await {
-                Ok(s) => {
-                    let m =
-                        Metered::new(s, record).tracked(&self.shared, &self.pod.uid, Some(principal.clone()), req.peer_addr, req.target);
-                    Ok(Box::new(m) as Box<dyn Upstream>)
-                }
-                Err(e) => {
-                    let err = HboneError::Connect { addr: req.target, source: Arc::new(e) };
-                    record.close(0, 0, Some((err.flag(), err.to_string())));
-                    Err(err)
-                }
+            match p.target {
+                Ok(t) => connect_app(&self.shared, &self.pod, record, t).await.map(|m| Box::new(m) as Box<dyn Upstream>),
+                Err(e) => Err(refuse(record, e, req.peer_addr.ip())),
             }
         })
     }
 
-    fn on_stream_end(&self, record: &slipstream_hbone::StreamRecord) {
-        crate::refusals::record_refused_stream(&self.shared, &self.pod, record);
+    fn on_stream_end(&self, record: &StreamRecord) {
+        record_refused_stream(&self.shared, &self.pod, record);
     }
 
-    fn on_handshake_failure(&self, failure: &slipstream_hbone::HandshakeFailure) {
-        crate::refusals::record_handshake_failure(&self.shared, failure);
+    fn on_handshake_failure(&self, failure: &HandshakeFailure) {
+        record_handshake_failure(&self.shared, failure);
     }
 
     /// A new TCP connection on :15008, before its handshake: the peer's
@@ -139,136 +182,134 @@ impl Handler for HboneHandler {
     }
 }
 
+/// Closes `record` with `e` and gives the HBONE server its answer.
+fn refuse(record: ConnRecord, e: ProxyError, peer: IpAddr) -> HboneError {
+    let answer = e.clone().into_hbone(peer);
+    record.close(Err(e));
+    answer
+}
+
+/// Connects to the app with the client's address, registered among the
+/// pod's open connections so a policy change or a drain can close it.
+async fn connect_app(
+    shared: &Shared,
+    pod: &LocalPod,
+    record: ConnRecord,
+    t: Target,
+) -> Result<Metered<crate::conns::Cancellable<TcpStream>>, HboneError> {
+    match pod.sockets.connect_transparent(t.src_ip, t.app, shared.config.timeouts.upstream_connect).await {
+        Ok(s) => {
+            let registration = pod.conns.register(Some(t.authz));
+            let app = registration.guard(s);
+            Ok(Metered::new(app, record.registered(registration), AppSide::Server))
+        }
+        Err(e) => {
+            let err = HboneError::Connect { addr: t.app, source: Arc::new(e) };
+            record.close(Err(err.clone().into()));
+            Err(err)
+        }
+    }
+}
+
 /// Plaintext from outside the mesh to a meshed pod (PeerAuthentication
 /// PERMISSIVE, the default): passed to the app with the client's address.
 pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStream, peer: SocketAddr) {
-    let Ok(dst) = original_dst(&client) else {
-        shared.telemetry.metrics.rejected(ResponseFlag::ProtocolError);
-        return;
-    };
-    let snap = shared.snapshot.borrow().clone();
-    let w = snap.mesh.workload(&pod.uid);
-    let info = ConnInfo {
-        reporter: Reporter::Destination,
-        src_addr: peer,
-        src: snap.mesh.workload_by_ip(peer.ip()),
-        src_identity: String::new(),
-        dst_addr: dst,
-        hbone_addr: None,
-        dst: w.clone(),
-        dst_identity: w.as_ref().map(|w| w.spiffe_id()).unwrap_or_default(),
-        service: None,
-        mutual_tls: false,
-    };
-    let record = ConnRecord::open(info, shared.telemetry.clone());
-    // Refusal lines are limited per source: its name, only when refused.
-    let source = || peer.ip().to_canonical().to_string();
-    // The same rule as outbound: an in-pod listener's port here would loop.
-    if let Some(why) = self_call(Side::Inbound, dst, std::slice::from_ref(&pod.ip)) {
-        reset(&client);
-        record.refuse(ResponseFlag::SelfCall, why.to_string(), &source());
-        return;
-    }
-    // The peer's plaintext connections; two descriptors (client and app).
-    let record = match shared.limits.peer(peer.ip()).take(Kind::PeerPlaintext, 2) {
-        Ok(held) => record.holding(held),
-        Err(over) => {
-            reset(&client);
-            record.refuse(over.flag, over.to_string(), &source());
+    let dst = match pod.sockets.original_dst(&client) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(pod = %pod.uid, "{}", ProxyError::NoOriginalDestination(Arc::new(e)));
+            shared.telemetry.metrics.rejected_because(ResponseFlag::ProtocolError, "no_original_destination");
             return;
         }
     };
-    // PeerAuthentication STRICT arrives as a DENY policy on connections
-    // without a peer identity, which is what plaintext is.
-    if let Err(why) = crate::authz::authorize(&shared, &pod.uid, None, peer, dst) {
+    let snap = shared.snapshot();
+    let p =
+        plan(&snap, &Request { pod_uid: &pod.uid, pod_ip: pod.ip, peer: None, src_addr: peer, dst, tunnel_local: None, forwarded: None });
+    log_dry_run(&p);
+    let record = ConnRecord::open(p.info, shared.telemetry.clone());
+    let refuse = |record: ConnRecord, e: ProxyError| {
         reset(&client);
-        record.close(0, 0, Some((ResponseFlag::Deny, format!("plaintext refused: {why}"))));
+        record.close(Err(e));
+    };
+    // A self-call is refused before it costs the peer a slot.
+    let t = match p.target {
+        Err(e @ ProxyError::SelfCall(_)) => return refuse(record, e),
+        t => t,
+    };
+    // The peer's plaintext connections; two descriptors (client and app).
+    let record = match shared.limits.peer(peer.ip()).take(Kind::PeerPlaintext, 2) {
+        Ok(held) => record.holding(held),
+        Err(over) => return refuse(record, over.into()),
+    };
+    let t = match t {
+        Ok(t) => t,
+        Err(e) => return refuse(record, e),
+    };
+    match pod.sockets.connect_transparent(t.src_ip, t.app, shared.config.timeouts.upstream_connect).await {
+        Ok(app) => {
+            let registration = pod.conns.register(Some(t.authz));
+            let app = registration.guard(app);
+            let mut app = Metered::new(app, record.registered(registration), AppSide::Server);
+            let mut client = client;
+            if let Err(e) = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut app, 64 * 1024, 64 * 1024).await {
+                app.fail(ProxyError::terminated(e));
+            }
+        }
+        Err(e) => record.close(Err(ProxyError::connect(t.app, e))),
+    }
+}
+
+/// A CONNECT the server refused before asking the handler (400 for a bad
+/// request or an authority that is not the tunnel's, 503 for a proxy port):
+/// one connection in the metrics and one access-log line, like the
+/// refusals the handler makes itself. Streams the handler saw are its own
+/// to record, so they are skipped here.
+fn record_refused_stream(shared: &Shared, pod: &LocalPod, r: &StreamRecord) {
+    if r.reached_handler {
         return;
     }
-    match pod.sockets.connect_transparent(peer.ip(), dst, shared.config.connect_timeout).await {
-        Ok(app) => {
-            let mut app = Metered::new(app, record).tracked(&shared, &pod.uid, None, peer, dst);
-            let mut client = client;
-            let _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut app, 64 * 1024, 64 * 1024).await;
-        }
-        Err(e) => record.close(0, 0, Some((ResponseFlag::Connect, format!("connect to {dst}: {e}")))),
+    // Refused streams always carry their error.
+    let Err(e) = &r.result else { return };
+    let snap = shared.snapshot();
+    let src = snap.workload_by_ip(r.peer_addr.ip());
+    let info = ConnInfo {
+        reporter: Reporter::Destination,
+        src_addr: r.peer_addr,
+        src_id: SrcIdentity::verified(Some(&r.peer_identity), src.as_ref()),
+        src,
+        dst_addr: r.tunnel_local,
+        // No parsable authority: the tunnel's own address is what is known.
+        hbone_addr: Some(r.target.unwrap_or(r.tunnel_local)),
+        dst: snap.workload(&pod.uid),
+        service: None,
+        mutual_tls: true,
+    };
+    ConnRecord::open(info, shared.telemetry.clone()).close(Err(e.clone().into()));
+}
+
+/// The response flag a connection refused at the handshake is counted with.
+pub fn handshake_flag(kind: HandshakeFailureKind) -> ResponseFlag {
+    match kind {
+        HandshakeFailureKind::Http2 => ResponseFlag::ProtocolError,
+        HandshakeFailureKind::PeerConnectionLimit | HandshakeFailureKind::PeerHandshakeLimit => ResponseFlag::SourceLimit,
+        HandshakeFailureKind::Overload => ResponseFlag::Overload,
+        _ => ResponseFlag::TlsFailure,
     }
 }
 
-/// The app side of an inbound connection: counts bytes each way and closes
-/// the connection's record when dropped (end of stream, error or reset).
-pub struct Metered {
-    inner: TcpStream,
-    to_app: u64,
-    from_app: u64,
-    failed: Option<String>,
-    record: Option<ConnRecord>,
-    /// In the open-connection tracker while alive (policy re-evaluation).
-    _tracked: Option<crate::tracker::Registration>,
+/// A connection on :15008 that never carried a stream: not TLS, an
+/// untrusted client certificate, a timeout... No workload can be named, so
+/// it is counted in `slipstream_rejected_connections_total` by reason, and
+/// logged with the peer's address (a few lines per peer and second at
+/// most: the rest are summarised, the counter has them all).
+fn record_handshake_failure(shared: &Shared, f: &HandshakeFailure) {
+    let flag = handshake_flag(f.kind);
+    shared.telemetry.metrics.rejected_because(flag, f.kind.as_str());
+    if !shared.telemetry.log_refusal(&f.peer_addr.ip().to_canonical().to_string()) {
+        return;
+    }
+    tracing::warn!(target: crate::telemetry::REFUSAL_TARGET, peer = %f.peer_addr, local = %f.local_addr, reason = %f.kind, %flag, "inbound HBONE connection refused: {}", f.detail);
 }
 
-impl Metered {
-    pub fn new(inner: TcpStream, record: ConnRecord) -> Self {
-        Metered { inner, to_app: 0, from_app: 0, failed: None, record: Some(record), _tracked: None }
-    }
-
-    /// Registers the connection so a later policy change can close it.
-    pub fn tracked(mut self, shared: &Shared, pod_uid: &str, principal: Option<String>, src: SocketAddr, dst: SocketAddr) -> Self {
-        self._tracked = Some(shared.tracker.register(&self.inner, pod_uid, principal, src, dst));
-        self
-    }
-    fn note<T>(&mut self, r: &Poll<io::Result<T>>) {
-        if let Poll::Ready(Err(e)) = r {
-            self.failed.get_or_insert_with(|| e.to_string());
-        }
-    }
-}
-
-impl Drop for Metered {
-    fn drop(&mut self) {
-        // Leave the tracker before `inner` (a field, dropped after this
-        // body) closes the socket: the tracker holds its raw descriptor.
-        drop(self._tracked.take());
-        if let Some(r) = self.record.take() {
-            let failure = self.failed.take().map(|e| (ResponseFlag::ConnectionTerminated, e));
-            r.close(self.to_app, self.from_app, failure);
-        }
-    }
-}
-
-impl AsyncRead for Metered {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        self.from_app += (buf.filled().len() - before) as u64;
-        self.note(&r);
-        r
-    }
-}
-
-impl AsyncWrite for Metered {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r {
-            self.to_app += n as u64;
-        }
-        self.note(&r);
-        r
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// The service the client addressed, from the `forwarded` header's `host=`
-/// (the source proxy adds it when the app dialed a service).
-fn addressed_service(mesh: &slipstream_core::MeshState, headers: &http::HeaderMap) -> Option<Arc<slipstream_core::Service>> {
-    let f = headers.get("forwarded")?.to_str().ok()?;
-    let host = f.split(';').find_map(|p| p.trim().strip_prefix("host="))?.trim_matches('"');
-    // name.namespace.svc.<domain>
-    let ns = host.split('.').nth(1)?;
-    mesh.service(&format!("{ns}/{host}"))
-}
+#[cfg(test)]
+mod tests;

@@ -1,69 +1,34 @@
 //! In-pod listeners: for each meshed pod of this node, the three listeners
 //! opened inside its network namespace, created when the pod is registered
 //! and drained when it goes. The pods served are reported in served.json.
+//!
+//! Draining a pod (it left, or the proxy is stopping) is one procedure for
+//! every kind of connection: the listeners stop accepting and the HBONE
+//! server sends GOAWAY; open connections (outbound, HBONE inbound,
+//! plaintext) get the grace period to finish; what is still open then is
+//! cancelled and closes itself with `CONNECTION_TERMINATED`; after the
+//! short force period the drain is over whatever is left.
 
-use crate::proxy::Shared;
-use crate::sockets::PodSockets;
-use crate::sys::netns::Netns;
-use crate::watch::Snapshot;
+use crate::conns::{Cancelled, Conns};
+use crate::ready::PodState;
+use crate::sockets::Listener;
+use crate::state::{LocalPod, Shared};
 use crate::{inbound, outbound};
-use futures_util::future::BoxFuture;
-use slipstream_core::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
+use slipstream_core::{MeshState, NodePods};
 use slipstream_hbone::drain::{self, DrainTrigger, DrainWatch};
-use slipstream_hbone::{Connector, Server, ServerConfig};
-use std::collections::{BTreeSet, HashMap};
+use slipstream_hbone::Server;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-
-/// A meshed pod of this node, as the data path needs it.
-#[derive(Clone)]
-pub struct LocalPod {
-    pub uid: String,
-    pub ip: IpAddr,
-    pub sockets: PodSockets,
-    /// What this pod holds of its outbound bounds.
-    pub limits: Arc<crate::limits::Source>,
-}
-
-/// Local pods by IP: how the HBONE pool dials from the right namespace.
-#[derive(Clone, Default)]
-pub struct LocalPods(Arc<RwLock<HashMap<IpAddr, LocalPod>>>);
-
-impl LocalPods {
-    pub fn get(&self, ip: IpAddr) -> Option<LocalPod> {
-        self.0.read().expect("pods lock").get(&ip).cloned()
-    }
-    fn insert(&self, p: LocalPod) {
-        self.0.write().expect("pods lock").insert(p.ip, p);
-    }
-    fn remove(&self, ip: IpAddr) {
-        self.0.write().expect("pods lock").remove(&ip);
-    }
-    pub fn connector(&self) -> PodConnector {
-        PodConnector(self.clone())
-    }
-}
-
-/// Dials HBONE from the source pod's own namespace and address, marked so
-/// that capture lets it through.
-pub struct PodConnector(LocalPods);
-
-impl Connector for PodConnector {
-    fn connect(&self, dst: SocketAddr, src_ip: IpAddr) -> BoxFuture<'static, io::Result<TcpStream>> {
-        let pod = self.0.get(src_ip);
-        Box::pin(async move {
-            let pod = pod.ok_or_else(|| io::Error::other(format!("no local pod has address {src_ip}")))?;
-            pod.sockets.connect_marked(dst, std::time::Duration::from_secs(10)).await
-        })
-    }
-}
 
 struct Running {
     ip: IpAddr,
     drain: DrainTrigger,
+    conns: Arc<Conns>,
 }
 
 pub struct InPod {
@@ -71,11 +36,13 @@ pub struct InPod {
     running: HashMap<String, Running>,
     failed: BTreeSet<String>,
     last_served: Option<Vec<String>>,
+    /// Writes served.json (off in the in-process tests).
+    report_file: bool,
 }
 
 impl InPod {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        InPod { shared, running: HashMap::new(), failed: BTreeSet::new(), last_served: None }
+    pub fn new(shared: Arc<Shared>, report_file: bool) -> Self {
+        InPod { shared, running: HashMap::new(), failed: BTreeSet::new(), last_served: None, report_file }
     }
 
     pub fn has_failures(&self) -> bool {
@@ -83,56 +50,70 @@ impl InPod {
     }
 
     /// Opens listeners for new pods, drains removed ones, reports the set.
-    pub async fn reconcile(&mut self, snap: &Snapshot) {
-        let wanted: HashMap<&str, &str> = snap.pods.pods.iter().map(|p| (p.uid.as_str(), p.netns.as_str())).collect();
+    pub async fn reconcile(&mut self, pods: &NodePods, mesh: &MeshState) {
+        let wanted: HashMap<&str, &str> = pods.pods.iter().map(|p| (p.uid.as_str(), p.netns.as_str())).collect();
         let gone: Vec<String> = self.running.keys().filter(|u| !wanted.contains_key(u.as_str())).cloned().collect();
         for uid in gone {
             if let Some(r) = self.running.remove(&uid) {
-                tracing::info!(pod = %uid, "pod removed: draining its listeners");
+                tracing::info!(pod = %uid, open = r.conns.len(), "pod removed: draining its listeners and connections");
                 self.shared.pods.remove(r.ip);
-                let grace = self.shared.config.drain_period;
-                tokio::spawn(r.drain.drain(grace));
+                let t = self.shared.config.timeouts.clone();
+                tokio::spawn(drain_pod(uid, r, t.drain_grace, t.drain_force));
             }
         }
         self.failed.clear();
+        let mut states = BTreeMap::new();
         for (uid, netns) in wanted {
-            if self.running.contains_key(uid) {
-                continue;
-            }
-            let Some(w) = snap.mesh.workload(uid) else {
-                // Registered before the mesh configuration names it: next time.
-                self.failed.insert(uid.to_string());
-                continue;
-            };
-            let Some(ip) = w.addresses.first().copied() else { continue };
-            match self.start(uid, ip, Path::new(netns)) {
-                Ok(r) => {
-                    tracing::info!(pod = %uid, %ip, netns, "listening in the pod on :15001, :15006, :15008");
-                    self.running.insert(uid.to_string(), r);
+            let w = mesh.workload(uid);
+            if !self.running.contains_key(uid) {
+                match &w {
+                    // Registered before the mesh configuration names it: next time.
+                    None => {
+                        self.failed.insert(uid.to_string());
+                    }
+                    Some(w) => match self.start(uid, w.address(), Path::new(netns)) {
+                        Ok(r) => {
+                            tracing::info!(pod = %uid, ip = %w.address(), netns, "listening in the pod on :15001, :15006, :15008");
+                            // Issued ahead of the first connection, so
+                            // readiness can say the pod is served; renewed
+                            // in the background from then on.
+                            let (certs, id) = (self.shared.certs.clone(), w.identity().clone());
+                            tokio::spawn(async move {
+                                if let Err(e) = certs.fetch_certificate(&id).await {
+                                    tracing::warn!(identity = %id, "certificate not issued yet: {e}");
+                                }
+                            });
+                            self.running.insert(uid.to_string(), r);
+                        }
+                        Err(e) => {
+                            tracing::error!(pod = %uid, netns, "cannot open the pod's listeners: {e}");
+                            self.failed.insert(uid.to_string());
+                        }
+                    },
                 }
-                Err(e) => {
-                    tracing::error!(pod = %uid, netns, "cannot open the pod's listeners: {e}");
-                    self.failed.insert(uid.to_string());
-                }
             }
+            let state = PodState { identity: w.map(|w| w.identity().clone()), listening: self.running.contains_key(uid) };
+            states.insert(uid.to_string(), state);
         }
+        self.shared.readiness.lock().expect("readiness lock").pods = states;
         self.report();
     }
 
     fn start(&self, uid: &str, ip: IpAddr, netns: &Path) -> io::Result<Running> {
-        let sockets = PodSockets::new(Netns::open(netns)?);
+        let sockets = self.shared.sockets.for_pod(netns, ip)?;
         // All three bound before anything serves.
-        let out = sockets.listen(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), OUTBOUND_PORT))?;
-        let plain = sockets.listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), INBOUND_PLAINTEXT_PORT))?;
-        let hbone = sockets.listen(SocketAddr::new(ip, HBONE_PORT))?;
-        let pod = LocalPod { uid: uid.to_string(), ip, sockets, limits: self.shared.limits.for_pod() };
+        let out = sockets.listen(Listener::Outbound)?;
+        let plain = sockets.listen(Listener::Plaintext)?;
+        let hbone = sockets.listen(Listener::Hbone)?;
+        let conns = Arc::new(Conns::default());
+        let pod = LocalPod { uid: Arc::from(uid), ip, sockets, limits: self.shared.limits.for_pod(), conns: conns.clone() };
         let (trigger, watch) = drain::channel();
         let server = Server::new(
             hbone,
             self.shared.server_tls.clone(),
             Arc::new(inbound::Certs(self.shared.clone())),
             Arc::new(inbound::HboneHandler { shared: self.shared.clone(), pod: pod.clone() }),
-            ServerConfig::default(),
+            self.shared.config.server_config(),
         )
         .with_stats(self.shared.telemetry.metrics.hbone.clone());
         tokio::spawn(server.serve(watch.clone()));
@@ -145,13 +126,17 @@ impl InPod {
             move |s, peer| tokio::spawn(inbound::handle_plaintext(shared.clone(), pod.clone(), s, peer))
         }));
         self.shared.pods.insert(pod);
-        Ok(Running { ip, drain: trigger })
+        Ok(Running { ip, drain: trigger, conns })
     }
 
     fn report(&mut self) {
         let mut uids: Vec<String> = self.running.keys().cloned().collect();
         uids.sort();
         if self.last_served.as_ref() == Some(&uids) {
+            return;
+        }
+        if !self.report_file {
+            self.last_served = Some(uids);
             return;
         }
         let path = self.shared.config.served_file();
@@ -169,12 +154,38 @@ impl InPod {
         }
     }
 
-    /// Drains every pod (graceful GOAWAY, open connections get the drain
-    /// period), then returns.
+    /// Drains every pod (see the module's doc), then returns.
     pub async fn drain_all(&mut self) {
-        let grace = self.shared.config.drain_period;
-        let drains: Vec<_> = self.running.drain().map(|(_, r)| r.drain.drain(grace)).collect();
-        let _ = tokio::time::timeout(grace + std::time::Duration::from_secs(1), futures_util::future::join_all(drains)).await;
+        let t = self.shared.config.timeouts.clone();
+        let open: usize = self.running.values().map(|r| r.conns.len()).sum();
+        tracing::info!(pods = self.running.len(), open, grace = ?t.drain_grace, "draining: listeners closed, open connections may finish");
+        let drains: Vec<_> = self.running.drain().map(|(uid, r)| drain_pod(uid, r, t.drain_grace, t.drain_force)).collect();
+        let outcomes = futures_util::future::join_all(drains).await;
+        let (cancelled, left): (usize, usize) = outcomes.iter().fold((0, 0), |(c, l), o| (c + o.0, l + o.1));
+        tracing::info!(closed_at_deadline = cancelled, still_open = left, "drain complete");
+    }
+}
+
+/// Drains one pod: returns how many connections were cancelled at the end
+/// of the grace period, and how many were still open after the force period.
+async fn drain_pod(uid: String, r: Running, grace: Duration, force: Duration) -> (usize, usize) {
+    let servers = tokio::spawn(r.drain.drain(grace));
+    let conns = r.conns;
+    let deadline = tokio::time::Instant::now() + grace;
+    wait_empty(&conns, deadline).await;
+    let cancelled = if conns.is_empty() { 0 } else { conns.cancel_all(Cancelled::Drained) };
+    if cancelled > 0 {
+        tracing::info!(pod = %uid, cancelled, "drain grace period over: closing the connections still open");
+    }
+    wait_empty(&conns, tokio::time::Instant::now() + force).await;
+    let _ = tokio::time::timeout(force, servers).await;
+    (cancelled, conns.len())
+}
+
+/// Returns when `conns` is empty or at `deadline`.
+async fn wait_empty(conns: &Conns, deadline: tokio::time::Instant) {
+    while !conns.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -190,7 +201,7 @@ where
                 Ok((s, peer)) => { f(s, peer); }
                 Err(e) => {
                     tracing::warn!("accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
@@ -204,12 +215,11 @@ mod tests {
     /// Nagle on the app side of an outbound connection would hold a response
     /// back until the app acks the previous segment: every connection a pod
     /// listener accepts must reach the handler with TCP_NODELAY set (set on
-    /// the listener, inherited by what it accepts). Needs root for setns,
-    /// as the node proxy does.
+    /// the listener, inherited by what it accepts).
     #[tokio::test]
     async fn accepted_connections_have_nodelay() {
-        let sockets = PodSockets::new(Netns::open(Path::new("/proc/self/ns/net")).unwrap());
-        let l = sockets.listen(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0)).unwrap();
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM.nonblocking(), None).unwrap();
+        let l = crate::sockets::listen_on(s, "127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
         let (_trigger, watch) = drain::channel();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

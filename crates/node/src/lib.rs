@@ -2,30 +2,37 @@
 //! inside each meshed pod's network namespace (in-pod mode), carries the
 //! pod's outbound TCP connections in HBONE tunnels with the pod's own SPIFFE
 //! identity, terminates HBONE for the pod, and records L4 telemetry.
-//! See docs/node-proxy.md.
+//! See docs/node-proxy.md (behaviour) and docs/node-internals.md (how the
+//! modules fit).
 //!
 //! `unsafe` is allowed only in `sys` (setns around socket creation, the
 //! open-file limit, socket options socket2 lacks, malloc_trim).
 #![deny(unsafe_code)]
 
-pub mod accesslog;
-pub mod admin;
+// Leaves: no module here imports `state` or anything above it.
 pub mod authz;
 pub mod config;
-pub mod conn;
-pub mod debug;
-pub mod inbound;
-pub mod inpod;
+pub mod conns;
+pub mod error;
 pub mod limits;
 pub mod memtrim;
-pub mod metrics;
-pub mod outbound;
-pub mod proxy;
-pub mod refusals;
+pub mod ready;
 pub mod selfcall;
 pub mod sockets;
+pub mod source;
 pub mod sys;
-pub mod tracker;
-pub mod watch;
+pub mod telemetry;
+pub mod testing;
+
+// What every task shares, then the data path and the wiring above it.
+pub mod admin;
+pub mod inbound;
+pub mod inpod;
+pub mod outbound;
+pub mod proxy;
+pub mod state;
+
+pub mod debug;
 
 pub use config::{Config, NodeArgs};
+pub use error::ProxyError;

@@ -19,7 +19,7 @@
 //! taken once per admin connection. [`RefusalLog`] keeps the log lines of
 //! refusals to a few per second per source.
 
-use crate::metrics::ResponseFlag;
+use slipstream_hbone::ResponseFlag;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;

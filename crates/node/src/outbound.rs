@@ -1,100 +1,107 @@
 //! Outbound: a connection the pod opened, captured on 127.0.0.1:15001 inside
-//! the pod. `plan` decides (pure, over a snapshot of the mesh); `proxy`
-//! carries it out.
+//! the pod. [`plan`] decides, once, over one mesh snapshot (pure: table
+//! tests, no sockets); [`handle`] carries the plan out.
 
-use crate::conn::{ConnInfo, ConnRecord};
-use crate::inpod::LocalPod;
-use crate::limits::{Kind, OverLimit, SlotGuard, Taken};
-use crate::metrics::{Reporter, ResponseFlag};
-use crate::proxy::Shared;
-use crate::selfcall::{self_call, SelfCall, Side};
-use crate::sockets::{original_dst, reset};
+use crate::conns::Cancellable;
+use crate::error::ProxyError;
+use crate::limits::{Kind, SlotGuard, Taken};
+use crate::selfcall::{self_call_in, Side};
+use crate::sockets::reset;
+use crate::state::{LocalPod, Shared};
+use crate::telemetry::{AppSide, ConnInfo, ConnRecord, Metered, Reporter, SrcIdentity};
 use futures_util::future::{self, Either, FutureExt};
-use slipstream_core::state::hbone_addr;
-use slipstream_core::{Destination, MeshState, Service, Workload, WorkloadType};
+use slipstream_core::abi::hbone_addr;
+use slipstream_core::{Destination, MeshState, MeshWorkload, WorkloadType};
 use slipstream_hbone::headers::{Baggage, Forwarded, WorkloadKind};
 use slipstream_hbone::{ConnectRequest, PoolKey};
-use slipstream_identity::SpiffeId;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
+/// A captured connection, as the planner sees it.
 #[derive(Debug, Clone)]
-pub enum Plan {
+pub struct Request {
+    /// The source pod's workload, if the mesh knows it.
+    pub src: Option<Arc<MeshWorkload>>,
+    /// The app's address (the source pod's IP and its port).
+    pub src_addr: SocketAddr,
+    /// The original destination.
+    pub dst: SocketAddr,
+    /// Chooses among weighted endpoints (uniform random in production).
+    pub draw: u64,
+    /// False only in the in-process test tier (see `selfcall::self_call_in`).
+    pub loopback_is_local: bool,
+}
+
+/// Where the connection goes.
+#[derive(Debug, Clone)]
+pub enum Route {
     /// Through an HBONE tunnel to the destination pod's node proxy.
     Hbone {
-        /// `<pod IP>:15008`.
-        hbone: SocketAddr,
+        /// Which pooled tunnel: source identity, expected destination
+        /// identities, `<pod IP>:15008`, source IP.
+        key: PoolKey,
         /// `:authority`: `<pod IP>:<target port>`.
         authority: SocketAddr,
-        /// The server certificate must carry one of these SPIFFE IDs.
-        expected_identities: Vec<String>,
-        workload: Arc<Workload>,
-        service: Option<Arc<Service>>,
+        /// The service the app dialed (the `forwarded` header's `host=`).
+        service_host: Option<Arc<str>>,
     },
     /// Plaintext to a destination outside the mesh.
-    Passthrough { addr: SocketAddr, workload: Option<Arc<Workload>>, service: Option<Arc<Service>> },
+    Passthrough { addr: SocketAddr },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    #[error("service {service} has no healthy endpoint for port {port}")]
-    NoEndpoints { service: String, port: u16 },
-    /// The pod connected to the proxy's listener itself, or to another
-    /// local destination capture never redirects (see `selfcall`).
-    #[error("{0}")]
-    SelfCall(SelfCall),
+/// One decision: where to, and what the connection's telemetry says.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub route: Route,
+    pub info: ConnInfo,
 }
 
-impl PlanError {
-    pub fn flag(&self) -> ResponseFlag {
-        match self {
-            Self::NoEndpoints { .. } => ResponseFlag::Connect,
-            Self::SelfCall(_) => ResponseFlag::SelfCall,
-        }
-    }
-}
-
-/// Decides where a captured connection to `dst` goes; `own` are the source
-/// pod's addresses. `draw` chooses among weighted endpoints (uniform random
-/// in production, fixed in tests).
-pub fn plan(state: &MeshState, own: &[IpAddr], dst: SocketAddr, draw: u64) -> Result<Plan, PlanError> {
+/// Decides where a captured connection goes, over one snapshot.
+pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
+    let own = [req.src_addr.ip()];
     // Before anything else: a local destination was never captured, and
     // passing it through would dial the proxy itself.
-    if let Some(why) = self_call(Side::Outbound, dst, own) {
-        return Err(PlanError::SelfCall(why));
+    if let Some(why) = self_call_in(Side::Outbound, req.dst, &own, req.loopback_is_local) {
+        return Err(ProxyError::SelfCall(why));
     }
-    match state.destination(dst.ip()) {
+    let (target, service) = match state.destination(req.dst.ip()) {
         Destination::Service(svc) => {
-            let eps = state.endpoints(&svc, dst.port());
-            let (w, target) = MeshState::pick(&eps, draw)
-                .cloned()
-                .ok_or_else(|| PlanError::NoEndpoints { service: svc.hostname.clone(), port: dst.port() })?;
-            let ip = w.addresses.first().copied().expect("workloads in endpoints have an address");
-            if w.meshed() {
-                let mut expected = vec![w.spiffe_id()];
-                expected.extend(svc.subject_alt_names.iter().cloned());
-                Ok(Plan::Hbone {
-                    hbone: hbone_addr(ip),
-                    authority: SocketAddr::new(ip, target),
-                    expected_identities: expected,
-                    workload: w,
-                    service: Some(svc),
-                })
-            } else {
-                Ok(Plan::Passthrough { addr: SocketAddr::new(ip, target), workload: Some(w), service: Some(svc) })
-            }
+            let eps = state.endpoints(&svc, req.dst.port());
+            let ep = MeshState::pick(&eps, req.draw)
+                .ok_or_else(|| ProxyError::NoEndpoints { service: Arc::from(svc.hostname.as_str()), port: req.dst.port() })?;
+            let addr = SocketAddr::new(ep.workload.address(), ep.target_port);
+            (Some((ep.workload.clone(), addr)), Some(svc))
         }
-        Destination::Workload(w) if w.meshed() => Ok(Plan::Hbone {
-            hbone: hbone_addr(dst.ip()),
-            authority: dst,
-            expected_identities: vec![w.spiffe_id()],
-            workload: w,
-            service: None,
-        }),
-        Destination::Workload(w) => Ok(Plan::Passthrough { addr: dst, workload: Some(w), service: None }),
-        Destination::Unknown => Ok(Plan::Passthrough { addr: dst, workload: None, service: None }),
+        Destination::Workload(w) => (Some((w, req.dst)), None),
+        Destination::Unknown => (None, None),
+    };
+    let info = |dst_addr, hbone_addr, dst: Option<Arc<MeshWorkload>>, mutual_tls: bool| ConnInfo {
+        reporter: Reporter::Source,
+        src_addr: req.src_addr,
+        src: req.src.clone(),
+        src_id: if mutual_tls { SrcIdentity::OfWorkload } else { SrcIdentity::None },
+        dst_addr,
+        hbone_addr,
+        dst,
+        service: service.clone(),
+        mutual_tls,
+    };
+    match target {
+        Some((w, authority)) if w.meshed() => {
+            let src = req.src.as_ref().ok_or(ProxyError::NoWorkload(req.src_addr))?;
+            let mut expected = vec![w.identity().clone()];
+            if let Some(svc) = &service {
+                expected.extend(svc.sans().iter().cloned());
+            }
+            let hbone = hbone_addr(w.address());
+            let key = PoolKey::new(src.identity().clone(), expected, hbone, req.src_addr.ip());
+            let service_host = service.as_ref().map(|s| Arc::from(s.hostname.as_str()));
+            Ok(Plan { route: Route::Hbone { key, authority, service_host }, info: info(hbone, Some(authority), Some(w), true) })
+        }
+        Some((w, addr)) => Ok(Plan { route: Route::Passthrough { addr }, info: info(addr, None, Some(w), false) }),
+        None => Ok(Plan { route: Route::Passthrough { addr: req.dst }, info: info(req.dst, None, None, false) }),
     }
 }
 
@@ -104,24 +111,24 @@ pub fn plan(state: &MeshState, own: &[IpAddr], dst: SocketAddr, draw: u64) -> Re
 /// so its state is freed once connected; what stays for the connection's
 /// lifetime is the copy and its record. Combinators rather than an `async
 /// fn`, which would keep its arguments and every moved-from local in the
-/// task for the connection's life (the hbone crate's serve_stream says
-/// more).
+/// task for the connection's life.
 pub fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) -> impl Future<Output = ()> + Send + 'static {
     Box::pin(setup(shared, pod, app, peer)).then(|carry| match carry {
-        Some(Carry::Hbone { record, tunnel, app }) => Either::Left(
-            slipstream_hbone::copy::bidirectional(tunnel, app)
-                .map(move |(stats, r)| record.close(stats.to_tunnel, stats.from_tunnel, r.err().map(|e| (e.flag(), e.to_string())))),
-        ),
+        Some(Carry::Hbone { mut record, tunnel, app }) => {
+            record.established();
+            Either::Left(
+                slipstream_hbone::copy::bidirectional(tunnel, app)
+                    .map(move |(stats, r)| record.close_counted(stats.to_tunnel, stats.from_tunnel, r.map_err(ProxyError::from))),
+            )
+        }
         // Refused (already recorded) or outside the mesh, both rare: boxed,
         // so they do not size the tunnels' futures.
         None => Either::Right(future::ready(()).boxed()),
-        Some(Carry::Passthrough { record, mut app, mut upstream, _upstream_fd }) => Either::Right(
+        Some(Carry::Passthrough { mut app, mut upstream, _upstream_fd }) => Either::Right(
             async move {
                 let _upstream_fd = _upstream_fd;
-                let r = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await;
-                match r {
-                    Ok((up, down)) => record.close(up, down, None),
-                    Err(e) => record.close(0, 0, Some((ResponseFlag::ConnectionTerminated, e.to_string()))),
+                if let Err(e) = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await {
+                    app.fail(ProxyError::terminated(e));
                 }
             }
             .boxed(),
@@ -134,12 +141,11 @@ enum Carry {
     Hbone {
         record: ConnRecord,
         tunnel: slipstream_hbone::TunnelStream,
-        app: TcpStream,
+        app: Cancellable<TcpStream>,
     },
     /// Holds a second descriptor of the budget (the upstream socket).
     Passthrough {
-        record: ConnRecord,
-        app: TcpStream,
+        app: Metered<Cancellable<TcpStream>>,
         upstream: TcpStream,
         _upstream_fd: SlotGuard,
     },
@@ -148,92 +154,79 @@ enum Carry {
 /// Plans and connects; `None` when the connection was refused (and already
 /// recorded).
 async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) -> Option<Carry> {
-    let dst = match original_dst(&app) {
+    let dst = match pod.sockets.original_dst(&app) {
         Ok(d) => d,
         Err(e) => {
-            tracing::warn!(pod = %pod.uid, "captured connection without an original destination: {e}");
-            shared.telemetry.metrics.rejected(ResponseFlag::ProtocolError);
+            tracing::warn!(pod = %pod.uid, "{}", ProxyError::NoOriginalDestination(Arc::new(e)));
+            shared.telemetry.metrics.rejected_because(slipstream_hbone::ResponseFlag::ProtocolError, "no_original_destination");
             return None;
         }
     };
-    let snap = shared.snapshot.borrow().clone();
-    let src = snap.mesh.workload(&pod.uid);
-    let src_identity = src.as_ref().map(|w| w.spiffe_id()).unwrap_or_default();
-    let info = |dst_addr, hbone_addr, dst: Option<Arc<Workload>>, service: Option<Arc<Service>>, mtls| ConnInfo {
-        reporter: Reporter::Source,
-        src_addr: peer,
-        src: src.clone(),
-        src_identity: if mtls { src_identity.clone() } else { String::new() },
-        dst_addr,
-        hbone_addr,
-        dst_identity: dst.as_ref().filter(|_| mtls).map(|w| w.spiffe_id()).unwrap_or_default(),
-        dst,
-        service,
-        mutual_tls: mtls,
-    };
+    let snap = shared.snapshot();
+    let loopback_is_local = pod.sockets.loopback_is_local();
+    let req = Request { src: snap.workload(&pod.uid), src_addr: peer, dst, draw: rand::random(), loopback_is_local };
     // This pod's bounds first: two atomic operations each when under them.
-    let (held, _pending) = match admit(&pod) {
+    let admitted = admit(&pod);
+    let planned = plan(&snap, &req);
+    let refuse = |info: ConnInfo, e: ProxyError| {
+        reset(&app);
+        ConnRecord::open(info, shared.telemetry.clone()).close(Err(e));
+    };
+    let (held, _pending) = match admitted {
         Ok(h) => h,
-        Err(over) => {
-            reset(&app);
-            ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone()).refuse(over.flag, over.to_string(), &pod.uid);
+        Err(e) => {
+            let info = match &planned {
+                Ok(p) => p.info.clone(),
+                Err(_) => bare_info(&req),
+            };
+            refuse(info, e);
             return None;
         }
     };
-    match plan(&snap.mesh, std::slice::from_ref(&pod.ip), dst, rand::random()) {
+    let Plan { route, info } = match planned {
+        Ok(p) => p,
         Err(e) => {
-            let record = ConnRecord::open(info(dst, None, None, None, false), shared.telemetry.clone());
-            reset(&app);
-            match e {
-                // A pod repeats its self-calls on purpose: rate-limited log per source.
-                PlanError::SelfCall(_) => record.refuse(e.flag(), e.to_string(), &pod.uid),
-                _ => record.close(0, 0, Some((e.flag(), e.to_string()))),
-            }
-            None
+            refuse(bare_info(&req), e);
+            return None;
         }
-        Ok(Plan::Passthrough { addr, workload, service }) => {
-            let record = ConnRecord::open(info(addr, None, workload, service, false), shared.telemetry.clone()).holding(held);
+    };
+    let registration = pod.conns.register(None);
+    let app_guarded = registration.guard(app);
+    let record = ConnRecord::open(info, shared.telemetry.clone()).holding(held).registered(registration);
+    match route {
+        Route::Passthrough { addr } => {
             // The upstream socket is a second descriptor.
             let upstream_fd = match shared.limits.take_budget(1) {
                 Ok(g) => g,
                 Err(over) => {
-                    reset(&app);
-                    record.refuse(over.flag, over.to_string(), &pod.uid);
+                    record.close(Err(over.into()));
                     return None;
                 }
             };
-            match pod.sockets.connect_marked(addr, shared.config.connect_timeout).await {
-                Ok(upstream) => Some(Carry::Passthrough { record, app, upstream, _upstream_fd: upstream_fd }),
+            match pod.sockets.connect_marked(addr, shared.config.timeouts.upstream_connect).await {
+                Ok(upstream) => {
+                    let app = Metered::new(app_guarded, record, AppSide::Client);
+                    Some(Carry::Passthrough { app, upstream, _upstream_fd: upstream_fd })
+                }
                 Err(e) => {
-                    reset(&app);
-                    record.close(0, 0, Some((ResponseFlag::Connect, format!("connect to {addr}: {e}"))));
+                    record.close(Err(ProxyError::connect(addr, e)));
                     None
                 }
             }
         }
-        Ok(Plan::Hbone { hbone, authority, expected_identities, workload, service }) => {
-            let record =
-                ConnRecord::open(info(authority, Some(hbone), Some(workload.clone()), service.clone(), true), shared.telemetry.clone())
-                    .holding(held);
-            let ids: Result<Vec<SpiffeId>, _> = expected_identities.iter().map(|i| i.parse::<SpiffeId>()).collect();
-            let (Ok(src_id), Ok(ids)) = (src_identity.parse::<SpiffeId>(), ids) else {
-                reset(&app);
-                record.close(0, 0, Some((ResponseFlag::IdentityError, "invalid SPIFFE identity in the mesh configuration".into())));
-                return None;
-            };
-            let key = PoolKey::new(src_id, ids, hbone, pod.ip);
+        Route::Hbone { key, authority, service_host } => {
             let mut req = ConnectRequest::new(authority)
                 .with_fresh_traceparent()
-                .with_forwarded(&Forwarded::new(peer, service.as_ref().map(|s| s.hostname.clone())));
-            if let Some(w) = &src {
+                .with_forwarded(&Forwarded::new(peer, service_host.map(|h| h.to_string())));
+            if let Some(w) = &record.info().src {
                 req = req.with_baggage(&baggage(w));
             }
             match shared.pool.connect(&key, req).await {
-                Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app }),
+                Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app: app_guarded }),
                 Err(e) => {
                     tracing::debug!(pod = %pod.uid, %authority, "HBONE connect failed: {e}");
-                    reset(&app);
-                    record.close(0, 0, Some((e.flag(), e.to_string())));
+                    reset(app_guarded.get_ref());
+                    record.close(Err(e.into()));
                     None
                 }
             }
@@ -241,15 +234,30 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
     }
 }
 
+/// What is known of a connection refused before it was planned.
+fn bare_info(req: &Request) -> ConnInfo {
+    ConnInfo {
+        reporter: Reporter::Source,
+        src_addr: req.src_addr,
+        src: req.src.clone(),
+        src_id: SrcIdentity::None,
+        dst_addr: req.dst,
+        hbone_addr: None,
+        dst: None,
+        service: None,
+        mutual_tls: false,
+    }
+}
+
 /// Takes the pod's slots for a new outbound connection: one open
 /// connection (kept with its record) and one in set-up (dropped when
 /// `setup` returns).
-fn admit(pod: &LocalPod) -> Result<(Taken, Taken), OverLimit> {
+fn admit(pod: &LocalPod) -> Result<(Taken, Taken), ProxyError> {
     let held = pod.limits.take(Kind::PodOpen, 1)?;
     Ok((held, pod.limits.take(Kind::PodPending, 0)?))
 }
 
-fn baggage(w: &Workload) -> Baggage {
+fn baggage(w: &MeshWorkload) -> Baggage {
     let kind = match w.workload_type {
         WorkloadType::Deployment => WorkloadKind::Deployment,
         WorkloadType::Pod => WorkloadKind::Pod,
@@ -266,127 +274,4 @@ fn baggage(w: &Workload) -> Baggage {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use slipstream_core::*;
-
-    fn size_of_future<A, B, C, D, F>(_: fn(A, B, C, D) -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
-
-    #[test]
-    fn the_future_of_an_open_connection_stays_small() {
-        // 10k open connections hold 10k of these (an async fn was 1040 bytes).
-        let size = size_of_future(handle);
-        println!("outbound handle: {size} bytes");
-        assert!(size <= 512, "{size} bytes");
-    }
-
-    /// The source pod's own address.
-    const OWN: &[IpAddr] = &[IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 1, 5))];
-
-    fn wl(name: &str, ip: &str, meshed: bool, sa: &str) -> Workload {
-        let mut services = std::collections::BTreeMap::new();
-        services.insert("default/echo.default.svc.cluster.local".to_string(), vec![Port { service_port: 80, target_port: 8080 }]);
-        Workload {
-            uid: format!("c//Pod/default/{name}"),
-            name: name.into(),
-            namespace: "default".into(),
-            addresses: vec![ip.parse().unwrap()],
-            tunnel_protocol: if meshed { TunnelProtocol::Hbone } else { TunnelProtocol::None },
-            service_account: sa.into(),
-            services,
-            ..Default::default()
-        }
-    }
-
-    fn state(meshed: bool) -> MeshState {
-        MeshState::new(&MeshConfig {
-            workloads: vec![wl("echo", "10.244.2.2", meshed, "echo"), wl("plain", "10.244.2.9", false, "")],
-            services: vec![Service {
-                name: "echo".into(),
-                namespace: "default".into(),
-                hostname: "echo.default.svc.cluster.local".into(),
-                addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
-                ports: vec![Port { service_port: 80, target_port: 8080 }],
-                subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/extra".into()],
-            }],
-            policies: vec![],
-        })
-    }
-
-    #[test]
-    fn service_vip_to_meshed_endpoint_uses_hbone_with_mapped_port() {
-        let p = plan(&state(true), OWN, "10.96.0.10:80".parse().unwrap(), 0).unwrap();
-        let Plan::Hbone { hbone, authority, expected_identities, service, .. } = p else { panic!("{p:?}") };
-        assert_eq!(hbone, "10.244.2.2:15008".parse().unwrap());
-        assert_eq!(authority, "10.244.2.2:8080".parse().unwrap(), "service port mapped to target port");
-        assert_eq!(expected_identities, vec!["spiffe://cluster.local/ns/default/sa/echo", "spiffe://cluster.local/ns/default/sa/extra"]);
-        assert_eq!(service.unwrap().name, "echo");
-    }
-
-    #[test]
-    fn pod_ip_direct() {
-        let Plan::Hbone { authority, expected_identities, service, .. } =
-            plan(&state(true), OWN, "10.244.2.2:9000".parse().unwrap(), 0).unwrap()
-        else {
-            panic!()
-        };
-        assert_eq!(authority, "10.244.2.2:9000".parse().unwrap());
-        assert_eq!(expected_identities, vec!["spiffe://cluster.local/ns/default/sa/echo"]);
-        assert!(service.is_none());
-    }
-
-    #[test]
-    fn outside_the_mesh_passes_through() {
-        assert!(
-            matches!(plan(&state(false), OWN, "10.96.0.10:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { addr, .. } if addr == "10.244.2.2:8080".parse().unwrap())
-        );
-        assert!(matches!(plan(&state(true), OWN, "10.244.2.9:80".parse().unwrap(), 0).unwrap(), Plan::Passthrough { .. }));
-        assert!(matches!(plan(&state(true), OWN, "192.0.2.1:443".parse().unwrap(), 0).unwrap(), Plan::Passthrough { workload: None, .. }));
-    }
-
-    #[test]
-    fn unknown_service_port_has_no_endpoints() {
-        let e = plan(&state(true), OWN, "10.96.0.10:81".parse().unwrap(), 0).unwrap_err();
-        assert_eq!(e.to_string(), "service echo.default.svc.cluster.local has no healthy endpoint for port 81");
-    }
-
-    #[test]
-    fn local_destinations_are_self_calls_before_anything_else() {
-        // (destination, expected): every local destination is refused
-        // whatever the mesh says, even one that names a meshed workload.
-        let cases = [
-            ("127.0.0.1:15001", true),
-            ("127.0.0.2:15001", true),
-            ("[::ffff:127.0.0.1]:15001", true),
-            ("0.0.0.0:15001", true),
-            ("10.244.1.5:15001", true),
-            ("10.244.1.5:15006", true),
-            ("10.244.1.5:15008", true),
-            ("10.244.1.5:15020", true),
-            ("10.244.1.5:8080", true),
-            ("[::1]:443", true),
-            ("10.244.2.2:15008", false),
-            ("10.96.0.10:80", false),
-            ("192.0.2.1:15001", false),
-        ];
-        let config = MeshConfig {
-            workloads: vec![wl("echo", "10.244.2.2", true, "echo"), wl("client", "10.244.1.5", true, "client")],
-            services: vec![],
-            policies: vec![],
-        };
-        let with_self = MeshState::new(&config);
-        for (dst, refused) in cases {
-            let r = plan(&with_self, OWN, dst.parse().unwrap(), 0);
-            match r {
-                Err(e @ PlanError::SelfCall(_)) => {
-                    assert!(refused, "{dst}: {e}");
-                    assert_eq!(e.flag(), ResponseFlag::SelfCall);
-                    assert!(e.to_string().starts_with("self-call refused: "), "{e}");
-                }
-                other => assert!(!refused, "{dst}: expected a self-call refusal, got {other:?}"),
-            }
-        }
-    }
-}
+mod tests;

@@ -1,70 +1,170 @@
-//! Wiring: what every part of the node proxy shares, and the main loop.
+//! Wiring: the node proxy as one value ([`NodeProxy`]) that tests build
+//! in-process with their own sockets, CA and log sink, and [`run`], the
+//! process's main loop over the configuration files.
 
 use crate::admin;
+use crate::authz;
 use crate::config::Config;
-use crate::conn::Telemetry;
-use crate::inpod::{InPod, LocalPods};
-use crate::watch::{Snapshot, Watcher};
+use crate::inpod::InPod;
+use crate::sockets::{NetnsFactory, SocketFactory};
+use crate::source::FileSource;
+use crate::state::{LocalPods, Shared};
+use crate::telemetry::{Sink, Telemetry};
 use anyhow::Context;
-use slipstream_hbone::{Pool, PoolConfig};
+use arc_swap::ArcSwap;
+use slipstream_core::{ApplyReport, MeshConfig, MeshIndex, NodePods};
+use slipstream_hbone::Pool;
 use slipstream_identity::tls::ServerTls;
-use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, TrustDomain};
+use slipstream_identity::{Ca, CertManager, LocalCaProvider, TrustDomain};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::sync::watch;
 
-pub struct Shared {
-    pub config: Config,
-    pub snapshot: watch::Receiver<Snapshot>,
-    pub certs: CertManager,
-    pub trust_domain: TrustDomain,
-    pub server_tls: ServerTls,
-    pub pool: Pool,
-    pub telemetry: Arc<Telemetry>,
-    pub pods: LocalPods,
-    pub tracker: Arc<crate::tracker::Tracker>,
-    /// Node-wide counters of what each source holds (docs: "Limits").
-    pub limits: crate::limits::NodeLimits,
+/// What a test replaces: how sockets are made, the CA, where access-log
+/// lines go.
+pub struct Deps {
+    pub sockets: Arc<dyn SocketFactory>,
+    pub ca: Arc<Ca>,
+    pub sink: Sink,
+    /// Writes `<config_dir>/<node>/served.json` for the local cluster.
+    pub report_served: bool,
 }
 
-pub async fn run(config: Config) -> anyhow::Result<()> {
-    // Every proxied connection costs one or two descriptors.
-    match crate::sys::rlimit::raise_nofile() {
-        Ok(l) => tracing::info!(before = l.before, hard = l.hard, "open-file limit (RLIMIT_NOFILE): {}", l.soft),
-        Err(e) => tracing::warn!("cannot raise the open-file limit (RLIMIT_NOFILE): {e}"),
+pub struct NodeProxy {
+    shared: Arc<Shared>,
+    index: MeshIndex,
+    pods: NodePods,
+    inpod: InPod,
+    admin: Option<admin::Listeners>,
+    addrs: (SocketAddr, SocketAddr, SocketAddr),
+}
+
+impl NodeProxy {
+    /// Binds the admin listeners (a port conflict fails here, before
+    /// anything serves) and builds the shared state.
+    pub async fn new(config: Config, deps: Deps) -> anyhow::Result<NodeProxy> {
+        let admin = admin::bind(&config).await?;
+        let addrs = admin.addrs();
+        let trust_domain = TrustDomain::new(&config.trust_domain)?;
+        let server_tls = ServerTls::new(deps.ca.roots(), trust_domain).context("building the TLS server configuration")?;
+        let provider = Arc::new(LocalCaProvider::new(deps.ca.clone(), config.certs.validity));
+        let certs = CertManager::new(provider, config.cert_manager_config());
+        let pods = LocalPods::default();
+        let pool = Pool::new(config.pool_config(), Arc::new(certs.clone()), Arc::new(pods.connector(config.pool.connect_timeout)));
+        let shared = Arc::new(Shared {
+            telemetry: Arc::new(Telemetry::with_sink(config.json_access_log, config.limits.refusal_log_burst, deps.sink)),
+            limits: crate::limits::NodeLimits::new(&config.limits),
+            mesh: ArcSwap::from_pointee(Default::default()),
+            config,
+            certs,
+            server_tls,
+            pool,
+            pods,
+            sockets: deps.sockets,
+            readiness: Default::default(),
+        });
+        let inpod = InPod::new(shared.clone(), deps.report_served);
+        Ok(NodeProxy { shared, index: MeshIndex::default(), pods: NodePods::default(), inpod, admin: Some(admin), addrs })
     }
-    // Bind before serving: a port conflict fails start-up, not a request.
-    let admin_listeners = admin::bind(&config).await?;
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The admin, stats and readiness addresses actually bound.
+    pub fn admin_addrs(&self) -> (SocketAddr, SocketAddr, SocketAddr) {
+        self.addrs
+    }
+
+    /// Starts serving the admin ports and the background chores.
+    pub fn serve(&mut self) {
+        if let Some(l) = self.admin.take() {
+            admin::serve(l, self.shared.clone());
+        }
+        tokio::spawn(trim_memory(self.shared.clone()));
+        tokio::spawn(summarise_refusals(self.shared.telemetry.clone()));
+    }
+
+    /// A new mesh configuration (state of the world): applied as upserts and
+    /// removals; a new snapshot is published if anything changed, and open
+    /// connections the new policies deny are closed.
+    pub fn apply_mesh(&mut self, cfg: &MeshConfig) -> ApplyReport {
+        let report = self.index.apply_config(cfg);
+        for e in &report.errors {
+            tracing::error!("configuration refused, the previous version is kept: {e}");
+        }
+        let first = !self.shared.readiness.lock().expect("readiness lock").config_loaded;
+        if report.changed() || first {
+            let (w, s, p) = self.index.snapshot().counts();
+            let msg = "mesh configuration applied";
+            if report.added + report.removed > 0 || first {
+                tracing::info!(
+                    workloads = w,
+                    services = s,
+                    policies = p,
+                    added = report.added,
+                    updated = report.updated,
+                    removed = report.removed,
+                    "{msg}"
+                );
+            } else {
+                tracing::debug!(updated = report.updated, "{msg}");
+            }
+            self.shared.mesh.store(self.index.snapshot());
+            self.shared.readiness.lock().expect("readiness lock").config_loaded = true;
+            self.revoke();
+        }
+        report
+    }
+
+    /// Policy changes apply to open connections too.
+    fn revoke(&self) {
+        let snap = self.shared.snapshot();
+        let mut closed = 0;
+        for pod in self.shared.pods.all() {
+            closed += pod
+                .conns
+                .revoke(|k| authz::authorize_uid(&snap, &pod.uid, authz::Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result);
+        }
+        if closed > 0 {
+            tracing::info!(closed, "open connections closed after a policy change");
+        }
+    }
+
+    /// This node's pods (what the CNI plugin reports in Kubernetes).
+    pub fn apply_pods(&mut self, pods: NodePods) {
+        self.pods = pods;
+    }
+
+    /// Opens listeners for new pods, drains removed ones.
+    pub async fn reconcile(&mut self) {
+        let snap = self.shared.snapshot();
+        self.inpod.reconcile(&self.pods, &snap).await;
+    }
+
+    pub fn has_failures(&self) -> bool {
+        self.inpod.has_failures()
+    }
+
+    /// Stops accepting, lets connections finish within the grace period,
+    /// closes the rest, and returns.
+    pub async fn drain(mut self) {
+        self.inpod.drain_all().await;
+    }
+}
+
+/// The `slipstream node` process: the local cluster's files in, until
+/// SIGTERM or Ctrl-C, then a drain.
+pub async fn run(config: Config) -> anyhow::Result<()> {
     let ca_cert = config.ca_dir.join("root-cert.pem");
     let ca_key = config.ca_dir.join("root-key.pem");
     let ca =
         Ca::from_pem_files(&ca_cert, &ca_key, None).with_context(|| format!("loading the mesh CA from {}", config.ca_dir.display()))?;
-    let trust_domain = TrustDomain::new(slipstream_core::DEFAULT_TRUST_DOMAIN)?;
-    let server_tls = ServerTls::new(ca.roots(), trust_domain.clone()).context("building the TLS server configuration")?;
-    let certs = CertManager::new(Arc::new(LocalCaProvider::new(Arc::new(ca), config.cert_validity)), CertManagerConfig::default());
-
-    let mut watcher = Watcher::new(config.workloads_file(), config.pods_file());
-    watcher.poll();
-    let (tx, rx) = watch::channel(watcher.current());
-    tokio::spawn(watcher.run(tx, config.poll_interval));
-
-    let pods = LocalPods::default();
-    let pool = Pool::new(PoolConfig::default(), Arc::new(certs.clone()), Arc::new(pods.connector()));
-    let shared = Arc::new(Shared {
-        telemetry: Arc::new(Telemetry::new(config.json_access_log, config.limits.refusal_log_burst)),
-        limits: crate::limits::NodeLimits::new(&config.limits),
-        config,
-        snapshot: rx.clone(),
-        certs,
-        trust_domain,
-        server_tls,
-        pool,
-        pods,
-        tracker: Default::default(),
-    });
-    admin::serve(admin_listeners, shared.clone());
-    tokio::spawn(trim_memory(shared.clone()));
-    tokio::spawn(summarise_refusals(shared.telemetry.clone()));
-    let l = &shared.config.limits;
+    let mut source = FileSource::new(config.workloads_file(), config.pods_file());
+    let every = config.timeouts.poll_interval;
+    let deps = Deps { sockets: Arc::new(NetnsFactory), ca: Arc::new(ca), sink: Sink::Stdout, report_served: true };
+    let mut proxy = NodeProxy::new(config, deps).await?;
+    proxy.serve();
+    let l = &proxy.shared.config.limits;
     tracing::info!(
         budget = l.connection_budget,
         per_pod = l.pod_connections,
@@ -75,29 +175,34 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         peer_plaintext = l.peer_plaintext,
         "connection limits (see /config_dump)"
     );
-    tracing::info!(node = %shared.config.node, "node proxy ready");
+    tracing::info!(node = %proxy.shared.config.node, "node proxy started");
 
-    let mut inpod = InPod::new(shared.clone());
-    let mut rx = rx;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retry_at = tokio::time::Instant::now();
     loop {
-        let snap = rx.borrow_and_update().clone();
-        inpod.reconcile(&snap).await;
-        // Policy changes apply to open connections too.
-        let closed = shared.tracker.revoke(|t| crate::authz::authorize(&shared, &t.pod_uid, t.principal.as_deref(), t.src, t.dst));
-        if closed > 0 {
-            tracing::info!(closed, "open connections closed after a policy change");
+        let u = source.poll();
+        let changed = u.mesh.is_some() || u.pods.is_some();
+        if let Some(cfg) = u.mesh {
+            proxy.apply_mesh(&cfg);
+        }
+        if let Some(pods) = u.pods {
+            proxy.apply_pods(pods);
+        }
+        // Retry pods whose listeners failed once a second, even without a change.
+        let retry = proxy.has_failures() && tokio::time::Instant::now() >= retry_at;
+        if changed || retry {
+            proxy.reconcile().await;
+            retry_at = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
         }
         tokio::select! {
-            r = rx.changed() => if r.is_err() { break },
-            _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
-            // Retry pods whose listeners failed, even without a change.
-            _ = tokio::time::sleep(std::time::Duration::from_secs(1)), if inpod.has_failures() => {}
+            _ = tick.tick() => {}
+            _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted: stopping"); break }
         }
     }
-    tracing::info!("draining");
-    inpod.drain_all().await;
+    proxy.drain().await;
     Ok(())
 }
 

@@ -40,6 +40,15 @@ impl fmt::Display for SelfCall {
     }
 }
 
+impl SelfCall {
+    /// The destination that would loop.
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            Self::Loopback(a) | Self::Unspecified(a) | Self::OwnAddress(a) | Self::ProxyPort(a) => a,
+        }
+    }
+}
+
 /// Where the connection was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -51,8 +60,17 @@ pub enum Side {
 
 /// Whether `dst` loops back into the proxy; `own` are the pod's addresses.
 pub fn self_call(side: Side, dst: SocketAddr, own: &[IpAddr]) -> Option<SelfCall> {
+    self_call_in(side, dst, own, true)
+}
+
+/// [`self_call`] where loopback addresses may not be local: the in-process
+/// test tier's pods are addresses in 127.0.0.0/8 (`testing`), so there a
+/// loopback destination is another pod, and only the pod's own addresses,
+/// the unspecified address and the proxy ports count. Every real socket
+/// factory says loopback is local.
+pub fn self_call_in(side: Side, dst: SocketAddr, own: &[IpAddr], loopback_is_local: bool) -> Option<SelfCall> {
     let ip = dst.ip().to_canonical();
-    let local = if ip.is_loopback() {
+    let local = if loopback_is_local && ip.is_loopback() {
         Some(SelfCall::Loopback(dst))
     } else if ip.is_unspecified() {
         Some(SelfCall::Unspecified(dst))
@@ -129,5 +147,16 @@ mod tests {
     fn says_why() {
         let s = self_call(Side::Outbound, "127.0.0.1:15001".parse().unwrap(), &[]).unwrap();
         assert_eq!(s.to_string(), "self-call refused: 127.0.0.1:15001 is one of the node proxy's own ports on a local address");
+    }
+
+    #[test]
+    fn in_the_loopback_tier_other_loopback_addresses_are_pods() {
+        let own: Vec<IpAddr> = vec!["127.81.1.1".parse().unwrap()];
+        let a = |s: &str| -> SocketAddr { s.parse().unwrap() };
+        assert_eq!(self_call_in(Side::Outbound, a("127.81.9.9:80"), &own, false), None);
+        assert_eq!(self_call_in(Side::Outbound, a("127.81.1.1:80"), &own, false), Some(SelfCall::OwnAddress(a("127.81.1.1:80"))));
+        assert_eq!(self_call_in(Side::Outbound, a("127.81.1.1:15001"), &own, false), Some(SelfCall::ProxyPort(a("127.81.1.1:15001"))));
+        assert_eq!(self_call_in(Side::Outbound, a("0.0.0.0:80"), &own, false), Some(SelfCall::Unspecified(a("0.0.0.0:80"))));
+        assert_eq!(self_call_in(Side::Outbound, a("127.81.9.9:80"), &own, true), Some(SelfCall::Loopback(a("127.81.9.9:80"))));
     }
 }

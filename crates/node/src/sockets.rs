@@ -1,93 +1,139 @@
-//! Socket creation for one pod, behind one small type: listeners, marked
-//! outbound connections (never captured), transparent inbound connections
-//! (the app sees the client's address).
+//! Socket creation, behind one small trait: the node proxy's one seam to the
+//! kernel. [`NetnsSockets`] is the real one (sockets inside the pod's
+//! network namespace, marked or transparent, the original destination of a
+//! captured connection; needs root). [`crate::testing::LoopbackSockets`] is
+//! the in-process test tier's: plain loopback sockets, original
+//! destinations told by the test, no root.
 
 use crate::sys::netns::Netns;
+use futures_util::future::BoxFuture;
+use slipstream_core::abi::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, INPOD_MARK, OUTBOUND_PORT, PROXY_MARK};
 use socket2::{Domain, SockAddr};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-/// Mark on the proxy's own outbound sockets: the pod's capture rules skip it.
-pub const PROXY_MARK: u32 = 0x539;
-/// Mark on transparent inbound sockets; replies are routed back to us.
-pub const INPOD_MARK: u32 = 0x111;
-
-#[derive(Debug, Clone)]
-pub struct PodSockets {
-    netns: Arc<Netns>,
+/// The three listeners the proxy opens for each pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// Captured outbound connections: `127.0.0.1:15001` in the pod.
+    Outbound,
+    /// Captured plaintext inbound: `0.0.0.0:15006` in the pod.
+    Plaintext,
+    /// HBONE: `<pod IP>:15008` in the pod.
+    Hbone,
 }
 
-impl PodSockets {
-    pub fn new(netns: Netns) -> Self {
-        PodSockets { netns: Arc::new(netns) }
+/// Sockets of one pod.
+pub trait PodSockets: Send + Sync + 'static {
+    /// A listener of the pod. Fails at once on a port conflict, so the pod
+    /// is not reported as served.
+    fn listen(&self, which: Listener) -> io::Result<TcpListener>;
+    /// A connection from the pod's own address that capture lets through.
+    fn connect_marked(&self, dst: SocketAddr, timeout: Duration) -> BoxFuture<'static, io::Result<TcpStream>>;
+    /// A connection to the pod's app that appears to come from `src`.
+    fn connect_transparent(&self, src: IpAddr, dst: SocketAddr, timeout: Duration) -> BoxFuture<'static, io::Result<TcpStream>>;
+    /// The destination a captured connection was addressed to.
+    fn original_dst(&self, s: &TcpStream) -> io::Result<SocketAddr>;
+    /// Whether a loopback destination is local to the pod (always, except
+    /// in the in-process test tier, whose pods live in 127.0.0.0/8).
+    fn loopback_is_local(&self) -> bool {
+        true
     }
+}
 
-    pub fn netns_path(&self) -> &str {
-        &self.netns.path
+/// Makes the sockets of each pod.
+pub trait SocketFactory: Send + Sync + 'static {
+    fn for_pod(&self, netns: &Path, ip: IpAddr) -> io::Result<Arc<dyn PodSockets>>;
+}
+
+/// Sockets inside pods' network namespaces (in-pod mode, as ztunnel's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NetnsFactory;
+
+impl SocketFactory for NetnsFactory {
+    fn for_pod(&self, netns: &Path, ip: IpAddr) -> io::Result<Arc<dyn PodSockets>> {
+        Ok(Arc::new(NetnsSockets { netns: Netns::open(netns)?, ip }))
     }
+}
 
+#[derive(Debug)]
+pub struct NetnsSockets {
+    netns: Netns,
+    ip: IpAddr,
+}
+
+impl NetnsSockets {
     fn socket(&self, addr: &SocketAddr) -> io::Result<socket2::Socket> {
         self.netns.tcp_socket(if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 })
     }
+}
 
-    /// A listener inside the pod. Fails at once on a port conflict, so the
-    /// pod is not reported as served.
-    ///
+impl PodSockets for NetnsSockets {
     /// TCP_NODELAY is set here once: Linux copies it to every connection
     /// the listener accepts. The proxy relays bytes as they arrive, and
     /// Nagle would hold a small write back until the last one is acked.
-    pub fn listen(&self, addr: SocketAddr) -> io::Result<TcpListener> {
-        let s = self.socket(&addr)?;
-        s.set_reuse_address(true)?;
-        s.set_tcp_nodelay(true)?;
-        s.bind(&SockAddr::from(addr))?;
-        s.listen(1024)?;
-        TcpListener::from_std(s.into())
+    fn listen(&self, which: Listener) -> io::Result<TcpListener> {
+        let addr = match which {
+            Listener::Outbound => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), OUTBOUND_PORT),
+            Listener::Plaintext => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), INBOUND_PLAINTEXT_PORT),
+            Listener::Hbone => SocketAddr::new(self.ip, HBONE_PORT),
+        };
+        listen_on(self.socket(&addr)?, addr)
     }
 
-    /// A connection from the pod's own address that capture lets through.
-    pub async fn connect_marked(&self, dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-        let s = self.socket(&dst)?;
-        s.set_mark(PROXY_MARK)?;
-        s.set_tcp_nodelay(true)?;
-        connect(s, dst, timeout).await
+    fn connect_marked(&self, dst: SocketAddr, timeout: Duration) -> BoxFuture<'static, io::Result<TcpStream>> {
+        let s = self.socket(&dst).and_then(|s| {
+            s.set_mark(PROXY_MARK)?;
+            s.set_tcp_nodelay(true)?;
+            Ok(s)
+        });
+        Box::pin(async move { connect(s?, dst, timeout).await })
     }
 
-    /// A connection to the app that appears to come from `src` (the client
-    /// pod's IP), through IP_TRANSPARENT.
-    pub async fn connect_transparent(&self, src: IpAddr, dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-        let s = self.socket(&dst)?;
-        s.set_mark(INPOD_MARK)?;
-        if dst.is_ipv4() {
-            s.set_ip_transparent_v4(true)?;
-        } else {
-            s.set_ip_transparent_v6(true)?;
-        }
-        s.set_tcp_nodelay(true)?;
-        // The port is chosen at connect() by the 4-tuple, not at bind().
-        crate::sys::sockopt::set_bind_address_no_port(&s)?;
-        s.bind(&SockAddr::from(SocketAddr::new(src, 0)))?;
-        connect(s, dst, timeout).await
+    fn connect_transparent(&self, src: IpAddr, dst: SocketAddr, timeout: Duration) -> BoxFuture<'static, io::Result<TcpStream>> {
+        let s = self.socket(&dst).and_then(|s| {
+            s.set_mark(INPOD_MARK)?;
+            if dst.is_ipv4() {
+                s.set_ip_transparent_v4(true)?;
+            } else {
+                s.set_ip_transparent_v6(true)?;
+            }
+            s.set_tcp_nodelay(true)?;
+            // The port is chosen at connect() by the 4-tuple, not at bind().
+            crate::sys::sockopt::set_bind_address_no_port(&s)?;
+            s.bind(&SockAddr::from(SocketAddr::new(src, 0)))?;
+            Ok(s)
+        });
+        Box::pin(async move { connect(s?, dst, timeout).await })
+    }
+
+    fn original_dst(&self, s: &TcpStream) -> io::Result<SocketAddr> {
+        let sock = socket2::SockRef::from(s);
+        let a = if s.local_addr()?.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
+        a.as_socket().ok_or_else(|| io::Error::other("original destination is not an IP address"))
     }
 }
 
-async fn connect(s: socket2::Socket, dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+/// Binds and listens with TCP_NODELAY inherited by accepted connections.
+pub(crate) fn listen_on(s: socket2::Socket, addr: SocketAddr) -> io::Result<TcpListener> {
+    s.set_reuse_address(true)?;
+    s.set_tcp_nodelay(true)?;
+    s.bind(&SockAddr::from(addr))?;
+    s.listen(1024)?;
+    TcpListener::from_std(s.into())
+}
+
+pub(crate) async fn connect(s: socket2::Socket, dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     let std: std::net::TcpStream = s.into();
     let sock = TcpSocket::from_std_stream(std);
     match tokio::time::timeout(timeout, sock.connect(dst)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("connect to {dst} timed out after {timeout:?}"))),
     }
-}
-
-/// The destination a captured connection was addressed to (SO_ORIGINAL_DST).
-pub fn original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
-    let sock = socket2::SockRef::from(s);
-    let a = if s.local_addr()?.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
-    a.as_socket().ok_or_else(|| io::Error::other("original destination is not an IP address"))
 }
 
 /// Makes the close of `s` a reset (SO_LINGER 0), so the client fails at

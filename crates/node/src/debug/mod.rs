@@ -29,7 +29,7 @@ pub use tcp::TcpArgs;
 /// The mark of the node proxy's own sockets: a meshed pod's capture lets
 /// them through, so a tool run inside the pod reaches port 15008 itself
 /// instead of being carried by the node proxy.
-pub const BYPASS_MARK: u32 = crate::sockets::PROXY_MARK;
+pub const BYPASS_MARK: u32 = slipstream_core::abi::PROXY_MARK;
 
 /// Output format of the debug tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

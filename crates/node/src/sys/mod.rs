@@ -1,6 +1,7 @@
-//! The only place with `unsafe`: entering a network namespace around the
-//! creation of a socket, resource limits, socket options socket2 lacks, and
-//! returning freed heap memory to the kernel.
+//! System calls: entering a network namespace around the creation of a
+//! socket and the open-file limit (safe, through rustix), and the only
+//! `unsafe` of the crate: one socket option neither socket2 nor rustix
+//! wraps, and glibc's allocator tuning and trimming (`mem`).
 
 pub mod mem;
 pub mod netns;

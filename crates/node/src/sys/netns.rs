@@ -1,13 +1,14 @@
 //! Sockets inside another network namespace. A socket belongs to the
 //! namespace it was created in, so only `socket()` needs to run there: the
 //! calling thread enters the pod's namespace, creates the socket and returns
-//! to the host's namespace at once (two setns calls, microseconds).
-#![allow(unsafe_code)]
+//! to the host's namespace at once (two setns calls, microseconds), through
+//! rustix's safe `setns`.
 
+use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -36,16 +37,11 @@ impl Netns {
     /// A new TCP socket that lives in this namespace.
     pub fn tcp_socket(&self, domain: Domain) -> io::Result<Socket> {
         let host = host_netns()?;
-        // SAFETY: setns has no memory-safety preconditions; both fds are
-        // open for the duration of the calls.
-        if unsafe { libc::setns(self.file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        move_into_link_name_space(self.file.as_fd(), Some(LinkNameSpaceType::Network))?;
         let socket = Socket::new(domain, Type::STREAM.nonblocking(), Some(Protocol::TCP));
         // Return to the host namespace whatever happened; if that fails the
         // thread would be stranded in the pod, which must never go unnoticed.
-        if unsafe { libc::setns(host.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            let e = io::Error::last_os_error();
+        if let Err(e) = move_into_link_name_space(host.as_fd(), Some(LinkNameSpaceType::Network)) {
             panic!("cannot return to the host network namespace: {e}");
         }
         socket

@@ -1,8 +1,8 @@
 //! The open-file limit. A node proxy holds two sockets per proxied
 //! connection on some paths (the pod's and the upstream), so the default
 //! soft limit of 1024 would cap it at a few hundred connections.
-#![allow(unsafe_code)]
 
+use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 use std::io;
 
 /// RLIMIT_NOFILE before and after [`raise_nofile`].
@@ -16,34 +16,26 @@ pub struct NofileLimit {
     pub hard: u64,
 }
 
-fn get() -> io::Result<libc::rlimit> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes one rlimit into the struct we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(lim)
+/// `None` is RLIM_INFINITY.
+fn value(v: Option<u64>) -> u64 {
+    v.unwrap_or(u64::MAX)
 }
 
 /// RLIMIT_NOFILE as it is.
 pub fn current() -> io::Result<NofileLimit> {
-    let l = get()?;
-    Ok(NofileLimit { before: l.rlim_cur as u64, soft: l.rlim_cur as u64, hard: l.rlim_max as u64 })
+    let l = getrlimit(Resource::Nofile);
+    Ok(NofileLimit { before: value(l.current), soft: value(l.current), hard: value(l.maximum) })
 }
 
 /// Raises the soft open-file limit to the hard limit.
 pub fn raise_nofile() -> io::Result<NofileLimit> {
-    let mut lim = get()?;
-    let before = lim.rlim_cur as u64;
-    if lim.rlim_cur < lim.rlim_max {
-        lim.rlim_cur = lim.rlim_max;
-        // SAFETY: setrlimit reads one rlimit from a struct we own.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+    let l = getrlimit(Resource::Nofile);
+    let before = value(l.current);
+    if l.current != l.maximum {
+        setrlimit(Resource::Nofile, Rlimit { current: l.maximum, maximum: l.maximum })?;
     }
-    let now = get()?;
-    Ok(NofileLimit { before, soft: now.rlim_cur as u64, hard: now.rlim_max as u64 })
+    let now = getrlimit(Resource::Nofile);
+    Ok(NofileLimit { before, soft: value(now.current), hard: value(now.maximum) })
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Socket options socket2 does not wrap.
+//! Socket options neither socket2 nor rustix wrap (rustix 1.1 has no
+//! IP_BIND_ADDRESS_NO_PORT).
 #![allow(unsafe_code)]
 
 use std::io;
@@ -26,29 +27,6 @@ pub fn set_bind_address_no_port(s: &socket2::Socket) -> io::Result<()> {
     };
     if r != 0 {
         return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Shuts a socket down in both directions by its descriptor, from outside
-/// the task that owns it (policy revocation). The caller guarantees the
-/// descriptor is still open and still that socket: `tracker` removes an
-/// entry, under the same lock, before its socket is closed.
-pub fn shutdown_fd(fd: std::os::fd::RawFd) -> std::io::Result<()> {
-    // SAFETY: shutdown(2) on an fd the caller guarantees open; no memory is
-    // touched. SO_LINGER 0 first, so the peer sees a reset, not a clean end.
-    unsafe {
-        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-        if libc::shutdown(fd, libc::SHUT_RDWR) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
     }
     Ok(())
 }

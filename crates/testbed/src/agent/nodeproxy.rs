@@ -7,7 +7,7 @@
 //! after 3 failures in a row and restarted.
 
 use super::pods::Node;
-use super::probe::http_ready;
+use super::probe::{http_ready, ProbeError};
 use crate::names::{netns_path, Paths};
 use crate::sys::{netns, spawn};
 use std::net::SocketAddr;
@@ -56,10 +56,19 @@ impl Readiness {
         Readiness { ready: false, reason, failures: 0, was_ready: false }
     }
 
-    pub fn record(&mut self, result: Result<(), String>) -> Verdict {
+    /// One probe's result. A proxy that answers "not ready" is alive (it
+    /// says why: a pod's listeners or certificate, the configuration):
+    /// shown, never killed for it. Only a proxy that does not answer is.
+    pub fn record(&mut self, result: Result<(), ProbeError>) -> Verdict {
         match result {
             Ok(()) => {
                 *self = Readiness { ready: true, reason: String::new(), failures: 0, was_ready: true };
+                Verdict::Keep
+            }
+            Err(ProbeError::NotReady { message, .. }) => {
+                self.ready = false;
+                self.failures = 0;
+                self.reason = format!("not ready: {message}");
                 Verdict::Keep
             }
             Err(e) => {
@@ -85,7 +94,7 @@ struct ProbeShared {
     /// The pid to probe (None: no process running).
     target: Mutex<Option<i32>>,
     /// Results not yet read by the agent: (pid probed, result).
-    results: Mutex<Vec<(i32, Result<(), String>)>>,
+    results: Mutex<Vec<(i32, Result<(), ProbeError>)>>,
     stop: AtomicBool,
 }
 
@@ -102,7 +111,7 @@ fn probe_loop(shared: Arc<ProbeShared>, netns: PathBuf) {
         let Some(pid) = *lock(&shared.target) else { continue };
         let result = match netns::in_netns(&netns, || http_ready(SocketAddr::from(READY_ADDR), READY_PATH, PROBE_TIMEOUT)) {
             Ok(r) => r,
-            Err(e) => Err(format!("cannot enter the node's network namespace: {e}")),
+            Err(e) => Err(ProbeError::NoAnswer(format!("cannot enter the node's network namespace: {e}"))),
         };
         lock(&shared.results).push((pid, result));
     }
@@ -281,12 +290,12 @@ mod tests {
 
     #[test]
     fn readiness_from_probe_results() {
-        let err = || Err("no answer from 127.0.0.1:15021/healthz/ready: timed out after 1s".to_string());
+        let err = || Err(ProbeError::NoAnswer("no answer from 127.0.0.1:15021/healthz/ready: timed out after 1s".to_string()));
         let mut r = Readiness::starting(None);
         assert_eq!((r.ready, r.reason.as_str()), (false, "starting"));
         // Before the first success failures are allowed for a while (start-up).
         for _ in 1..STARTUP_FAILURE_THRESHOLD {
-            assert_eq!(r.record(Err("connecting to 127.0.0.1:15021: connection refused".into())), Verdict::Keep);
+            assert_eq!(r.record(Err(ProbeError::NoAnswer("connecting to 127.0.0.1:15021: connection refused".into()))), Verdict::Keep);
         }
         assert!(r.reason.starts_with("not ready yet: readiness probe failed 14 times: connecting"), "{}", r.reason);
         assert_eq!(r.record(Ok(())), Verdict::Keep);
@@ -306,6 +315,13 @@ mod tests {
         );
         let next = Readiness::starting(Some("readiness probe failed 3 times: x"));
         assert_eq!(next.reason, "starting (the previous process was killed: readiness probe failed 3 times: x)");
+        // Answering "not ready" is alive: shown with its reason, never killed.
+        let mut r = Readiness::starting(None);
+        let not_ready = || Err(ProbeError::NotReady { status: 503, message: "answered HTTP 503: pod x: listeners not bound".into() });
+        for _ in 0..STARTUP_FAILURE_THRESHOLD * 2 {
+            assert_eq!(r.record(not_ready()), Verdict::Keep);
+        }
+        assert_eq!((r.ready, r.reason.as_str()), (false, "not ready: answered HTTP 503: pod x: listeners not bound"));
         // Never ready: killed after the start-up allowance.
         let mut r = Readiness::starting(None);
         let verdicts: Vec<Verdict> = (0..STARTUP_FAILURE_THRESHOLD).map(|_| r.record(err())).collect();
