@@ -259,6 +259,7 @@ while not select.select([sys.stdin], [], [], 0)[0]:
             pass
         s.close()
     refused += 1
+    # Not synchronization: the pace of the attack (about 1000 a second).
     time.sleep(0.001)
 for s in held:
     s.close()
@@ -553,6 +554,8 @@ fn pods_filling_the_admin_caps_cannot_get_the_proxy_restarted() {
         assert_eq!(p["pid"].as_i64(), Some(node2.pid as i64), "the agent replaced node2's proxy after {:?}: {p}", full_since.elapsed());
         assert_eq!((p["ready"].as_bool(), p["restarts"].as_u64()), (Some(true), Some(0)), "after {:?}: {p}", full_since.elapsed());
         polls += 1;
+        // Not synchronization: the proxy must NOT be replaced during these
+        // 12 s; this is how often that is checked.
         std::thread::sleep(Duration::from_millis(500));
     }
     assert!(polls >= 10, "{polls} status polls in 12 s");
