@@ -191,8 +191,11 @@ fn a_pod_cannot_make_its_node_proxy_call_itself() {
     eprintln!("{refused} self-calls refused: {lines} access-log lines, {suppressed} summarised");
     assert!(suppressed > 0 && lines < 20, "rate-limited: {lines} lines, {suppressed} suppressed");
     let new_log = node1.log_since(log);
+    // Refused before any dial: no tunnel, so dst.addr is the address the
+    // pod dialled and there is no dst.hbone_addr.
     let l = new_log.lines().find(|l| l.contains("flag=SELF_CALL") && l.contains("dst.addr=127.0.0.1:15001")).unwrap();
     assert!(l.contains("error=\"self-call refused: 127.0.0.1:15001 is one of the node proxy's own ports"), "{l}");
+    assert!(!l.contains("dst.hbone_addr="), "{l}");
     assert!(new_log.contains("WARN") && new_log.contains("connection refused: self-call refused"), "{new_log}");
 
     // The proxy is the same process, with the descriptors and memory it had.

@@ -132,7 +132,12 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
         assert!(p.contains(".15008 >") || p.contains(".15008:"), "only HBONE (port 15008) crosses between nodes: {p}");
     }
 
-    // Access logs on both sides name both identities.
+    // Access logs on both sides name both identities, and the addresses as
+    // Istio's ztunnel does for HBONE: dst.addr is where the tunnel goes
+    // (the pod's :15008), dst.hbone_addr what it carries (the pod's :8080,
+    // the service's target port, not the service's address).
+    let echo_ip = echo["ip"].as_str().unwrap();
+    let (tunnel, target) = (format!("dst.addr={echo_ip}:15008 "), format!("dst.hbone_addr={echo_ip}:8080 "));
     // The lines are written when the connection closes, just after curl.
     for (node, direction) in [("node1", "direction=outbound"), ("node2", "direction=inbound")] {
         wait_until(
@@ -147,13 +152,17 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
         out_log.lines().any(|l| l.contains("direction=outbound")
             && l.contains(&format!("src.identity={CLIENT_ID}"))
             && l.contains(&format!("dst.identity={ECHO_ID}"))
-            && l.contains("dst.service=echo.default.svc.cluster.local")),
+            && l.contains("dst.service=echo.default.svc.cluster.local")
+            && l.contains(&tunnel)
+            && l.contains(&target)),
         "{out_log}"
     );
     assert!(
         in_log.lines().any(|l| l.contains("direction=inbound")
             && l.contains(&format!("src.identity={CLIENT_ID}"))
-            && l.contains(&format!("dst.identity={ECHO_ID}"))),
+            && l.contains(&format!("dst.identity={ECHO_ID}"))
+            && l.contains(&tunnel)
+            && l.contains(&target)),
         "{in_log}"
     );
 
@@ -316,8 +325,13 @@ fn peer_authentication_strict_refuses_plaintext_from_outside_the_mesh() {
     wait_until("STRICT in force", Duration::from_secs(10), || curl("outside", "stranger").0 != 0);
     assert_eq!(curl("default", "deploy/client").0, 0, "mTLS traffic is still allowed");
     let log = node_log("t-peerauth", "node2");
+    // A plaintext line (:15006): the address the client dialled, no tunnel.
     assert!(
-        log.lines().any(|l| l.contains("plaintext refused") && l.contains("flag=DENY") && l.contains(&format!("dst.identity={ECHO_ID}"))),
+        log.lines().any(|l| l.contains("plaintext refused")
+            && l.contains("flag=DENY")
+            && l.contains(&format!("dst.identity={ECHO_ID}"))
+            && l.contains(&format!("dst.addr={echo_ip}:8080 "))
+            && !l.contains("dst.hbone_addr=")),
         "{log}"
     );
     let m = metrics("t-peerauth", "node2");

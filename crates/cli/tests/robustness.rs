@@ -170,6 +170,13 @@ const REJECTED: &str = "slipstream_rejected_connections_total";
 const CLOSED: &str = "istio_tcp_connections_closed_total";
 const OPENED: &str = "istio_tcp_connections_opened_total";
 
+/// How an access-log line names the destination of an HBONE connection,
+/// either side, as Istio's ztunnel does: `dst.addr` is where the tunnel
+/// goes (`<pod IP>:15008`), `dst.hbone_addr` the target it carries.
+fn hbone_dst(pod_ip: &str, target: &str) -> [String; 2] {
+    [format!("dst.addr={pod_ip}:15008 "), format!("dst.hbone_addr={target} ")]
+}
+
 /// A connection on :15008 that never becomes a tunnel: the client's answer
 /// is checked by the caller; here the node proxy's side: one counter by
 /// reason, one log line naming the client's address and the reason.
@@ -205,7 +212,10 @@ fn assert_connect_refused(env: &Env, case: &str, authority: &str, status: u64, f
     assert_eq!(v["status"], status, "{case}: {v}");
     assert_eq!(v["flag"], flag, "{case}: {v}");
     assert!(stderr.contains(&format!("flag {flag}")), "{case}: the error names the flag: {stderr}");
-    let lines = env.log_lines("node2", &before, &["connection complete", &format!("dst.addr={authority} ")]);
+    // An inbound HBONE line: the tunnel went to the echo pod's :15008 and
+    // carried a CONNECT to `authority`.
+    let [tunnel, target] = hbone_dst(&env.echo_ip, authority);
+    let lines = env.log_lines("node2", &before, &["connection complete", &tunnel, &target]);
     assert_eq!(lines.len(), 1, "{case}: exactly one access-log line: {lines:#?}");
     let l = &lines[0];
     assert!(l.contains(&format!("flag={flag}")) && l.contains(error), "{case}: {l}");
@@ -229,7 +239,8 @@ fn the_hbone_port_answers_bad_peers_and_bad_requests_correctly() {
     let (code, v, stderr) = env.hbone(&echo_tcp, &["--send", "hello", "--half-close"]);
     assert_eq!(code, 0, "{v} {stderr}");
     assert_eq!((v["status"].as_u64(), v["data"].as_str(), v["end"].as_str()), (Some(200), Some("hello"), Some("eof")));
-    env.log_lines("node2", &before, &["connection complete", &format!("dst.addr={echo_tcp} "), "bytes_sent=5 bytes_recv=5"]);
+    let [tunnel, target] = hbone_dst(&env.echo_ip, &echo_tcp);
+    env.log_lines("node2", &before, &["connection complete", &tunnel, &target, "bytes_sent=5 bytes_recv=5"]);
     env.settled("good tunnel", &before, 0);
 
     // Garbage on :15008: a TLS alert (decode_error) and a clean close.
@@ -373,8 +384,10 @@ fn half_close_both_ways_and_a_reader_that_stops() {
         "{v}"
     );
     let bytes = format!("bytes_sent={n} bytes_recv={n} ", n = 3 << 20);
+    // HBONE lines on both sides: node1's outbound, node2's inbound.
+    let [tunnel, target] = hbone_dst(&env.echo_ip, &echo_tcp);
     for node in ["node1", "node2"] {
-        let lines = env.log_lines(node, &before, &["connection complete", &format!("dst.addr={echo_tcp} "), &bytes]);
+        let lines = env.log_lines(node, &before, &["connection complete", &tunnel, &target, &bytes]);
         assert_eq!(lines.len(), 1, "{node}: {lines:#?}");
         assert!(!lines[0].contains("error="), "{node}: a clean close: {}", lines[0]);
     }
@@ -399,8 +412,9 @@ fn half_close_both_ways_and_a_reader_that_stops() {
     // the client sent, node2's what the server sent.
     let outbound = format!("bytes_sent=26 bytes_recv={} ", BANNER.len());
     let inbound = format!("bytes_sent={} bytes_recv=26 ", BANNER.len());
+    let [tunnel, target] = hbone_dst(&banner_ip, &banner_tcp);
     for (node, bytes) in [("node1", outbound), ("node2", inbound)] {
-        let lines = env.log_lines(node, &before, &["connection complete", &format!("dst.addr={banner_tcp} ")]);
+        let lines = env.log_lines(node, &before, &["connection complete", &tunnel, &target]);
         assert_eq!(lines.len(), 1, "{node}: {lines:#?}");
         assert!(lines[0].contains(&bytes) && !lines[0].contains("error="), "{node}: {}", lines[0]);
     }
@@ -461,8 +475,10 @@ fn half_close_both_ways_and_a_reader_that_stops() {
         );
         assert!(grew < 40 * 1024, "the node proxy of {} grew by {grew} KiB", p.node);
     }
-    // The stalled connection is recorded once, as the client reset it.
-    let lines = env.log_lines("node1", &before, &["connection complete", &format!("dst.addr={echo_tcp} "), "flag="]);
+    // The stalled connection is recorded once (node1's outbound HBONE
+    // line), as the client reset it.
+    let [tunnel, target] = hbone_dst(&env.echo_ip, &echo_tcp);
+    let lines = env.log_lines("node1", &before, &["connection complete", &tunnel, &target, "flag="]);
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert_eq!(env.delta("node1", &before, CLOSED, &["reporter=\"source\""]), 2, "the stalled and the concurrent connection");
     env.settled("stalled reader", &before, 0);
