@@ -231,6 +231,8 @@ async fn start_capture(delay: Duration) -> (SocketAddr, Seen) {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                     record.lock().unwrap().push((req.uri().path().to_owned(), req.headers().clone()));
                     async move {
+                        // Not synchronization: the upstream is slow on
+                        // purpose (the caller's timeout is under test).
                         tokio::time::sleep(delay).await;
                         let body = json!({"id": 0, "ratings": {"Reviewer1": 1, "Reviewer2": 2}, "served_by": "capture"});
                         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(body.to_string()))))

@@ -6,10 +6,13 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::process::Command;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
+use common::wait_until;
 use slipstream_apps::{run_bookinfo, run_echo, BookinfoArgs, EchoArgs};
+
+mod common;
 
 #[derive(Parser)]
 struct EchoCli {
@@ -30,11 +33,7 @@ fn free_port() -> u16 {
 /// Waits for the server to accept; `run_until_signal` installs its signal
 /// handlers before binding, so once this succeeds a signal is safe to send.
 fn wait_for(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "{addr} never started listening");
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(format_args!("{addr} to accept connections"), Duration::from_secs(20), || TcpStream::connect(addr).is_ok());
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
@@ -52,11 +51,7 @@ fn signal_self(signal: &str) {
 }
 
 fn join_within<T>(handle: thread::JoinHandle<T>, limit: Duration) -> T {
-    let deadline = Instant::now() + limit;
-    while !handle.is_finished() {
-        assert!(Instant::now() < deadline, "did not stop after the signal");
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the app to stop after the signal", limit, || handle.is_finished());
     handle.join().unwrap()
 }
 

@@ -92,19 +92,15 @@ fn a_stuck_node_proxy_is_reported_not_ready_then_restarted() {
     assert!(table.contains("NOT READY (readiness probe failed"), "{table}");
 
     // The agent kills it after 3 failures and starts a new one.
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
+    let what = Later(|| {
+        let log = std::fs::read_to_string(format!("/run/slipstream/{}/agent.log", c.name)).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        format!("a new, ready node proxy; last status {}; agent log (newest first):\n{}", proxy(&c), tail.join("\n"))
+    });
+    wait_until(what, Duration::from_secs(40), || {
         let p = proxy(&c);
-        if p["ready"] == true && p["pid"] != pid {
-            break;
-        }
-        if Instant::now() > deadline {
-            let log = std::fs::read_to_string(format!("/run/slipstream/{}/agent.log", c.name)).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(15).collect();
-            panic!("no new, ready node proxy within 40 s; last status {p}; agent log (newest first):\n{}", tail.join("\n"));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        p["ready"] == true && p["pid"] != pid
+    });
     let after = proxy(&c);
     assert_eq!(after["restarts"].as_u64().unwrap(), restarts + 1, "{after}");
     assert!(!alive(pid), "the stopped proxy {pid} was killed");

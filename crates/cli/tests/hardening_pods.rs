@@ -353,7 +353,8 @@ fn graceful_stop_reaches_the_command_under_pod_init() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("stopped");
     // Privileged, to write the machine's /tmp (confined pods have their
-    // own); it still runs under pod-init.
+    // own); it still runs under pod-init. Its `sleep 1` loop is the
+    // workload, not synchronization: sh runs the trap between two sleeps.
     let pod = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: trapper}}\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: c\n    securityContext: {{privileged: true}}\n    command: [sh, -c, \"trap 'echo stopped > {}; exit 0' TERM; while true; do sleep 1; done\"]\n",
         marker.display()

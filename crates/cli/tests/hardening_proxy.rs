@@ -191,8 +191,11 @@ fn a_pod_cannot_make_its_node_proxy_call_itself() {
     eprintln!("{refused} self-calls refused: {lines} access-log lines, {suppressed} summarised");
     assert!(suppressed > 0 && lines < 20, "rate-limited: {lines} lines, {suppressed} suppressed");
     let new_log = node1.log_since(log);
+    // Refused before any dial: no tunnel, so dst.addr is the address the
+    // pod dialled and there is no dst.hbone_addr.
     let l = new_log.lines().find(|l| l.contains("flag=SELF_CALL") && l.contains("dst.addr=127.0.0.1:15001")).unwrap();
     assert!(l.contains("error=\"self-call refused: 127.0.0.1:15001 is one of the node proxy's own ports"), "{l}");
+    assert!(!l.contains("dst.hbone_addr="), "{l}");
     assert!(new_log.contains("WARN") && new_log.contains("connection refused: self-call refused"), "{new_log}");
 
     // The proxy is the same process, with the descriptors and memory it had.
@@ -259,6 +262,7 @@ while not select.select([sys.stdin], [], [], 0)[0]:
             pass
         s.close()
     refused += 1
+    # Not synchronization: the pace of the attack (about 1000 a second).
     time.sleep(0.001)
 for s in held:
     s.close()
@@ -553,6 +557,8 @@ fn pods_filling_the_admin_caps_cannot_get_the_proxy_restarted() {
         assert_eq!(p["pid"].as_i64(), Some(node2.pid as i64), "the agent replaced node2's proxy after {:?}: {p}", full_since.elapsed());
         assert_eq!((p["ready"].as_bool(), p["restarts"].as_u64()), (Some(true), Some(0)), "after {:?}: {p}", full_since.elapsed());
         polls += 1;
+        // Not synchronization: the proxy must NOT be replaced during these
+        // 12 s; this is how often that is checked.
         std::thread::sleep(Duration::from_millis(500));
     }
     assert!(polls >= 10, "{polls} status polls in 12 s");

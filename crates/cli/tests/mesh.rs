@@ -29,17 +29,23 @@ while True:
 print(n)
 "#;
 
-/// Holds a connection open, echoing a byte a second; prints `closed` when
-/// the other side closes it (or `timeout` after 20 s).
+/// Holds a connection open, echoing a byte every 0.2 s; prints `open` once
+/// the first byte came back, then `closed` when the other side closes it
+/// (or `timeout` after 20 s).
 const HOLD_OPEN: &str = r#"
 import socket, sys, time
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
 deadline = time.time() + 20
+opened = False
 try:
     while time.time() < deadline:
         s.sendall(b"x")
         if not s.recv(1):
             print("closed"); sys.exit(0)
+        if not opened:
+            print("open", flush=True)
+            opened = True
+        # Not synchronization: the pace at which the connection is probed.
         time.sleep(0.2)
     print("timeout")
 except OSError:
@@ -82,13 +88,17 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
     }
 
     // Capture the node network while the client talks to the server.
-    let cap = Command::new("ip")
+    let mut cap = Command::new("ip")
         .args(["netns", "exec", "t-mesh.fabric", "tcpdump", "-i", "fabric", "-nn", "-l", "-A", "-s", "0", "tcp"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("tcpdump (scripts/setup.sh installs it)");
-    std::thread::sleep(Duration::from_millis(700));
+    let (dump, cap_log) = (Collected::new(cap.stdout.take().unwrap()), Collected::new(cap.stderr.take().unwrap()));
+    // tcpdump says so once the capture is active.
+    wait_until(Later(|| format!("tcpdump to listen on the fabric: {}", cap_log.text())), Duration::from_secs(10), || {
+        cap_log.text().contains("listening on fabric")
+    });
     let canary = "plaintext-canary-7f3a9";
     let (code, out) = c.exec(
         "default",
@@ -101,9 +111,20 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
     let seen = headers["client_addr"].as_str().unwrap();
     assert!(seen.starts_with(&format!("{}:", client["ip"].as_str().unwrap())), "server saw {seen}");
     assert_eq!(headers["headers"]["x-canary"], canary, "the request arrived intact");
-    std::thread::sleep(Duration::from_millis(500));
+    // A marker after the exchange: a connection attempt from node1 to
+    // node2's own address on :15008, where nothing listens (the HBONE
+    // listeners are in the pods). tcpdump prints packets in the order it
+    // captured them: once the marker's SYN is printed, so is every packet
+    // of the exchange.
+    let node2_ip = st["nodes"].as_array().unwrap().iter().find(|n| n["name"] == "node2").unwrap()["ip"].as_str().unwrap().to_string();
+    let marker = format!(" > {node2_ip}.15008: Flags [S]");
+    let _ = Command::new("ip")
+        .args(["netns", "exec", "t-mesh.node.node1", "curl", "-sS", "--max-time", "2", &format!("http://{node2_ip}:15008/")])
+        .output();
+    wait_until("tcpdump to print the marker sent after the exchange", Duration::from_secs(10), || dump.text().contains(&marker));
     let _ = Command::new("kill").arg(cap.id().to_string()).status();
-    let dump = String::from_utf8_lossy(&cap.wait_with_output().unwrap().stdout).into_owned();
+    cap.wait().unwrap();
+    let dump = dump.finish();
     assert!(!dump.contains(canary), "application bytes crossed the node network in plaintext");
     let packets: Vec<&str> = dump.lines().filter(|l| l.contains(" IP ")).collect();
     assert!(!packets.is_empty(), "the capture saw the connection");
@@ -111,20 +132,37 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
         assert!(p.contains(".15008 >") || p.contains(".15008:"), "only HBONE (port 15008) crosses between nodes: {p}");
     }
 
-    // Access logs on both sides name both identities.
+    // Access logs on both sides name both identities, and the addresses as
+    // Istio's ztunnel does for HBONE: dst.addr is where the tunnel goes
+    // (the pod's :15008), dst.hbone_addr what it carries (the pod's :8080,
+    // the service's target port, not the service's address).
+    let echo_ip = echo["ip"].as_str().unwrap();
+    let (tunnel, target) = (format!("dst.addr={echo_ip}:15008 "), format!("dst.hbone_addr={echo_ip}:8080 "));
+    // The lines are written when the connection closes, just after curl.
+    for (node, direction) in [("node1", "direction=outbound"), ("node2", "direction=inbound")] {
+        wait_until(
+            Later(|| format!("the {direction} access-log line on {node}:\n{}", node_log("t-mesh", node))),
+            Duration::from_secs(10),
+            || node_log("t-mesh", node).lines().any(|l| l.starts_with("connection complete") && l.contains(direction)),
+        );
+    }
     let out_log = node_log("t-mesh", "node1");
     let in_log = node_log("t-mesh", "node2");
     assert!(
         out_log.lines().any(|l| l.contains("direction=outbound")
             && l.contains(&format!("src.identity={CLIENT_ID}"))
             && l.contains(&format!("dst.identity={ECHO_ID}"))
-            && l.contains("dst.service=echo.default.svc.cluster.local")),
+            && l.contains("dst.service=echo.default.svc.cluster.local")
+            && l.contains(&tunnel)
+            && l.contains(&target)),
         "{out_log}"
     );
     assert!(
         in_log.lines().any(|l| l.contains("direction=inbound")
             && l.contains(&format!("src.identity={CLIENT_ID}"))
-            && l.contains(&format!("dst.identity={ECHO_ID}"))),
+            && l.contains(&format!("dst.identity={ECHO_ID}"))
+            && l.contains(&tunnel)
+            && l.contains(&target)),
         "{in_log}"
     );
 
@@ -137,14 +175,18 @@ fn quickstart_is_encrypted_across_nodes_with_verified_identities_and_exact_metri
         let (code, out) = c.exec("default", "deploy/client", &["python3", "-c", ECHO_CLIENT, "echo", "9000", &size.to_string()]);
         assert_eq!((code, out.trim()), (0, size.to_string().as_str()), "echo through the mesh returns every byte");
     }
-    std::thread::sleep(Duration::from_millis(300));
-    let after_src = metrics("t-mesh", "node1");
-    let after_dst = metrics("t-mesh", "node2");
     let d = |a: &str, b: &str, name: &str, extra: &[&str]| {
         let mut m: Vec<&str> = sel.to_vec();
         m.extend_from_slice(extra);
         metric(a, name, &m) - metric(b, name, &m)
     };
+    // Each proxy counts a connection (and its bytes) when it closes.
+    wait_until("both proxies to count the echo connections closed", Duration::from_secs(10), || {
+        let closed = |node, before: &str, reporter| d(&metrics("t-mesh", node), before, "istio_tcp_connections_closed_total", &[reporter]);
+        closed("node1", &before_src, "reporter=\"source\"") >= n && closed("node2", &before_dst, "reporter=\"destination\"") >= n
+    });
+    let after_src = metrics("t-mesh", "node1");
+    let after_dst = metrics("t-mesh", "node2");
     for (after, before, reporter) in
         [(&after_src, &before_src, "reporter=\"source\""), (&after_dst, &before_dst, "reporter=\"destination\"")]
     {
@@ -264,24 +306,32 @@ fn peer_authentication_strict_refuses_plaintext_from_outside_the_mesh() {
 
     // An open plaintext connection (held by a background client that
     // reports when the server closes it) ...
-    let holder = Command::new(bin())
+    let mut holder = Command::new(bin())
         .args(["--cluster", "t-peerauth", "exec", "-n", "outside", "stranger", "--", "python3", "-c", HOLD_OPEN, &echo_ip, "9000"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    let held = Collected::new(holder.stdout.take().unwrap());
+    wait_until(Later(|| format!("the plaintext connection to be open: {:?}", held.text())), Duration::from_secs(20), || {
+        held.text().lines().next() == Some("open")
+    });
 
     // STRICT: plaintext is refused; the meshed client still gets through.
     let strict = write_manifest(&dir, "strict.yaml", STRICT);
     c.ok(&["apply", "-f", &strict]);
     // ... is closed by the policy change, not left running.
-    let held = holder.wait_with_output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&held.stdout).trim(), "closed", "the open plaintext connection was closed when STRICT applied");
+    holder.wait().unwrap();
+    assert_eq!(held.finish().trim(), "open\nclosed", "the open plaintext connection was closed when STRICT applied");
     wait_until("STRICT in force", Duration::from_secs(10), || curl("outside", "stranger").0 != 0);
     assert_eq!(curl("default", "deploy/client").0, 0, "mTLS traffic is still allowed");
     let log = node_log("t-peerauth", "node2");
+    // A plaintext line (:15006): the address the client dialled, no tunnel.
     assert!(
-        log.lines().any(|l| l.contains("plaintext refused") && l.contains("flag=DENY") && l.contains(&format!("dst.identity={ECHO_ID}"))),
+        log.lines().any(|l| l.contains("plaintext refused")
+            && l.contains("flag=DENY")
+            && l.contains(&format!("dst.identity={ECHO_ID}"))
+            && l.contains(&format!("dst.addr={echo_ip}:8080 "))
+            && !l.contains("dst.hbone_addr=")),
         "{log}"
     );
     let m = metrics("t-peerauth", "node2");

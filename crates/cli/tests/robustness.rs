@@ -116,41 +116,47 @@ impl Env {
             let n = st["nodes"].as_array().unwrap().iter().find(|n| n["name"] == p.node.as_str()).unwrap();
             assert_eq!(n["proxy"]["pid"].as_i64(), Some(p.pid as i64), "{case}: the node proxy of {} was replaced", p.node);
             assert_eq!(n["proxy"]["restarts"], 0, "{case}: the node proxy of {} restarted", p.node);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let now = p.fds();
-                if now <= before.fds[i] + slack {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{case}: {} fds of the node proxy of {} stay open (before: {}, slack {slack})",
-                    now,
+            let what = Later(|| {
+                format!(
+                    "{case}: the fds of the node proxy of {} to come back: {} open (before: {}, slack {slack})",
                     p.node,
+                    p.fds(),
                     before.fds[i]
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+                )
+            });
+            wait_until(what, Duration::from_secs(10), || p.fds() <= before.fds[i] + slack);
         }
     }
 
     /// Waits until the log of `node` written since `before` has a line with
-    /// every `must`, and returns how many such lines there are.
+    /// every `must`, and returns the lines that have them.
     fn log_lines(&self, node: &str, before: &Before, must: &[&str]) -> Vec<String> {
         let i = self.proxies.iter().position(|p| p.node == node).unwrap();
         let p = &self.proxies[i];
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let lines: Vec<String> =
-                p.log_since(before.logs[i]).lines().filter(|l| must.iter().all(|m| l.contains(m))).map(String::from).collect();
-            if !lines.is_empty() {
-                // Give a duplicate the chance to show up.
-                std::thread::sleep(Duration::from_millis(300));
-                return p.log_since(before.logs[i]).lines().filter(|l| must.iter().all(|m| l.contains(m))).map(String::from).collect();
-            }
-            assert!(Instant::now() < deadline, "no log line on {node} with {must:?}; new log:\n{}", p.log_since(before.logs[i]));
-            std::thread::sleep(Duration::from_millis(100));
+        let matching =
+            || p.log_since(before.logs[i]).lines().filter(|l| must.iter().all(|m| l.contains(m))).map(String::from).collect::<Vec<_>>();
+        let what = Later(|| format!("a log line on {node} with {must:?}; new log:\n{}", p.log_since(before.logs[i])));
+        wait_until(what, Duration::from_secs(10), || !matching().is_empty());
+        // Not synchronization: the window in which a duplicate would show
+        // up (callers assert how many lines there are).
+        std::thread::sleep(Duration::from_millis(300));
+        matching()
+    }
+
+    /// One connection through the mesh from the client pod (node1) to each
+    /// of `targets` (on node2), which leaves a pooled tunnel to each; then
+    /// waits until both proxies counted them closed, so that the next
+    /// case's baseline does not catch them half-recorded.
+    fn warm(&self, targets: &[&str]) {
+        let before = self.before();
+        for to in targets {
+            self.debug(&["tcp", "--to", to, "--send", "warm", "--half-close", "-o", "json"]);
         }
+        let n = targets.len() as i64;
+        wait_until("both proxies to count the warm-up connections closed", Duration::from_secs(10), || {
+            self.delta("node1", &before, CLOSED, &["reporter=\"source\""]) >= n
+                && self.delta("node2", &before, CLOSED, &["reporter=\"destination\""]) >= n
+        });
     }
 
     /// The metric delta on `node` since `before`.
@@ -163,6 +169,13 @@ impl Env {
 const REJECTED: &str = "slipstream_rejected_connections_total";
 const CLOSED: &str = "istio_tcp_connections_closed_total";
 const OPENED: &str = "istio_tcp_connections_opened_total";
+
+/// How an access-log line names the destination of an HBONE connection,
+/// either side, as Istio's ztunnel does: `dst.addr` is where the tunnel
+/// goes (`<pod IP>:15008`), `dst.hbone_addr` the target it carries.
+fn hbone_dst(pod_ip: &str, target: &str) -> [String; 2] {
+    [format!("dst.addr={pod_ip}:15008 "), format!("dst.hbone_addr={target} ")]
+}
 
 /// A connection on :15008 that never becomes a tunnel: the client's answer
 /// is checked by the caller; here the node proxy's side: one counter by
@@ -199,7 +212,10 @@ fn assert_connect_refused(env: &Env, case: &str, authority: &str, status: u64, f
     assert_eq!(v["status"], status, "{case}: {v}");
     assert_eq!(v["flag"], flag, "{case}: {v}");
     assert!(stderr.contains(&format!("flag {flag}")), "{case}: the error names the flag: {stderr}");
-    let lines = env.log_lines("node2", &before, &["connection complete", &format!("dst.addr={authority} ")]);
+    // An inbound HBONE line: the tunnel went to the echo pod's :15008 and
+    // carried a CONNECT to `authority`.
+    let [tunnel, target] = hbone_dst(&env.echo_ip, authority);
+    let lines = env.log_lines("node2", &before, &["connection complete", &tunnel, &target]);
     assert_eq!(lines.len(), 1, "{case}: exactly one access-log line: {lines:#?}");
     let l = &lines[0];
     assert!(l.contains(&format!("flag={flag}")) && l.contains(error), "{case}: {l}");
@@ -223,7 +239,8 @@ fn the_hbone_port_answers_bad_peers_and_bad_requests_correctly() {
     let (code, v, stderr) = env.hbone(&echo_tcp, &["--send", "hello", "--half-close"]);
     assert_eq!(code, 0, "{v} {stderr}");
     assert_eq!((v["status"].as_u64(), v["data"].as_str(), v["end"].as_str()), (Some(200), Some("hello"), Some("eof")));
-    env.log_lines("node2", &before, &["connection complete", &format!("dst.addr={echo_tcp} "), "bytes_sent=5 bytes_recv=5"]);
+    let [tunnel, target] = hbone_dst(&env.echo_ip, &echo_tcp);
+    env.log_lines("node2", &before, &["connection complete", &tunnel, &target, "bytes_sent=5 bytes_recv=5"]);
     env.settled("good tunnel", &before, 0);
 
     // Garbage on :15008: a TLS alert (decode_error) and a clean close.
@@ -354,10 +371,7 @@ fn half_close_both_ways_and_a_reader_that_stops() {
     let banner_tcp = format!("{banner_ip}:9000");
 
     // Warm the pools (one tunnel per destination stays for reuse).
-    for to in [&echo_tcp, &banner_tcp] {
-        env.debug(&["tcp", "--to", to, "--send", "warm", "--half-close", "-o", "json"]);
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    env.warm(&[&echo_tcp, &banner_tcp]);
 
     // Client -> server half-close: the client ends its side and still
     // receives every byte of the echo, then end of stream.
@@ -370,8 +384,10 @@ fn half_close_both_ways_and_a_reader_that_stops() {
         "{v}"
     );
     let bytes = format!("bytes_sent={n} bytes_recv={n} ", n = 3 << 20);
+    // HBONE lines on both sides: node1's outbound, node2's inbound.
+    let [tunnel, target] = hbone_dst(&env.echo_ip, &echo_tcp);
     for node in ["node1", "node2"] {
-        let lines = env.log_lines(node, &before, &["connection complete", &format!("dst.addr={echo_tcp} "), &bytes]);
+        let lines = env.log_lines(node, &before, &["connection complete", &tunnel, &target, &bytes]);
         assert_eq!(lines.len(), 1, "{node}: {lines:#?}");
         assert!(!lines[0].contains("error="), "{node}: a clean close: {}", lines[0]);
     }
@@ -396,8 +412,9 @@ fn half_close_both_ways_and_a_reader_that_stops() {
     // the client sent, node2's what the server sent.
     let outbound = format!("bytes_sent=26 bytes_recv={} ", BANNER.len());
     let inbound = format!("bytes_sent={} bytes_recv=26 ", BANNER.len());
+    let [tunnel, target] = hbone_dst(&banner_ip, &banner_tcp);
     for (node, bytes) in [("node1", outbound), ("node2", inbound)] {
-        let lines = env.log_lines(node, &before, &["connection complete", &format!("dst.addr={banner_tcp} ")]);
+        let lines = env.log_lines(node, &before, &["connection complete", &tunnel, &target]);
         assert_eq!(lines.len(), 1, "{node}: {lines:#?}");
         assert!(lines[0].contains(&bytes) && !lines[0].contains("error="), "{node}: {}", lines[0]);
     }
@@ -415,12 +432,27 @@ fn half_close_both_ways_and_a_reader_that_stops() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(5));
+    // Held back: every window and buffer on the path is full once the
+    // writer's socket keeps unacknowledged data that no longer moves.
+    let client_netns = env.c.pods("client-")[0]["netns"].as_str().unwrap().to_string();
+    let mut last = (socket_queues(&client_netns, &echo_tcp), Instant::now());
+    let what = Later(|| {
+        format!("the writer to be held back by flow control; its socket's (Recv-Q, Send-Q): {:?}", socket_queues(&client_netns, &echo_tcp))
+    });
+    wait_until(what, Duration::from_secs(10), || {
+        let now = socket_queues(&client_netns, &echo_tcp);
+        if now != last.0 {
+            last = (now.clone(), Instant::now());
+        }
+        now.len() == 1 && now[0].1 > 0 && last.1.elapsed() >= Duration::from_secs(1)
+    });
     let mut peak = vec![0u64; env.proxies.len()];
     for _ in 0..5 {
         for (i, p) in env.proxies.iter().enumerate() {
             peak[i] = peak[i].max(p.rss_kib());
         }
+        // Not synchronization: the proxies' memory is sampled over 2 s of
+        // the stall.
         std::thread::sleep(Duration::from_millis(400));
     }
     // Meanwhile, another connection to the same server works.
@@ -443,12 +475,29 @@ fn half_close_both_ways_and_a_reader_that_stops() {
         );
         assert!(grew < 40 * 1024, "the node proxy of {} grew by {grew} KiB", p.node);
     }
-    // The stalled connection is recorded once, as the client reset it.
-    let lines = env.log_lines("node1", &before, &["connection complete", &format!("dst.addr={echo_tcp} "), "flag="]);
+    // The stalled connection is recorded once (node1's outbound HBONE
+    // line), as the client reset it.
+    let [tunnel, target] = hbone_dst(&env.echo_ip, &echo_tcp);
+    let lines = env.log_lines("node1", &before, &["connection complete", &tunnel, &target, "flag="]);
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert_eq!(env.delta("node1", &before, CLOSED, &["reporter=\"source\""]), 2, "the stalled and the concurrent connection");
     env.settled("stalled reader", &before, 0);
     env.c.down();
+}
+
+/// Receive and send queue of each established connection from the pod of
+/// `netns` to `to`, as the app's socket has them (the pod's capture is
+/// transparent to it).
+fn socket_queues(netns: &str, to: &str) -> Vec<(u64, u64)> {
+    let o = Command::new("ip").args(["netns", "exec", netns, "ss", "-tnH", "state", "established", "dst", to]).output().unwrap();
+    assert!(o.status.success(), "ss in {netns}: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace().map(str::parse::<u64>);
+            Some((f.next()?.ok()?, f.next()?.ok()?))
+        })
+        .collect()
 }
 
 /// Tries to raise this process's open-file limit, hard limit included, so
@@ -527,8 +576,7 @@ fn ten_thousand_concurrent_connections_through_the_mesh() {
             assert!(o.status.success(), "{setting} in {netns}: {}", text(&o));
         }
     }
-    env.debug(&["tcp", "--to", &echo_tcp, "--send", "warm", "--half-close", "-o", "json"]);
-    std::thread::sleep(Duration::from_millis(500));
+    env.warm(&[&echo_tcp]);
 
     // What one connection costs each proxy, measured on 200, against what
     // the proxies may open: a limit too low for 10 000 is said plainly.

@@ -166,7 +166,7 @@ async fn client_certificate_from_another_ca_is_rejected() {
         pool.connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap_err();
     assert!(matches!(err, HboneError::Tls { .. }), "got {err}");
     assert_eq!(err.flag(), ResponseFlag::TlsFailure);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.handler.wait_handshake_failures(1).await;
     let stats = server.stats.snapshot();
     assert_eq!(stats.tls_failures, 1);
     assert_eq!(stats.streams, 0);
@@ -184,7 +184,7 @@ async fn no_local_workload_refuses_the_handshake() {
     let err =
         pool.connect(&key(&client, &[id("httpbin")], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap_err();
     assert!(matches!(err, HboneError::Tls { .. }), "got {err}");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.handler.wait_handshake_failures(1).await;
     let stats = server.stats.snapshot();
     assert_eq!(stats.refused_no_workload, 1);
     assert_eq!(stats.tls_failures, 0, "counted as a refusal, not a failure");
@@ -221,7 +221,7 @@ async fn garbage_and_plain_tcp_are_dropped_and_the_server_keeps_serving() {
     h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
     let _ = tokio::time::timeout(Duration::from_secs(2), h2c.read_to_end(&mut Vec::new())).await.expect("closed promptly");
 
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.handler.wait_handshake_failures(5).await;
     assert_eq!(server.stats.snapshot().tls_failures, 5);
 
     // Still serving.
@@ -279,7 +279,11 @@ async fn server_drops_a_peer_that_does_not_answer_pings() {
     tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap(); // empty SETTINGS
     tls.flush().await.unwrap();
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Within 1 s: a PING every 100 ms, 300 ms to answer it.
+    wait_until_async("the server to give up on the unanswered PINGs", Duration::from_secs(1), || {
+        server.stats.snapshot().keepalive_timeouts >= 1
+    })
+    .await;
     assert_eq!(server.stats.snapshot().keepalive_timeouts, 1);
     // Everything the server sent, then the end.
     let closed = tokio::time::timeout(Duration::from_secs(2), tls.read_to_end(&mut Vec::new())).await;
@@ -310,7 +314,7 @@ async fn client_drops_a_peer_that_does_not_answer_pings() {
     let err = pool.connect(&key(&client, &[server_id], addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(3), "failed by keepalive, not by the response timeout");
     assert!(!matches!(err, HboneError::Timeout(_)), "got {err}");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_until_async("the pool to drop the dead connection", WAIT, || pool.connection_count() == 0).await;
     assert_eq!(pool.connection_count(), 0);
 }
 

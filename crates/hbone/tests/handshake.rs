@@ -75,23 +75,18 @@ impl Handler for Recorder {
 
 impl Recorder {
     async fn wait_failures(&self, n: usize) -> Vec<HandshakeFailure> {
-        for _ in 0..300 {
-            if self.failures.lock().unwrap().len() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until_async(format!("{n} failed handshakes reported"), WAIT, || self.failures.lock().unwrap().len() >= n).await;
         self.failures.lock().unwrap().clone()
     }
 
     async fn wait_records(&self, n: usize) -> Vec<StreamRecord> {
-        for _ in 0..300 {
-            if self.records.lock().unwrap().len() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until_async(format!("{n} stream records"), WAIT, || self.records.lock().unwrap().len() >= n).await;
         self.records.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` handshakes hold an admission slot.
+    async fn wait_handshakes(&self, n: usize, what: &str, within: Duration) {
+        wait_until_async(what, within, || self.handshakes.load(Ordering::SeqCst) == n).await;
     }
 }
 
@@ -166,13 +161,7 @@ async fn admission_is_asked_before_the_handshake_and_held_until_it_ends() {
     let (addr, rec, _drain) = serve_with(&mesh, &id("server"), ServerConfig::default(), recorder).await;
     // A silent client holds the one handshake slot.
     let silent = TcpStream::connect(addr).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while rec.handshakes.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the silent client admitted");
+    rec.wait_handshakes(1, "the silent client admitted", Duration::from_secs(5)).await;
     // The next is closed at once, before any TLS, and reported once.
     let mut refused = TcpStream::connect(addr).await.unwrap();
     let mut buf = [0u8; 16];
@@ -182,26 +171,14 @@ async fn admission_is_asked_before_the_handshake_and_held_until_it_ends() {
     assert_eq!((f.len(), f[0].kind, f[0].kind.as_str()), (1, HandshakeFailureKind::PeerHandshakeLimit, "peer_handshake_limit"));
     // The slot comes back when the silent client leaves.
     drop(silent);
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while rec.handshakes.load(Ordering::SeqCst) != 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the silent client's slot given back when it closed");
+    rec.wait_handshakes(0, "the silent client's slot given back when it closed", Duration::from_secs(5)).await;
     let back = raw(addr, b"GET / HTTP/1.1\r\n\r\n").await;
     assert_eq!(back.first(), Some(&0x15), "admitted again: it gets the TLS alert {back:?}");
     let f = rec.wait_failures(3).await;
     assert_eq!(f.iter().filter(|f| f.kind == HandshakeFailureKind::PeerHandshakeLimit).count(), 1, "{f:#?}");
     // (A refused handshake keeps its slot while it lingers to let the
     // client read the alert, up to 1 s.)
-    tokio::time::timeout(Duration::from_secs(3), async {
-        while rec.handshakes.load(Ordering::SeqCst) != 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("every slot given back");
+    rec.wait_handshakes(0, "every slot given back", Duration::from_secs(3)).await;
 }
 
 /// Presents one certificate whatever identity is asked for.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
+use futures_util::FutureExt;
 use http::{Method, Request, StatusCode};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -145,21 +146,15 @@ async fn idle_connections_close_busy_ones_stay() {
 
     // A tunnel held open longer than the idle timeout keeps its connection.
     let mut held = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
+    // Not synchronization: the window (over twice the idle timeout) in
+    // which the busy connection must NOT be closed.
     tokio::time::sleep(Duration::from_millis(700)).await;
     echo_once(&mut held, b"still open").await;
     assert_eq!(pool.connection_count(), 1);
     drop(held);
 
     // Without streams it closes after the idle timeout.
-    let mut closed = false;
-    for _ in 0..100 {
-        if pool.connection_count() == 0 {
-            closed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(closed, "idle connection closed");
+    wait_until_async("the idle connection to close", WAIT, || pool.connection_count() == 0).await;
     let mut again = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut again, b"new").await;
     assert_eq!(server.stats.snapshot().connections_accepted, 2);
@@ -191,7 +186,17 @@ async fn drain_sends_goaway_and_lets_open_streams_finish() {
     assert_eq!(status, StatusCode::OK);
 
     let drained = tokio::spawn(server.drain.take().unwrap().drain(Duration::from_secs(10)));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The drain reached both: the listener is closed and the raw client
+    // has the GOAWAY (h2 then fails `ready()` without opening a stream).
+    wait_until_async("the listener to close and the raw client to get GOAWAY", WAIT, || {
+        server.task.is_finished() && matches!(raw.clone().ready().now_or_never(), Some(Err(_)))
+    })
+    .await;
+    // The pooled connection got its GOAWAY at the same time; a round trip on
+    // its open stream makes sure the pool has read it: the server queued the
+    // GOAWAY when the drain began, before this echo, and h2 delivers frames
+    // in order.
+    echo_once(&mut pooled, b"drain started").await;
 
     // GOAWAY: the raw connection takes no new stream...
     let refused = raw_connect(&raw, echo_target()).await.map(|r| r.0).unwrap_err();
@@ -288,6 +293,8 @@ async fn concurrent_callers_share_one_dial() {
     let slow_refusal = move |_dst: SocketAddr, _src: IpAddr| {
         counted.fetch_add(1, Ordering::SeqCst);
         async {
+            // Not synchronization: a slow dial, so that the 20 callers
+            // arrive while it is still in flight.
             tokio::time::sleep(Duration::from_millis(200)).await;
             Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
         }

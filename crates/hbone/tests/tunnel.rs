@@ -211,14 +211,34 @@ async fn slow_reader_on_client_blocks_the_application() {
     let pool = mesh.pool(PoolConfig::default());
     let tunnel =
         pool.connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 7001))).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let first = server.handler.flood_written.load(Ordering::Relaxed);
+    // The flood fills every window and buffer, then its writes stop: wait
+    // until it has not moved for 500 ms (without flow control it never stops).
+    let written = || server.handler.flood_written.load(Ordering::Relaxed);
+    let mut last = (written(), tokio::time::Instant::now());
+    wait_until_async("the flooding application to be held back", WAIT, || {
+        let now = written();
+        if now != last.0 {
+            last = (now, tokio::time::Instant::now());
+        }
+        now > 0 && last.1.elapsed() >= Duration::from_millis(500)
+    })
+    .await;
+    let first = written();
+    // Not synchronization: the window in which a blocked application must
+    // NOT write anything more.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = server.handler.flood_written.load(Ordering::Relaxed);
+    let second = written();
     assert_eq!(first, second, "the application is blocked");
     assert!(first >= 1024 * 1024, "made progress: {first}");
     assert!(first <= 8 * 1024 * 1024, "bounded by flow control: {first}");
     drop(tunnel);
+}
+
+/// Waits for the client of the stream to `port` to say it has done `what`.
+async fn heard(client: &mut tokio::sync::mpsc::UnboundedReceiver<&'static str>, port: u16, what: &'static str) {
+    let got =
+        tokio::time::timeout(WAIT, client.recv()).await.unwrap_or_else(|_| panic!("port {port}: the client never said it had {what}"));
+    assert_eq!(got, Some(what), "port {port}");
 }
 
 /// How the client reads the ways a peer can end a stream.
@@ -230,6 +250,10 @@ async fn resets_read_as_eof_or_error_by_reason() {
     let config = mesh.server_tls().config_for(&server_cert).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // The client tells the server when it has read "hi" and when it has
+    // read to the end; one stream at a time.
+    let (client_says, server_hears) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let server_hears = std::sync::Arc::new(tokio::sync::Mutex::new(server_hears));
     // A bare h2 server: answers 200, sends "hi", then ends the stream the
     // way the target port says.
     tokio::spawn(async move {
@@ -238,18 +262,21 @@ async fn resets_read_as_eof_or_error_by_reason() {
         let mut conn = h2::server::handshake(tls).await.unwrap();
         while let Some(Ok((request, mut respond))) = conn.accept().await {
             let port = request.uri().port_u16().unwrap();
+            let client = server_hears.clone();
             tokio::spawn(async move {
+                let mut client = client.lock().await;
                 let mut send = respond.send_response(http::Response::new(()), false).unwrap();
                 send.send_data(bytes::Bytes::from_static(b"hi"), port == 4).unwrap();
-                // Let the DATA frame go out before the reset discards queues.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // The DATA frame must be out before the reset discards queues.
+                heard(&mut client, port, "read hi").await;
                 match port {
                     1 => send.send_reset(h2::Reason::NO_ERROR),
                     2 => send.send_reset(h2::Reason::CANCEL),
                     3 => send.send_reset(h2::Reason::INTERNAL_ERROR),
                     _ => {} // 4: END_STREAM was on the DATA frame
                 }
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                // The stream stays until the client has seen how it ended.
+                heard(&mut client, port, "read to the end").await;
                 drop(request);
             });
         }
@@ -262,8 +289,10 @@ async fn resets_read_as_eof_or_error_by_reason() {
         let mut hi = [0u8; 2];
         tunnel.read_exact(&mut hi).await.unwrap();
         assert_eq!(&hi, b"hi");
+        client_says.send("read hi").unwrap();
         let mut rest = Vec::new();
         let end = tokio::time::timeout(Duration::from_secs(5), tunnel.read_to_end(&mut rest)).await.expect("stream ends");
+        client_says.send("read to the end").unwrap();
         if eof {
             assert_eq!(end.unwrap(), 0, "port {port}: end of stream");
         } else {

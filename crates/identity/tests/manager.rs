@@ -1,9 +1,12 @@
 //! CertManager: shared fetches, half-life renewal, failure handling, dump.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use common::{wait_until_async, WAIT};
 use futures_util::future::BoxFuture;
 use slipstream_identity::{
     Ca, CertManager, CertManagerConfig, CertStatus, CertificateProvider, FetchError, LocalCaProvider, SpiffeId, TrustDomain, WorkloadCert,
@@ -28,6 +31,11 @@ impl CountingProvider {
     }
 }
 
+/// The time left until `t` (zero if it has passed).
+fn until(t: SystemTime) -> Duration {
+    t.duration_since(SystemTime::now()).unwrap_or_default()
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("CA unreachable")]
 struct Unreachable;
@@ -36,6 +44,8 @@ impl CertificateProvider for CountingProvider {
     fn fetch<'a>(&'a self, id: &'a SpiffeId) -> BoxFuture<'a, Result<WorkloadCert, FetchError>> {
         Box::pin(async move {
             self.fetches.fetch_add(1, Ordering::SeqCst);
+            // Not synchronization: a slow CA, so that concurrent requests
+            // arrive while a fetch is in flight.
             tokio::time::sleep(self.delay).await;
             if self.fail.load(Ordering::SeqCst) {
                 return Err(FetchError::Provider(Arc::new(Unreachable)));
@@ -82,8 +92,11 @@ async fn renews_at_half_life() {
     let first = manager.fetch_certificate(&who).await.unwrap();
     assert!(!first.should_renew(SystemTime::now()));
 
-    let wait_until = first.renew_at() + Duration::from_millis(700);
-    tokio::time::sleep(wait_until.duration_since(SystemTime::now()).unwrap_or_default()).await;
+    // Renewed by 0.7 s past half-life at the latest.
+    wait_until_async("the certificate to be renewed in the background", until(first.renew_at() + Duration::from_millis(700)), || {
+        manager.certificates().iter().any(|c| matches!(&c.status, CertStatus::Ready { serial, .. } if serial != first.serial()))
+    })
+    .await;
     let second = manager.fetch_certificate(&who).await.unwrap();
     assert_ne!(second.serial(), first.serial(), "renewed in the background");
     assert_eq!(provider.fetches.load(Ordering::SeqCst), 2);
@@ -108,7 +121,11 @@ async fn failure_is_shared_and_retried() {
     }
 
     provider.fail.store(false, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Retried within 0.4 s (the first retry comes after 100 ms).
+    wait_until_async("a retry to fetch the certificate", Duration::from_millis(400), || {
+        matches!(manager.certificates()[0].status, CertStatus::Ready { .. })
+    })
+    .await;
     let cert = manager.fetch_certificate(&who).await.unwrap();
     assert_eq!(cert.identity(), &who);
 }
@@ -121,7 +138,11 @@ async fn renewal_failure_keeps_the_valid_certificate() {
     let who = id("spiffe://cluster.local/ns/default/sa/sleep");
     let first = manager.fetch_certificate(&who).await.unwrap();
     provider.fail.store(true, Ordering::SeqCst);
-    tokio::time::sleep(first.renew_at().duration_since(SystemTime::now()).unwrap_or_default() + Duration::from_millis(300)).await;
+    let fetches = || provider.fetches.load(Ordering::SeqCst);
+    wait_until_async("a renewal attempt by 0.3 s past half-life", until(first.renew_at() + Duration::from_millis(300)), || fetches() >= 2)
+        .await;
+    // A third fetch is the retry: the failed renewal was handled by then.
+    wait_until_async("a retry after the failed renewal", WAIT, || fetches() >= 3).await;
     assert!(provider.fetches.load(Ordering::SeqCst) >= 2, "renewal was attempted");
     let still = manager.fetch_certificate(&who).await.unwrap();
     assert_eq!(still.serial(), first.serial());

@@ -2,6 +2,7 @@
 //! ports and a minimal HTTP client that exposes its own socket address.
 #![allow(dead_code)] // each test binary uses a different subset
 
+use std::fmt::Display;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -94,14 +95,24 @@ async fn collect(resp: http::Response<hyper::body::Incoming>, client_addr: Socke
     Answer { status: parts.status, version: parts.version, headers: parts.headers, body, client_addr }
 }
 
-/// Waits until `check` holds, for things that happen just after an answer
-/// (the access log is written when the server drops the body).
-pub async fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    for _ in 0..100 {
-        if check() {
-            return true;
-        }
+/// Waits until `done` holds, checking every 20 ms without blocking the
+/// runtime. If it still does not after `within`, panics saying what never
+/// happened: "timed out after 20s waiting for {what}". For things that
+/// happen just after an answer (the access log is written when the server
+/// drops the body): tests wait for them instead of sleeping.
+pub async fn wait_until_async(what: impl Display, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    false
+}
+
+/// [`wait_until_async`] for tests without a runtime: blocks the thread.
+pub fn wait_until(what: impl Display, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

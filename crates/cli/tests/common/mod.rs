@@ -4,8 +4,11 @@
 #![allow(dead_code)]
 
 use serde_json::Value;
+use std::fmt::Display;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub fn bin() -> &'static str {
@@ -141,11 +144,60 @@ pub fn processes_mentioning(needle: &str) -> Vec<String> {
     out
 }
 
-pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+/// Waits until `done` holds, checking every 100 ms. If it still does not
+/// after `within`, panics saying what never happened: "timed out after 10s
+/// waiting for {what}". `what` is only formatted then, so a [`Later`] can
+/// show the state at that moment. Tests use this, not a sleep, whenever
+/// they need something to have happened.
+pub fn wait_until(what: impl Display, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A [`wait_until`] message written when the wait fails, e.g. with the log
+/// or the status at that moment.
+pub struct Later<F>(pub F);
+
+impl<F: Fn() -> String> Display for Later<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&(self.0)())
+    }
+}
+
+/// What a child process writes to a pipe, read by a thread as it comes, so
+/// that a test can wait for a line while the child still runs.
+pub struct Collected {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Collected {
+    pub fn new(mut pipe: impl Read + Send + 'static) -> Collected {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let sink = bytes.clone();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Collected { bytes, reader }
+    }
+
+    /// What arrived so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes.lock().unwrap()).into_owned()
+    }
+
+    /// Everything, once the pipe is closed (the child has exited).
+    pub fn finish(self) -> String {
+        let Collected { bytes, reader } = self;
+        reader.join().unwrap();
+        let bytes = bytes.lock().unwrap();
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 }
 
@@ -215,19 +267,8 @@ impl Proxy {
 
     /// Waits until the proxy holds at most `max` descriptors.
     pub fn settle_fds(&self, case: &str, max: usize) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let now = self.fds();
-            if now <= max {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{case}: the node proxy of {} keeps {now} descriptors open (at most {max} expected)",
-                self.node
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let what = Later(|| format!("{case}: the node proxy of {} to hold at most {max} descriptors; it holds {}", self.node, self.fds()));
+        wait_until(what, Duration::from_secs(15), || self.fds() <= max);
     }
 }
 

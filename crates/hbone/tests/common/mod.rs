@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::fmt::Display;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,8 +15,8 @@ use futures_util::future::BoxFuture;
 use rustls_pki_types::ServerName;
 use slipstream_hbone::drain::{self, DrainTrigger};
 use slipstream_hbone::{
-    CertResolver, Handler, HboneError, InboundRequest, PlainConnector, Pool, PoolConfig, PoolKey, ResolveError, Server, ServerConfig,
-    ServerStats, StreamRecord, Upstream,
+    CertResolver, Handler, HandshakeFailure, HboneError, InboundRequest, PlainConnector, Pool, PoolConfig, PoolKey, ResolveError, Server,
+    ServerConfig, ServerStats, StreamRecord, Upstream,
 };
 use slipstream_identity::tls::{client_config, ServerTls};
 use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, SpiffeId, TrustDomain, WorkloadCert};
@@ -25,6 +26,22 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 
 pub const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// How long a test waits for something that is about to happen (a counter,
+/// a record, a connection closing) before it fails.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until `done` holds, checking every 10 ms without blocking the
+/// runtime. If it still does not after `within`, panics saying what never
+/// happened: "timed out after 10s waiting for {what}". Tests use it
+/// instead of sleeping whenever they need something to have happened.
+pub async fn wait_until_async(what: impl Display, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 pub fn id(sa: &str) -> SpiffeId {
     SpiffeId::new("cluster.local", "default", sa).unwrap()
@@ -104,6 +121,9 @@ pub struct TestHandler {
     pub records: Mutex<Vec<StreamRecord>>,
     pub held: Mutex<Vec<DuplexStream>>,
     pub greet_received: Arc<Mutex<Vec<u64>>>,
+    /// Connections that ended before their first stream, as the server
+    /// reported them (after counting them in its stats).
+    pub handshake_failures: Mutex<Vec<HandshakeFailure>>,
     pub flood_written: Arc<AtomicU64>,
     /// A target this proxy serves as a waypoint.
     pub waypoint_for: Mutex<Option<SocketAddr>>,
@@ -125,14 +145,20 @@ impl TestHandler {
     /// Waits until `n` stream records arrived (they are written when the
     /// server side of a stream finishes, slightly after the client's).
     pub async fn wait_records(&self, n: usize) -> Vec<StreamRecord> {
-        for _ in 0..500 {
-            let records = self.records();
-            if records.len() >= n {
-                return records;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("only {} of {n} stream records", self.records().len());
+        wait_until_async(format!("the server to record {n} streams"), WAIT, || self.records().len() >= n).await;
+        self.records()
+    }
+
+    pub fn handshake_failures(&self) -> Vec<HandshakeFailure> {
+        self.handshake_failures.lock().unwrap().clone()
+    }
+
+    /// Waits until the server reported `n` connections that failed before
+    /// their first stream. It reports each once it is done with it, so its
+    /// stats about those connections are final then.
+    pub async fn wait_handshake_failures(&self, n: usize) -> Vec<HandshakeFailure> {
+        wait_until_async(format!("the server to report {n} failed handshakes"), WAIT, || self.handshake_failures().len() >= n).await;
+        self.handshake_failures()
     }
 }
 
@@ -195,6 +221,10 @@ impl Handler for TestHandler {
 
     fn on_stream_end(&self, record: &StreamRecord) {
         self.records.lock().unwrap().push(record.clone());
+    }
+
+    fn on_handshake_failure(&self, failure: &HandshakeFailure) {
+        self.handshake_failures.lock().unwrap().push(failure.clone());
     }
 }
 
