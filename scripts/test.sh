@@ -12,6 +12,27 @@ if ! grep -q " /sys/fs/bpf bpf " /proc/mounts; then
   mkdir -p /sys/fs/bpf && mount -t bpf bpf /sys/fs/bpf
 fi
 
+# Formatting and lints first: they take a minute, the tests take many.
+for tool in fmt clippy; do
+  if ! cargo "$tool" --version >/dev/null 2>&1; then
+    component=$([ "$tool" = fmt ] && echo rustfmt || echo clippy)
+    echo "test.sh: cargo $tool is missing; install it with: rustup component add $component" >&2
+    exit 1
+  fi
+done
+if ! cargo fmt --all --check; then
+  echo "test.sh: the code is not formatted as rustfmt.toml says (diff above); run: cargo fmt --all" >&2
+  exit 1
+fi
+# --release, as the tests below: they share build scripts and proc macros.
+if ! cargo clippy --release --locked --workspace --all-targets -- -D warnings; then
+  echo "test.sh: clippy refused the code (above). Fix each warning, or, if one is wrong for this" >&2
+  echo "  code, allow it where it occurs with a comment saying why (or in [workspace.lints] of" >&2
+  echo "  Cargo.toml, with a reason). Check again with:" >&2
+  echo "    cargo clippy --release --locked --workspace --all-targets -- -D warnings" >&2
+  exit 1
+fi
+
 # Release profile everywhere: the integration tests measure a real data path,
 # and one profile means one compile of the dependencies.
 cargo test --release --locked --workspace --no-fail-fast

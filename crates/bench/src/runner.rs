@@ -112,7 +112,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding the slipstream binary")?;
     let cluster = Cluster::new(exe, CLUSTER, out.join("cluster.log"));
     let teardown = Teardown::new(&cluster);
-    let measured_result = measure(&cluster, &paths, &manifest_file, &settings, &steps, &measured, &mut results, &out);
+    let job = Job { settings: &settings, steps: &steps, measured: &measured };
+    let measured_result = measure(&cluster, &paths, &manifest_file, &job, &mut results, &out);
     print!("removing cluster {CLUSTER:?} ... ");
     flush();
     let down = teardown.finish();
@@ -149,17 +150,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn measure(
-    cluster: &Cluster,
-    paths: &Paths,
-    manifest_file: &Path,
-    settings: &Settings,
-    steps: &[Step],
-    measured: &[&Scenario],
-    results: &mut Results,
-    out: &Path,
-) -> anyhow::Result<()> {
+/// What `measure` runs: the steps, in order, over the scenarios that can be
+/// measured, with these settings.
+struct Job<'a> {
+    settings: &'a Settings,
+    steps: &'a [Step],
+    measured: &'a [&'a Scenario],
+}
+
+fn measure(cluster: &Cluster, paths: &Paths, manifest_file: &Path, job: &Job, results: &mut Results, out: &Path) -> anyhow::Result<()> {
+    let &Job { settings, steps, measured } = job;
     print!("starting cluster {CLUSTER:?} ({} nodes) ... ", manifests::NODES);
     flush();
     let t = Instant::now();

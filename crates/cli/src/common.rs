@@ -122,17 +122,38 @@ pub fn print_warnings(loaded: &[Loaded]) {
     }
 }
 
+/// A duration flag (`--timeout`): one number, integer or decimal, with
+/// unit `ms`, `s`, `m` or `h`, or none for seconds (`3` is `3s`). The form
+/// is checked here, so that the flags take what they always took (humantime
+/// alone would also take `1m30s` or `2 min`, and not `3`); humantime
+/// computes the value exactly, refusing what overflows and what it cannot
+/// represent (a fraction of a nanosecond, a fraction of an hour that is not
+/// whole seconds) rather than rounding.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
-    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration (examples: 30s, 2m, 500ms)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
+    let num = humantime_decimal(num).ok_or_else(|| format!("{s:?} is not a duration (examples: 30s, 2m, 500ms)"))?;
+    let unit = match unit {
+        "" => "s",
+        "ms" | "s" | "m" | "h" => unit,
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
     };
-    Ok(Duration::from_secs_f64(secs))
+    humantime::parse_duration(&format!("{num}{unit}")).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// A decimal written with digits and at most one dot (`5`, `1.5`, `.5`,
+/// `5.`) as humantime reads one (`5`, `1.5`, `0.5`, `5`; trailing zeros of
+/// the fraction dropped, which humantime counts against its precision);
+/// None for anything else (pure).
+fn humantime_decimal(num: &str) -> Option<String> {
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (int.is_empty() && frac.is_empty()) || !(int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    let int = if int.is_empty() { "0" } else { int };
+    Some(match frac.trim_end_matches('0') {
+        "" => int.to_owned(),
+        frac => format!("{int}.{frac}"),
+    })
 }
 
 /// Why a pod blocks convergence, if it does: Some(Err) for a failure that
@@ -244,6 +265,64 @@ impl Scope {
                 "Namespace" => k.name == p.namespace,
                 _ => false,
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duration_flags_take_one_number_with_an_optional_unit() {
+        let cases = [
+            ("120s", Duration::from_secs(120)),
+            ("2m", Duration::from_secs(120)),
+            ("1h", Duration::from_secs(3600)),
+            ("500ms", Duration::from_millis(500)),
+            // No unit: seconds.
+            ("3", Duration::from_secs(3)),
+            ("0", Duration::ZERO),
+            ("1.5", Duration::from_millis(1500)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("0.25m", Duration::from_secs(15)),
+            ("2.5ms", Duration::from_micros(2500)),
+            ("1.5h", Duration::from_secs(5400)),
+            (".5s", Duration::from_millis(500)),
+            ("5.", Duration::from_secs(5)),
+            ("007s", Duration::from_secs(7)),
+            ("1.250000000000s", Duration::from_millis(1250)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+    }
+
+    #[test]
+    fn duration_flags_refuse_other_forms_with_a_reason() {
+        let cases = [
+            ("", "not a duration"),
+            ("s", "not a duration"),
+            (".", "not a duration"),
+            ("1.2.3s", "not a duration"),
+            ("-1s", "not a duration"),
+            ("+1s", "not a duration"),
+            (" 1s", "not a duration"),
+            ("1 s", "unknown unit"),
+            ("1m30s", "unknown unit"),
+            ("5x", "unknown unit"),
+            ("2min", "unknown unit"),
+            ("1d", "unknown unit"),
+            ("1ns", "unknown unit"),
+            ("1e3s", "unknown unit"),
+            ("99999999999999999999h", "too large"),
+            // Not rounded: refused.
+            ("0.0000000001", "precision"),
+            ("0.001h", "precision"),
+        ];
+        for (text, why) in cases {
+            let err = parse_duration(text).unwrap_err();
+            assert!(err.contains(why), "{text}: {err}");
         }
     }
 }

@@ -110,7 +110,7 @@ fn strict_mtls_holds_over_ipv6_too() {
 
     // Nor can the meshed app itself send IPv6 around the mesh.
     let out_before = guard_hits(&echo_ns, "ipv6_out");
-    let (code, _) = c.exec("default", "echo", &["curl", "-sS", "-g", "--max-time", "3", &format!("http://[fe80::1%eth0]:80/")]);
+    let (code, _) = c.exec("default", "echo", &["curl", "-sS", "-g", "--max-time", "3", "http://[fe80::1%eth0]:80/"]);
     assert_ne!(code, 0);
     assert!(guard_hits(&echo_ns, "ipv6_out") > out_before, "IPv6 leaving the meshed pod was not refused by its guard");
 

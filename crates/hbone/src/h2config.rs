@@ -12,7 +12,9 @@ pub struct H2Config {
     pub connection_window: u32,
     /// Largest DATA frame we accept (SETTINGS_MAX_FRAME_SIZE).
     pub max_frame_size: u32,
-    /// Largest decoded header block we accept; bigger requests are refused.
+    /// Largest decoded header list we accept (SETTINGS_MAX_HEADER_LIST_SIZE,
+    /// counted as RFC 9113 does: name + value + 32 per field); bigger
+    /// requests are refused with 431.
     pub max_header_list_size: u32,
     /// Per-stream bytes h2 may queue for sending beyond what was written to
     /// the socket; bounds memory per stream together with flow control.
@@ -29,7 +31,9 @@ impl Default for H2Config {
             stream_window: 4 * 1024 * 1024,
             connection_window: 16 * 1024 * 1024,
             max_frame_size: 1024 * 1024,
-            max_header_list_size: 16 * 1024,
+            // As ztunnel: a peer's CONNECT with long baggage or forwarded
+            // headers must not be refused by one proxy and taken by another.
+            max_header_list_size: 64 * 1024,
             max_send_buffer: 1024 * 1024,
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(20),

@@ -233,26 +233,75 @@ async fn garbage_and_plain_tcp_are_dropped_and_the_server_keeps_serving() {
     assert_eq!(read_all(&mut tunnel).await.unwrap(), b"still here");
 }
 
+/// The server takes a request header list of up to 64 KiB, as ztunnel does:
+/// 60 KiB reaches the handler whole; over 64 KiB, h2 itself answers 431
+/// before the request reaches our checks, and the connection lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_headers_are_refused_cleanly() {
+async fn header_lists_up_to_64_kib_are_accepted_and_larger_ones_refused_cleanly() {
     let mesh = Mesh::new();
     let (client, server_id) = (id("sleep"), id("httpbin"));
     let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
     let pool = mesh.pool(PoolConfig::default());
     let k = key(&client, &[server_id], server.addr);
-    let huge = http::HeaderValue::from_str(&"x".repeat(20 * 1024)).unwrap();
-    let request = ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)).with_header(http::HeaderName::from_static("x-padding"), huge);
-    let err = pool.connect(&k, request).await.unwrap_err();
-    // h2 itself answers 431 for a request header block over the limit,
-    // before the request reaches our checks.
+    let padding = http::HeaderName::from_static("x-padding");
+    let padded = |bytes: usize| {
+        let value = http::HeaderValue::from_str(&"x".repeat(bytes)).unwrap();
+        ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)).with_header(padding.clone(), value)
+    };
+
+    // 60 KiB of one header, plus the rest of the request: under the limit.
+    let mut tunnel = pool.connect(&k, padded(60 * 1024)).await.expect("a 60 KiB header list is accepted");
+    tunnel.write_all(b"through").await.unwrap();
+    tunnel.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut tunnel).await.unwrap(), b"through");
+    {
+        let requests = server.handler.requests.lock().unwrap();
+        assert_eq!(requests.len(), 1);
+        assert_eq!(requests[0].headers[&padding].len(), 60 * 1024, "the header arrives whole");
+    }
+
+    // A 64 KiB value alone puts the list over 64 KiB (each field also
+    // counts its name and 32 bytes).
+    let err = pool.connect(&k, padded(64 * 1024)).await.unwrap_err();
     assert!(matches!(err, HboneError::Status(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)), "got {err}");
-    assert!(server.handler.requests.lock().unwrap().is_empty());
+    assert_eq!(server.handler.requests.lock().unwrap().len(), 1, "the refused request never reached the handler");
 
     // The connection survives and serves the next tunnel.
     let mut tunnel = pool.connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap();
     tunnel.shutdown().await.unwrap();
     read_all(&mut tunnel).await.unwrap();
-    assert_eq!(server.stats.snapshot().connections_accepted, 1);
+    let stats = server.stats.snapshot();
+    assert_eq!(stats.connections_accepted, 1);
+    assert_eq!(stats.protocol_errors, 0);
+}
+
+/// Four times over the limit, h2 ends the whole connection with GOAWAY
+/// ENHANCE_YOUR_CALM (a header list too large to decode, or, when the block
+/// came in 16 KiB frames before our SETTINGS reached the client, too many
+/// CONTINUATION frames); the server counts a protocol error. The client
+/// may still be writing the block then, and see a broken pipe instead of
+/// the GOAWAY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_lists_far_over_the_limit_end_the_connection() {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
+    let pool = mesh.pool(PoolConfig::default());
+    let k = key(&client, &[server_id], server.addr);
+    let value = http::HeaderValue::from_str(&"a".repeat(260 * 1024)).unwrap();
+    let request = ConnectRequest::new(SocketAddr::new(LOCALHOST, 80)).with_header(http::HeaderName::from_static("x-padding"), value);
+    let err = pool.connect(&k, request).await.unwrap_err();
+    match &err {
+        HboneError::H2(e) => assert!(matches!(e.reason(), Some(h2::Reason::ENHANCE_YOUR_CALM) | None), "got {err}"),
+        other => panic!("expected the connection to end, got {other}"),
+    }
+    assert_eq!(err.flag(), ResponseFlag::ProtocolError);
+    assert!(server.handler.requests.lock().unwrap().is_empty());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while server.stats.snapshot().protocol_errors == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(server.stats.snapshot().protocol_errors, 1);
 }
 
 fn fast_keepalive() -> H2Config {

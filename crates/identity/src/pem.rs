@@ -23,21 +23,9 @@ pub(crate) fn private_key(pem: &str, what: &'static str) -> Result<PrivateKeyDer
         .ok_or(CertError::PemMissing { what, label: "PRIVATE KEY" })
 }
 
+/// `der` as PEM text (RFC 7468): base64 in 64-column lines, LF line ends.
 pub(crate) fn encode(label: &str, der: &[u8]) -> String {
-    // PEM is base64 in 64-column lines (RFC 7468).
-    let b64 = base64(der);
-    let mut out = String::with_capacity(b64.len() + b64.len() / 64 + 64);
-    out.push_str("-----BEGIN ");
-    out.push_str(label);
-    out.push_str("-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-        out.push('\n');
-    }
-    out.push_str("-----END ");
-    out.push_str(label);
-    out.push_str("-----\n");
-    out
+    ::pem::encode_config(&::pem::Pem::new(label, der), ::pem::EncodeConfig::new().set_line_ending(::pem::LineEnding::LF))
 }
 
 pub(crate) fn encode_certs<'a>(certs: impl IntoIterator<Item = &'a CertificateDer<'a>>) -> String {
@@ -48,23 +36,32 @@ pub(crate) fn read_file(path: &Path) -> Result<String, CertError> {
     std::fs::read_to_string(path).map_err(|source| CertError::Io { path: path.to_owned(), source })
 }
 
-fn base64(data: &[u8]) -> String {
-    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        out.push(TABLE[(n >> 18) as usize & 63] as char);
-        out.push(TABLE[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 { TABLE[(n >> 6) as usize & 63] as char } else { '=' });
-        out.push(if chunk.len() > 2 { TABLE[n as usize & 63] as char } else { '=' });
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encodes_rfc_7468_text() {
+        // Base64 in 64-column lines, LF line ends, padding kept; an empty
+        // body has no line at all.
+        let hundred: Vec<u8> = (0..100).collect();
+        let cases: [(&str, &[u8], &str); 3] = [
+            ("TEST", b"", "-----BEGIN TEST-----\n-----END TEST-----\n"),
+            ("PRIVATE KEY", b"hello world!?", "-----BEGIN PRIVATE KEY-----\naGVsbG8gd29ybGQhPw==\n-----END PRIVATE KEY-----\n"),
+            (
+                "CERTIFICATE",
+                &hundred,
+                "-----BEGIN CERTIFICATE-----\n\
+                 AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4v\n\
+                 MDEyMzQ1Njc4OTo7PD0+P0BBQkNERUZHSElKS0xNTk9QUVJTVFVWV1hZWltcXV5f\n\
+                 YGFiYw==\n\
+                 -----END CERTIFICATE-----\n",
+            ),
+        ];
+        for (label, der, want) in cases {
+            assert_eq!(encode(label, der), want, "{label}");
+        }
+    }
 
     #[test]
     fn pem_round_trip() {

@@ -1,9 +1,11 @@
 //! The local cluster that `slipstream up` builds, and that tests use.
 //!
 //! Pure planning (`plan`, `names`) is separate from the code that changes the
-//! machine (`sys`), and the agent (`agent`) joins the two. `unsafe` is
-//! confined to `sys::spawn` (the pre-exec steps that put a process into a
-//! pod) and `sys::signals`.
+//! machine (`sys`), and the agent (`agent`) joins the two. System calls go
+//! through rustix; `unsafe` (the workspace denies it) is allowed only in
+//! `sys::spawn` (the pre-exec steps that put a process into a pod),
+//! `sys::podinit` and `sys::signals`, for the libc calls rustix does not
+//! cover and for raw fds handed across fork and exec.
 
 pub mod agent;
 pub mod ipc;

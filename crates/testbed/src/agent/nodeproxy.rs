@@ -270,7 +270,7 @@ impl NodeProxy {
         self.probe.stop.store(true, Ordering::Relaxed);
         *lock(&self.probe.target) = None;
         if let Some(mut c) = self.child.take() {
-            let _ = crate::sys::signals::kill(c.id() as i32, libc::SIGTERM);
+            let _ = crate::sys::signals::kill(c.id() as i32, crate::sys::signals::Signal::TERM);
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {

@@ -163,7 +163,7 @@ impl PodRuntime {
         let grace = Duration::from_secs(self.inst.spec.grace_period_secs()).min(max_grace);
         tracing::info!(pod = %self.key(), "stopping (grace {grace:?})");
         self.kill_at = Some(Instant::now() + grace);
-        cgroup::signal_tree(&self.cgroup, libc::SIGTERM);
+        cgroup::signal_tree(&self.cgroup, crate::sys::signals::Signal::TERM);
     }
 
     /// Drives a terminating pod; true once it is fully gone.

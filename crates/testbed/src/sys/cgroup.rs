@@ -2,6 +2,8 @@
 //! pod kills all its processes and nothing escapes cleanup.
 
 use std::path::{Path, PathBuf};
+
+use crate::sys::signals::Signal;
 use std::time::{Duration, Instant};
 
 /// The cgroup2 mount point, read from /proc/mounts (hybrid layouts put it at
@@ -35,7 +37,7 @@ pub fn kill_tree(path: &Path, timeout: Duration) -> Result<(), String> {
             let _ = std::fs::write(path.join("cgroup.kill"), "1");
         } else {
             for pid in pids_recursive(path) {
-                let _ = crate::sys::signals::kill(pid, libc::SIGKILL);
+                let _ = crate::sys::signals::kill(pid, Signal::KILL);
             }
         }
         if pids_recursive(path).is_empty() {
@@ -49,7 +51,7 @@ pub fn kill_tree(path: &Path, timeout: Duration) -> Result<(), String> {
 }
 
 /// Sends `sig` to every process of the subtree (graceful stop).
-pub fn signal_tree(path: &Path, sig: i32) {
+pub fn signal_tree(path: &Path, sig: Signal) {
     for pid in pids_recursive(path) {
         let _ = crate::sys::signals::kill(pid, sig);
     }

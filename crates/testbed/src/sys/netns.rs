@@ -3,16 +3,15 @@
 //! caller's.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::Path;
+
+use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
 
 pub fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> T + Send + 'static) -> std::io::Result<T> {
     let file = File::open(netns)?;
     std::thread::spawn(move || {
-        // SAFETY: setns on this thread only; the fd is valid for the call.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))?;
         Ok(f())
     })
     .join()

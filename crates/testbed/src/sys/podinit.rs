@@ -18,12 +18,22 @@
 //! graceful stop must stop `sleep infinity` at once, as it did before. PID 1
 //! and the command die with pod-init (PR_SET_PDEATHSIG), and everything left
 //! in the namespace dies with PID 1, so killing pod-init kills the container.
+//!
+//! System calls go through rustix, except what rustix offers only to
+//! programs that run without libc (`rustix::runtime`), which stays libc:
+//! fork(2), the signal mask (sigprocmask, sigwaitinfo and the sigset
+//! operations) and _exit(2) in the forked reaper and the pre-exec step.
+#![allow(unsafe_code)]
 
 use super::spawn::{drop_credentials, Confinement};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::io::FdFlags;
+use rustix::mount::{mount, mount_bind, mount_bind_recursive, mount_remount, MountFlags};
+use rustix::process::{kill_process, set_dumpable_behavior, set_parent_process_death_signal, DumpableBehavior, Pid, Signal, WaitOptions};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::io::{self, Write};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -103,16 +113,18 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
     // life, so a root pod must not read its memory or reach its files
     // through /proc/PID (the reaper, forked below, inherits this; the
     // command's exec makes it dumpable again, as it should be).
-    // SAFETY: prctl(PR_SET_DUMPABLE) has no memory-safety preconditions.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
-        fail(None, &format!("pod-init: cannot become non-dumpable: {}", io::Error::last_os_error()));
+    if let Err(e) = set_dumpable_behavior(DumpableBehavior::NotDumpable) {
+        fail(None, &format!("pod-init: cannot become non-dumpable: {}", io::Error::from(e)));
     }
-    let spec: InitSpec = match serde_json::from_str(spec) {
+    let spec: InitSpec = match serde_json::from_str::<InitSpec>(spec) {
+        Ok(s) if s.status_fd < 0 => fail(None, &format!("pod-init: bad --spec: status fd {}", s.status_fd)),
         Ok(s) => s,
         Err(e) => fail(None, &format!("pod-init: bad --spec: {e}")),
     };
-    // SAFETY: fcntl on an fd number; the command must not inherit it.
-    unsafe { libc::fcntl(spec.status_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // The command must not inherit it.
+    // SAFETY: the status pipe's write end, which `spawn_confined` left open
+    // across exec for us; not -1 (checked above).
+    let _ = rustix::io::fcntl_setfd(unsafe { BorrowedFd::borrow_raw(spec.status_fd) }, FdFlags::CLOEXEC);
     let status = Some(spec.status_fd);
     if argv.is_empty() {
         fail(status, "pod-init: no command");
@@ -126,12 +138,11 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
     // The life pipe: its write end is held by this process only, so the
     // children see it hang up once we are gone (closing the race before
     // their PR_SET_PDEATHSIG).
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two fds into the array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        fail(status, &format!("pod-init: pipe: {}", io::Error::last_os_error()));
-    }
-    let (life_r, life_w) = (fds[0], fds[1]);
+    // Raw: both ends live as long as the processes that hold them.
+    let (life_r, life_w) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+        Ok((r, w)) => (r.into_raw_fd(), w.into_raw_fd()),
+        Err(e) => fail(status, &format!("pod-init: pipe: {}", io::Error::from(e))),
+    };
     let setup = CommandSetup {
         mask: spec.confinement.hide_host,
         confinement: spec.confinement,
@@ -148,7 +159,7 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
     };
 
     // Block what we wait for before any child exists, so nothing is lost.
-    // SAFETY (this block): sigset operations on a local set.
+    // SAFETY: sigset operations on a local set.
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -165,8 +176,9 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
         // makes system calls before it loops in `reaper`.
         match unsafe { libc::fork() } {
             -1 => fail(status, &format!("pod-init: fork: {}", io::Error::last_os_error())),
+            // SAFETY: the new child, single-threaded as this process was.
             0 => unsafe { reaper(spec.status_fd, life_r, life_w) },
-            pid => Some(pid),
+            pid => Pid::from_raw(pid),
         }
     } else {
         None
@@ -182,19 +194,17 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            if let Some(pid) = init {
-                // SAFETY: kill and waitpid of our own child.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, std::ptr::null_mut(), 0);
-                }
+            if let Some(init) = init {
+                let _ = kill_process(init, Signal::KILL);
+                let _ = rustix::process::waitpid(Some(init), WaitOptions::empty());
             }
             fail(status, &format!("cannot start {}: {e}", argv[0]));
         }
     };
-    // SAFETY: the fd is ours; closing it empty tells the caller the command runs.
-    unsafe { libc::close(spec.status_fd) };
-    let pid = child.id() as libc::pid_t;
+    // Closing it empty tells the caller the command runs.
+    // SAFETY: the fd is ours, and not used again.
+    unsafe { rustix::io::close(spec.status_fd) };
+    let pid = Pid::from_child(&child);
     let mut signallers = vec![std::os::unix::process::parent_id() as libc::pid_t];
     signallers.extend(spec.cgroup_signaller);
 
@@ -210,17 +220,16 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
             if let Ok(Some(st)) = child.try_wait() {
                 if let Some(init) = init {
                     // Ends the namespace: whatever the command left is killed.
-                    // SAFETY: kill and waitpid of our own child.
-                    unsafe {
-                        libc::kill(init, libc::SIGKILL);
-                        libc::waitpid(init, std::ptr::null_mut(), 0);
-                    }
+                    let _ = kill_process(init, Signal::KILL);
+                    let _ = rustix::process::waitpid(Some(init), WaitOptions::empty());
                 }
                 std::process::exit(super::signals::exit_code(st));
             }
         } else if sig > 0 && forward(sig, code, sender, &signallers) {
-            // SAFETY: kill(2) of our own child, not yet reaped.
-            unsafe { libc::kill(pid, sig) };
+            // Our own child, not yet reaped; every forwarded signal is named.
+            if let Some(sig) = Signal::from_named_raw(sig) {
+                let _ = kill_process(pid, sig);
+            }
         }
     }
 }
@@ -228,8 +237,8 @@ pub fn main(spec: &str, argv: &[String]) -> ! {
 /// Reports `msg` on the status fd (or stderr) and exits 127.
 fn fail(status: Option<RawFd>, msg: &str) -> ! {
     match status {
-        // SAFETY: the fd is ours and used once; File closes it.
         Some(fd) => {
+            // SAFETY: the fd is ours and used once; File closes it.
             let _ = unsafe { std::fs::File::from_raw_fd(fd) }.write_all(msg.as_bytes());
         }
         None => eprintln!("{msg}"),
@@ -238,10 +247,14 @@ fn fail(status: Option<RawFd>, msg: &str) -> ! {
 }
 
 /// Exits if pod-init is gone (the life pipe hung up). Async-signal-safe.
-unsafe fn exit_if_orphaned(life: RawFd) {
-    let mut p = libc::pollfd { fd: life, events: libc::POLLIN, revents: 0 };
-    if libc::poll(&mut p, 1, 0) != 0 && p.revents & libc::POLLHUP != 0 {
-        libc::_exit(137);
+fn exit_if_orphaned(life: RawFd) {
+    // SAFETY: the life pipe's read end, open in this process for its life.
+    let life = unsafe { BorrowedFd::borrow_raw(life) };
+    let mut p = [PollFd::new(&life, PollFlags::IN)];
+    let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+    if rustix::event::poll(&mut p, Some(&now)).unwrap_or(0) != 0 && p[0].revents().contains(PollFlags::HUP) {
+        // SAFETY: _exit(2) ends the process at once, which is the point.
+        unsafe { libc::_exit(137) };
     }
 }
 
@@ -249,21 +262,23 @@ unsafe fn exit_if_orphaned(life: RawFd) {
 /// (or dies: PR_SET_PDEATHSIG). Holds no capability and is not dumpable
 /// (inherited from pod-init): a pod cannot use it for anything. Signals from inside the namespace do
 /// not reach it (a PID 1 without handlers ignores them, SIGKILL included).
+///
+/// # Safety
+/// Only in the child of a fork, which owns the three fds.
 unsafe fn reaper(status_fd: RawFd, life_r: RawFd, life_w: RawFd) -> ! {
-    libc::close(status_fd);
-    libc::close(life_w);
-    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+    rustix::io::close(status_fd);
+    rustix::io::close(life_w);
+    let _ = set_parent_process_death_signal(Some(Signal::KILL));
     exit_if_orphaned(life_r);
     // Drop every capability (it only waits). The bounding set and uid stay:
     // they do not matter to a process that never execs.
-    let header = super::spawn::CapHeader { version: 0x2008_0522, pid: 0 };
-    let data = [super::spawn::CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
-    libc::syscall(libc::SYS_capset, &header as *const super::spawn::CapHeader, data.as_ptr());
+    let none = rustix::thread::CapabilitySet::empty();
+    let _ = rustix::thread::set_capabilities(None, rustix::thread::CapabilitySets { effective: none, permitted: none, inheritable: none });
     let mut set: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut set);
     libc::sigaddset(&mut set, libc::SIGCHLD);
     loop {
-        while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+        while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
         // SIGCHLD stays blocked (inherited), so one arriving between the
         // loop above and this wait is pending and ends it at once.
         libc::sigwaitinfo(&set, std::ptr::null_mut());
@@ -274,36 +289,34 @@ unsafe fn reaper(status_fd: RawFd, life_r: RawFd, life_w: RawFd) -> ! {
 /// /proc of that namespace, its sensitive entries covered, then the
 /// container's credentials. Async-signal-safe.
 fn enter_command(s: &CommandSetup, life_w: RawFd) -> io::Result<()> {
-    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
-    let null = std::ptr::null::<libc::c_char>();
-    let locked = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-    // SAFETY (whole block): plain system calls on fds and NUL-terminated
-    // strings that outlive them.
+    let locked = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    // SAFETY: this child's copy of the life pipe's write end, not used again;
+    // then the signal mask, on a local set.
     unsafe {
-        libc::close(life_w);
+        rustix::io::close(life_w);
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        // A fresh procfs shows the mounting process's PID namespace. It goes
-        // over the machine's /proc in the container's own mount namespace.
-        check(libc::mount(s.proc_type.as_ptr(), s.proc_.as_ptr(), s.proc_type.as_ptr(), locked, std::ptr::null()))?;
-        if s.mask {
-            for p in &s.proc_read_only {
-                check(libc::mount(p.as_ptr(), p.as_ptr(), null, libc::MS_BIND | libc::MS_REC, std::ptr::null()))?;
-                check(libc::mount(null, p.as_ptr(), null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | locked, std::ptr::null()))?;
-            }
-            for p in &s.masked_files {
-                check(libc::mount(s.dev_null.as_ptr(), p.as_ptr(), null, libc::MS_BIND, std::ptr::null()))?;
-            }
-            for p in &s.masked_dirs {
-                check(libc::mount(s.tmpfs.as_ptr(), p.as_ptr(), s.tmpfs.as_ptr(), libc::MS_RDONLY | locked, s.tmpfs_data.as_ptr().cast()))?;
-            }
-        }
-        drop_credentials(&s.confinement, s.last_cap)?;
-        // After the credentials: changing the uid clears it.
-        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
-        exit_if_orphaned(s.life);
     }
+    // A fresh procfs shows the mounting process's PID namespace. It goes
+    // over the machine's /proc in the container's own mount namespace.
+    mount(s.proc_type.as_c_str(), s.proc_.as_c_str(), s.proc_type.as_c_str(), locked, None)?;
+    if s.mask {
+        for p in &s.proc_read_only {
+            mount_bind_recursive(p.as_c_str(), p.as_c_str())?;
+            mount_remount(p.as_c_str(), MountFlags::BIND | MountFlags::RDONLY | locked, c"")?;
+        }
+        for p in &s.masked_files {
+            mount_bind(s.dev_null.as_c_str(), p.as_c_str())?;
+        }
+        for p in &s.masked_dirs {
+            mount(s.tmpfs.as_c_str(), p.as_c_str(), s.tmpfs.as_c_str(), MountFlags::RDONLY | locked, Some(s.tmpfs_data.as_c_str()))?;
+        }
+    }
+    drop_credentials(&s.confinement, s.last_cap)?;
+    // After the credentials: changing the uid clears it.
+    set_parent_process_death_signal(Some(Signal::KILL))?;
+    exit_if_orphaned(s.life);
     Ok(())
 }
 

@@ -1,7 +1,14 @@
 //! Signals: sending them, a termination flag for the agent's loop, and the
 //! exit code of a process they killed.
+//!
+//! Still libc: signal(2), to install the handler and to ignore SIGPIPE.
+//! rustix offers signal dispositions only to programs that run without libc
+//! (`rustix::runtime`); here libc owns them.
+#![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+pub use rustix::process::Signal;
 
 static TERMINATE: AtomicBool = AtomicBool::new(false);
 
@@ -23,13 +30,14 @@ pub fn terminate_requested() -> bool {
     TERMINATE.load(Ordering::SeqCst)
 }
 
-pub fn kill(pid: i32, sig: i32) -> std::io::Result<()> {
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    if unsafe { libc::kill(pid, sig) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+/// Sends `sig` to the process `pid` (a positive pid: never a process group
+/// or every process, as kill(2) would take 0 or a negative one to mean).
+pub fn kill(pid: i32, sig: Signal) -> std::io::Result<()> {
+    let pid = (pid > 0)
+        .then_some(pid)
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no process {pid}")))?;
+    Ok(rustix::process::kill_process(pid, sig)?)
 }
 
 /// Whether a process exists (and is not a zombie we could not see as such).

@@ -6,15 +6,27 @@
 //! capabilities and no_new_privs, applied by `podinit` last before the
 //! command runs). Everything is prepared before fork; the pre-exec closure
 //! only makes async-signal-safe system calls.
+//!
+//! System calls go through rustix (raw system calls: async-signal-safe, no
+//! allocation with the `CStr` paths prepared here), except two that stay
+//! libc: mount_setattr(2), which rustix does not have, and the credentials
+//! (setgroups, setgid, setuid), whose rustix forms change the calling thread
+//! only and take `Gid`s that would have to be built before fork; libc's
+//! change the whole process, as POSIX says.
+#![allow(unsafe_code)]
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+
+use rustix::fs::{Dev, FileType, Mode, OFlags};
+use rustix::io::Errno;
+use rustix::mount::{mount, mount_bind, mount_remount, MountFlags, MountPropagationFlags};
+use rustix::thread::{CapabilitySet, CapabilitySets, LinkNameSpaceType, UnshareFlags};
 
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -139,17 +151,17 @@ pub fn confinement(sec: &slipstream_k8s::ContainerSecurity) -> Confinement {
 }
 
 /// MS_* flags of a mount's options as /proc/mounts shows them.
-fn mount_flags(options: &str) -> libc::c_ulong {
-    options.split(',').fold(0, |f, o| {
+fn mount_flags(options: &str) -> MountFlags {
+    options.split(',').fold(MountFlags::empty(), |f, o| {
         f | match o {
-            "ro" => libc::MS_RDONLY,
-            "nosuid" => libc::MS_NOSUID,
-            "nodev" => libc::MS_NODEV,
-            "noexec" => libc::MS_NOEXEC,
-            "noatime" => libc::MS_NOATIME,
-            "nodiratime" => libc::MS_NODIRATIME,
-            "relatime" => libc::MS_RELATIME,
-            _ => 0,
+            "ro" => MountFlags::RDONLY,
+            "nosuid" => MountFlags::NOSUID,
+            "nodev" => MountFlags::NODEV,
+            "noexec" => MountFlags::NOEXEC,
+            "noatime" => MountFlags::NOATIME,
+            "nodiratime" => MountFlags::NODIRATIME,
+            "relatime" => MountFlags::RELATIME,
+            _ => MountFlags::empty(),
         }
     })
 }
@@ -180,9 +192,9 @@ fn unescape_mount_path(s: &str) -> String {
 /// remounted read-only (the per-mount way, for kernels without
 /// mount_setattr), in table order (parents first), each once; and the flags
 /// of "/". Automount points are left out: resolving one mounts it (pure).
-pub fn read_only_mounts(proc_mounts: &str) -> (Vec<(String, libc::c_ulong)>, libc::c_ulong) {
-    let mut out: Vec<(String, libc::c_ulong)> = Vec::new();
-    let mut root = 0;
+pub fn read_only_mounts(proc_mounts: &str) -> (Vec<(String, MountFlags)>, MountFlags) {
+    let mut out: Vec<(String, MountFlags)> = Vec::new();
+    let mut root = MountFlags::empty();
     for l in proc_mounts.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();
         if f.len() < 4 || f[2] == "autofs" {
@@ -242,8 +254,8 @@ struct PreparedConfinement {
     masked: Vec<CString>,
     dev_null: CString,
     /// Every mount, for kernels without mount_setattr.
-    read_only: Vec<(CString, libc::c_ulong)>,
-    root_flags: libc::c_ulong,
+    read_only: Vec<(CString, MountFlags)>,
+    root_flags: MountFlags,
     private: Vec<(CString, CString)>,
     /// This binary, when it lives under a private directory (a build in
     /// /var/tmp): pods run it (`slipstream app ...`, PATH), so it stays
@@ -273,8 +285,7 @@ pub fn under_private_dir(path: &std::path::Path) -> Option<&'static str> {
 fn keep_exe() -> io::Result<Option<KeptFile>> {
     let Ok(exe) = std::env::current_exe() else { return Ok(None) };
     let Some(dir) = under_private_dir(&exe) else { return Ok(None) };
-    let f = File::options().read(true).custom_flags(libc::O_PATH | libc::O_CLOEXEC).open(&exe)?;
-    let fd = OwnedFd::from(f);
+    let fd = rustix::fs::open(&exe, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
     let dirs = exe
         .ancestors()
         .skip(1)
@@ -297,7 +308,7 @@ fn keep_exe() -> io::Result<Option<KeptFile>> {
 struct PreparedDev {
     dev: CString,
     dev_data: CString,
-    nodes: Vec<(CString, libc::dev_t)>,
+    nodes: Vec<(CString, Dev)>,
     pts: CString,
     devpts: CString,
     pts_data: CString,
@@ -333,7 +344,7 @@ fn prepare_confinement(c: &Confinement, masked_files: &[PathBuf]) -> io::Result<
         dev: PreparedDev {
             dev: cstr(b"/dev"),
             dev_data: cstr(b"mode=755,size=64k"),
-            nodes: DEVICES.iter().map(|(n, major, minor)| (dev(n), libc::makedev(*major, *minor))).collect(),
+            nodes: DEVICES.iter().map(|(n, major, minor)| (dev(n), rustix::fs::makedev(*major, *minor))).collect(),
             pts: dev("pts"),
             devpts: cstr(b"devpts"),
             pts_data: cstr(b"newinstance,ptmxmode=0666,mode=0620,gid=5"),
@@ -377,13 +388,8 @@ pub fn spawn(spec: &SandboxSpec) -> io::Result<Child> {
 /// `podinit`): the child returned is pod-init, which exits as the command
 /// does. Returns an error, as for any spawn, when the command cannot start.
 pub fn spawn_confined(spec: &SandboxSpec, c: &Confinement, pid_ns: PidNamespace) -> io::Result<Child> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two new fds into the array, owned below.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both fds were just created and are owned here only.
-    let (status_r, status_w) = unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let status_r = File::from(status_r);
     let init = crate::sys::podinit::InitSpec {
         confinement: c.clone(),
         new_pid_ns: pid_ns == PidNamespace::New,
@@ -417,17 +423,14 @@ fn read_status(mut r: File, timeout: std::time::Duration) -> io::Result<String> 
     let mut out = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let mut p = libc::pollfd { fd: r.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: poll on one valid fd.
-        match unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) } {
-            0 => return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no word within {timeout:?}"))),
-            n if n < 0 => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-            _ => {
+        // Whole milliseconds, as poll(2) takes them.
+        let left = rustix::event::Timespec { tv_sec: left.as_secs() as _, tv_nsec: (left.subsec_millis() * 1_000_000) as _ };
+        let ready = rustix::event::poll(&mut [rustix::event::PollFd::new(&r, rustix::event::PollFlags::IN)], Some(&left));
+        match ready {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no word within {timeout:?}"))),
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+            Ok(_) => {
                 let mut buf = [0u8; 4096];
                 match r.read(&mut buf)? {
                     0 => return Ok(String::from_utf8_lossy(&out).into_owned()),
@@ -494,49 +497,50 @@ fn spawn_inner(spec: &SandboxSpec, mut cmd: Command, confined: Option<(&Confinem
         let f = OpenOptions::new().create(true).append(true).open(log).map_err(ctx("cannot open log", log))?;
         cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f);
     }
+    let mut prepared = prepared;
     // SAFETY: the closure calls only async-signal-safe functions (write,
     // setns, unshare, mount, mknod, chmod, mkdir, symlink, sethostname,
-    // setsid, fcntl) on data prepared above.
+    // setsid, fcntl, open, dup3, close) on data prepared above.
     unsafe {
-        cmd.pre_exec(move || enter(&prepared));
+        cmd.pre_exec(move || enter(&mut prepared));
     }
     cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("cannot start {}: {e}", spec.argv[0])))
 }
 
-fn enter(p: &Prepared) -> io::Result<()> {
-    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
-    // SAFETY (whole function): plain system calls on valid fds and
-    // NUL-terminated strings that outlive the calls.
-    unsafe {
-        // "0" moves the writing process itself into the cgroup.
-        if libc::write(p.cgroup_procs.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
-            return Err(io::Error::last_os_error());
+fn enter(p: &mut Prepared) -> io::Result<()> {
+    // "0" moves the writing process itself into the cgroup.
+    if rustix::io::write(&p.cgroup_procs, b"0")? != 1 {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    rustix::thread::move_into_link_name_space(p.netns.as_fd(), Some(LinkNameSpaceType::Network))?;
+    if p.private_mounts {
+        // SAFETY: new mount and UTS namespaces; the fd table stays shared.
+        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS | UnshareFlags::NEWUTS)? };
+        // Keep our bind mounts from propagating back to the host.
+        rustix::mount::mount_change(p.root.as_c_str(), MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)?;
+        for (src, dst) in &p.mounts {
+            mount_bind(src.as_c_str(), dst.as_c_str())?;
         }
-        check(libc::setns(p.netns.as_raw_fd(), libc::CLONE_NEWNET))?;
-        if p.private_mounts {
-            check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS))?;
-            // Keep our bind mounts from propagating back to the host.
-            check(libc::mount(std::ptr::null(), p.root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
-            for (src, dst) in &p.mounts {
-                check(libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
-            }
-            if let Some(c) = &p.confinement {
-                confine_mounts(c, p.root.as_ptr())?;
-            }
-            check(libc::sethostname(p.hostname.as_ptr(), p.hostname.as_bytes().len()))?;
+        if let Some(c) = &mut p.confinement {
+            confine_mounts(c, &p.root)?;
         }
-        if p.new_session && libc::setsid() < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // For pod-init's children: its first becomes PID 1 of a new one.
-        match &p.pid_ns {
-            Some(PreparedPidNs::New) => check(libc::unshare(libc::CLONE_NEWPID))?,
-            Some(PreparedPidNs::Join(ns)) => check(libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID))?,
-            None => {}
-        }
-        if let Some(fd) = p.status_fd {
-            check(libc::fcntl(fd, libc::F_SETFD, 0))?;
-        }
+        rustix::system::sethostname(p.hostname.as_bytes())?;
+    }
+    if p.new_session {
+        rustix::process::setsid()?;
+    }
+    // For pod-init's children: its first becomes PID 1 of a new one.
+    match &p.pid_ns {
+        // SAFETY: a new PID namespace for the children; the fd table stays shared.
+        Some(PreparedPidNs::New) => unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWPID)? },
+        Some(PreparedPidNs::Join(ns)) => rustix::thread::move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::ProcessID))?,
+        None => {}
+    }
+    if let Some(fd) = p.status_fd {
+        // Kept open across exec, for pod-init.
+        // SAFETY: the status pipe's write end, which `spawn_confined` holds
+        // open until the child is started.
+        rustix::io::fcntl_setfd(unsafe { BorrowedFd::borrow_raw(fd) }, rustix::io::FdFlags::empty())?;
     }
     Ok(())
 }
@@ -554,16 +558,20 @@ const MOUNT_ATTR_RDONLY: u64 = 0x1;
 /// Makes every mount of this (private) mount namespace read-only, keeping
 /// each one's other flags: mount_setattr(AT_RECURSIVE) on "/" (Linux 5.12),
 /// else a read-only remount of each mount of the table. Async-signal-safe.
-unsafe fn make_every_mount_read_only(p: &PreparedConfinement, root: *const libc::c_char) -> io::Result<()> {
+fn make_every_mount_read_only(p: &PreparedConfinement, root: &CStr) -> io::Result<()> {
     let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
-    let r = libc::syscall(
-        libc::SYS_mount_setattr,
-        libc::AT_FDCWD,
-        root,
-        libc::AT_RECURSIVE as libc::c_uint,
-        &attr as *const MountAttr,
-        std::mem::size_of::<MountAttr>(),
-    );
+    // SAFETY: a NUL-terminated path and a `struct mount_attr` of the size
+    // passed, both alive for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            root.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
     if r == 0 {
         return Ok(());
     }
@@ -571,15 +579,12 @@ unsafe fn make_every_mount_read_only(p: &PreparedConfinement, root: *const libc:
     if e.raw_os_error() != Some(libc::ENOSYS) {
         return Err(e);
     }
-    let null = std::ptr::null::<libc::c_char>();
     for (target, flags) in &p.read_only {
-        let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags;
         // A mount point that is gone (deleted, or under another mount)
         // cannot be reached from the pod either.
-        if libc::mount(null, target.as_ptr(), null, flags, std::ptr::null()) != 0
-            && io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT)
-        {
-            return Err(io::Error::last_os_error());
+        match mount_remount(target.as_c_str(), MountFlags::BIND | MountFlags::RDONLY | *flags, c"") {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
@@ -589,150 +594,125 @@ unsafe fn make_every_mount_read_only(p: &PreparedConfinement, root: *const libc:
 /// every mount read-only; the cluster's state hidden and the masked files
 /// covered; private /tmp, /var/tmp and /run; a minimal /dev.
 /// Async-signal-safe.
-unsafe fn confine_mounts(p: &PreparedConfinement, root: *const libc::c_char) -> io::Result<()> {
-    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
-    let null = std::ptr::null::<libc::c_char>();
-    let locked = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+fn confine_mounts(p: &mut PreparedConfinement, root: &CStr) -> io::Result<()> {
+    let locked = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    let mode = Mode::from_raw_mode;
     if p.c.hide_host {
-        if let Some(k) = &p.keep_exe {
+        if let Some(k) = &mut p.keep_exe {
             // Reopened here: a bind mount's source must be in this mount
             // namespace, and the fd opened before fork is in the caller's.
             // It takes the number `source` names.
-            let fd = libc::open(k.path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
-            if fd < 0 || libc::dup3(fd, k.fd.as_raw_fd(), libc::O_CLOEXEC) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            libc::close(fd);
+            let fd = rustix::fs::open(k.path.as_c_str(), OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+            rustix::io::dup3(&fd, &mut k.fd, rustix::io::DupFlags::CLOEXEC)?;
         }
         make_every_mount_read_only(p, root)?;
         for dir in &p.hide {
-            check(libc::mount(p.tmpfs.as_ptr(), dir.as_ptr(), p.tmpfs.as_ptr(), libc::MS_RDONLY | locked, p.tmpfs_data.as_ptr().cast()))?;
+            mount(p.tmpfs.as_c_str(), dir.as_c_str(), p.tmpfs.as_c_str(), MountFlags::RDONLY | locked, Some(p.tmpfs_data.as_c_str()))?;
         }
         for file in &p.masked {
             // Gone since it was checked: nothing to cover.
-            if libc::mount(p.dev_null.as_ptr(), file.as_ptr(), null, libc::MS_BIND, std::ptr::null()) != 0 {
-                if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
-                    continue;
-                }
-                return Err(io::Error::last_os_error());
+            match mount_bind(p.dev_null.as_c_str(), file.as_c_str()) {
+                Ok(()) => {}
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(e.into()),
             }
             // Not nodev: it reads as empty, as runc's masked paths do.
-            let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NOEXEC;
-            check(libc::mount(null, file.as_ptr(), null, flags, std::ptr::null()))?;
+            let flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC;
+            mount_remount(file.as_c_str(), flags, c"")?;
         }
         // After the hide (the run directory may be under /run or /tmp).
         for (dir, data) in &p.private {
-            check(libc::mount(p.tmpfs.as_ptr(), dir.as_ptr(), p.tmpfs.as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, data.as_ptr().cast()))?;
+            mount(p.tmpfs.as_c_str(), dir.as_c_str(), p.tmpfs.as_c_str(), MountFlags::NOSUID | MountFlags::NODEV, Some(data.as_c_str()))?;
         }
         if let Some(k) = &p.keep_exe {
             for d in &k.dirs {
-                if libc::mkdir(d.as_ptr(), 0o755) != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
-                    return Err(io::Error::last_os_error());
+                match rustix::fs::mkdir(d.as_c_str(), mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
                 }
             }
-            let fd = libc::open(k.path.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o555);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            libc::close(fd);
-            check(libc::mount(k.source.as_ptr(), k.path.as_ptr(), null, libc::MS_BIND, std::ptr::null()))?;
-            let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
-            check(libc::mount(null, k.path.as_ptr(), null, flags, std::ptr::null()))?;
+            drop(rustix::fs::open(k.path.as_c_str(), OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC, mode(0o555))?);
+            mount_bind(k.source.as_c_str(), k.path.as_c_str())?;
+            mount_remount(k.path.as_c_str(), MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV, c"")?;
         }
         if p.c.read_only_root {
             for (dir, _) in &p.private {
-                let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
-                check(libc::mount(null, dir.as_ptr(), null, flags, std::ptr::null()))?;
+                mount_remount(dir.as_c_str(), MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV, c"")?;
             }
         }
         let d = &p.dev;
-        check(libc::mount(
-            p.tmpfs.as_ptr(),
-            d.dev.as_ptr(),
-            p.tmpfs.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NOEXEC,
-            d.dev_data.as_ptr().cast(),
-        ))?;
+        mount(
+            p.tmpfs.as_c_str(),
+            d.dev.as_c_str(),
+            p.tmpfs.as_c_str(),
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+            Some(d.dev_data.as_c_str()),
+        )?;
         for (path, dev) in &d.nodes {
-            check(libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o666, *dev))?;
+            rustix::fs::mknodat(rustix::fs::CWD, path.as_c_str(), FileType::CharacterDevice, mode(0o666), *dev)?;
             // The umask took some bits away.
-            check(libc::chmod(path.as_ptr(), 0o666))?;
+            rustix::fs::chmod(path.as_c_str(), mode(0o666))?;
         }
-        check(libc::mkdir(d.pts.as_ptr(), 0o755))?;
-        check(libc::mount(
-            d.devpts.as_ptr(),
-            d.pts.as_ptr(),
-            d.devpts.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NOEXEC,
-            d.pts_data.as_ptr().cast(),
-        ))?;
-        check(libc::mkdir(d.shm.as_ptr(), 0o755))?;
-        check(libc::mount(p.tmpfs.as_ptr(), d.shm.as_ptr(), p.tmpfs.as_ptr(), locked, d.shm_data.as_ptr().cast()))?;
+        rustix::fs::mkdir(d.pts.as_c_str(), mode(0o755))?;
+        mount(
+            d.devpts.as_c_str(),
+            d.pts.as_c_str(),
+            d.devpts.as_c_str(),
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+            Some(d.pts_data.as_c_str()),
+        )?;
+        rustix::fs::mkdir(d.shm.as_c_str(), mode(0o755))?;
+        mount(p.tmpfs.as_c_str(), d.shm.as_c_str(), p.tmpfs.as_c_str(), locked, Some(d.shm_data.as_c_str()))?;
         for (target, path) in &d.links {
-            check(libc::symlink(target.as_ptr(), path.as_ptr()))?;
+            rustix::fs::symlink(target.as_c_str(), path.as_c_str())?;
         }
     }
     if p.c.read_only_root && !p.c.hide_host {
-        check(libc::mount(null, root, null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | p.root_flags, std::ptr::null()))?;
+        mount_remount(root, MountFlags::BIND | MountFlags::RDONLY | p.root_flags, c"")?;
     }
     Ok(())
-}
-
-#[repr(C)]
-pub(crate) struct CapHeader {
-    pub(crate) version: u32,
-    pub(crate) pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct CapData {
-    pub(crate) effective: u32,
-    pub(crate) permitted: u32,
-    pub(crate) inheritable: u32,
 }
 
 /// Bounding set, groups and ids, capability sets, ambient set,
 /// no_new_privs, in the order the kernel allows them; `last_cap` from
 /// /proc/sys/kernel/cap_last_cap. Async-signal-safe (pod-init calls it last
 /// before the container's command runs).
-pub(crate) unsafe fn drop_credentials(c: &Confinement, last_cap: u32) -> io::Result<()> {
-    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+pub(crate) fn drop_credentials(c: &Confinement, last_cap: u32) -> io::Result<()> {
+    // Capability n as rustix names it, whether or not rustix knows it.
+    let cap = |n: u32| CapabilitySet::from_bits_retain(1u64 << n);
     if let Some(set) = c.caps {
-        for cap in 0..=last_cap.min(63) {
-            if set & (1u64 << cap) == 0 {
-                check(libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0))?;
+        for n in 0..=last_cap.min(63) {
+            if set & (1u64 << n) == 0 {
+                rustix::thread::remove_capability_from_bounding_set(cap(n))?;
             }
         }
     }
     if c.ambient != 0 {
         // Keep the permitted set across setuid, to raise the ambient set.
-        check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0))?;
+        rustix::thread::set_keep_capabilities(true)?;
     }
-    check(libc::setgroups(c.groups.len(), c.groups.as_ptr()))?;
-    check(libc::setgid(c.gid))?;
-    check(libc::setuid(c.uid))?;
+    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+    // SAFETY: setgroups reads `groups.len()` ids from the vector; setgid and
+    // setuid take plain ids.
+    unsafe {
+        check(libc::setgroups(c.groups.len(), c.groups.as_ptr()))?;
+        check(libc::setgid(c.gid))?;
+        check(libc::setuid(c.uid))?;
+    }
     if let Some(set) = c.caps {
         // uid 0: what it holds; others: only what they add (inheritable too,
         // which the ambient set requires).
         let (held, inheritable) = if c.uid == 0 { (set, 0) } else { (c.ambient, c.ambient) };
-        let header = CapHeader { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
-        let data = [0, 1].map(|i| CapData {
-            effective: (held >> (32 * i)) as u32,
-            permitted: (held >> (32 * i)) as u32,
-            inheritable: (inheritable >> (32 * i)) as u32,
-        });
-        if libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        for cap in 0..=last_cap.min(63) {
-            if c.ambient & (1u64 << cap) != 0 {
-                check(libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong, cap as libc::c_ulong, 0, 0))?;
+        let (held, inheritable) = (CapabilitySet::from_bits_retain(held), CapabilitySet::from_bits_retain(inheritable));
+        rustix::thread::set_capabilities(None, CapabilitySets { effective: held, permitted: held, inheritable })?;
+        for n in 0..=last_cap.min(63) {
+            if c.ambient & (1u64 << n) != 0 {
+                rustix::thread::configure_capability_in_ambient_set(cap(n), true)?;
             }
         }
     }
     if c.no_new_privs {
-        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        rustix::thread::set_no_new_privs(true)?;
     }
     Ok(())
 }
@@ -742,12 +722,7 @@ pub(crate) unsafe fn drop_credentials(c: &Confinement, last_cap: u32) -> io::Res
 /// reach its files through /proc/PID/{mem,root,fd,environ}. For the agent
 /// and the node proxies, which hold the mesh's keys.
 pub fn make_non_dumpable() -> io::Result<()> {
-    // SAFETY: prctl(PR_SET_DUMPABLE) has no memory-safety preconditions.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    Ok(rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?)
 }
 
 fn cstr(b: &[u8]) -> CString {
@@ -786,7 +761,7 @@ pub fn spawn_daemon(argv: &[String], log: &std::path::Path) -> io::Result<Child>
     cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f);
     // SAFETY: setsid is async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| if libc::setsid() < 0 { Err(io::Error::last_os_error()) } else { Ok(()) });
+        cmd.pre_exec(|| Ok(rustix::process::setsid().map(drop)?));
     }
     cmd.spawn()
 }
@@ -881,10 +856,10 @@ mod tests {
             ["/", "/sys", "/sys/fs/cgroup", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/bpf", "/proc", "/run", "/mnt/my disk"],
             "every mount once, escapes decoded, automount points left out"
         );
-        assert_eq!(ro[1].1, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME, "its flags kept");
-        assert_eq!(ro[7].1, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "/run mounted twice: the top one's flags");
-        assert_eq!(ro[8].1, libc::MS_RDONLY | libc::MS_NOEXEC);
-        assert_eq!(root, libc::MS_NOSUID | libc::MS_RELATIME);
+        assert_eq!(ro[1].1, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::RELATIME, "its flags kept");
+        assert_eq!(ro[7].1, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, "/run mounted twice: the top one's flags");
+        assert_eq!(ro[8].1, MountFlags::RDONLY | MountFlags::NOEXEC);
+        assert_eq!(root, MountFlags::NOSUID | MountFlags::RELATIME);
     }
 
     #[test]
