@@ -458,7 +458,7 @@ fn slow_clients_cannot_hold_the_proxy_ports() {
     // descriptors for it (caps per listener and source).
     let t0 = Instant::now();
     let scrape = node2.metrics();
-    assert!(scrape.0.contains("istio_tcp_connections_opened_total"), "a fresh scrape answers");
+    assert!(scrape.0.contains("# TYPE istio_tcp_connections_opened counter"), "a fresh scrape answers");
     assert!(t0.elapsed() < Duration::from_secs(2), "and fast: {:?}", t0.elapsed());
     let during = node2.fds();
     assert!(during <= fds + 2 * 16 + 8, "the attack holds {} descriptors of the proxy", during - fds);

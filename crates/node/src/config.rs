@@ -165,18 +165,38 @@ impl Limits {
 /// the open-file limit.
 pub const MAX_PER_SOURCE: u32 = 4096;
 
-/// `500ms`, `5s`, `2m`, or plain seconds.
+/// A duration flag (`--timeout`): one number, integer or decimal, with
+/// unit `ms`, `s`, `m` or `h`, or none for seconds (`3` is `3s`). The form
+/// is checked here, so that the flags take what they always took (humantime
+/// alone would also take `1m30s` or `2 min`, and not `3`); humantime
+/// computes the value exactly, refusing what overflows and what it cannot
+/// represent (a fraction of a nanosecond, a fraction of an hour that is not
+/// whole seconds) rather than rounding.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a duration (for example 500ms, 5s, 2m)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s or m)")),
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let num = humantime_decimal(num).ok_or_else(|| format!("{s:?} is not a duration (examples: 30s, 2m, 500ms)"))?;
+    let unit = match unit {
+        "" => "s",
+        "ms" | "s" | "m" | "h" => unit,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
     };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+    humantime::parse_duration(&format!("{num}{unit}")).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// A decimal written with digits and at most one dot (`5`, `1.5`, `.5`,
+/// `5.`) as humantime reads one (`5`, `1.5`, `0.5`, `5`; trailing zeros of
+/// the fraction dropped, which humantime counts against its precision);
+/// None for anything else (pure).
+fn humantime_decimal(num: &str) -> Option<String> {
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (int.is_empty() && frac.is_empty()) || !(int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    let int = if int.is_empty() { "0" } else { int };
+    Some(match frac.trim_end_matches('0') {
+        "" => int.to_owned(),
+        frac => format!("{int}.{frac}"),
+    })
 }
 
 /// Everything about the HBONE client pool (PROTOCOLS.md section 2).
@@ -451,7 +471,7 @@ mod tests {
         for (s, d) in [("500ms", 500), ("5s", 5000), ("2m", 120_000), ("3", 3000), ("0.5s", 500)] {
             assert_eq!(parse_duration(s), Ok(Duration::from_millis(d)), "{s}");
         }
-        assert!(parse_duration("5h").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
         assert!(parse_duration("x").is_err());
     }
 }

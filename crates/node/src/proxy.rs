@@ -165,6 +165,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut proxy = NodeProxy::new(config, deps).await?;
     proxy.serve();
     let l = &proxy.shared.config.limits;
+    // Raised to the hard limit when the configuration was built.
+    tracing::info!("open-file limit (RLIMIT_NOFILE): {}", l.open_files);
     tracing::info!(
         budget = l.connection_budget,
         per_pod = l.pod_connections,

@@ -38,19 +38,7 @@ pub enum Output {
     Json,
 }
 
-/// `30s`, `500ms`, `2m`, or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration (examples: 30s, 500ms, 2m)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
-}
+pub use crate::config::parse_duration;
 
 /// A mark given as decimal or `0x...`.
 pub fn parse_mark(s: &str) -> Result<u32, String> {

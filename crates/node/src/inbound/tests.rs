@@ -130,6 +130,9 @@ fn run(s: &MeshState, pod: (&str, &str), peer: Option<&SpiffeId>, src: &str, dst
     }
 }
 
+/// (pod uid and IP, peer identity, source, destination, expected).
+type Row<'a> = ((&'a str, &'a str), Option<&'a SpiffeId>, &'a str, &'a str, Result<String, (&'a str, u16)>);
+
 #[test]
 fn plans_as_a_table() {
     let s = state();
@@ -139,7 +142,7 @@ fn plans_as_a_table() {
     let (client, other, batch) = (id("default", "client"), id("default", "other"), id("jobs", "batch"));
     let deny = Err(("DENY", 401));
     // (pod, peer identity, source, destination, expected)
-    let rows: Vec<((&str, &str), Option<&SpiffeId>, &str, &str, Result<String, (&str, u16)>)> = vec![
+    let rows: Vec<Row> = vec![
         // ALLOW by principal; anyone else refused; the port exception.
         (echo, Some(&client), "10.244.1.5:4000", "10.244.2.2:8080", Ok("10.244.2.2:8080".into())),
         (echo, Some(&other), "10.244.1.9:4000", "10.244.2.2:8080", deny.clone()),

@@ -80,9 +80,19 @@ impl ConnInfo {
         }
     }
 
-    /// The key refusal log lines are limited by: the source's address.
+    /// The key refusal log lines are limited by: the local pod for an
+    /// outbound connection (its uid), the peer's address for an inbound one.
     fn source_key(&self) -> String {
-        self.src_addr.ip().to_canonical().to_string()
+        match (self.reporter, &self.src) {
+            (Reporter::Source, Some(w)) => w.uid.clone(),
+            _ => self.src_addr.ip().to_canonical().to_string(),
+        }
+    }
+
+    /// Whether the destination's identity is known for the labels and the
+    /// log: it proved it (mutual TLS), or it is our own pod (inbound).
+    fn dst_identity_known(&self) -> bool {
+        self.mutual_tls || self.reporter == Reporter::Destination
     }
 
     fn labels(&self, flag: ResponseFlag) -> TcpLabels {
@@ -98,7 +108,7 @@ impl ConnInfo {
             (SrcIdentity::Verified(id), _) => Lv(Arc::from(id.to_string())),
             _ => Lv::default(),
         };
-        let dst_principal = if self.mutual_tls { v(dst, |l| &l.principal) } else { Lv::default() };
+        let dst_principal = if self.dst_identity_known() { v(dst, |l| &l.principal) } else { Lv::default() };
         let svc = self.service.as_deref();
         let s = |f: fn(&slipstream_core::Service) -> &str| svc.map(|s| Lv::from(f(s))).unwrap_or_default();
         TcpLabels {
@@ -260,7 +270,7 @@ impl ConnRecord {
             dst_service: i.service.as_ref().map(|s| s.hostname.clone()).unwrap_or_default(),
             dst_workload: name(&i.dst),
             dst_namespace: ns(&i.dst),
-            dst_identity: i.dst.as_ref().filter(|_| i.mutual_tls).map(|w| w.identity().to_string()).unwrap_or_default(),
+            dst_identity: i.dst.as_ref().filter(|_| i.dst_identity_known()).map(|w| w.identity().to_string()).unwrap_or_default(),
             direction,
             bytes_sent,
             bytes_recv,
