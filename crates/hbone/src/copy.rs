@@ -78,6 +78,18 @@ enum Down {
     Done,
 }
 
+impl<S> Bidirectional<S> {
+    /// The bytes moved so far.
+    pub fn stats(&self) -> CopyStats {
+        self.stats
+    }
+
+    /// The non-tunnel side.
+    pub fn other_mut(&mut self) -> &mut S {
+        &mut self.other
+    }
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> Future for Bidirectional<S> {
     type Output = (CopyStats, Result<(), HboneError>);
 

@@ -50,7 +50,8 @@ pub fn serve(l: Listeners, shared: Arc<Shared>) {
     tokio::spawn(serve_one(l.readiness, shared, readiness));
 }
 
-type Route = fn(&Shared, &str) -> Response<Full<Bytes>>;
+/// An endpoint: the shared state, the path, and the client's address.
+type Route = fn(&Shared, &str, IpAddr) -> Response<Full<Bytes>>;
 
 /// One listener's caps: open connections in total and per source IP, and
 /// a separate total for the node's own loopback.
@@ -126,7 +127,7 @@ async fn serve_one(l: TcpListener, shared: Arc<Shared>, route: Route) {
             let (header_timeout, deadline) = (shared.config.limits.admin_header_timeout, shared.config.limits.admin_connection_deadline);
             let metrics = shared.clone();
             let svc = service_fn(move |req: http::Request<Incoming>| {
-                let resp = route(&shared, req.uri().path());
+                let resp = route(&shared, req.uri().path(), peer.ip());
                 async move { Ok::<_, std::convert::Infallible>(resp) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -148,7 +149,7 @@ fn text(code: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>> {
     Response::builder().status(code).header("content-type", ctype).body(Full::new(Bytes::from(body))).expect("static response")
 }
 
-fn stats(s: &Shared, path: &str) -> Response<Full<Bytes>> {
+fn stats(s: &Shared, path: &str, _: IpAddr) -> Response<Full<Bytes>> {
     match path {
         "/metrics" | "/stats/prometheus" => {
             text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", s.telemetry.metrics.render())
@@ -157,18 +158,22 @@ fn stats(s: &Shared, path: &str) -> Response<Full<Bytes>> {
     }
 }
 
-/// 200 `ready`, or 503 with one line per reason (see `ready`).
-fn readiness(s: &Shared, path: &str) -> Response<Full<Bytes>> {
+/// 200 `ready`, or 503 with one line per reason (see `ready`). The
+/// reasons name pods, identities and CA errors: only the node's own
+/// loopback (the agent's probe, an operator) reads them; anyone else, pods
+/// included, gets `not ready`.
+fn readiness(s: &Shared, path: &str, client: IpAddr) -> Response<Full<Bytes>> {
     match path {
         "/healthz/ready" => match s.ready() {
             Ok(()) => text(StatusCode::OK, "text/plain", "ready\n".into()),
-            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why.join("\n") + "\n"),
+            Err(why) if client.to_canonical().is_loopback() => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why.join("\n") + "\n"),
+            Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
         },
         _ => text(StatusCode::NOT_FOUND, "text/plain", "try /healthz/ready\n".into()),
     }
 }
 
-fn admin(s: &Shared, path: &str) -> Response<Full<Bytes>> {
+fn admin(s: &Shared, path: &str, client: IpAddr) -> Response<Full<Bytes>> {
     match path {
         "/config_dump" => {
             let snap = s.snapshot();
@@ -204,7 +209,7 @@ fn admin(s: &Shared, path: &str) -> Response<Full<Bytes>> {
             });
             text(StatusCode::OK, "application/json", serde_json::to_string_pretty(&body).unwrap_or_default())
         }
-        "/metrics" => stats(s, path),
+        "/metrics" => stats(s, path, client),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "try /config_dump\n".into()),
     }
 }

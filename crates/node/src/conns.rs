@@ -3,20 +3,18 @@
 //! closes what is still open at its deadline.
 //!
 //! A handle is a shared cell (a state and a waker). Cancelling sets the
-//! state and wakes the connection's task; the app-side stream
-//! ([`crate::telemetry::Metered`]) sees the state on its next poll and fails
-//! with the reason, so the task ends the connection itself and its record
-//! closes with that reason. Nothing outside the task touches its sockets.
+//! state and wakes the connection's task; the task polls the cell together
+//! with its copy (whatever the copy waits for: a stalled peer, a half-closed
+//! side), drops the copy, which closes its sockets, and its record closes
+//! with the reason. Nothing outside the task touches its sockets.
 
 use futures_util::task::AtomicWaker;
 use slipstream_core::SpiffeId;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::task::Context;
 
 /// Why a connection was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,50 +94,10 @@ impl Registration {
         &self.cell
     }
 
-    /// A stream that fails once this connection is cancelled.
-    pub fn guard<S>(&self, inner: S) -> Cancellable<S> {
-        Cancellable { inner, cell: self.cell.clone() }
-    }
-}
-
-/// A stream that fails with `ConnectionAborted` once its connection is
-/// cancelled (and wakes its task when that happens while it waits).
-pub struct Cancellable<S> {
-    inner: S,
-    cell: Arc<CancelCell>,
-}
-
-impl<S> Cancellable<S> {
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    fn check(&self, cx: &mut Context<'_>) -> Option<std::io::Error> {
-        self.cell.poll_cancelled(cx).map(|c| std::io::Error::new(std::io::ErrorKind::ConnectionAborted, format!("{c:?}")))
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Cancellable<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        if let Some(e) = self.check(cx) {
-            return Poll::Ready(Err(e));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Cancellable<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        if let Some(e) = self.check(cx) {
-            return Poll::Ready(Err(e));
-        }
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    /// The cancellation handle, shared (to poll it beside a copy that
+    /// borrows the stream).
+    pub fn handle(&self) -> Arc<CancelCell> {
+        self.cell.clone()
     }
 }
 
@@ -218,6 +176,7 @@ mod tests {
 
     #[tokio::test]
     async fn cancelling_wakes_the_waiting_task() {
+        use std::task::Poll;
         let conns = Arc::new(Conns::default());
         let r = conns.register(None);
         let cell = r.cell.clone();

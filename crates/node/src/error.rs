@@ -31,6 +31,10 @@ pub enum ProxyError {
     NoOriginalDestination(Arc<io::Error>),
     #[error("service {service} has no healthy endpoint for port {port}")]
     NoEndpoints { service: Arc<str>, port: u16 },
+    /// Outbound: the source pod is not in the mesh configuration, so it
+    /// has no identity to open a tunnel with.
+    #[error("source {0} is not a workload of the mesh configuration: no identity to open a tunnel with")]
+    UnknownSource(SocketAddr),
     /// Inbound: the destination is not a workload this proxy serves.
     #[error("no local workload has address {0}")]
     NoWorkload(SocketAddr),
@@ -77,6 +81,7 @@ impl ProxyError {
             Self::Overload(_) => ResponseFlag::Overload,
             Self::NoOriginalDestination(_) => ResponseFlag::ProtocolError,
             Self::NoEndpoints { .. } | Self::NoWorkload(_) | Self::Connect { .. } => ResponseFlag::Connect,
+            Self::UnknownSource(_) => ResponseFlag::IdentityError,
             Self::Denied(_) | Self::Revoked(_) => ResponseFlag::Deny,
             Self::Hbone(e) => e.flag(),
             Self::Terminated(_) | Self::Drained | Self::Aborted => ResponseFlag::ConnectionTerminated,
@@ -95,7 +100,7 @@ impl ProxyError {
     pub fn fault(&self) -> Fault {
         match self {
             Self::SelfCall(_) | Self::SourceLimit { .. } | Self::NoWorkload(_) | Self::Denied(_) | Self::Revoked(_) => Fault::Downstream,
-            Self::Overload(_) | Self::NoOriginalDestination(_) | Self::Drained | Self::Aborted => Fault::Local,
+            Self::Overload(_) | Self::NoOriginalDestination(_) | Self::UnknownSource(_) | Self::Drained | Self::Aborted => Fault::Local,
             Self::NoEndpoints { .. } | Self::Connect { .. } | Self::Terminated(_) => Fault::Upstream,
             Self::Hbone(e) => e.fault(),
         }
@@ -153,6 +158,7 @@ mod tests {
             (ProxyError::NoOriginalDestination(Arc::new(io())), "PROTOCOL_ERROR", 503, Fault::Local, false),
             (ProxyError::NoEndpoints { service: "echo".into(), port: 80 }, "CONNECT", 503, Fault::Upstream, false),
             (ProxyError::NoWorkload(addr), "CONNECT", 503, Fault::Downstream, false),
+            (ProxyError::UnknownSource(addr), "IDENTITY_ERROR", 503, Fault::Local, false),
             (ProxyError::Denied("no ALLOW policy matched".into()), "DENY", 401, Fault::Downstream, false),
             (ProxyError::connect(addr, io()), "CONNECT", 503, Fault::Upstream, false),
             (ProxyError::Hbone(HboneError::Status(StatusCode::UNAUTHORIZED)), "DENY", 401, Fault::Upstream, false),

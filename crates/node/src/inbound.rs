@@ -152,7 +152,10 @@ impl Handler for HboneHandler {
                 Err(over) => return Err(refuse(record, over.into(), req.peer_addr.ip())),
             };
             match p.target {
-                Ok(t) => connect_app(&self.shared, &self.pod, record, t).await.map(|m| Box::new(m) as Box<dyn Upstream>),
+                Ok(t) => match connect_app(&self.shared, &self.pod, &snap, record, t).await {
+                    Ok(m) => Ok(Box::new(m) as Box<dyn Upstream>),
+                    Err(e) => Err(e.into_hbone(req.peer_addr.ip())),
+                },
                 Err(e) => Err(refuse(record, e, req.peer_addr.ip())),
             }
         })
@@ -189,24 +192,33 @@ fn refuse(record: ConnRecord, e: ProxyError, peer: IpAddr) -> HboneError {
     answer
 }
 
-/// Connects to the app with the client's address, registered among the
-/// pod's open connections so a policy change or a drain can close it.
+/// Connects to the app with the client's address. The connection joins the
+/// pod's open ones first, so a policy change or a drain reaches it even
+/// while it connects; if the mesh changed since `snap` was planned over, it
+/// is decided again.
 async fn connect_app(
     shared: &Shared,
     pod: &LocalPod,
+    snap: &Arc<MeshState>,
     record: ConnRecord,
     t: Target,
-) -> Result<Metered<crate::conns::Cancellable<TcpStream>>, HboneError> {
-    match pod.sockets.connect_transparent(t.src_ip, t.app, shared.config.timeouts.upstream_connect).await {
-        Ok(s) => {
-            let registration = pod.conns.register(Some(t.authz));
-            let app = registration.guard(s);
-            Ok(Metered::new(app, record.registered(registration), AppSide::Server))
+) -> Result<Metered<TcpStream>, ProxyError> {
+    let record = record.registered(pod.conns.register(Some(t.authz.clone())));
+    let now = shared.snapshot();
+    if !Arc::ptr_eq(snap, &now) {
+        let c = authz::Conn { peer: t.authz.peer.as_ref(), src: t.authz.src, dst: t.authz.dst };
+        if let Err(why) = authz::authorize_uid(&now, &pod.uid, c).result {
+            let e = ProxyError::Denied(why);
+            record.close(Err(e.clone()));
+            return Err(e);
         }
+    }
+    match pod.sockets.connect_transparent(t.src_ip, t.app, shared.config.timeouts.upstream_connect).await {
+        Ok(s) => Ok(Metered::new(s, record, AppSide::Server)),
         Err(e) => {
-            let err = HboneError::Connect { addr: t.app, source: Arc::new(e) };
-            record.close(Err(err.clone().into()));
-            Err(err)
+            let e = ProxyError::connect(t.app, e);
+            record.close(Err(e.clone()));
+            Err(e)
         }
     }
 }
@@ -245,17 +257,9 @@ pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStr
         Ok(t) => t,
         Err(e) => return refuse(record, e),
     };
-    match pod.sockets.connect_transparent(t.src_ip, t.app, shared.config.timeouts.upstream_connect).await {
-        Ok(app) => {
-            let registration = pod.conns.register(Some(t.authz));
-            let app = registration.guard(app);
-            let mut app = Metered::new(app, record.registered(registration), AppSide::Server);
-            let mut client = client;
-            if let Err(e) = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut app, 64 * 1024, 64 * 1024).await {
-                app.fail(ProxyError::terminated(e));
-            }
-        }
-        Err(e) => record.close(Err(ProxyError::connect(t.app, e))),
+    match connect_app(&shared, &pod, &snap, record, t).await {
+        Ok(app) => crate::relay::copy_plain(app, client).await,
+        Err(_) => reset(&client),
     }
 }
 

@@ -17,6 +17,7 @@ pub mod error;
 pub mod limits;
 pub mod memtrim;
 pub mod ready;
+pub mod relay;
 pub mod selfcall;
 pub mod sockets;
 pub mod source;

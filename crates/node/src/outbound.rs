@@ -2,7 +2,6 @@
 //! the pod. [`plan`] decides, once, over one mesh snapshot (pure: table
 //! tests, no sockets); [`handle`] carries the plan out.
 
-use crate::conns::Cancellable;
 use crate::error::ProxyError;
 use crate::limits::{Kind, SlotGuard, Taken};
 use crate::selfcall::{self_call_in, Side};
@@ -15,8 +14,10 @@ use slipstream_core::{Destination, MeshState, MeshWorkload, WorkloadType};
 use slipstream_hbone::headers::{Baggage, Forwarded, WorkloadKind};
 use slipstream_hbone::{ConnectRequest, PoolKey};
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Poll};
 use tokio::net::TcpStream;
 
 /// A captured connection, as the planner sees it.
@@ -26,6 +27,8 @@ pub struct Request {
     pub src: Option<Arc<MeshWorkload>>,
     /// The app's address (the source pod's IP and its port).
     pub src_addr: SocketAddr,
+    /// The source pod's own address (self-calls, the tunnel's source IP).
+    pub pod_ip: IpAddr,
     /// The original destination.
     pub dst: SocketAddr,
     /// Chooses among weighted endpoints (uniform random in production).
@@ -60,7 +63,7 @@ pub struct Plan {
 
 /// Decides where a captured connection goes, over one snapshot.
 pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
-    let own = [req.src_addr.ip()];
+    let own = [req.pod_ip];
     // Before anything else: a local destination was never captured, and
     // passing it through would dial the proxy itself.
     if let Some(why) = self_call_in(Side::Outbound, req.dst, &own, req.loopback_is_local) {
@@ -90,13 +93,13 @@ pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
     };
     match target {
         Some((w, authority)) if w.meshed() => {
-            let src = req.src.as_ref().ok_or(ProxyError::NoWorkload(req.src_addr))?;
+            let src = req.src.as_ref().ok_or(ProxyError::UnknownSource(req.src_addr))?;
             let mut expected = vec![w.identity().clone()];
             if let Some(svc) = &service {
                 expected.extend(svc.sans().iter().cloned());
             }
             let hbone = hbone_addr(w.address());
-            let key = PoolKey::new(src.identity().clone(), expected, hbone, req.src_addr.ip());
+            let key = PoolKey::new(src.identity().clone(), expected, hbone, req.pod_ip);
             let service_host = service.as_ref().map(|s| Arc::from(s.hostname.as_str()));
             Ok(Plan { route: Route::Hbone { key, authority, service_host }, info: info(hbone, Some(authority), Some(w), true) })
         }
@@ -116,20 +119,32 @@ pub fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAd
     Box::pin(setup(shared, pod, app, peer)).then(|carry| match carry {
         Some(Carry::Hbone { mut record, tunnel, app }) => {
             record.established();
-            Either::Left(
-                slipstream_hbone::copy::bidirectional(tunnel, app)
-                    .map(move |(stats, r)| record.close_counted(stats.to_tunnel, stats.from_tunnel, r.map_err(ProxyError::from))),
-            )
+            let mut copy = slipstream_hbone::copy::bidirectional(tunnel, app);
+            let mut record = Some(record);
+            // Cancellation is polled with the copy, so it ends the
+            // connection whatever the copy waits for.
+            Either::Left(future::poll_fn(move |cx| {
+                let Some(r) = record.as_ref() else { return Poll::Ready(()) };
+                let (stats, result) = if r.poll_cancelled(cx) {
+                    // The record closes with the cancellation's reason.
+                    (copy.stats(), Ok(()))
+                } else {
+                    let (stats, result) = ready!(Pin::new(&mut copy).poll(cx));
+                    (stats, result.map_err(ProxyError::from))
+                };
+                if let Some(r) = record.take() {
+                    r.close_counted(stats.to_tunnel, stats.from_tunnel, result);
+                }
+                Poll::Ready(())
+            }))
         }
         // Refused (already recorded) or outside the mesh, both rare: boxed,
         // so they do not size the tunnels' futures.
         None => Either::Right(future::ready(()).boxed()),
-        Some(Carry::Passthrough { mut app, mut upstream, _upstream_fd }) => Either::Right(
+        Some(Carry::Passthrough { app, upstream, _upstream_fd }) => Either::Right(
             async move {
                 let _upstream_fd = _upstream_fd;
-                if let Err(e) = tokio::io::copy_bidirectional_with_sizes(&mut app, &mut upstream, 64 * 1024, 64 * 1024).await {
-                    app.fail(ProxyError::terminated(e));
-                }
+                crate::relay::copy_plain(app, upstream).await;
             }
             .boxed(),
         ),
@@ -141,11 +156,11 @@ enum Carry {
     Hbone {
         record: ConnRecord,
         tunnel: slipstream_hbone::TunnelStream,
-        app: Cancellable<TcpStream>,
+        app: TcpStream,
     },
     /// Holds a second descriptor of the budget (the upstream socket).
     Passthrough {
-        app: Metered<Cancellable<TcpStream>>,
+        app: Metered<TcpStream>,
         upstream: TcpStream,
         _upstream_fd: SlotGuard,
     },
@@ -164,26 +179,21 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
     };
     let snap = shared.snapshot();
     let loopback_is_local = pod.sockets.loopback_is_local();
-    let req = Request { src: snap.workload(&pod.uid), src_addr: peer, dst, draw: rand::random(), loopback_is_local };
-    // This pod's bounds first: two atomic operations each when under them.
-    let admitted = admit(&pod);
-    let planned = plan(&snap, &req);
+    let req = Request { src: snap.workload(&pod.uid), src_addr: peer, pod_ip: pod.ip, dst, draw: rand::random(), loopback_is_local };
     let refuse = |info: ConnInfo, e: ProxyError| {
         reset(&app);
         ConnRecord::open(info, shared.telemetry.clone()).close(Err(e));
     };
-    let (held, _pending) = match admitted {
+    // This pod's bounds first (two atomic operations each when under
+    // them): a flooding pod's refusals cost no plan.
+    let (held, _pending) = match admit(&pod) {
         Ok(h) => h,
         Err(e) => {
-            let info = match &planned {
-                Ok(p) => p.info.clone(),
-                Err(_) => bare_info(&req),
-            };
-            refuse(info, e);
+            refuse(bare_info(&req), e);
             return None;
         }
     };
-    let Plan { route, info } = match planned {
+    let Plan { route, info } = match plan(&snap, &req) {
         Ok(p) => p,
         Err(e) => {
             refuse(bare_info(&req), e);
@@ -191,7 +201,6 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
         }
     };
     let registration = pod.conns.register(None);
-    let app_guarded = registration.guard(app);
     let record = ConnRecord::open(info, shared.telemetry.clone()).holding(held).registered(registration);
     match route {
         Route::Passthrough { addr } => {
@@ -199,16 +208,18 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             let upstream_fd = match shared.limits.take_budget(1) {
                 Ok(g) => g,
                 Err(over) => {
+                    reset(&app);
                     record.close(Err(over.into()));
                     return None;
                 }
             };
             match pod.sockets.connect_marked(addr, shared.config.timeouts.upstream_connect).await {
                 Ok(upstream) => {
-                    let app = Metered::new(app_guarded, record, AppSide::Client);
+                    let app = Metered::new(app, record, AppSide::Client);
                     Some(Carry::Passthrough { app, upstream, _upstream_fd: upstream_fd })
                 }
                 Err(e) => {
+                    reset(&app);
                     record.close(Err(ProxyError::connect(addr, e)));
                     None
                 }
@@ -222,10 +233,10 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
                 req = req.with_baggage(&baggage(w));
             }
             match shared.pool.connect(&key, req).await {
-                Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app: app_guarded }),
+                Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app }),
                 Err(e) => {
                     tracing::debug!(pod = %pod.uid, %authority, "HBONE connect failed: {e}");
-                    reset(app_guarded.get_ref());
+                    reset(&app);
                     record.close(Err(e.into()));
                     None
                 }

@@ -1,7 +1,7 @@
 //! Socket creation, behind one small trait: the node proxy's one seam to the
 //! kernel. [`NetnsSockets`] is the real one (sockets inside the pod's
 //! network namespace, marked or transparent, the original destination of a
-//! captured connection; needs root). [`crate::testing::LoopbackSockets`] is
+//! captured connection; needs root). [`crate::testing::LoopbackFactory`] is
 //! the in-process test tier's: plain loopback sockets, original
 //! destinations told by the test, no root.
 

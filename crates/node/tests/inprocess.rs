@@ -21,6 +21,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const ECHO_PORT: u16 = 8080;
+/// Reads until end of stream, then holds the connection open, silent.
+const HOLD_PORT: u16 = 9000;
+/// What the echo app says first, so the two directions carry different
+/// byte counts.
+const GREETING: &[u8] = b"hi\n";
 
 /// Waits for `f` to hold, polling; panics with `what` at the deadline.
 async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -106,6 +111,7 @@ impl Mesh {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let app = TcpListener::bind(SocketAddr::new(echo_ip, ECHO_PORT)).await.unwrap();
         tokio::spawn(echo(app, seen.clone()));
+        tokio::spawn(hold(TcpListener::bind(SocketAddr::new(echo_ip, HOLD_PORT)).await.unwrap()));
         let mut m = Mesh { client_ip, echo_ip, vip, sockets, node1, node2, config, seen };
         m.apply().await;
         let pods = |name: &str| NodePods { pods: vec![PodRegistration { uid: format!("test//Pod/default/{name}"), netns: String::new() }] };
@@ -123,9 +129,14 @@ impl Mesh {
         assert!(self.node2.apply_mesh(&self.config).errors.is_empty());
     }
 
-    /// The client app's connection to `dst`, captured by node1.
+    /// The client app's connection to the echo service, captured by node1,
+    /// its greeting read.
     async fn connect(&self, dst: SocketAddr) -> TcpStream {
-        self.sockets.connect_captured(self.client_ip, Listener::Outbound, dst).await.unwrap()
+        let mut c = self.sockets.connect_captured(self.client_ip, Listener::Outbound, dst).await.unwrap();
+        let mut hi = [0u8; GREETING.len()];
+        tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut hi)).await.expect("greeting in time").unwrap();
+        assert_eq!(hi, GREETING);
+        c
     }
 
     /// A connection the proxy is expected to refuse: its reset may arrive
@@ -155,6 +166,9 @@ async fn echo(l: TcpListener, seen: Arc<Mutex<Vec<SocketAddr>>>) {
         let Ok((mut s, peer)) = l.accept().await else { return };
         seen.lock().unwrap().push(peer);
         tokio::spawn(async move {
+            if s.write_all(GREETING).await.is_err() {
+                return;
+            }
             let mut buf = [0u8; 4096];
             loop {
                 match s.read(&mut buf).await {
@@ -166,6 +180,19 @@ async fn echo(l: TcpListener, seen: Arc<Mutex<Vec<SocketAddr>>>) {
                     }
                 }
             }
+        });
+    }
+}
+
+/// Reads each connection to its end, then keeps it open without a word.
+async fn hold(l: TcpListener) {
+    loop {
+        let Ok((mut s, _)) = l.accept().await else { return };
+        tokio::spawn(async move {
+            let mut sink = Vec::new();
+            let _ = s.read_to_end(&mut sink).await;
+            std::future::pending::<()>().await;
+            drop(s);
         });
     }
 }
@@ -240,13 +267,13 @@ async fn bytes_identities_metrics_and_logs_across_two_proxies() {
         assert_eq!(value(&text, "istio_tcp_connections_opened_total", &must), 1, "node{node}: {text}");
         assert_eq!(value(&text, closed, &must), 1, "node{node}");
         assert_eq!(value(&text, "istio_tcp_received_bytes_total", &must), 11, "node{node}: client to server");
-        assert_eq!(value(&text, "istio_tcp_sent_bytes_total", &must), 11, "node{node}: server to client");
+        assert_eq!(value(&text, "istio_tcp_sent_bytes_total", &must), 14, "node{node}: server to client, the greeting too");
     }
     let out = m.log(1);
     assert_eq!(out.len(), 1, "{out:?}");
     let (hbone, target) = (format!("dst.addr={}:15008 ", m.echo_ip), format!("dst.hbone_addr={}:{ECHO_PORT} ", m.echo_ip));
     for want in
-        [hbone.as_str(), target.as_str(), "direction=outbound", "bytes_sent=11 bytes_recv=11", "dst.service=echo.default.svc.cluster.local"]
+        [hbone.as_str(), target.as_str(), "direction=outbound", "bytes_sent=11 bytes_recv=14", "dst.service=echo.default.svc.cluster.local"]
     {
         assert!(out[0].contains(want), "node1 log lacks {want:?}: {}", out[0]);
     }
@@ -254,7 +281,7 @@ async fn bytes_identities_metrics_and_logs_across_two_proxies() {
     assert!(out[0].contains("dst.identity=spiffe://cluster.local/ns/default/sa/echo"), "{}", out[0]);
     let inbound = m.log(2);
     assert_eq!(inbound.len(), 1, "{inbound:?}");
-    for want in [hbone.as_str(), target.as_str(), "direction=inbound", "bytes_sent=11 bytes_recv=11", "src.workload=client"] {
+    for want in [hbone.as_str(), target.as_str(), "direction=inbound", "bytes_sent=14 bytes_recv=11", "src.workload=client"] {
         assert!(inbound[0].contains(want), "node2 log lacks {want:?}: {}", inbound[0]);
     }
     assert!(!out[0].contains("flag=") && !inbound[0].contains("flag="), "no failure");
@@ -266,6 +293,11 @@ async fn denied_refused_and_revoked_connections_are_counted_as_such() {
     // Open one connection before the policy exists.
     let mut open = m.connect(m.vip).await;
     assert_eq!(exchange(&mut open, b"before").await, b"before");
+    // And one half-closed, whose copy waits only on the tunnel.
+    let mut half = m.sockets.connect_captured(m.client_ip, Listener::Outbound, SocketAddr::new(m.echo_ip, HOLD_PORT)).await.unwrap();
+    half.shutdown().await.unwrap();
+    let n2 = m.node2.shared().clone();
+    wait_for("both connections open at node2", || n2.pods.all().iter().map(|p| p.conns.len()).sum::<usize>() == 2).await;
 
     // The policy change closes it (the destination re-decides it) ...
     deny_client(&mut m.config);
@@ -273,15 +305,17 @@ async fn denied_refused_and_revoked_connections_are_counted_as_such() {
     let mut buf = [0u8; 16];
     let r = tokio::time::timeout(Duration::from_secs(10), open.read(&mut buf)).await.expect("closed after the policy change");
     assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
-    wait_for("node2 logged the revocation", || m.log(2).iter().any(|l| l.contains("closed after a policy change"))).await;
-    let line = m.log(2).into_iter().find(|l| l.contains("closed after a policy change")).unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), half.read(&mut buf)).await.expect("the half-closed one too");
+    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    wait_for("node2 logged both revocations", || m.log(2).iter().filter(|l| l.contains("closed after a policy change")).count() == 2).await;
+    let line = m.log(2).into_iter().find(|l| l.contains("closed after a policy change") && l.contains(&format!(":{ECHO_PORT} "))).unwrap();
     assert!(line.contains("flag=DENY") && line.contains("bytes_recv=6"), "{line}");
 
     // ... and refuses a new one: 401 at node2, DENY on both sides.
     m.refused(m.vip).await;
     wait_for("the refusal counted on both proxies", || {
         value(&m.metrics(1), "istio_tcp_connections_closed_total", &["response_flags=\"DENY\""]) == 1
-            && value(&m.metrics(2), "istio_tcp_connections_closed_total", &["response_flags=\"DENY\""]) == 2
+            && value(&m.metrics(2), "istio_tcp_connections_closed_total", &["response_flags=\"DENY\""]) == 3
     })
     .await;
     assert_eq!(value(&m.metrics(2), "slipstream_hbone_inbound_responses_total", &["code=\"401\""]), 1);
@@ -306,6 +340,13 @@ async fn drain_lets_connections_finish_then_closes_the_rest() {
     let m = Mesh::new(83).await;
     let mut held = m.connect(m.vip).await;
     assert_eq!(exchange(&mut held, b"x").await, b"x");
+    // One more, half-closed: the copy waits only on the tunnel (the app
+    // holds its side open, silent), and the drain must still end it.
+    let mut half = m.sockets.connect_captured(m.client_ip, Listener::Outbound, SocketAddr::new(m.echo_ip, HOLD_PORT)).await.unwrap();
+    half.write_all(b"bye").await.unwrap();
+    half.shutdown().await.unwrap();
+    let n2 = m.node2.shared().clone();
+    wait_for("the half-closed connection is open at node2", || n2.pods.all().iter().map(|p| p.conns.len()).sum::<usize>() == 2).await;
     let Mesh { node1, node2, .. } = m;
     let shared1 = node1.shared().clone();
     let started = Instant::now();
@@ -313,12 +354,17 @@ async fn drain_lets_connections_finish_then_closes_the_rest() {
     // at the end of the 300 ms grace period, and drain returns.
     tokio::time::timeout(Duration::from_secs(5), node1.drain()).await.expect("drain returns");
     assert!(started.elapsed() >= Duration::from_millis(300), "the grace period was given");
-    let mut buf = [0u8; 4];
-    let r = tokio::time::timeout(Duration::from_secs(5), held.read(&mut buf)).await.expect("the held connection was closed");
-    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    for (what, c) in [("held", &mut held), ("half-closed", &mut half)] {
+        let mut buf = [0u8; 4];
+        let r = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("the {what} connection was closed"));
+        assert!(matches!(r, Ok(0) | Err(_)), "{what}: {r:?}");
+    }
     let lines = shared1.telemetry.lines();
-    assert!(lines.iter().any(|l| l.contains("closed at the drain deadline") && l.contains("flag=CONNECTION_TERMINATED")), "{lines:?}");
-    assert_eq!(value(&shared1.telemetry.metrics.render(), "istio_tcp_connections_closed_total", &[]), 1);
+    let drained = lines.iter().filter(|l| l.contains("closed at the drain deadline") && l.contains("flag=CONNECTION_TERMINATED")).count();
+    assert_eq!(drained, 2, "{lines:?}");
+    assert_eq!(value(&shared1.telemetry.metrics.render(), "istio_tcp_connections_closed_total", &[]), 2);
     drop(node2);
 }
 

@@ -37,9 +37,30 @@ pub trait CertResolver: Send + Sync + 'static {
 }
 
 /// The application side of a tunnel.
-pub trait Upstream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+pub trait Upstream: AsyncRead + AsyncWrite + Send + Unpin + 'static {
+    /// Ready when the proxy wants the tunnel closed now (a policy change
+    /// denies it, a drain reached its deadline). Polled with the copy, so
+    /// it works whatever the copy is waiting for. Never, by default.
+    fn poll_close(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::task::Poll::Pending
+    }
 
-impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Upstream for T {}
+    /// How the copy ended, told once before the upstream is dropped: a
+    /// clean end (`Ok`), an error on either side, or `Err` after
+    /// [`Upstream::poll_close`] asked for it.
+    fn finished(&mut self, _result: &Result<(), HboneError>) {}
+}
+
+impl Upstream for tokio::net::TcpStream {}
+impl Upstream for tokio::io::DuplexStream {}
+impl<T: Upstream + ?Sized> Upstream for Box<T> {
+    fn poll_close(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        (**self).poll_close(cx)
+    }
+    fn finished(&mut self, result: &Result<(), HboneError>) {
+        (**self).finished(result)
+    }
+}
 
 /// A CONNECT that passed the protocol checks.
 #[derive(Debug, Clone)]

@@ -3,7 +3,9 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Poll};
 
 use bytes::Bytes;
 use futures_util::future::{self, Either, FutureExt};
@@ -52,10 +54,19 @@ pub(crate) fn serve_stream(
         let Some((target, tunnel, upstream)) = opened else {
             return Either::Right(future::ready(()));
         };
-        Either::Left(copy::bidirectional(tunnel, upstream).map(move |(bytes, result)| {
+        let mut copy = copy::bidirectional(tunnel, upstream);
+        // The upstream may ask for the tunnel to close whatever the copy
+        // waits for (a stalled peer, a half-closed side): raced here.
+        Either::Left(future::poll_fn(move |cx| {
+            let (bytes, result) = match copy.other_mut().poll_close(cx) {
+                Poll::Ready(()) => (copy.stats(), Err(HboneError::io(std::io::ErrorKind::ConnectionAborted.into()))),
+                Poll::Pending => ready!(Pin::new(&mut copy).poll(cx)),
+            };
+            copy.other_mut().finished(&result);
             ctx.stats.tunnel_finished(bytes.from_tunnel, bytes.to_tunnel, result.is_err());
             let outcome = Outcome { status: StatusCode::OK, bytes, result, reached_handler: true };
             finish(&ctx, Some(target), outcome, start);
+            Poll::Ready(())
         }))
     })
 }

@@ -93,7 +93,7 @@ enum Want {
 fn run(state: &MeshState, src: Option<&str>, dst: &str, draw: u64) -> Want {
     let src_w = src.and_then(|ip| state.workload_by_ip(ip.parse().unwrap()));
     let src_addr = SocketAddr::new(src.unwrap_or(OWN).parse().unwrap(), 40000);
-    let req = Request { src: src_w, src_addr, dst: dst.parse().unwrap(), draw, loopback_is_local: true };
+    let req = Request { src: src_w, src_addr, pod_ip: OWN.parse().unwrap(), dst: dst.parse().unwrap(), draw, loopback_is_local: true };
     match plan(state, &req) {
         Err(e) => Want::Refused(e.flag().as_str()),
         Ok(Plan { route: Route::Passthrough { addr }, info }) => {
@@ -155,7 +155,7 @@ fn plans_as_a_table() {
         (me, "10.244.2.2:15008", 0, Want::Hbone("10.244.2.2:15008", "10.244.2.2:15008", vec!["echo"], None)),
         // A source the mesh does not know cannot open a tunnel (no identity),
         // but may still reach what is outside the mesh.
-        (None, "10.96.0.10:80", 0, Want::Refused("CONNECT")),
+        (None, "10.96.0.10:80", 0, Want::Refused("IDENTITY_ERROR")),
         (None, "10.244.2.9:80", 0, Want::Pass("10.244.2.9:80", Some("plain"))),
     ];
     assert!(rows.len() >= 20);
@@ -171,6 +171,7 @@ fn the_plan_carries_the_telemetry_labels() {
     let req = Request {
         src,
         src_addr: "10.244.1.5:40000".parse().unwrap(),
+        pod_ip: OWN.parse().unwrap(),
         dst: "10.96.0.10:80".parse().unwrap(),
         draw: 0,
         loopback_is_local: true,

@@ -32,8 +32,23 @@ impl From<Arc<str>> for Lv {
 }
 
 impl EncodeLabelValue for Lv {
+    /// Escaped as the exposition format requires (`\\`, `\"`, `\n`):
+    /// prometheus-client writes label values as they are, and one quote in
+    /// a name must not break the whole scrape.
     fn encode(&self, e: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        e.write_str(if self.0.is_empty() { "unknown" } else { &self.0 })
+        let v: &str = if self.0.is_empty() { "unknown" } else { &self.0 };
+        if !v.contains(['\\', '"', '\n']) {
+            return e.write_str(v);
+        }
+        for c in v.chars() {
+            match c {
+                '\\' => e.write_str("\\\\")?,
+                '"' => e.write_str("\\\"")?,
+                '\n' => e.write_str("\\n")?,
+                c => e.write_char(c)?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -328,6 +343,16 @@ mod tests {
         assert!(text.contains("request_protocol=\"tcp\""));
         let sent = text.lines().find(|l| l.starts_with("istio_tcp_sent_bytes_total{")).unwrap();
         assert!(sent.ends_with("} 20"), "{sent}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::default();
+        let mut l = labels();
+        l.source_workload = "a\"b\\c\nd".into();
+        m.opened(&l);
+        let text = m.render();
+        assert!(text.contains(r#"source_workload="a\"b\\c\nd""#), "{text}");
     }
 
     #[test]

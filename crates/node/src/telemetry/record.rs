@@ -16,7 +16,7 @@ use crate::conns::{Cancelled, Registration};
 use crate::error::ProxyError;
 use crate::limits::Taken;
 use slipstream_core::{MeshService, MeshWorkload, SpiffeId};
-use slipstream_hbone::ResponseFlag;
+use slipstream_hbone::{HboneError, ResponseFlag, Upstream};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -110,7 +110,7 @@ impl ConnInfo {
         };
         let dst_principal = if self.dst_identity_known() { v(dst, |l| &l.principal) } else { Lv::default() };
         let svc = self.service.as_deref();
-        let s = |f: fn(&slipstream_core::Service) -> &str| svc.map(|s| Lv::from(f(s))).unwrap_or_default();
+        let s = |f: fn(&MeshService) -> &Arc<str>| svc.map(|s| Lv(f(s).clone())).unwrap_or_default();
         TcpLabels {
             reporter: self.reporter,
             source_workload: v(src, |l| &l.workload_name),
@@ -120,9 +120,9 @@ impl ConnInfo {
             source_version: v(src, |l| &l.version),
             source_canonical_service: v(src, |l| &l.app),
             source_cluster: v(src, |l| &l.cluster),
-            destination_service: s(|s| &s.hostname),
-            destination_service_namespace: s(|s| &s.namespace),
-            destination_service_name: s(|s| &s.name),
+            destination_service: s(MeshService::hostname),
+            destination_service_namespace: s(MeshService::namespace),
+            destination_service_name: s(MeshService::name),
             destination_workload: v(dst, |l| &l.workload_name),
             destination_workload_namespace: v(dst, |l| &l.namespace),
             destination_principal: dst_principal,
@@ -225,6 +225,13 @@ impl ConnRecord {
         self.registration.as_ref().and_then(|r| r.cell().cancelled())
     }
 
+    /// Whether the connection was cancelled (policy change, drain
+    /// deadline); if not, the task in `cx` is woken when it is. Polled
+    /// together with the connection's copy.
+    pub fn poll_cancelled(&self, cx: &mut Context<'_>) -> bool {
+        self.registration.as_ref().is_some_and(|r| r.cell().poll_cancelled(cx).is_some())
+    }
+
     fn finish(&mut self) {
         let result = match (self.cancelled(), self.outcome.take()) {
             (Some(Cancelled::Revoked), _) => Err(ProxyError::Revoked("the destination's policies no longer allow it".into())),
@@ -300,8 +307,10 @@ pub enum AppSide {
 }
 
 /// The app side of a connection: counts bytes each way into its record,
-/// notes the first I/O error, and closes the record when dropped (end of stream, error,
-/// reset, or the end of the task that owned it).
+/// notes the first I/O error, and closes the record when dropped. The copy
+/// that uses it says how it ended ([`Metered::finished_with`], or the HBONE
+/// server through [`Upstream::finished`]); dropped without that (the task
+/// was aborted) the record closes with `Aborted`.
 pub struct Metered<S> {
     inner: S,
     record: ConnRecord,
@@ -314,9 +323,23 @@ impl<S> Metered<S> {
         Metered { inner, record, side }
     }
 
-    /// Notes a failure seen elsewhere (the tunnel side of the copy).
-    pub fn fail(&mut self, e: ProxyError) {
-        self.record.fail(e);
+    /// How the copy ended: a clean end unless an error was noted.
+    pub fn finished_with(&mut self, result: Result<(), ProxyError>) {
+        match result {
+            Ok(()) if self.record.outcome.is_none() => self.record.outcome = Some(Ok(())),
+            Ok(()) => {}
+            Err(e) => self.record.fail(e),
+        }
+    }
+
+    /// See [`ConnRecord::poll_cancelled`].
+    pub fn poll_cancelled(&self, cx: &mut Context<'_>) -> bool {
+        self.record.poll_cancelled(cx)
+    }
+
+    /// The connection's cancellation handle, if it is registered.
+    pub fn cancel_handle(&self) -> Option<Arc<crate::conns::CancelCell>> {
+        self.record.registration.as_ref().map(Registration::handle)
     }
 
     fn count_from_app(&mut self, n: u64) {
@@ -340,12 +363,17 @@ impl<S> Metered<S> {
     }
 }
 
-impl<S> Drop for Metered<S> {
-    fn drop(&mut self) {
-        // A clean end unless something failed; `record` closes right after.
-        if self.record.outcome.is_none() && !std::thread::panicking() {
-            self.record.outcome = Some(Ok(()));
+impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Upstream for Metered<S> {
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.poll_cancelled(cx) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
+    }
+
+    fn finished(&mut self, result: &Result<(), HboneError>) {
+        self.finished_with(result.clone().map_err(ProxyError::Hbone));
     }
 }
 
@@ -443,20 +471,35 @@ mod tests {
         let conns = Arc::new(Conns::default());
         let (mut a, b) = tokio::io::duplex(64);
         let reg = conns.register(None);
-        let guarded = reg.guard(b);
-        let mut m = Metered::new(guarded, ConnRecord::open(info(), t.clone()).registered(reg), AppSide::Client);
+        let mut m = Metered::new(b, ConnRecord::open(info(), t.clone()).registered(reg), AppSide::Client);
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         a.write_all(b"abc").await.unwrap();
         let mut buf = [0u8; 3];
         m.read_exact(&mut buf).await.unwrap();
         m.write_all(b"de").await.unwrap();
+        let waker = futures_util::task::noop_waker();
+        assert!(!m.poll_cancelled(&mut Context::from_waker(&waker)));
         conns.cancel_all(Cancelled::Revoked);
-        assert!(m.read(&mut buf).await.is_err(), "cancelled: the next read fails");
+        assert!(Upstream::poll_close(&mut m, &mut Context::from_waker(&waker)).is_ready(), "the copy is told to stop");
+        m.finished_with(Err(ProxyError::terminated(std::io::ErrorKind::ConnectionAborted.into())));
         drop(m);
         assert_eq!(closed(&t, "DENY"), 1);
         let line = &t.lines()[0];
         assert!(line.contains("bytes_sent=3 bytes_recv=2") && line.contains("closed after a policy change"), "{line}");
         assert!(conns.is_empty(), "the registration left with the record");
+    }
+
+    #[tokio::test]
+    async fn a_metered_stream_dropped_without_an_outcome_is_aborted_and_a_clean_copy_is_not() {
+        let t = telemetry();
+        let (_a, b) = tokio::io::duplex(64);
+        drop(Metered::new(b, ConnRecord::open(info(), t.clone()), AppSide::Server));
+        assert_eq!(closed(&t, "CONNECTION_TERMINATED"), 1, "nobody said how it ended");
+        let (_a, b) = tokio::io::duplex(64);
+        let mut m = Metered::new(b, ConnRecord::open(info(), t.clone()), AppSide::Server);
+        Upstream::finished(&mut m, &Ok(()));
+        drop(m);
+        assert_eq!(closed(&t, "-"), 1);
     }
 
     #[test]
