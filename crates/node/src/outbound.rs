@@ -126,7 +126,9 @@ pub fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAd
             Either::Left(future::poll_fn(move |cx| {
                 let Some(r) = record.as_ref() else { return Poll::Ready(()) };
                 let (stats, result) = if r.poll_cancelled(cx) {
-                    // The record closes with the cancellation's reason.
+                    // The record closes with the cancellation's reason, and
+                    // the app sees a reset, not a clean end of stream.
+                    reset(copy.other_mut());
                     (copy.stats(), Ok(()))
                 } else {
                     let (stats, result) = ready!(Pin::new(&mut copy).poll(cx));

@@ -3,6 +3,7 @@
 //! the copy. HBONE tunnels use the hbone crate's copy.
 
 use crate::error::ProxyError;
+use crate::sockets::reset;
 use crate::telemetry::Metered;
 use futures_util::future;
 use std::task::Poll;
@@ -26,7 +27,11 @@ pub async fn copy_plain(mut app: Metered<TcpStream>, mut other: TcpStream) {
     match copied {
         Some(Ok(_)) => app.finished_with(Ok(())),
         Some(Err(e)) => app.finished_with(Err(ProxyError::terminated(e))),
-        // The record closes with the cancellation's reason.
-        None => {}
+        // The record closes with the cancellation's reason; both ends see
+        // a reset, not an end of stream they could take for completion.
+        None => {
+            reset(app.get_ref());
+            reset(&other);
+        }
     }
 }

@@ -337,6 +337,10 @@ impl<S> Metered<S> {
         self.record.poll_cancelled(cx)
     }
 
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
     /// The connection's cancellation handle, if it is registered.
     pub fn cancel_handle(&self) -> Option<Arc<crate::conns::CancelCell>> {
         self.record.registration.as_ref().map(Registration::handle)
@@ -363,9 +367,28 @@ impl<S> Metered<S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Upstream for Metered<S> {
+/// A stream a cancelled connection ends with a reset, not a clean close:
+/// the peer must not take the end of a revoked or drained connection for
+/// the end of a complete answer.
+pub trait Resettable {
+    fn reset(&self);
+}
+
+impl Resettable for tokio::net::TcpStream {
+    fn reset(&self) {
+        crate::sockets::reset(self)
+    }
+}
+
+#[cfg(test)]
+impl Resettable for tokio::io::DuplexStream {
+    fn reset(&self) {}
+}
+
+impl<S: AsyncRead + AsyncWrite + Resettable + Send + Unpin + 'static> Upstream for Metered<S> {
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.poll_cancelled(cx) {
+            self.inner.reset();
             Poll::Ready(())
         } else {
             Poll::Pending
