@@ -4,7 +4,7 @@
 //! Used when a connection arrives and again, for every open connection,
 //! after a policy change.
 
-use slipstream_core::policy::{check, ConnAttrs, Decision};
+use slipstream_core::policy::{check, Authorization, ConnAttrs, Decision};
 use slipstream_core::{MeshState, MeshWorkload, SpiffeId};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,31 +27,55 @@ pub struct Verdict {
 }
 
 pub fn authorize(state: &MeshState, dst: &MeshWorkload, c: Conn<'_>) -> Verdict {
-    let policies = state.policies_for(dst);
-    if policies.is_empty() {
-        return Verdict { result: Ok(()), dry_run: Vec::new() };
-    }
-    let principal = c.peer.map(SpiffeId::principal);
-    let attrs = ConnAttrs {
-        principal: principal.as_deref(),
-        namespace: c.peer.map(SpiffeId::namespace),
-        source_ip: c.src.ip(),
-        destination_ip: c.dst.ip(),
-        destination_port: c.dst.port(),
-    };
-    let mut dry_run = Vec::new();
-    let result = match check(policies.iter().map(|p| p.as_ref()), &attrs, &mut dry_run) {
-        Decision::Allow => Ok(()),
-        Decision::Deny(why) => Err(Arc::from(why)),
-    };
-    Verdict { result, dry_run }
+    Policies::of(state, dst).check(c)
 }
 
 /// [`authorize`] for a connection to the workload `dst_uid`; a destination
 /// the snapshot does not know is denied (fail closed).
 pub fn authorize_uid(state: &MeshState, dst_uid: &str, c: Conn<'_>) -> Verdict {
-    match state.workload(dst_uid) {
-        Some(w) => authorize(state, &w, c),
-        None => Verdict { result: Err(format!("workload {dst_uid} is not in the mesh configuration").into()), dry_run: Vec::new() },
+    Policies::of_uid(state, dst_uid).check(c)
+}
+
+/// The policies that apply to one destination, found once: a policy change
+/// re-checks every open connection of a pod with one lookup, not one per
+/// connection.
+#[derive(Debug, Clone)]
+pub struct Policies {
+    /// Err: the destination is not in the snapshot (fail closed).
+    applicable: Result<Vec<Arc<Authorization>>, Arc<str>>,
+}
+
+impl Policies {
+    pub fn of(state: &MeshState, dst: &MeshWorkload) -> Policies {
+        Policies { applicable: Ok(state.policies_for(dst)) }
+    }
+
+    pub fn of_uid(state: &MeshState, dst_uid: &str) -> Policies {
+        match state.workload(dst_uid) {
+            Some(w) => Policies::of(state, &w),
+            None => Policies { applicable: Err(format!("workload {dst_uid} is not in the mesh configuration").into()) },
+        }
+    }
+
+    pub fn check(&self, c: Conn<'_>) -> Verdict {
+        let policies = match &self.applicable {
+            Err(why) => return Verdict { result: Err(why.clone()), dry_run: Vec::new() },
+            Ok(p) if p.is_empty() => return Verdict { result: Ok(()), dry_run: Vec::new() },
+            Ok(p) => p,
+        };
+        let principal = c.peer.map(SpiffeId::principal);
+        let attrs = ConnAttrs {
+            principal: principal.as_deref(),
+            namespace: c.peer.map(SpiffeId::namespace),
+            source_ip: c.src.ip(),
+            destination_ip: c.dst.ip(),
+            destination_port: c.dst.port(),
+        };
+        let mut dry_run = Vec::new();
+        let result = match check(policies.iter().map(|p| p.as_ref()), &attrs, &mut dry_run) {
+            Decision::Allow => Ok(()),
+            Decision::Deny(why) => Err(Arc::from(why)),
+        };
+        Verdict { result, dry_run }
     }
 }

@@ -13,7 +13,7 @@ use crate::sockets::reset;
 use crate::state::{LocalPod, Shared};
 use crate::telemetry::{AppSide, ConnInfo, ConnRecord, Metered, Reporter, SrcIdentity};
 use futures_util::future::BoxFuture;
-use slipstream_core::{MeshState, SpiffeId};
+use slipstream_core::{MeshState, MeshWorkload, SpiffeId};
 use slipstream_hbone::{
     Admission, AdmissionRefused, CertResolver, Handler, HandshakeFailure, HandshakeFailureKind, HboneError, InboundRequest, ResolveError,
     ResponseFlag, StreamRecord, Upstream,
@@ -61,36 +61,51 @@ pub struct Plan {
 }
 
 pub fn plan(state: &MeshState, req: &Request<'_>) -> Plan {
-    let dst = state.workload(req.pod_uid);
-    let mtls = req.peer.is_some();
+    let info = describe(state, req);
+    let (target, dry_run) = decide(state, req, info.dst.as_ref());
+    Plan { info, target, dry_run }
+}
+
+/// What the connection's telemetry says: lookups only, no decision. The
+/// handlers record with it before they take the source's slots, so a
+/// source over its limits costs no policy evaluation.
+pub fn describe(state: &MeshState, req: &Request<'_>) -> ConnInfo {
     let service = req.forwarded.and_then(forwarded_host).and_then(|h| state.service_by_hostname(h));
     let src = state.workload_by_ip(req.src_addr.ip());
-    let info = ConnInfo {
+    ConnInfo {
         reporter: Reporter::Destination,
         src_addr: req.src_addr,
         src_id: SrcIdentity::verified(req.peer, src.as_ref()),
         src,
         dst_addr: req.tunnel_local.unwrap_or(req.dst),
         hbone_addr: req.tunnel_local.map(|_| req.dst),
-        dst: dst.clone(),
+        dst: state.workload(req.pod_uid),
         service,
-        mutual_tls: mtls,
+        mutual_tls: req.peer.is_some(),
+    }
+}
+
+/// Where the connection goes or why not (self-call, unknown pod, policy),
+/// and the dry-run policies that matched. `dst` is the pod's workload.
+pub fn decide(state: &MeshState, req: &Request<'_>, dst: Option<&Arc<MeshWorkload>>) -> (Result<Target, ProxyError>, Vec<String>) {
+    // The same rule as outbound: an in-pod listener's port would loop.
+    if let Some(why) = self_call(Side::Inbound, req.dst, std::slice::from_ref(&req.pod_ip)) {
+        return (Err(ProxyError::SelfCall(why)), Vec::new());
+    }
+    let Some(w) = dst else { return (Err(ProxyError::NoWorkload(req.dst)), Vec::new()) };
+    let verdict = authz::authorize(state, w, authz::Conn { peer: req.peer, src: req.src_addr, dst: req.dst });
+    // PeerAuthentication STRICT arrives as a DENY policy on connections
+    // without a peer identity, which is what plaintext is.
+    let target = match verdict.result {
+        Ok(()) => Ok(Target {
+            app: req.dst,
+            src_ip: req.src_addr.ip(),
+            authz: AuthzKey { peer: req.peer.cloned(), src: req.src_addr, dst: req.dst },
+        }),
+        Err(why) if req.peer.is_some() => Err(ProxyError::Denied(why)),
+        Err(why) => Err(ProxyError::Denied(format!("plaintext refused: {why}").into())),
     };
-    let mut dry_run = Vec::new();
-    let target = (|| {
-        // The same rule as outbound: an in-pod listener's port would loop.
-        if let Some(why) = self_call(Side::Inbound, req.dst, std::slice::from_ref(&req.pod_ip)) {
-            return Err(ProxyError::SelfCall(why));
-        }
-        let w = dst.as_ref().ok_or(ProxyError::NoWorkload(req.dst))?;
-        let verdict = authz::authorize(state, w, authz::Conn { peer: req.peer, src: req.src_addr, dst: req.dst });
-        dry_run = verdict.dry_run;
-        // PeerAuthentication STRICT arrives as a DENY policy on
-        // connections without a peer identity, which is what plaintext is.
-        verdict.result.map_err(|why| ProxyError::Denied(if mtls { why } else { format!("plaintext refused: {why}").into() }))?;
-        Ok(Target { app: req.dst, src_ip: req.src_addr.ip(), authz: AuthzKey { peer: req.peer.cloned(), src: req.src_addr, dst: req.dst } })
-    })();
-    Plan { info, target, dry_run }
+    (target, verdict.dry_run)
 }
 
 /// The host of a `forwarded` header's `host=` (the source proxy adds it
@@ -99,9 +114,9 @@ fn forwarded_host(f: &str) -> Option<&str> {
     f.split(';').find_map(|p| p.trim().strip_prefix("host=")).map(|h| h.trim_matches('"'))
 }
 
-fn log_dry_run(p: &Plan) {
-    for policy in &p.dry_run {
-        tracing::info!(%policy, src = %p.info.src_addr, dst = ?p.info.hbone_addr.unwrap_or(p.info.dst_addr), "dry-run policy matched");
+fn log_dry_run(dry_run: &[String], info: &ConnInfo) {
+    for policy in dry_run {
+        tracing::info!(%policy, src = %info.src_addr, dst = ?info.hbone_addr.unwrap_or(info.dst_addr), "dry-run policy matched");
     }
 }
 
@@ -127,22 +142,21 @@ impl Handler for HboneHandler {
         Box::pin(async move {
             let snap = self.shared.snapshot();
             let forwarded = req.headers.get("forwarded").and_then(|v| v.to_str().ok());
-            let p = plan(
-                &snap,
-                &Request {
-                    pod_uid: &self.pod.uid,
-                    pod_ip: self.pod.ip,
-                    peer: Some(&req.peer_identity),
-                    src_addr: req.peer_addr,
-                    dst: req.target,
-                    tunnel_local: Some(req.tunnel_local),
-                    forwarded,
-                },
-            );
-            log_dry_run(&p);
-            let record = ConnRecord::open(p.info, self.shared.telemetry.clone());
+            let r = Request {
+                pod_uid: &self.pod.uid,
+                pod_ip: self.pod.ip,
+                peer: Some(&req.peer_identity),
+                src_addr: req.peer_addr,
+                dst: req.target,
+                tunnel_local: Some(req.tunnel_local),
+                forwarded,
+            };
+            let info = describe(&snap, &r);
+            let dst = info.dst.clone();
+            let record = ConnRecord::open(info, self.shared.telemetry.clone());
             // The peer's streams across all its tunnels: atomics on the
-            // counters found when its connection was admitted.
+            // counters found when its connection was admitted. Taken before
+            // the decision, so a peer over its bound costs no policy check.
             let peer = match req.context.clone().map(Arc::downcast::<Source>) {
                 Some(Ok(peer)) => peer,
                 _ => self.shared.limits.peer(req.peer_addr.ip()),
@@ -151,7 +165,9 @@ impl Handler for HboneHandler {
                 Ok(held) => record.holding(held),
                 Err(over) => return Err(refuse(record, over.into(), req.peer_addr.ip())),
             };
-            match p.target {
+            let (target, dry_run) = decide(&snap, &r, dst.as_ref());
+            log_dry_run(&dry_run, record.info());
+            match target {
                 Ok(t) => match connect_app(&self.shared, &self.pod, &snap, record, t).await {
                     Ok(m) => Ok(Box::new(m) as Box<dyn Upstream>),
                     Err(e) => Err(e.into_hbone(req.peer_addr.ip())),
@@ -235,25 +251,27 @@ pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStr
         }
     };
     let snap = shared.snapshot();
-    let p =
-        plan(&snap, &Request { pod_uid: &pod.uid, pod_ip: pod.ip, peer: None, src_addr: peer, dst, tunnel_local: None, forwarded: None });
-    log_dry_run(&p);
-    let record = ConnRecord::open(p.info, shared.telemetry.clone());
+    let r = Request { pod_uid: &pod.uid, pod_ip: pod.ip, peer: None, src_addr: peer, dst, tunnel_local: None, forwarded: None };
+    let info = describe(&snap, &r);
+    let dst_workload = info.dst.clone();
+    let record = ConnRecord::open(info, shared.telemetry.clone());
     let refuse = |record: ConnRecord, e: ProxyError| {
         reset(&client);
         record.close(Err(e));
     };
     // A self-call is refused before it costs the peer a slot.
-    let t = match p.target {
-        Err(e @ ProxyError::SelfCall(_)) => return refuse(record, e),
-        t => t,
-    };
+    if let Some(why) = self_call(Side::Inbound, dst, std::slice::from_ref(&pod.ip)) {
+        return refuse(record, ProxyError::SelfCall(why));
+    }
     // The peer's plaintext connections; two descriptors (client and app).
+    // Taken before the decision, so a peer over its bound costs no policy check.
     let record = match shared.limits.peer(peer.ip()).take(Kind::PeerPlaintext, 2) {
         Ok(held) => record.holding(held),
         Err(over) => return refuse(record, over.into()),
     };
-    let t = match t {
+    let (target, dry_run) = decide(&snap, &r, dst_workload.as_ref());
+    log_dry_run(&dry_run, record.info());
+    let t = match target {
         Ok(t) => t,
         Err(e) => return refuse(record, e),
     };

@@ -121,9 +121,8 @@ impl NodeProxy {
         let snap = self.shared.snapshot();
         let mut closed = 0;
         for pod in self.shared.pods.all() {
-            closed += pod
-                .conns
-                .revoke(|k| authz::authorize_uid(&snap, &pod.uid, authz::Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result);
+            let policies = authz::Policies::of_uid(&snap, &pod.uid);
+            closed += pod.conns.revoke(|k| policies.check(authz::Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result);
         }
         if closed > 0 {
             tracing::info!(closed, "open connections closed after a policy change");
