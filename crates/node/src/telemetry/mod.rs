@@ -35,10 +35,6 @@ pub enum Sink {
 }
 
 impl Telemetry {
-    pub fn new(json_log: bool, refusal_log_burst: u32) -> Telemetry {
-        Telemetry::with_sink(json_log, refusal_log_burst, Sink::Stdout)
-    }
-
     pub fn with_sink(json_log: bool, refusal_log_burst: u32, sink: Sink) -> Telemetry {
         Telemetry { metrics: Metrics::default(), json_log, refusal_log: RefusalLog::new(refusal_log_burst, Duration::from_secs(1)), sink }
     }

@@ -209,11 +209,6 @@ impl ConnRecord {
         self.outcome = Some(result.map_err(Box::new));
     }
 
-    /// The connection's place among its pod's open ones, if registered.
-    pub fn registration(&self) -> Option<&Registration> {
-        self.registration.as_ref()
-    }
-
     /// Notes the first failure, if none was noted yet.
     fn fail(&mut self, e: ProxyError) {
         if !matches!(self.outcome, Some(Err(_))) {
