@@ -10,7 +10,6 @@
 #   tcpdump         tests that prove only TLS crosses the node network
 #   procps psmisc   ps/pkill for debugging
 #   clang llvm libbpf-dev bpftool   the eBPF datapath (built by build.rs)
-#   protobuf-compiler  the workload API / CA protos
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -18,7 +17,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 clang llvm libbpf-dev bpftool protobuf-compiler)
+PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 clang llvm libbpf-dev bpftool)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -17,8 +17,25 @@ pub struct NodeArgs {
     #[arg(long, env = "SLIPSTREAM_CONFIG_DIR")]
     pub config_dir: PathBuf,
     /// Directory with root-cert.pem and root-key.pem of the local CA.
+    /// Only without --control-plane (the proxy then signs its own pods'
+    /// certificates: for tests of the node proxy alone).
     #[arg(long, env = "SLIPSTREAM_CA_DIR")]
-    pub ca_dir: PathBuf,
+    pub ca_dir: Option<PathBuf>,
+    /// The control plane (`host:port`, its port 15012): the workload API
+    /// over delta xDS and the certificate service. Repeat it for replicas;
+    /// the proxy fails over between them.
+    #[arg(long = "control-plane", env = "SLIPSTREAM_CONTROL_PLANE", value_delimiter = ',')]
+    pub control_plane: Vec<String>,
+    /// The name the control plane's certificate must carry.
+    #[arg(long, default_value = slipstream_api::DEFAULT_CONTROL_PLANE_SAN)]
+    pub control_plane_san: String,
+    /// PEM file with the mesh root certificate(s) the control plane's
+    /// certificate chains to.
+    #[arg(long, env = "SLIPSTREAM_CONTROL_PLANE_ROOT")]
+    pub control_plane_root: Option<PathBuf>,
+    /// File with this node's bearer token for the control plane.
+    #[arg(long, env = "SLIPSTREAM_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// Access-log format: plain or json (`SLIPSTREAM_ACCESS_LOG=json
     /// slipstream up` sets it for every node proxy of a local cluster).
     #[arg(long, env = "SLIPSTREAM_ACCESS_LOG", default_value = "plain", value_parser = ["plain", "json"])]
@@ -118,7 +135,7 @@ pub struct Limits {
     pub refusal_log_burst: u32,
 }
 
-fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
 }
 
@@ -288,6 +305,8 @@ pub struct Config {
     pub server: ServerSettings,
     pub certs: CertSettings,
     pub limits: Limits,
+    /// The control plane; None: files and a local CA (`ca_dir`).
+    pub control: Option<crate::control::ControlSettings>,
 }
 
 /// The open-file limit the proxy will run with: raised to the hard limit
@@ -303,7 +322,17 @@ impl Config {
     pub fn from_args(cluster: &str, a: NodeArgs) -> Config {
         let mut c = Config::defaults(cluster, &a.node, Limits::derive(open_files(), &a.limits));
         c.config_dir = a.config_dir;
-        c.ca_dir = a.ca_dir;
+        c.ca_dir = a.ca_dir.unwrap_or_default();
+        if !a.control_plane.is_empty() {
+            c.control = Some(crate::control::ControlSettings {
+                addresses: a.control_plane,
+                san: a.control_plane_san,
+                root_cert: a.control_plane_root.unwrap_or_default(),
+                token_file: a.token_file.unwrap_or_default(),
+                cluster_id: cluster.to_string(),
+                connect_timeout: Duration::from_secs(2),
+            });
+        }
         c.json_access_log = a.log_format == "json";
         c.admin_addr = a.admin_addr;
         c.stats_addr = a.stats_addr;
@@ -359,6 +388,7 @@ impl Config {
                 min_refresh: certs.min_refresh,
             },
             limits,
+            control: None,
         }
     }
 

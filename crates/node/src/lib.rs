@@ -13,6 +13,7 @@
 pub mod authz;
 pub mod config;
 pub mod conns;
+pub mod control;
 pub mod error;
 pub mod limits;
 pub mod memtrim;

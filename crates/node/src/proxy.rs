@@ -154,6 +154,9 @@ impl NodeProxy {
 /// The `slipstream node` process: the local cluster's files in, until
 /// SIGTERM or Ctrl-C, then a drain.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    if config.control.is_some() {
+        anyhow::bail!("--control-plane is not wired into the node proxy yet");
+    }
     let ca_cert = config.ca_dir.join("root-cert.pem");
     let ca_key = config.ca_dir.join("root-key.pem");
     let ca =

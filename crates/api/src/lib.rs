@@ -1,0 +1,108 @@
+//! The wire contract as code (shared/PROTOCOLS.md sections 3 and 4): the
+//! messages and gRPC services of the ambient workload API, delta xDS and
+//! Istio's certificate service, generated from `proto/` at build time, and
+//! the conversions between those messages and the mesh model of
+//! `slipstream-core`.
+//!
+//! Conversions from the wire validate what the model cannot represent and
+//! name the field that was wrong ([`ConvertError`]); the node proxy NACKs a
+//! resource that does not convert. Conversions to the wire are total.
+#![forbid(unsafe_code)]
+
+pub mod convert;
+
+/// `envoy.service.discovery.v3`: the delta aggregated discovery service.
+pub mod discovery {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("envoy.service.discovery.v3");
+}
+
+/// `istio.workload`: `Address` resources (workloads and services).
+pub mod workload {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("istio.workload");
+}
+
+/// `istio.security`: `Authorization` resources.
+pub mod security {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("istio.security");
+}
+
+/// `istio.v1.auth`: the certificate service.
+pub mod ca {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("istio.v1.auth");
+}
+
+pub use convert::ConvertError;
+
+/// Type URL of workload and service resources.
+pub const ADDRESS_TYPE_URL: &str = "type.googleapis.com/istio.workload.Address";
+/// Type URL of authorization resources.
+pub const AUTHORIZATION_TYPE_URL: &str = "type.googleapis.com/istio.security.Authorization";
+
+/// The two resource types of the workload API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TypeUrl {
+    Address,
+    Authorization,
+}
+
+impl TypeUrl {
+    pub const ALL: [TypeUrl; 2] = [TypeUrl::Address, TypeUrl::Authorization];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TypeUrl::Address => ADDRESS_TYPE_URL,
+            TypeUrl::Authorization => AUTHORIZATION_TYPE_URL,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TypeUrl> {
+        TypeUrl::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// The short name people read in logs and `proxy-status`.
+    pub fn short(self) -> &'static str {
+        match self {
+            TypeUrl::Address => "Address",
+            TypeUrl::Authorization => "Authorization",
+        }
+    }
+}
+
+impl std::fmt::Display for TypeUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.short())
+    }
+}
+
+/// The metadata key a node proxy sets on a certificate request to ask for
+/// one of its pods' identities (section 3).
+pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+/// The node proxy's node name in its xDS node metadata (section 4).
+pub const NODE_NAME: &str = "NODE_NAME";
+/// The name clients verify the control plane's certificate against, unless
+/// configured otherwise.
+pub const DEFAULT_CONTROL_PLANE_SAN: &str = "istiod.istio-system.svc";
+/// The control plane's port: delta xDS and the certificate service, TLS.
+pub const CONTROL_PLANE_PORT: u16 = 15012;
+
+/// A `google.protobuf.Struct` holding string values.
+pub fn string_struct<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> prost_types::Struct {
+    prost_types::Struct {
+        fields: pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), prost_types::Value { kind: Some(prost_types::value::Kind::StringValue(v.to_string())) }))
+            .collect(),
+    }
+}
+
+/// A string value of a `google.protobuf.Struct`, if it is one.
+pub fn struct_string<'a>(s: Option<&'a prost_types::Struct>, key: &str) -> Option<&'a str> {
+    match s?.fields.get(key)?.kind.as_ref()? {
+        prost_types::value::Kind::StringValue(v) => Some(v.as_str()),
+        _ => None,
+    }
+}

@@ -1,0 +1,11 @@
+//! slipstream-control: the control plane (`slipstream control`).
+//!
+//! Objects come in from a source (the Kubernetes API, or a directory of
+//! manifests that the local cluster's agent keeps), go through one pure
+//! index that turns them into the workload API's resources, and go out to
+//! every node proxy as deltas over xDS; the certificate service signs
+//! workload certificates for the pods of the caller's node. See
+//! docs/control-plane.md.
+#![forbid(unsafe_code)]
+
+pub mod resources;

@@ -1,0 +1,181 @@
+//! The connection to the control plane (shared/PROTOCOLS.md sections 3 and
+//! 4): one gRPC channel over TLS that the workload API stream (`xds`) and
+//! the certificate client (`caclient`) share.
+//!
+//! The channel verifies the control plane's certificate against the mesh
+//! root and the name in [`ControlSettings::san`], and every call carries
+//! `authorization: Bearer <token>` (read from the token file at each call,
+//! so a rotated token is picked up) and `clusterid`. With several
+//! addresses (control plane replicas), each new connection tries them in
+//! turn from the one after the last that answered: when a replica goes
+//! away, the next connection goes to another.
+
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where the control plane is and how to trust and authenticate to it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ControlSettings {
+    /// `host:port` of each replica.
+    pub addresses: Vec<String>,
+    /// The name its certificate must carry.
+    pub san: String,
+    /// PEM file of the mesh root(s) the control plane's certificate chains
+    /// to (public: no key).
+    pub root_cert: PathBuf,
+    /// File holding this node's bearer token.
+    #[serde(skip)]
+    pub token_file: PathBuf,
+    /// `clusterid` metadata.
+    pub cluster_id: String,
+    #[serde(serialize_with = "crate::config::as_secs")]
+    pub connect_timeout: Duration,
+}
+
+/// Calling the control plane failed before any answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("reading the control plane's root certificate {path}: {reason}")]
+    Root { path: PathBuf, reason: String },
+    #[error("reading the token file {path}: {reason}")]
+    Token { path: PathBuf, reason: String },
+    #[error("invalid control plane name {0:?}")]
+    Name(String),
+    #[error("no control plane address configured")]
+    NoAddress,
+}
+
+/// The shared channel and what every call adds to it.
+#[derive(Clone)]
+pub struct ControlChannel {
+    channel: tonic::transport::Channel,
+    settings: Arc<ControlSettings>,
+}
+
+impl ControlChannel {
+    /// Builds the channel; nothing connects until the first call.
+    pub fn new(settings: ControlSettings) -> Result<ControlChannel, ControlError> {
+        if settings.addresses.is_empty() {
+            return Err(ControlError::NoAddress);
+        }
+        let roots = slipstream_identity::TrustBundle::from_pem_file(&settings.root_cert)
+            .map_err(|e| ControlError::Root { path: settings.root_cert.clone(), reason: e.to_string() })?;
+        let mut tls = rustls::ClientConfig::builder_with_provider(slipstream_identity::tls::provider())
+            .with_protocol_versions(slipstream_identity::tls::PROTOCOL_VERSIONS)
+            .map_err(|e| ControlError::Root { path: settings.root_cert.clone(), reason: e.to_string() })?
+            .with_root_certificates(roots.root_store())
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let server_name =
+            rustls_pki_types::ServerName::try_from(settings.san.clone()).map_err(|_| ControlError::Name(settings.san.clone()))?;
+        let connector = Connector {
+            tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
+            server_name,
+            addresses: Arc::new(settings.addresses.clone()),
+            next: Arc::new(AtomicUsize::new(0)),
+            timeout: settings.connect_timeout,
+        };
+        // The URI is only for HTTP/2's :authority; the connector decides
+        // where to connect.
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("https://{}", settings.san))
+            .map_err(|_| ControlError::Name(settings.san.clone()))?
+            .connect_timeout(settings.connect_timeout)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10));
+        let channel = endpoint.connect_with_connector_lazy(connector);
+        Ok(ControlChannel { channel, settings: Arc::new(settings) })
+    }
+
+    pub fn channel(&self) -> tonic::transport::Channel {
+        self.channel.clone()
+    }
+
+    pub fn settings(&self) -> &ControlSettings {
+        &self.settings
+    }
+
+    /// A request with the caller's credentials in its metadata.
+    pub fn request<T>(&self, msg: T) -> Result<tonic::Request<T>, ControlError> {
+        let mut req = tonic::Request::new(msg);
+        self.authorize(req.metadata_mut())?;
+        Ok(req)
+    }
+
+    /// Adds `authorization` and `clusterid`.
+    pub fn authorize(&self, md: &mut tonic::metadata::MetadataMap) -> Result<(), ControlError> {
+        let path = &self.settings.token_file;
+        let token = std::fs::read_to_string(path).map_err(|e| ControlError::Token { path: path.clone(), reason: e.to_string() })?;
+        let value = format!("Bearer {}", token.trim())
+            .parse()
+            .map_err(|_| ControlError::Token { path: path.clone(), reason: "not a valid header value".into() })?;
+        md.insert("authorization", value);
+        if let Ok(v) = self.settings.cluster_id.parse() {
+            md.insert("clusterid", v);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct Connector {
+    tls: tokio_rustls::TlsConnector,
+    server_name: rustls_pki_types::ServerName<'static>,
+    addresses: Arc<Vec<String>>,
+    next: Arc<AtomicUsize>,
+    timeout: Duration,
+}
+
+impl tower::Service<http::Uri> for Connector {
+    type Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+    type Error = std::io::Error;
+    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Uri) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let n = this.addresses.len();
+            let start = this.next.load(Ordering::Relaxed);
+            let mut last = None;
+            for i in 0..n {
+                let idx = (start + i) % n;
+                let addr = &this.addresses[idx];
+                match tokio::time::timeout(this.timeout, this.connect(addr)).await {
+                    Ok(Ok(s)) => {
+                        if i > 0 || last.is_some() {
+                            tracing::info!(address = %addr, "connected to the control plane");
+                        }
+                        // Next time, start after this one only if it fails.
+                        this.next.store(idx, Ordering::Relaxed);
+                        return Ok(hyper_util::rt::TokioIo::new(s));
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(address = %addr, "control plane unreachable: {e}");
+                        last = Some(e);
+                    }
+                    Err(_) => {
+                        tracing::warn!(address = %addr, "control plane did not answer within {:?}", this.timeout);
+                        last = Some(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{addr}: connect timed out")));
+                    }
+                }
+            }
+            // Every replica failed: start with the next one next time.
+            this.next.store((start + 1) % n, Ordering::Relaxed);
+            Err(last.unwrap_or_else(|| std::io::Error::other("no control plane address")))
+        })
+    }
+}
+
+impl Connector {
+    async fn connect(&self, addr: &str) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let _ = tcp.set_nodelay(true);
+        self.tls.connect(self.server_name.clone(), tcp).await
+    }
+}
