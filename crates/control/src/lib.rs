@@ -8,4 +8,5 @@
 //! docs/control-plane.md.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod resources;
