@@ -87,7 +87,7 @@ pub const NODE_NAME: &str = "NODE_NAME";
 /// configured otherwise.
 pub const DEFAULT_CONTROL_PLANE_SAN: &str = "istiod.istio-system.svc";
 /// The control plane's port: delta xDS and the certificate service, TLS.
-pub const CONTROL_PLANE_PORT: u16 = 15012;
+pub const CONTROL_PLANE_PORT: u16 = slipstream_core::abi::CONTROL_PLANE_PORT;
 
 /// A `google.protobuf.Struct` holding string values.
 pub fn string_struct<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> prost_types::Struct {

@@ -66,6 +66,10 @@ enum Command {
         /// machine's files, so removing the original after `up` is safest.
         #[arg(long, requires = "ca_cert")]
         ca_key: Option<PathBuf>,
+        /// Control plane replicas. Each node proxy knows them all and fails
+        /// over from one to the next; 2 lets you kill one and watch.
+        #[arg(long, default_value_t = 1)]
+        control_replicas: usize,
     },
     /// Remove everything `up` made: processes, namespaces, veths, routes,
     /// nftables rules, cgroups, state. Safe to run twice, and after a crash.
@@ -178,6 +182,8 @@ enum Command {
         ca_cert: Option<PathBuf>,
         #[arg(long)]
         ca_key: Option<PathBuf>,
+        #[arg(long, default_value_t = 1)]
+        control_replicas: usize,
     },
 }
 
@@ -198,9 +204,9 @@ fn main() {
         Command::App(AppCommand::Echo(a)) => slipstream_apps::run_echo(a),
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
-            Command::Up { files, nodes, timeout, ca_cert, ca_key, validate } => {
+            Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas } => {
                 common::set_load_options("up", validate);
-                cmd::up::run(&ctx, &files, nodes, timeout, ca_cert, ca_key)
+                cmd::up::run(&ctx, &files, cmd::up::Shape { nodes, control_replicas }, timeout, ca_cert, ca_key)
             }
             Command::Node(args) => cmd::node::run(&ctx, args),
             Command::Bench(args) => slipstream_bench::run(args),
@@ -219,7 +225,7 @@ fn main() {
                 cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), privileged, &command).map(|code| std::process::exit(code))
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
-            Command::Agent { nodes, ca_cert, ca_key } => cmd::agent::run(&ctx, nodes, ca_cert, ca_key),
+            Command::Agent { nodes, ca_cert, ca_key, control_replicas } => cmd::agent::run(&ctx, nodes, control_replicas, ca_cert, ca_key),
             Command::App(_) | Command::PodInit { .. } => unreachable!("handled above"),
         }),
     };

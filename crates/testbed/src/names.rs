@@ -94,6 +94,30 @@ impl Paths {
     pub fn mesh_dir(&self) -> PathBuf {
         self.state_dir.join("mesh")
     }
+    /// The objects the agent holds, as Kubernetes would serve them: the
+    /// control plane's `dir` source.
+    pub fn objects_dir(&self) -> PathBuf {
+        self.state_dir.join("objects")
+    }
+    /// The control plane's own files: node tokens, logs.
+    pub fn control_dir(&self) -> PathBuf {
+        self.state_dir.join("control")
+    }
+    /// Every node's token (readable by root only): what the control plane
+    /// checks callers against.
+    pub fn node_tokens_file(&self) -> PathBuf {
+        self.control_dir().join("node-tokens.json")
+    }
+    /// One node's token, given to its node proxy.
+    pub fn node_token_file(&self, node: &str) -> PathBuf {
+        self.state_dir.join("nodes").join(format!("{node}.token"))
+    }
+    pub fn control_log(&self, replica: usize) -> PathBuf {
+        self.control_dir().join(format!("control{replica}.log"))
+    }
+    pub fn control_cgroup(&self, replica: usize) -> PathBuf {
+        self.cgroup_root.join("control").join(format!("control{replica}"))
+    }
     pub fn ca_dir(&self) -> PathBuf {
         self.state_dir.join("ca")
     }
@@ -111,6 +135,10 @@ impl Paths {
     }
     pub fn fabric_netns(&self) -> String {
         format!("{}.fabric", self.cluster)
+    }
+    /// Control plane replica N (1-based), on the fabric like a node.
+    pub fn control_netns(&self, replica: usize) -> String {
+        format!("{}.control{replica}", self.cluster)
     }
     pub fn node_netns(&self, node: &str) -> String {
         format!("{}.node.{node}", self.cluster)

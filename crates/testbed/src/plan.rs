@@ -31,6 +31,20 @@ pub fn node_ip(index: usize) -> Ipv4Addr {
 
 pub const NODE_PREFIX_LEN: u8 = 16;
 
+/// Control plane replicas a local cluster may run.
+pub const MAX_CONTROL_REPLICAS: usize = 3;
+
+/// Control plane replica `replica` (1-based) on the node network:
+/// `172.18.255.<replica>`, outside the nodes' `172.18.0.0/24`.
+pub fn control_ip(replica: usize) -> Ipv4Addr {
+    Ipv4Addr::new(172, 18, 255, replica as u8)
+}
+
+/// Where node proxies reach the control plane (delta xDS and the CA).
+pub fn control_addr(replica: usize) -> std::net::SocketAddr {
+    std::net::SocketAddr::from((control_ip(replica), slipstream_core::abi::CONTROL_PLANE_PORT))
+}
+
 pub fn pod_cidr(index: usize) -> (Ipv4Addr, u8) {
     (Ipv4Addr::new(10, 244, index as u8, 0), 24)
 }

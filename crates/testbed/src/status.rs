@@ -13,6 +13,9 @@ pub struct ClusterStatus {
     pub version: u32,
     pub cluster: String,
     pub agent: AgentStatus,
+    /// Control plane replicas (absent in state files of older agents).
+    #[serde(default)]
+    pub control: Vec<ControlStatus>,
     pub nodes: Vec<NodeStatus>,
     pub pods: Vec<PodStatus>,
     pub services: Vec<ServiceStatus>,
@@ -58,6 +61,20 @@ pub struct ProxyStatus {
     /// Why it is not ready, when it is not.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+}
+
+/// One control plane replica.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlStatus {
+    /// control1, control2, ...
+    pub name: String,
+    pub netns: String,
+    /// Where node proxies reach it (`172.18.255.1:15012`).
+    pub address: String,
+    /// The process: the same fields as a node proxy's (`serving` counts
+    /// nothing here and is 0); ready = `/ready` on :15014 passes.
+    pub process: ProxyStatus,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

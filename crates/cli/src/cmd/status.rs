@@ -37,26 +37,34 @@ fn columns(rows: &[Vec<String>]) -> String {
     s
 }
 
+/// `ready, pid 12`, `NOT READY (why), pid 12`, `NOT RUNNING (why)`.
+fn process_state(p: &slipstream_testbed::status::ProxyStatus) -> String {
+    match (p.pid, p.ready) {
+        (Some(pid), Some(true)) => format!("ready, pid {pid}"),
+        (Some(pid), Some(false)) => format!("NOT READY ({}), pid {pid}", if p.reason.is_empty() { "no reason recorded" } else { &p.reason }),
+        (Some(pid), None) => format!("readiness unknown (not recorded by this agent), pid {pid}"),
+        (None, _) => format!("NOT RUNNING ({})", if p.reason.is_empty() { "restarting" } else { &p.reason }),
+    }
+}
+
 pub fn table(st: &ClusterStatus) -> String {
     let mut s = if st.agent.running {
         format!("cluster {} (agent pid {})\n\n", st.cluster, st.agent.pid)
     } else {
         format!("cluster {}\n{}\n\n", st.cluster, agent_down(st))
     };
+    if !st.control.is_empty() {
+        let mut rows = vec![["CONTROL PLANE", "ADDRESS", "NETNS", "STATE"].map(String::from).to_vec()];
+        for c in &st.control {
+            rows.push(vec![c.name.clone(), c.address.clone(), c.netns.clone(), format!("{}, {} restart(s)", process_state(&c.process), c.process.restarts)]);
+        }
+        s.push_str(&columns(&rows));
+        s.push('\n');
+    }
     let mut rows = vec![["NODE", "IP", "POD CIDR", "NETNS", "NODE PROXY"].map(String::from).to_vec()];
     for n in &st.nodes {
         let proxy = match &n.proxy {
-            Some(p) => {
-                let state = match (p.pid, p.ready) {
-                    (Some(pid), Some(true)) => format!("ready, pid {pid}"),
-                    (Some(pid), Some(false)) => {
-                        format!("NOT READY ({}), pid {pid}", if p.reason.is_empty() { "no reason recorded" } else { &p.reason })
-                    }
-                    (Some(pid), None) => format!("readiness unknown (not recorded by this agent), pid {pid}"),
-                    (None, _) => format!("NOT RUNNING ({})", if p.reason.is_empty() { "restarting" } else { &p.reason }),
-                };
-                format!("{state}, serving {} pod(s), {} restart(s)", p.serving, p.restarts)
-            }
+            Some(p) => format!("{}, serving {} pod(s), {} restart(s)", process_state(p), p.serving, p.restarts),
             None => "-".into(),
         };
         rows.push(vec![n.name.clone(), n.ip.clone(), n.pod_cidr.clone(), n.netns.clone(), proxy]);

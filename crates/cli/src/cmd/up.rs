@@ -8,17 +8,28 @@ use slipstream_testbed::{plan, sweep, sys};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// How big a cluster `up` builds.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub nodes: usize,
+    pub control_replicas: usize,
+}
+
 pub fn run(
     ctx: &Ctx,
     files: &[PathBuf],
-    nodes: usize,
+    shape: Shape,
     timeout: Duration,
     ca_cert: Option<PathBuf>,
     ca_key: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     common::require_root("up")?;
+    let Shape { nodes, control_replicas } = shape;
     if !(1..=plan::MAX_NODES).contains(&nodes) {
         bail!("--nodes must be between 1 and {}", plan::MAX_NODES);
+    }
+    if !(1..=plan::MAX_CONTROL_REPLICAS).contains(&control_replicas) {
+        bail!("--control-replicas must be between 1 and {}", plan::MAX_CONTROL_REPLICAS);
     }
     preflight()?;
     let loaded = if files.is_empty() {
@@ -78,7 +89,16 @@ pub fn run(
     println!("creating cluster {:?}: {nodes} node(s)", paths.cluster.as_str());
     std::fs::create_dir_all(&paths.state_dir).with_context(|| format!("creating {}", paths.state_dir.display()))?;
     let exe = std::env::current_exe()?.display().to_string();
-    let mut argv = vec![exe, "--cluster".into(), paths.cluster.to_string(), "agent".into(), "--nodes".into(), nodes.to_string()];
+    let mut argv = vec![
+        exe,
+        "--cluster".into(),
+        paths.cluster.to_string(),
+        "agent".into(),
+        "--nodes".into(),
+        nodes.to_string(),
+        "--control-replicas".into(),
+        control_replicas.to_string(),
+    ];
     for (flag, p) in [("--ca-cert", &ca_cert), ("--ca-key", &ca_key)] {
         if let Some(p) = p {
             let abs = std::fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display()))?;

@@ -12,7 +12,7 @@ pub mod store;
 use crate::ipc::{self, Request, Response};
 use crate::names::Paths;
 use crate::plan;
-use crate::status::{AgentStatus, ClusterStatus, NodeStatus, ProxyStatus, STATUS_VERSION};
+use crate::status::{AgentStatus, ClusterStatus, ControlStatus, NodeStatus, ProxyStatus, STATUS_VERSION};
 use crate::sys::{cgroup, net, signals};
 use pods::{Node, PodRuntime};
 use slipstream_k8s::desired_pods;
@@ -34,6 +34,8 @@ pub struct AgentConfig {
     /// when absent.
     pub ca_cert: Option<std::path::PathBuf>,
     pub ca_key: Option<std::path::PathBuf>,
+    /// Control plane replicas (1 to plan::MAX_CONTROL_REPLICAS).
+    pub control_replicas: usize,
 }
 
 pub struct Agent {
@@ -49,6 +51,8 @@ pub struct Agent {
     last_state: String,
     shutdown: bool,
     proxies: Vec<nodeproxy::NodeProxy>,
+    /// Control plane replicas, in order.
+    controls: Vec<nodeproxy::NodeProxy>,
     /// Per node: the workload uids its proxy reports as served.
     served: BTreeMap<String, BTreeSet<String>>,
     last_mesh: BTreeMap<std::path::PathBuf, String>,
@@ -77,6 +81,7 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         last_state: String::new(),
         shutdown: false,
         proxies: Vec::new(),
+        controls: Vec::new(),
         served: BTreeMap::new(),
         last_mesh: BTreeMap::new(),
         unplaceable: BTreeSet::new(),
@@ -87,7 +92,7 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         agent.teardown();
         return Err(e);
     }
-    if let Err(e) = agent.create_network(cfg.nodes) {
+    if let Err(e) = agent.create_network(cfg.nodes, cfg.control_replicas) {
         tracing::error!("cannot create the cluster network: {e:#}");
         agent.teardown();
         return Err(e);
@@ -120,17 +125,30 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 }
 
 impl Agent {
-    fn create_network(&mut self, count: usize) -> anyhow::Result<()> {
+    fn create_network(&mut self, count: usize, control_replicas: usize) -> anyhow::Result<()> {
         anyhow::ensure!((1..=plan::MAX_NODES).contains(&count), "--nodes must be between 1 and {}", plan::MAX_NODES);
+        anyhow::ensure!(
+            (1..=plan::MAX_CONTROL_REPLICAS).contains(&control_replicas),
+            "--control-replicas must be between 1 and {}",
+            plan::MAX_CONTROL_REPLICAS
+        );
         let fabric = self.paths.fabric_netns();
         net::create_fabric(&fabric)?;
+        let names: Vec<String> = (1..=count).map(plan::node_name).collect();
+        write_node_tokens(&self.paths, &names)?;
+        // The control plane first: node proxies connect to it as they start.
+        for r in 1..=control_replicas {
+            let netns = self.paths.control_netns(r);
+            net::create_node(&fabric, &netns, &format!("control{r}"), plan::control_ip(r))?;
+            self.controls.push(nodeproxy::NodeProxy::new(nodeproxy::control_spec(&self.paths, r)));
+        }
         for i in 1..=count {
             let name = plan::node_name(i);
             let netns = self.paths.node_netns(&name);
             net::create_node(&fabric, &netns, &name, plan::node_ip(i))?;
             net::apply_nft(&netns, &plan::nft_ruleset(&[]))?;
             let node = Node { name, index: i, netns, ip: plan::node_ip(i) };
-            self.proxies.push(nodeproxy::NodeProxy::new(&node));
+            self.proxies.push(nodeproxy::NodeProxy::new(nodeproxy::node_proxy_spec(&self.paths, &node, control_replicas)));
             self.nodes.push(node);
         }
         for a in &self.nodes {
@@ -239,8 +257,11 @@ impl Agent {
 
     fn tick(&mut self) {
         self.reconcile();
-        for (proxy, node) in self.proxies.iter_mut().zip(&self.nodes) {
-            proxy.tick(&self.paths, node);
+        for c in &mut self.controls {
+            c.tick();
+        }
+        for proxy in &mut self.proxies {
+            proxy.tick();
         }
         self.read_served();
         let mut changed = false;
@@ -344,6 +365,24 @@ impl Agent {
             version: STATUS_VERSION,
             cluster: self.paths.cluster.to_string(),
             agent: AgentStatus { pid: std::process::id() as i32, running: true },
+            control: self
+                .controls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| ControlStatus {
+                    name: c.node.clone(),
+                    netns: self.paths.control_netns(i + 1),
+                    address: plan::control_addr(i + 1).to_string(),
+                    process: ProxyStatus {
+                        pid: c.pid(),
+                        restarts: c.restarts,
+                        serving: 0,
+                        log: self.paths.control_log(i + 1).display().to_string(),
+                        ready: Some(c.ready()),
+                        reason: if c.ready() { String::new() } else { c.reason() },
+                    },
+                })
+                .collect(),
             nodes: self
                 .nodes
                 .iter()
@@ -388,6 +427,9 @@ impl Agent {
         for proxy in &mut self.proxies {
             proxy.stop();
         }
+        for c in &mut self.controls {
+            c.stop();
+        }
         for (_, mut p) in std::mem::take(&mut self.pods) {
             p.stop(MAX_GRACE);
             self.stopping.push(p);
@@ -399,6 +441,9 @@ impl Agent {
         }
         for n in &self.nodes {
             let _ = net::del_netns(&n.netns);
+        }
+        for r in 1..=self.controls.len() {
+            let _ = net::del_netns(&self.paths.control_netns(r));
         }
         let _ = net::del_netns(&self.paths.fabric_netns());
         let _ = cgroup::remove_tree(&self.paths.cgroup_root.join("pods"));
@@ -442,6 +487,22 @@ fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
+}
+
+/// One random token per node (the local cluster's node credentials): each
+/// node proxy reads its own; the control plane reads them all. Root only.
+fn write_node_tokens(paths: &Paths, nodes: &[String]) -> anyhow::Result<()> {
+    use rand::RngCore;
+    let mut all = BTreeMap::new();
+    for n in nodes {
+        let mut raw = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut raw);
+        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        write_private(&paths.node_token_file(n), &token)?;
+        all.insert(n.clone(), token);
+    }
+    write_private(&paths.node_tokens_file(), &serde_json::to_string_pretty(&all)?)?;
+    Ok(())
 }
 
 /// The mesh root: the operator's (copied in) or a new one.
@@ -492,6 +553,9 @@ pub fn validate_ca(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Res
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
     f.write_all(text.as_bytes())
 }

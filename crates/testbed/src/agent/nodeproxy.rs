@@ -1,10 +1,12 @@
-//! One node proxy process per node, supervised like a DaemonSet's pod:
-//! restarted with back-off when it exits, in the node's network namespace
-//! and its own cgroup, and probed like one: HTTP GET
-//! `127.0.0.1:15021/healthz/ready` inside the node's namespace every 2 s
-//! (1 s timeout) from a background thread, so the agent's loop never
-//! waits on it. A proxy that stops answering (alive but stuck) is killed
-//! after 3 failures in a row and restarted.
+//! The agent's own processes, supervised like Kubernetes' pods: one node
+//! proxy per node (a DaemonSet's pod) and each control plane replica (a
+//! Deployment's). Each is restarted with back-off when it exits, runs in
+//! its network namespace and its own cgroup, and is probed like a pod:
+//! HTTP GET inside its namespace (node proxy `127.0.0.1:15021/healthz/ready`,
+//! control plane `127.0.0.1:15014/ready`) every 2 s (1 s timeout) from a
+//! background thread, so the agent's loop never waits on it. A process that
+//! stops answering (alive but stuck) is killed after 3 failures in a row
+//! and restarted.
 
 use super::pods::Node;
 use super::probe::{http_ready, ProbeError};
@@ -23,8 +25,6 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 pub const FAILURE_THRESHOLD: u32 = 3;
 /// The same for a proxy that has not been ready yet (start-up allowance).
 pub const STARTUP_FAILURE_THRESHOLD: u32 = 15;
-const READY_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], slipstream_core::READINESS_PORT);
-const READY_PATH: &str = "/healthz/ready";
 const BACKOFF_START: Duration = Duration::from_millis(500);
 /// A proxy that ran this long before exiting restarts without back-off.
 const BACKOFF_RESET: Duration = Duration::from_secs(60);
@@ -102,14 +102,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn probe_loop(shared: Arc<ProbeShared>, netns: PathBuf) {
+fn probe_loop(shared: Arc<ProbeShared>, netns: PathBuf, addr: SocketAddr, path: &'static str) {
     while !shared.stop.load(Ordering::Relaxed) {
         let deadline = Instant::now() + PROBE_PERIOD;
         while Instant::now() < deadline && !shared.stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
         }
         let Some(pid) = *lock(&shared.target) else { continue };
-        let result = match netns::in_netns(&netns, || http_ready(SocketAddr::from(READY_ADDR), READY_PATH, PROBE_TIMEOUT)) {
+        let result = match netns::in_netns(&netns, || http_ready(addr, path, PROBE_TIMEOUT)) {
             Ok(r) => r,
             Err(e) => Err(ProbeError::NoAnswer(format!("cannot enter the node's network namespace: {e}"))),
         };
@@ -117,8 +117,97 @@ fn probe_loop(shared: Arc<ProbeShared>, netns: PathBuf) {
     }
 }
 
+/// What to run and how to probe it.
+#[derive(Debug, Clone)]
+pub struct ProcSpec {
+    /// For logs: "node proxy", "control plane".
+    pub what: &'static str,
+    /// node1, control1.
+    pub name: String,
+    /// Network namespace name.
+    pub netns: String,
+    pub argv: Vec<String>,
+    /// Environment variables with this prefix pass through from the agent
+    /// (`SLIPSTREAM_NODE_X=... slipstream up` configures every node proxy).
+    pub env_prefix: &'static str,
+    pub cgroup: PathBuf,
+    pub log: PathBuf,
+    pub probe_addr: SocketAddr,
+    pub probe_path: &'static str,
+}
+
+fn exe() -> String {
+    std::env::current_exe().map(|e| e.display().to_string()).unwrap_or_else(|_| "slipstream".into())
+}
+
+/// A node's proxy: its pods come from the agent's files (the CNI role), its
+/// mesh and certificates from the control plane.
+pub fn node_proxy_spec(paths: &Paths, node: &Node, control_replicas: usize) -> ProcSpec {
+    let control: Vec<String> = (1..=control_replicas).map(|r| crate::plan::control_addr(r).to_string()).collect();
+    ProcSpec {
+        what: "node proxy",
+        name: node.name.clone(),
+        netns: node.netns.clone(),
+        argv: vec![
+            exe(),
+            "--cluster".into(),
+            paths.cluster.to_string(),
+            "node".into(),
+            "--node".into(),
+            node.name.clone(),
+            "--config-dir".into(),
+            paths.mesh_dir().display().to_string(),
+            "--control-plane".into(),
+            control.join(","),
+            "--control-plane-root".into(),
+            paths.ca_dir().join("root-cert.pem").display().to_string(),
+            "--token-file".into(),
+            paths.node_token_file(&node.name).display().to_string(),
+        ],
+        env_prefix: "SLIPSTREAM_NODE_",
+        cgroup: paths.node_proxy_cgroup(&node.name),
+        log: paths.node_proxy_log(&node.name),
+        probe_addr: SocketAddr::from(([127, 0, 0, 1], slipstream_core::READINESS_PORT)),
+        probe_path: "/healthz/ready",
+    }
+}
+
+/// Control plane replica `replica`: the agent's objects in (a directory it
+/// keeps), delta xDS and certificates out on :15012.
+pub fn control_spec(paths: &Paths, replica: usize) -> ProcSpec {
+    ProcSpec {
+        what: "control plane",
+        name: format!("control{replica}"),
+        netns: paths.control_netns(replica),
+        argv: vec![
+            exe(),
+            "--cluster".into(),
+            paths.cluster.to_string(),
+            "control".into(),
+            "--source".into(),
+            format!("dir:{}", paths.objects_dir().display()),
+            "--cluster-id".into(),
+            paths.cluster.to_string(),
+            "--listen".into(),
+            format!("0.0.0.0:{}", slipstream_core::abi::CONTROL_PLANE_PORT),
+            "--ca-cert".into(),
+            paths.ca_dir().join("root-cert.pem").display().to_string(),
+            "--ca-key".into(),
+            paths.ca_dir().join("root-key.pem").display().to_string(),
+            "--node-tokens".into(),
+            paths.node_tokens_file().display().to_string(),
+        ],
+        env_prefix: "SLIPSTREAM_CONTROL_",
+        cgroup: paths.control_cgroup(replica),
+        log: paths.control_log(replica),
+        probe_addr: SocketAddr::from(([127, 0, 0, 1], slipstream_core::abi::CONTROL_MONITOR_PORT)),
+        probe_path: "/ready",
+    }
+}
+
 pub struct NodeProxy {
     pub node: String,
+    spec: ProcSpec,
     child: Option<Child>,
     pub restarts: u32,
     next_start: Instant,
@@ -132,15 +221,16 @@ pub struct NodeProxy {
 }
 
 impl NodeProxy {
-    pub fn new(node: &Node) -> Self {
+    pub fn new(spec: ProcSpec) -> Self {
         let probe = Arc::new(ProbeShared::default());
-        let (shared, ns) = (probe.clone(), netns_path(&node.netns));
-        let spawned = std::thread::Builder::new().name(format!("probe-{}", node.name)).spawn(move || probe_loop(shared, ns));
+        let (shared, ns, addr, path) = (probe.clone(), netns_path(&spec.netns), spec.probe_addr, spec.probe_path);
+        let spawned = std::thread::Builder::new().name(format!("probe-{}", spec.name)).spawn(move || probe_loop(shared, ns, addr, path));
         if let Err(e) = spawned {
-            tracing::error!(node = %node.name, "cannot start the node proxy's readiness probe: {e}");
+            tracing::error!(name = %spec.name, "cannot start the {}'s readiness probe: {e}", spec.what);
         }
         NodeProxy {
-            node: node.name.clone(),
+            node: spec.name.clone(),
+            spec,
             child: None,
             restarts: 0,
             next_start: Instant::now(),
@@ -171,14 +261,14 @@ impl NodeProxy {
         }
     }
 
-    pub fn tick(&mut self, paths: &Paths, node: &Node) {
+    pub fn tick(&mut self) {
         let results = std::mem::take(&mut *lock(&self.probe.results));
         for (pid, result) in results {
             if Some(pid) != self.pid() {
                 continue;
             }
             if let Verdict::Kill(reason) = self.readiness.record(result) {
-                tracing::warn!(node = %self.node, pid, "node proxy is alive but not serving ({reason}); killing it to restart it");
+                tracing::warn!(name = %self.node, pid, "{} is alive but not serving ({reason}); killing it to restart it", self.spec.what);
                 if let Some(c) = self.child.as_mut() {
                     let _ = c.kill();
                 }
@@ -190,7 +280,7 @@ impl NodeProxy {
                 if self.started_at.elapsed() >= BACKOFF_RESET {
                     self.backoff = BACKOFF_START;
                 }
-                tracing::warn!(node = %self.node, "node proxy exited ({st}); restarting in {:?}", self.backoff);
+                tracing::warn!(name = %self.node, "{} exited ({st}); restarting in {:?}", self.spec.what, self.backoff);
                 self.child = None;
                 *lock(&self.probe.target) = None;
                 self.next_start = Instant::now() + self.backoff;
@@ -198,68 +288,58 @@ impl NodeProxy {
             }
         }
         if self.child.is_none() && Instant::now() >= self.next_start {
-            self.start(paths, node);
+            self.start();
         }
         if self.readiness.ready {
             self.killed_because = None;
         }
     }
 
-    fn start(&mut self, paths: &Paths, node: &Node) {
-        let cgroup = paths.node_proxy_cgroup(&node.name);
-        if let Err(e) = std::fs::create_dir_all(&cgroup).and_then(|_| std::fs::create_dir_all(paths.state_dir.join("nodes"))) {
-            tracing::error!(node = %node.name, "cannot prepare the node proxy: {e}");
+    fn start(&mut self) {
+        let spec = &self.spec;
+        let prepared = std::fs::create_dir_all(&spec.cgroup).and_then(|_| match spec.log.parent() {
+            Some(d) => std::fs::create_dir_all(d),
+            None => Ok(()),
+        });
+        if let Err(e) = prepared {
+            tracing::error!(name = %spec.name, "cannot prepare the {}: {e}", spec.what);
             return;
         }
-        let exe = std::env::current_exe().map(|e| e.display().to_string()).unwrap_or_else(|_| "slipstream".into());
         let mut env = vec![("PATH".to_string(), spawn::pod_path())];
-        // The node proxy's own settings (SLIPSTREAM_NODE_*) pass through, so
-        // `SLIPSTREAM_NODE_X=... slipstream up` configures every node proxy.
         for (k, v) in std::env::vars() {
-            if k.starts_with("SLIPSTREAM_NODE_") || ["SLIPSTREAM_LOG", "SLIPSTREAM_ACCESS_LOG", "RUST_LOG", "HOME"].contains(&k.as_str()) {
+            if k.starts_with(spec.env_prefix) || ["SLIPSTREAM_LOG", "SLIPSTREAM_ACCESS_LOG", "RUST_LOG", "HOME"].contains(&k.as_str()) {
                 env.push((k, v));
             }
         }
-        let spec = spawn::SandboxSpec {
-            argv: vec![
-                exe,
-                "--cluster".into(),
-                paths.cluster.to_string(),
-                "node".into(),
-                "--node".into(),
-                node.name.clone(),
-                "--config-dir".into(),
-                paths.mesh_dir().display().to_string(),
-                "--ca-dir".into(),
-                paths.ca_dir().display().to_string(),
-            ],
+        let sandbox = spawn::SandboxSpec {
+            argv: spec.argv.clone(),
             env,
             cwd: None,
-            netns: netns_path(&node.netns),
-            cgroup,
-            hostname: node.name.clone(),
+            netns: netns_path(&spec.netns),
+            cgroup: spec.cgroup.clone(),
+            hostname: spec.name.clone(),
             hosts: None,
             resolv: None,
-            log: Some(paths.node_proxy_log(&node.name)),
+            log: Some(spec.log.clone()),
             new_session: true,
             private_mounts: false,
             masked_files: Vec::new(),
             cgroup_signaller: None,
         };
-        match spawn::spawn(&spec) {
+        match spawn::spawn(&sandbox) {
             Ok(c) => {
                 if self.started {
                     self.restarts += 1;
                 }
                 self.started = true;
-                tracing::info!(node = %node.name, pid = c.id(), "node proxy started");
+                tracing::info!(name = %spec.name, pid = c.id(), "{} started", spec.what);
                 self.readiness = Readiness::starting(self.killed_because.as_deref());
                 self.started_at = Instant::now();
                 *lock(&self.probe.target) = Some(c.id() as i32);
                 self.child = Some(c);
             }
             Err(e) => {
-                tracing::error!(node = %node.name, "cannot start the node proxy: {e}");
+                tracing::error!(name = %spec.name, "cannot start the {}: {e}", spec.what);
                 self.next_start = Instant::now() + self.backoff;
             }
         }
