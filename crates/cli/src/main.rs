@@ -161,6 +161,23 @@ enum Command {
     /// connections (see docs/node-proxy.md, "Debugging").
     #[command(subcommand, hide = true)]
     Debug(cmd::debug::DebugCommand),
+    /// What one node proxy holds: the workloads, services, policies and
+    /// certificates it was given (like `istioctl ztunnel-config`).
+    ///
+    /// Read from the node proxy's admin port (`/config_dump` on
+    /// 127.0.0.1:15000 in the node's network namespace), so it shows what
+    /// the proxy acts on, not what the control plane meant to send.
+    #[command(name = "proxy-config")]
+    ProxyConfig {
+        /// The node whose proxy to ask (`node1`).
+        node: String,
+        /// What to show.
+        #[arg(value_enum, default_value = "workloads")]
+        section: cmd::proxy_config::Section,
+        /// `table` or `json`.
+        #[arg(short = 'o', long = "output", default_value = "table")]
+        output: String,
+    },
     /// Built-in sample applications (run inside pods).
     #[command(subcommand)]
     App(AppCommand),
@@ -212,6 +229,7 @@ fn main() {
             Command::Bench(args) => slipstream_bench::run(args),
             Command::Debug(d) => cmd::debug::run(&ctx, d),
             Command::Down => cmd::down::run(&ctx),
+            Command::ProxyConfig { node, section, output } => cmd::proxy_config::run(&ctx, &node, section, &output),
             Command::Status { output } => cmd::status::run(&ctx, &output),
             Command::Apply { files, no_wait, timeout, validate } => {
                 common::set_load_options("apply", validate);

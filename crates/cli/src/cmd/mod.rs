@@ -5,5 +5,6 @@ pub mod down;
 pub mod exec;
 pub mod logs;
 pub mod node;
+pub mod proxy_config;
 pub mod status;
 pub mod up;

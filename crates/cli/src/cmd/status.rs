@@ -25,7 +25,7 @@ fn agent_down(st: &ClusterStatus) -> String {
     )
 }
 
-fn columns(rows: &[Vec<String>]) -> String {
+pub fn columns(rows: &[Vec<String>]) -> String {
     let n = rows.iter().map(|r| r.len()).max().unwrap_or(0);
     let widths: Vec<usize> = (0..n).map(|i| rows.iter().map(|r| r.get(i).map(|c| c.len()).unwrap_or(0)).max().unwrap_or(0)).collect();
     let mut s = String::new();
@@ -41,7 +41,9 @@ fn columns(rows: &[Vec<String>]) -> String {
 fn process_state(p: &slipstream_testbed::status::ProxyStatus) -> String {
     match (p.pid, p.ready) {
         (Some(pid), Some(true)) => format!("ready, pid {pid}"),
-        (Some(pid), Some(false)) => format!("NOT READY ({}), pid {pid}", if p.reason.is_empty() { "no reason recorded" } else { &p.reason }),
+        (Some(pid), Some(false)) => {
+            format!("NOT READY ({}), pid {pid}", if p.reason.is_empty() { "no reason recorded" } else { &p.reason })
+        }
         (Some(pid), None) => format!("readiness unknown (not recorded by this agent), pid {pid}"),
         (None, _) => format!("NOT RUNNING ({})", if p.reason.is_empty() { "restarting" } else { &p.reason }),
     }
@@ -56,7 +58,12 @@ pub fn table(st: &ClusterStatus) -> String {
     if !st.control.is_empty() {
         let mut rows = vec![["CONTROL PLANE", "ADDRESS", "NETNS", "STATE"].map(String::from).to_vec()];
         for c in &st.control {
-            rows.push(vec![c.name.clone(), c.address.clone(), c.netns.clone(), format!("{}, {} restart(s)", process_state(&c.process), c.process.restarts)]);
+            rows.push(vec![
+                c.name.clone(),
+                c.address.clone(),
+                c.netns.clone(),
+                format!("{}, {} restart(s)", process_state(&c.process), c.process.restarts),
+            ]);
         }
         s.push_str(&columns(&rows));
         s.push('\n');

@@ -109,7 +109,7 @@ fn probe_loop(shared: Arc<ProbeShared>, netns: PathBuf, addr: SocketAddr, path: 
             std::thread::sleep(Duration::from_millis(100));
         }
         let Some(pid) = *lock(&shared.target) else { continue };
-        let result = match netns::in_netns(&netns, || http_ready(addr, path, PROBE_TIMEOUT)) {
+        let result = match netns::in_netns(&netns, move || http_ready(addr, path, PROBE_TIMEOUT)) {
             Ok(r) => r,
             Err(e) => Err(ProbeError::NoAnswer(format!("cannot enter the node's network namespace: {e}"))),
         };

@@ -53,6 +53,25 @@ pub fn http_ready(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(),
     }
 }
 
+/// One HTTP GET for tools (`proxy-status`, `proxy-config`): the status
+/// code and the body (at most `max` bytes), or why there was none.
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration, max: usize) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connecting to {addr}: {}", io_reason(&e, timeout)))?;
+    let _ = s.set_read_timeout(Some(timeout));
+    let _ = s.set_write_timeout(Some(timeout));
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {}\r\nUser-Agent: slipstream-cli\r\n\r\n", addr.ip());
+    s.write_all(req.as_bytes()).map_err(|e| format!("sending to {addr}: {}", io_reason(&e, timeout)))?;
+    let mut buf = Vec::new();
+    s.take(max as u64 + 1).read_to_end(&mut buf).map_err(|e| format!("reading from {addr}{path}: {}", io_reason(&e, timeout)))?;
+    if buf.len() > max {
+        return Err(format!("{addr}{path}: the answer is larger than {max} bytes"));
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{addr}{path} answered something that is not HTTP"))?;
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok()).ok_or_else(|| format!("{addr}{path}: no HTTP status"))?;
+    Ok((code, body.to_string()))
+}
+
 fn io_reason(e: &std::io::Error, timeout: Duration) -> String {
     match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!("timed out after {timeout:?}"),
