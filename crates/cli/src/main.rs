@@ -161,6 +161,17 @@ enum Command {
     /// connections (see docs/node-proxy.md, "Debugging").
     #[command(subcommand, hide = true)]
     Debug(cmd::debug::DebugCommand),
+    /// Every node proxy, the control plane replica it is connected to, and
+    /// whether it acknowledged all it was sent (like `istioctl
+    /// proxy-status`). SYNCED: everything sent was acknowledged; STALE: a
+    /// response is not acknowledged yet; NACKED: the proxy refused a
+    /// resource (the reason follows; it keeps the previous version).
+    #[command(name = "proxy-status")]
+    ProxyStatus {
+        /// `table` or `json`.
+        #[arg(short = 'o', long = "output", default_value = "table")]
+        output: String,
+    },
     /// What one node proxy holds: the workloads, services, policies and
     /// certificates it was given (like `istioctl ztunnel-config`).
     ///
@@ -229,6 +240,7 @@ fn main() {
             Command::Bench(args) => slipstream_bench::run(args),
             Command::Debug(d) => cmd::debug::run(&ctx, d),
             Command::Down => cmd::down::run(&ctx),
+            Command::ProxyStatus { output } => cmd::proxy_status::run(&ctx, &output),
             Command::ProxyConfig { node, section, output } => cmd::proxy_config::run(&ctx, &node, section, &output),
             Command::Status { output } => cmd::status::run(&ctx, &output),
             Command::Apply { files, no_wait, timeout, validate } => {

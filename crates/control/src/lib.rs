@@ -9,4 +9,6 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod monitor;
 pub mod resources;
+pub mod syncz;

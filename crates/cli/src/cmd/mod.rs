@@ -6,5 +6,6 @@ pub mod exec;
 pub mod logs;
 pub mod node;
 pub mod proxy_config;
+pub mod proxy_status;
 pub mod status;
 pub mod up;
