@@ -130,7 +130,7 @@ mod tests {
         };
         let out =
             table(&["node1".into(), "node2".into()], &[("control1".into(), Ok(s)), ("control2".into(), Err("connection refused".into()))]);
-        assert!(out.contains("node1  control1       SYNCED (12)  NACKED (authorization default/x: rules[0]: bad)"), "{out}");
+        assert!(out.contains("node1  control1       SYNCED (12)    NACKED (authorization default/x: rules[0]: bad)"), "{out}");
         assert!(out.contains("node2  -              NOT CONNECTED"), "{out}");
         assert!(out.contains("control plane control2: NOT ANSWERING: connection refused"), "{out}");
     }
