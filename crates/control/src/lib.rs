@@ -11,4 +11,5 @@
 pub mod auth;
 pub mod monitor;
 pub mod resources;
+pub mod source;
 pub mod syncz;
