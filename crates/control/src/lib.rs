@@ -9,4 +9,6 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod objects;
 pub mod resources;
+pub mod translate;
