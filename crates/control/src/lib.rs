@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod index;
 pub mod objects;
 pub mod resources;
 pub mod translate;
