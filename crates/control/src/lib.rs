@@ -12,4 +12,5 @@ pub mod auth;
 pub mod index;
 pub mod objects;
 pub mod resources;
+pub mod source;
 pub mod translate;
