@@ -9,7 +9,10 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod index;
 pub mod monitor;
+pub mod objects;
 pub mod resources;
 pub mod source;
 pub mod syncz;
+pub mod translate;

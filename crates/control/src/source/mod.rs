@@ -1,4 +1,6 @@
-//! Where objects come from: the Kubernetes API (`kube`) or a directory of
-//! manifests (`dir`).
+//! Where objects come from. Each source turns what it watches into events
+//! for the index: `dir` reads a directory of manifests (the local cluster's
+//! agent keeps one), `kube` watches the Kubernetes API.
 
+pub mod dir;
 pub mod kube;

@@ -4,6 +4,7 @@
 
 pub mod mesh;
 pub mod nodeproxy;
+pub mod objects;
 pub mod pods;
 pub mod probe;
 pub mod services;

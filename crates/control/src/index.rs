@@ -1,0 +1,638 @@
+//! The index: cluster objects in, the workload API's resources out. Pure
+//! and synchronous (no I/O, no clock), so every case is a test that
+//! applies objects and reads resources.
+//!
+//! Each event is validated first ([`crate::translate`]); an invalid object
+//! is refused with an error and changes nothing. A valid one is stored and
+//! only the resources it can affect are recomputed:
+//!
+//! | event | recomputed |
+//! |---|---|
+//! | Pod | its workload (and its converted PeerAuthentication policy) |
+//! | Service | the service; the pods of its namespace its old or new selector matches (and, without selector, those its EndpointSlices name) |
+//! | EndpointSlice | the pods its old or new endpoints name |
+//! | Namespace | the pods of that namespace, if its labels changed |
+//! | AuthorizationPolicy | the policy; the pods its old or new selector matches (every namespace's, for the root namespace) |
+//! | PeerAuthentication | the pods it can apply to: selected ones, its namespace's, or every pod for the mesh-wide one |
+//!
+//! A recomputed resource whose bytes did not change is not reported, so
+//! one pod change is one upserted resource. Pods are kept per namespace
+//! with an index of their labels, and services and policies with an index
+//! of their selectors, so no event scans every pod of the cluster (but the
+//! mesh-wide ones, which do apply to every pod).
+
+use crate::objects::{ClusterObject, Kind, ObjectError, ObjectRef};
+use crate::resources::{Changes, ResourceKey, Resources, Versioned};
+use crate::translate::authorization::PolicyInput;
+use crate::translate::peer_authentication::{self, PeerAuthnInput};
+use crate::translate::{self, selector_matches, Input, Labels, NamespaceInput, PodInput, ServiceInput, SliceInput};
+use slipstream_api::convert::{authorization_any, to_any};
+use slipstream_api::{workload as wl, TypeUrl};
+use slipstream_core::policy::Authorization;
+use slipstream_core::{MeshConfig, NetworkAddress, Port, Service, TunnelProtocol, Workload, WorkloadStatus};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// What the index needs to know of the mesh it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexSettings {
+    /// Workload uids are `<cluster_id>//Pod/<namespace>/<name>`, and
+    /// workloads carry it as `cluster_id`.
+    pub cluster_id: String,
+    pub trust_domain: String,
+    /// Service hostnames are `<name>.<namespace>.svc.<domain_suffix>`.
+    pub domain_suffix: String,
+    /// Policies here apply mesh-wide.
+    pub root_namespace: String,
+}
+
+impl Default for IndexSettings {
+    fn default() -> Self {
+        IndexSettings {
+            cluster_id: "Kubernetes".into(),
+            trust_domain: slipstream_core::DEFAULT_TRUST_DOMAIN.into(),
+            domain_suffix: "cluster.local".into(),
+            root_namespace: slipstream_core::ROOT_NAMESPACE.into(),
+        }
+    }
+}
+
+/// One change of the cluster, as a source reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ObjectEvent {
+    Upsert(ClusterObject),
+    Delete(ObjectRef),
+}
+
+impl ObjectEvent {
+    pub fn object_ref(&self) -> ObjectRef {
+        match self {
+            ObjectEvent::Upsert(o) => o.object_ref(),
+            ObjectEvent::Delete(r) => r.clone(),
+        }
+    }
+}
+
+pub struct Index {
+    settings: IndexSettings,
+    namespaces: HashMap<String, Ns>,
+    resources: Resources,
+}
+
+/// Everything of one namespace, with the lookups events need.
+#[derive(Default)]
+struct Ns {
+    /// None until the Namespace object is seen (objects may come first).
+    namespace: Option<NamespaceInput>,
+    pods: HashMap<String, PodInput>,
+    pods_by_label: HashMap<(String, String), HashSet<String>>,
+    pods_by_ip: HashMap<IpAddr, BTreeSet<String>>,
+    services: BTreeMap<String, ServiceInput>,
+    services_by_selector: SelectorIndex,
+    selectorless: BTreeSet<String>,
+    slices: HashMap<String, SliceInput>,
+    slices_by_service: HashMap<String, BTreeSet<String>>,
+    policies: BTreeMap<String, PolicyInput>,
+    policies_by_selector: SelectorIndex,
+    peer_authns: BTreeMap<String, PeerAuthnInput>,
+    service_accounts: BTreeSet<String>,
+}
+
+/// Objects with a label selector, filed under one pair of it: the
+/// candidates for a set of labels are the objects filed under one of its
+/// pairs, then checked in full.
+#[derive(Default)]
+struct SelectorIndex(HashMap<(String, String), BTreeSet<String>>);
+
+impl SelectorIndex {
+    fn key(selector: &Labels) -> Option<(String, String)> {
+        selector.iter().next().map(|(k, v)| (k.clone(), v.clone()))
+    }
+    fn insert(&mut self, name: &str, selector: Option<&Labels>) {
+        if let Some(k) = selector.and_then(Self::key) {
+            self.0.entry(k).or_default().insert(name.to_string());
+        }
+    }
+    fn remove(&mut self, name: &str, selector: Option<&Labels>) {
+        if let Some(k) = selector.and_then(Self::key) {
+            if let Some(set) = self.0.get_mut(&k) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.0.remove(&k);
+                }
+            }
+        }
+    }
+    fn candidates<'a>(&'a self, labels: &'a Labels) -> impl Iterator<Item = &'a String> + 'a {
+        labels.iter().filter_map(|(k, v)| self.0.get(&(k.clone(), v.clone()))).flatten()
+    }
+}
+
+impl Ns {
+    fn labels(&self) -> Labels {
+        self.namespace.as_ref().map(|n| n.labels.clone()).unwrap_or_default()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.namespace.is_none()
+            && self.pods.is_empty()
+            && self.services.is_empty()
+            && self.slices.is_empty()
+            && self.policies.is_empty()
+            && self.peer_authns.is_empty()
+            && self.service_accounts.is_empty()
+    }
+
+    fn add_pod(&mut self, p: PodInput) {
+        for kv in &p.labels {
+            self.pods_by_label.entry((kv.0.clone(), kv.1.clone())).or_default().insert(p.name.clone());
+        }
+        for ip in &p.ips {
+            self.pods_by_ip.entry(*ip).or_default().insert(p.name.clone());
+        }
+        self.pods.insert(p.name.clone(), p);
+    }
+
+    fn remove_pod(&mut self, name: &str) -> Option<PodInput> {
+        let p = self.pods.remove(name)?;
+        for kv in &p.labels {
+            let k = (kv.0.clone(), kv.1.clone());
+            if let Some(set) = self.pods_by_label.get_mut(&k) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.pods_by_label.remove(&k);
+                }
+            }
+        }
+        for ip in &p.ips {
+            if let Some(set) = self.pods_by_ip.get_mut(ip) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.pods_by_ip.remove(ip);
+                }
+            }
+        }
+        Some(p)
+    }
+
+    /// The pods `selector` matches, from the shortest posting list of its
+    /// pairs.
+    fn pods_matching(&self, selector: &Labels, out: &mut BTreeSet<String>) {
+        if selector.is_empty() {
+            out.extend(self.pods.keys().cloned());
+            return;
+        }
+        let lists: Option<Vec<&HashSet<String>>> = selector.iter().map(|(k, v)| self.pods_by_label.get(&(k.clone(), v.clone()))).collect();
+        let Some(shortest) = lists.and_then(|l| l.into_iter().min_by_key(|s| s.len())) else { return };
+        out.extend(shortest.iter().filter(|n| self.pods.get(*n).is_some_and(|p| selector_matches(selector, &p.labels))).cloned());
+    }
+
+    /// The pods an EndpointSlice names (by target or address).
+    fn pods_in_slice(&self, s: &SliceInput, out: &mut BTreeSet<String>) {
+        for e in &s.endpoints {
+            out.extend(e.pod.iter().filter(|p| self.pods.contains_key(*p)).cloned());
+            for ip in &e.addresses {
+                out.extend(self.pods_by_ip.get(ip).into_iter().flatten().cloned());
+            }
+        }
+    }
+
+    fn add_slice(&mut self, name: &str, s: SliceInput) {
+        if let Some(svc) = &s.service {
+            self.slices_by_service.entry(svc.clone()).or_default().insert(name.to_string());
+        }
+        self.slices.insert(name.to_string(), s);
+    }
+
+    fn remove_slice(&mut self, name: &str) -> Option<SliceInput> {
+        let s = self.slices.remove(name)?;
+        if let Some(svc) = &s.service {
+            if let Some(set) = self.slices_by_service.get_mut(svc) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.slices_by_service.remove(svc);
+                }
+            }
+        }
+        Some(s)
+    }
+}
+
+impl Index {
+    pub fn new(settings: IndexSettings) -> Self {
+        Index { settings, namespaces: HashMap::new(), resources: Resources::new() }
+    }
+
+    pub fn settings(&self) -> &IndexSettings {
+        &self.settings
+    }
+
+    /// Every resource now: cloning it is O(1).
+    pub fn resources(&self) -> &Resources {
+        &self.resources
+    }
+
+    /// Applies one event; an invalid object is refused and changes nothing.
+    pub fn apply(&mut self, event: ObjectEvent) -> Result<Changes, ObjectError> {
+        let mut batch = Batch::default();
+        match event {
+            ObjectEvent::Upsert(o) => {
+                let r = o.object_ref();
+                let input = translate::input_with_root(&o, &self.settings.root_namespace)?;
+                self.upsert(&r, input, &mut batch);
+            }
+            ObjectEvent::Delete(r) => self.delete(&r, &mut batch),
+        }
+        Ok(self.flush(batch))
+    }
+
+    fn ns(&mut self, name: &str) -> &mut Ns {
+        self.namespaces.entry(name.to_string()).or_default()
+    }
+
+    fn upsert(&mut self, r: &ObjectRef, input: Input, batch: &mut Batch) {
+        let (ns_name, name) = (r.namespace.as_str(), r.name.as_str());
+        match input {
+            Input::Namespace(n) => {
+                let ns = self.ns(name);
+                let changed = ns.namespace.as_ref().is_none_or(|old| old.labels != n.labels);
+                ns.namespace = Some(n);
+                if changed {
+                    batch.pods.extend(ns.pods.keys().map(|p| (name.to_string(), p.clone())));
+                }
+            }
+            Input::ServiceAccount => {
+                self.ns(ns_name).service_accounts.insert(name.to_string());
+            }
+            Input::Pod(p) => {
+                let ns = self.ns(ns_name);
+                ns.remove_pod(name);
+                ns.add_pod(p);
+                batch.pods.insert((ns_name.to_string(), name.to_string()));
+            }
+            Input::Service(s) => self.set_service(ns_name, name, Some(s), batch),
+            Input::EndpointSlice(s) => {
+                let ns = self.ns(ns_name);
+                let mut affected = BTreeSet::new();
+                if let Some(old) = ns.remove_slice(name) {
+                    ns.pods_in_slice(&old, &mut affected);
+                }
+                ns.pods_in_slice(&s, &mut affected);
+                ns.add_slice(name, s);
+                batch.pods.extend(affected.into_iter().map(|p| (ns_name.to_string(), p)));
+            }
+            Input::AuthorizationPolicy(p) => self.set_policy(ns_name, name, Some(p), batch),
+            Input::PeerAuthentication(p) => self.set_peer_authn(ns_name, name, Some(p), batch),
+            Input::Opaque => {}
+        }
+    }
+
+    fn delete(&mut self, r: &ObjectRef, batch: &mut Batch) {
+        let (ns_name, name) = (r.namespace.as_str(), r.name.as_str());
+        match r.kind {
+            Kind::Namespace => {
+                if let Some(ns) = self.namespaces.get_mut(name) {
+                    let had_labels = ns.namespace.take().is_some_and(|n| !n.labels.is_empty());
+                    if had_labels {
+                        batch.pods.extend(ns.pods.keys().map(|p| (name.to_string(), p.clone())));
+                    }
+                }
+            }
+            Kind::ServiceAccount => {
+                if let Some(ns) = self.namespaces.get_mut(ns_name) {
+                    ns.service_accounts.remove(name);
+                }
+            }
+            Kind::Pod => {
+                if let Some(ns) = self.namespaces.get_mut(ns_name) {
+                    if ns.remove_pod(name).is_some() {
+                        batch.pods.insert((ns_name.to_string(), name.to_string()));
+                    }
+                }
+            }
+            Kind::Service => self.set_service(ns_name, name, None, batch),
+            Kind::EndpointSlice => {
+                if let Some(ns) = self.namespaces.get_mut(ns_name) {
+                    if let Some(old) = ns.remove_slice(name) {
+                        let mut affected = BTreeSet::new();
+                        ns.pods_in_slice(&old, &mut affected);
+                        batch.pods.extend(affected.into_iter().map(|p| (ns_name.to_string(), p)));
+                    }
+                }
+            }
+            Kind::AuthorizationPolicy => self.set_policy(ns_name, name, None, batch),
+            Kind::PeerAuthentication => self.set_peer_authn(ns_name, name, None, batch),
+            _ => {}
+        }
+        if self.namespaces.get(ns_name).is_some_and(Ns::is_empty) {
+            self.namespaces.remove(ns_name);
+        }
+        if r.kind == Kind::Namespace && self.namespaces.get(name).is_some_and(Ns::is_empty) {
+            self.namespaces.remove(name);
+        }
+    }
+
+    fn set_service(&mut self, ns_name: &str, name: &str, new: Option<ServiceInput>, batch: &mut Batch) {
+        let hostname = self.hostname(name, ns_name);
+        let key = ResourceKey::new(TypeUrl::Address, &format!("{ns_name}/{hostname}"));
+        let resource = new.as_ref().map(|s| self.service_resource(s, &hostname));
+        let ns = self.ns(ns_name);
+        let mut affected = BTreeSet::new();
+        if let Some(old) = ns.services.remove(name) {
+            ns.services_by_selector.remove(name, old.selector.as_ref());
+            ns.selectorless.remove(name);
+            match &old.selector {
+                Some(sel) => ns.pods_matching(sel, &mut affected),
+                None => slice_pods(ns, name, &mut affected),
+            }
+        }
+        if let Some(s) = new {
+            match &s.selector {
+                Some(sel) => ns.pods_matching(sel, &mut affected),
+                None => {
+                    ns.selectorless.insert(name.to_string());
+                    slice_pods(ns, name, &mut affected);
+                }
+            }
+            ns.services_by_selector.insert(name, s.selector.as_ref());
+            ns.services.insert(name.to_string(), s);
+        }
+        batch.pods.extend(affected.into_iter().map(|p| (ns_name.to_string(), p)));
+        batch.set(key, resource);
+    }
+
+    fn set_policy(&mut self, ns_name: &str, name: &str, new: Option<PolicyInput>, batch: &mut Batch) {
+        let key = ResourceKey::new(TypeUrl::Authorization, &format!("{ns_name}/{name}"));
+        batch.set(key, new.as_ref().and_then(|p| p.policy.as_ref()).map(|a| Versioned::new(authorization_any(a))));
+        let ns = self.ns(ns_name);
+        let old = ns.policies.remove(name);
+        let mut selectors: Vec<Labels> = Vec::new();
+        if let Some(old) = &old {
+            ns.policies_by_selector.remove(name, old.selector.as_ref());
+            selectors.extend(old.selector.clone());
+        }
+        if let Some(p) = new {
+            selectors.extend(p.selector.clone());
+            ns.policies_by_selector.insert(name, p.selector.as_ref());
+            ns.policies.insert(name.to_string(), p);
+        }
+        if selectors.is_empty() {
+            return;
+        }
+        // A selector in the root namespace selects in every namespace.
+        let scope: Vec<String> =
+            if ns_name == self.settings.root_namespace { self.namespaces.keys().cloned().collect() } else { vec![ns_name.to_string()] };
+        for n in scope {
+            let Some(ns) = self.namespaces.get(&n) else { continue };
+            let mut affected = BTreeSet::new();
+            for sel in &selectors {
+                ns.pods_matching(sel, &mut affected);
+            }
+            batch.pods.extend(affected.into_iter().map(|p| (n.clone(), p)));
+        }
+    }
+
+    fn set_peer_authn(&mut self, ns_name: &str, name: &str, new: Option<PeerAuthnInput>, batch: &mut Batch) {
+        let root = ns_name == self.settings.root_namespace;
+        let ns = self.ns(ns_name);
+        let old = ns.peer_authns.remove(name);
+        let versions: Vec<&PeerAuthnInput> = old.iter().chain(new.iter()).collect();
+        let mesh_wide = root && versions.iter().any(|p| p.is_wide());
+        let ns_wide = versions.iter().any(|p| p.is_wide());
+        let mut affected = BTreeSet::new();
+        if !mesh_wide {
+            if ns_wide {
+                affected.extend(ns.pods.keys().cloned());
+            } else {
+                for sel in versions.iter().filter_map(|p| p.selector()) {
+                    ns.pods_matching(sel, &mut affected);
+                }
+            }
+        }
+        if let Some(p) = new {
+            ns.peer_authns.insert(name.to_string(), p);
+        }
+        if mesh_wide {
+            for (n, ns) in &self.namespaces {
+                batch.pods.extend(ns.pods.keys().map(|p| (n.clone(), p.clone())));
+            }
+        } else {
+            batch.pods.extend(affected.into_iter().map(|p| (ns_name.to_string(), p)));
+        }
+    }
+
+    /// Recomputes the pods of `batch`, then applies its resources,
+    /// reporting only those whose bytes changed.
+    fn flush(&mut self, mut batch: Batch) -> Changes {
+        for (ns, pod) in std::mem::take(&mut batch.pods) {
+            let uid = self.workload_uid(&ns, &pod);
+            let policy_key = ResourceKey::new(TypeUrl::Authorization, &format!("{ns}/{}", peer_authentication::policy_name(&pod)));
+            let (workload, policy) = match self.namespaces.get(&ns).and_then(|n| n.pods.get(&pod).map(|p| (n, p))) {
+                Some((n, p)) => self.pod_resources(n, p),
+                None => (None, None),
+            };
+            batch.set(ResourceKey::new(TypeUrl::Address, &uid), workload);
+            batch.set(policy_key, policy.map(|a| Versioned::new(authorization_any(&a))));
+        }
+        let mut changes = Changes::default();
+        for (key, new) in batch.resources {
+            match new {
+                Some(v) => {
+                    if self.resources.get(&key).is_none_or(|old| old.body != v.body) {
+                        self.resources.insert(key.clone(), Arc::new(v));
+                        changes.upserted.push(key);
+                    }
+                }
+                None => {
+                    if self.resources.remove(&key).is_some() {
+                        changes.removed.push(key);
+                    }
+                }
+            }
+        }
+        changes
+    }
+
+    pub fn hostname(&self, name: &str, ns: &str) -> String {
+        format!("{name}.{ns}.svc.{}", self.settings.domain_suffix)
+    }
+
+    pub fn workload_uid(&self, ns: &str, name: &str) -> String {
+        format!("{}//Pod/{ns}/{name}", self.settings.cluster_id)
+    }
+
+    fn service_resource(&self, s: &ServiceInput, hostname: &str) -> Versioned {
+        let svc = Service {
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            hostname: hostname.to_string(),
+            addresses: s.addresses.iter().map(|a| NetworkAddress { network: String::new(), address: *a }).collect(),
+            ports: s.ports.iter().map(|p| Port { service_port: p.port, target_port: p.wire_target() }).collect(),
+            subject_alt_names: Vec::new(),
+        };
+        let msg = wl::Address { r#type: Some(wl::address::Type::Service((&svc).into())) };
+        Versioned::new(to_any(TypeUrl::Address, &msg))
+    }
+
+    /// A pod's workload (none without an address, or once it has ended)
+    /// and its converted PeerAuthentication policy.
+    fn pod_resources(&self, ns: &Ns, pod: &PodInput) -> (Option<Versioned>, Option<Authorization>) {
+        if pod.ips.is_empty() || pod.terminal {
+            return (None, None);
+        }
+        let ns_labels = ns.labels();
+        let meshed = !pod.host_network && translate::is_meshed(&ns_labels, &pod.labels);
+        let mut services = BTreeMap::new();
+        let mut selecting: BTreeSet<&String> = ns.services_by_selector.candidates(&pod.labels).collect();
+        selecting.extend(ns.selectorless.iter());
+        for name in selecting {
+            let Some(s) = ns.services.get(name) else { continue };
+            let ports = match &s.selector {
+                Some(sel) if selector_matches(sel, &pod.labels) => {
+                    s.ports.iter().filter_map(|p| Some(Port { service_port: p.port, target_port: p.target_on(pod)? })).collect()
+                }
+                Some(_) => continue,
+                None => match slice_ports(ns, s, pod) {
+                    Some(ports) => ports,
+                    None => continue,
+                },
+            };
+            services.insert(format!("{}/{}", s.namespace, self.hostname(&s.name, &s.namespace)), ports);
+        }
+        let mut policies = BTreeSet::new();
+        let mut converted = None;
+        if meshed {
+            let root = self.namespaces.get(&self.settings.root_namespace);
+            let mut add = |from: &Ns, from_name: &str| {
+                for name in from.policies_by_selector.candidates(&pod.labels) {
+                    let Some(p) = from.policies.get(name) else { continue };
+                    if p.policy.is_some() && p.selector.as_ref().is_some_and(|s| selector_matches(s, &pod.labels)) {
+                        policies.insert(format!("{from_name}/{name}"));
+                    }
+                }
+            };
+            add(ns, &pod.namespace);
+            if let Some(root) = root.filter(|_| pod.namespace != self.settings.root_namespace) {
+                add(root, &self.settings.root_namespace);
+            }
+            let empty = BTreeMap::new();
+            let root_pas = root.map(|r| &r.peer_authns).unwrap_or(&empty);
+            converted = peer_authentication::for_pod(ns.peer_authns.iter(), root_pas.iter(), &pod.namespace, &pod.name, &pod.labels);
+            if let Some(c) = &converted {
+                policies.insert(c.key());
+            }
+        }
+        let trust_domain =
+            if self.settings.trust_domain == slipstream_core::DEFAULT_TRUST_DOMAIN { "" } else { &self.settings.trust_domain };
+        let w = Workload {
+            uid: self.workload_uid(&pod.namespace, &pod.name),
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            addresses: pod.ips.clone(),
+            network: String::new(),
+            tunnel_protocol: if meshed { TunnelProtocol::Hbone } else { TunnelProtocol::None },
+            trust_domain: trust_domain.to_string(),
+            service_account: pod.service_account.clone(),
+            node: pod.node.clone(),
+            canonical_name: canonical(&pod.labels, &["service.istio.io/canonical-name", "app.kubernetes.io/name", "app"])
+                .unwrap_or_else(|| pod.workload_name.clone()),
+            canonical_revision: canonical(&pod.labels, &["service.istio.io/canonical-revision", "app.kubernetes.io/version", "version"])
+                .unwrap_or_else(|| "latest".into()),
+            workload_type: pod.workload_type,
+            workload_name: pod.workload_name.clone(),
+            services,
+            authorization_policies: policies.into_iter().collect(),
+            status: if pod.ready && !pod.terminating { WorkloadStatus::Healthy } else { WorkloadStatus::Unhealthy },
+            cluster_id: self.settings.cluster_id.clone(),
+            capacity: 1,
+        };
+        let msg = wl::Address { r#type: Some(wl::address::Type::Workload((&w).into())) };
+        let mut v = Versioned::new(to_any(TypeUrl::Address, &msg));
+        v.node = Some(w.node.as_str().into()).filter(|n: &Arc<str>| !n.is_empty());
+        v.identity = Some(w.spiffe_id().into());
+        (Some(v), converted)
+    }
+
+    /// Every resource decoded into the mesh model (workloads by uid,
+    /// services by key, policies by key): for tests, debugging and
+    /// `proxy-config`.
+    pub fn mesh_config(&self) -> MeshConfig {
+        decode(&self.resources)
+    }
+}
+
+/// Decodes resources into the mesh model; a resource that does not decode
+/// (which the index never produces) is skipped.
+pub fn decode(resources: &Resources) -> MeshConfig {
+    use slipstream_api::convert::{address_from_any, authorization_from_any, AddressResource};
+    let mut cfg = MeshConfig::default();
+    for (key, v) in resources {
+        match key.type_url {
+            TypeUrl::Address => match address_from_any(&v.body) {
+                Ok(AddressResource::Workload(w)) => cfg.workloads.push(w),
+                Ok(AddressResource::Service(s)) => cfg.services.push(s),
+                Err(_) => {}
+            },
+            TypeUrl::Authorization => cfg.policies.extend(authorization_from_any(&v.body).ok()),
+        }
+    }
+    cfg.workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
+    cfg.services.sort_by_key(|s| s.key());
+    cfg.policies.sort_by_key(|p| p.key());
+    cfg
+}
+
+/// The first of `keys` the labels have.
+fn canonical(labels: &Labels, keys: &[&str]) -> Option<String> {
+    keys.iter().find_map(|k| labels.get(*k).cloned())
+}
+
+/// The pods named by the EndpointSlices of a service.
+fn slice_pods(ns: &Ns, service: &str, out: &mut BTreeSet<String>) {
+    for slice in ns.slices_by_service.get(service).into_iter().flatten() {
+        if let Some(s) = ns.slices.get(slice) {
+            ns.pods_in_slice(s, out);
+        }
+    }
+}
+
+/// The ports of a service without selector on one pod, if one of its
+/// EndpointSlices names the pod: each service port maps to the slice port
+/// of the same name and protocol (a number target port stands when the
+/// slice has none).
+fn slice_ports(ns: &Ns, s: &ServiceInput, pod: &PodInput) -> Option<Vec<Port>> {
+    let names = ns.slices_by_service.get(&s.name)?;
+    let slice = names.iter().filter_map(|n| ns.slices.get(n)).find(|sl| {
+        sl.endpoints.iter().any(|e| e.pod.as_deref() == Some(pod.name.as_str()) || e.addresses.iter().any(|a| pod.ips.contains(a)))
+    })?;
+    Some(
+        s.ports
+            .iter()
+            .filter_map(|p| {
+                let from_slice = slice.ports.iter().find(|sp| sp.name == p.name && sp.protocol == p.protocol).map(|sp| sp.port);
+                let target = from_slice.or(match p.target {
+                    translate::TargetPort::Number(n) => Some(n),
+                    translate::TargetPort::Named(_) => None,
+                })?;
+                Some(Port { service_port: p.port, target_port: target })
+            })
+            .collect(),
+    )
+}
+
+/// The work of one event: pods to recompute, then resources to set.
+#[derive(Default)]
+struct Batch {
+    pods: BTreeSet<(String, String)>,
+    resources: BTreeMap<ResourceKey, Option<Versioned>>,
+}
+
+impl Batch {
+    fn set(&mut self, key: ResourceKey, v: Option<Versioned>) {
+        self.resources.insert(key, v);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,466 @@
+//! Objects in, resources out: translation tables and incremental behavior.
+
+use super::*;
+use crate::objects::parse_manifests;
+use slipstream_core::policy::{Action, Scope};
+use slipstream_core::WorkloadType;
+
+fn settings() -> IndexSettings {
+    IndexSettings { cluster_id: "c1".into(), ..Default::default() }
+}
+
+fn objects(y: &str) -> Vec<ClusterObject> {
+    parse_manifests(y).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+fn one(y: &str) -> ClusterObject {
+    let mut v = objects(y);
+    assert_eq!(v.len(), 1);
+    v.remove(0)
+}
+
+fn index(y: &str) -> Index {
+    let mut ix = Index::new(settings());
+    for o in objects(y) {
+        ix.apply(ObjectEvent::Upsert(o)).unwrap();
+    }
+    ix
+}
+
+fn upsert(ix: &mut Index, y: &str) -> Changes {
+    ix.apply(ObjectEvent::Upsert(one(y))).unwrap()
+}
+
+fn namespace(name: &str, labels: &str) -> String {
+    format!("---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}, labels: {{{labels}}}}}\n")
+}
+
+/// A ready pod of a Deployment (`app: <app>`), serving `http` on 8080.
+fn pod(ns: &str, name: &str, app: &str, ip: &str, node: &str) -> String {
+    pod_with(ns, name, &format!("app: {app}, pod-template-hash: 5d9f"), ip, node, true)
+}
+
+fn pod_with(ns: &str, name: &str, labels: &str, ip: &str, node: &str, ready: bool) -> String {
+    let status = if ip.is_empty() {
+        "{phase: Pending}".to_string()
+    } else {
+        format!(
+            "{{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}], hostIP: 172.18.0.1, conditions: [{{type: Ready, status: '{}'}}]}}",
+            if ready { "True" } else { "False" }
+        )
+    };
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{{labels}}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: {}-5d9f, uid: u1, controller: true}}]\nspec:\n  nodeName: {node}\n  serviceAccountName: web\n  containers: [{{name: c, ports: [{{name: http, containerPort: 8080}}]}}]\nstatus: {status}\n",
+        name.rsplit_once('-').map(|(d, _)| d).unwrap_or(name)
+    )
+}
+
+fn service(ns: &str, name: &str, selector: &str, vip: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  selector: {{{selector}}}\n  clusterIP: {vip}\n  clusterIPs: [{vip}]\n  ports: [{{name: web, port: 80, targetPort: http}}, {{name: admin, port: 9000}}]\n"
+    )
+}
+
+fn policy(ns: &str, name: &str, spec: &str) -> String {
+    format!("---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n")
+}
+
+fn peer_authn(ns: &str, name: &str, spec: &str) -> String {
+    format!("---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n")
+}
+
+fn workload(ix: &Index, ns: &str, name: &str) -> Option<Workload> {
+    ix.mesh_config().workloads.into_iter().find(|w| w.namespace == ns && w.name == name)
+}
+
+fn addr(uid: &str) -> ResourceKey {
+    ResourceKey::new(TypeUrl::Address, uid)
+}
+
+fn names(keys: &[ResourceKey]) -> Vec<String> {
+    keys.iter().map(|k| k.to_string()).collect()
+}
+
+#[test]
+fn workloads_and_services_from_objects() {
+    let y = [
+        namespace("demo", "istio.io/dataplane-mode: ambient"),
+        service("demo", "web", "app: web", "10.96.0.10"),
+        service("demo", "headless", "app: web", "None"),
+        pod("demo", "web-abcde", "web", "10.244.1.2", "node1"),
+        pod_with("demo", "solo", "app: solo, istio.io/dataplane-mode: none, version: v2", "10.244.2.2", "node2", false),
+    ]
+    .concat();
+    let ix = index(&y);
+    let cfg = ix.mesh_config();
+    let web = Workload {
+        uid: "c1//Pod/demo/web-abcde".into(),
+        name: "web-abcde".into(),
+        namespace: "demo".into(),
+        addresses: vec!["10.244.1.2".parse().unwrap()],
+        tunnel_protocol: TunnelProtocol::Hbone,
+        service_account: "web".into(),
+        node: "node1".into(),
+        canonical_name: "web".into(),
+        canonical_revision: "latest".into(),
+        workload_type: WorkloadType::Deployment,
+        workload_name: "web".into(),
+        services: [
+            (
+                "demo/headless.demo.svc.cluster.local".to_string(),
+                vec![Port { service_port: 80, target_port: 8080 }, Port { service_port: 9000, target_port: 9000 }],
+            ),
+            (
+                "demo/web.demo.svc.cluster.local".to_string(),
+                vec![Port { service_port: 80, target_port: 8080 }, Port { service_port: 9000, target_port: 9000 }],
+            ),
+        ]
+        .into(),
+        status: WorkloadStatus::Healthy,
+        cluster_id: "c1".into(),
+        capacity: 1,
+        ..Default::default()
+    };
+    assert_eq!(cfg.workloads[1], web);
+    let solo = &cfg.workloads[0];
+    assert_eq!((solo.name.as_str(), solo.tunnel_protocol, solo.status), ("solo", TunnelProtocol::None, WorkloadStatus::Unhealthy));
+    assert_eq!((solo.canonical_name.as_str(), solo.canonical_revision.as_str()), ("solo", "v2"));
+    assert!(solo.services.is_empty());
+    assert_eq!(
+        cfg.services,
+        vec![
+            Service {
+                name: "headless".into(),
+                namespace: "demo".into(),
+                hostname: "headless.demo.svc.cluster.local".into(),
+                addresses: vec![],
+                ports: vec![Port { service_port: 80, target_port: 0 }, Port { service_port: 9000, target_port: 9000 }],
+                subject_alt_names: vec![],
+            },
+            Service {
+                name: "web".into(),
+                namespace: "demo".into(),
+                hostname: "web.demo.svc.cluster.local".into(),
+                addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
+                ports: vec![Port { service_port: 80, target_port: 0 }, Port { service_port: 9000, target_port: 9000 }],
+                subject_alt_names: vec![],
+            },
+        ]
+    );
+    // What the CA needs, without decoding.
+    let v = &ix.resources()[&addr("c1//Pod/demo/web-abcde")];
+    assert_eq!(v.node.as_deref(), Some("node1"));
+    assert_eq!(v.identity.as_deref(), Some("spiffe://cluster.local/ns/demo/sa/web"));
+    assert_eq!(ix.resources().len(), 4);
+}
+
+#[test]
+fn trust_domain_and_settings_shape_names() {
+    let mut ix = Index::new(IndexSettings {
+        cluster_id: "east".into(),
+        trust_domain: "example.org".into(),
+        domain_suffix: "corp.internal".into(),
+        root_namespace: "mesh-root".into(),
+    });
+    for o in objects(&[pod("demo", "web-a", "web", "10.244.1.2", "node1"), service("demo", "web", "app: web", "10.96.0.10")].concat()) {
+        ix.apply(ObjectEvent::Upsert(o)).unwrap();
+    }
+    let v = &ix.resources()[&addr("east//Pod/demo/web-a")];
+    assert_eq!(v.identity.as_deref(), Some("spiffe://example.org/ns/demo/sa/web"));
+    let w = workload(&ix, "demo", "web-a").unwrap();
+    assert_eq!((w.trust_domain.as_str(), w.cluster_id.as_str()), ("example.org", "east"));
+    assert!(w.services.contains_key("demo/web.demo.svc.corp.internal"));
+}
+
+#[test]
+fn pods_without_address_or_ended_have_no_workload() {
+    let mut ix = index(&pod_with("demo", "p", "app: a", "", "node1", false));
+    assert!(ix.resources().is_empty());
+    let c = upsert(&mut ix, &pod("demo", "p", "a", "10.244.1.9", "node1"));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/p"]);
+    let done = pod("demo", "p", "a", "10.244.1.9", "node1").replace("phase: Running", "phase: Succeeded");
+    let c = upsert(&mut ix, &done);
+    assert_eq!(names(&c.removed), ["Address c1//Pod/demo/p"]);
+}
+
+#[test]
+fn one_pod_change_is_one_resource() {
+    let mut y = [namespace("demo", "istio.io/dataplane-mode: ambient"), peer_authn("demo", "default", "{mtls: {mode: STRICT}}")].concat();
+    for i in 0..20 {
+        y += &service("demo", &format!("s{i}"), &format!("app: a{}", i % 5), &format!("10.96.0.{}", 10 + i));
+        y += &policy("demo", &format!("p{i}"), &format!("{{selector: {{matchLabels: {{app: a{}}}}}, rules: [{{}}]}}", i % 5));
+    }
+    for i in 0..50 {
+        y += &pod("demo", &format!("w{}-x{i}", i % 5), &format!("a{}", i % 5), &format!("10.244.1.{}", i + 2), "node1");
+    }
+    let mut ix = index(&y);
+    let before = ix.resources().len();
+    // Readiness flips: only that workload changes.
+    let c = upsert(&mut ix, &pod_with("demo", "w3-x8", "app: a3, pod-template-hash: 5d9f", "10.244.1.10", "node1", false));
+    assert_eq!((names(&c.upserted), c.removed.len()), (vec!["Address c1//Pod/demo/w3-x8".to_string()], 0));
+    // The same object again: nothing.
+    let c = upsert(&mut ix, &pod_with("demo", "w3-x8", "app: a3, pod-template-hash: 5d9f", "10.244.1.10", "node1", false));
+    assert!(c.is_empty(), "{c:?}");
+    // A new pod in a STRICT namespace: its workload and its converted policy.
+    let c = upsert(&mut ix, &pod("demo", "w1-new", "a1", "10.244.1.200", "node1"));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/w1-new", "Authorization demo/istio_converted_strict_w1-new"]);
+    assert_eq!(ix.resources().len(), before + 2);
+    let w = workload(&ix, "demo", "w1-new").unwrap();
+    assert_eq!(w.services.len(), 4, "{:?}", w.services.keys());
+    assert_eq!(w.authorization_policies.len(), 5, "{:?}", w.authorization_policies);
+}
+
+#[test]
+fn service_selector_change_moves_members() {
+    let y = [
+        pod("demo", "a-1", "a", "10.244.1.2", "node1"),
+        pod("demo", "b-1", "b", "10.244.1.3", "node1"),
+        pod("demo", "c-1", "c", "10.244.1.4", "node1"),
+        pod("other", "a-2", "a", "10.244.1.5", "node1"),
+        service("demo", "s", "app: a", "10.96.0.10"),
+    ]
+    .concat();
+    let mut ix = index(&y);
+    assert!(workload(&ix, "demo", "a-1").unwrap().services.contains_key("demo/s.demo.svc.cluster.local"));
+    assert!(workload(&ix, "other", "a-2").unwrap().services.is_empty(), "services select in their namespace only");
+    let c = upsert(&mut ix, &service("demo", "s", "app: b", "10.96.0.10"));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/a-1", "Address c1//Pod/demo/b-1"], "the service's bytes did not change");
+    assert!(workload(&ix, "demo", "a-1").unwrap().services.is_empty());
+    assert!(workload(&ix, "demo", "b-1").unwrap().services.contains_key("demo/s.demo.svc.cluster.local"));
+    let c = ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Service, "demo", "s"))).unwrap();
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/b-1"]);
+    assert_eq!(names(&c.removed), ["Address demo/s.demo.svc.cluster.local"]);
+}
+
+#[test]
+fn namespace_label_toggles_meshing() {
+    let y = [
+        namespace("demo", ""),
+        pod("demo", "a-1", "a", "10.244.1.2", "node1"),
+        pod("demo", "b-1", "b", "10.244.1.3", "node1"),
+        pod("other", "c-1", "c", "10.244.1.4", "node1"),
+    ]
+    .concat();
+    let mut ix = index(&y);
+    assert_eq!(workload(&ix, "demo", "a-1").unwrap().tunnel_protocol, TunnelProtocol::None);
+    let c = upsert(&mut ix, &namespace("demo", "istio.io/dataplane-mode: ambient"));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/a-1", "Address c1//Pod/demo/b-1"]);
+    assert_eq!(workload(&ix, "demo", "a-1").unwrap().tunnel_protocol, TunnelProtocol::Hbone);
+    // Other labels: recomputed, but nothing to report.
+    let c = upsert(&mut ix, &namespace("demo", "istio.io/dataplane-mode: ambient, team: x"));
+    assert!(c.is_empty());
+    let c = ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Namespace, "", "demo"))).unwrap();
+    assert_eq!(c.upserted.len(), 2);
+    assert_eq!(workload(&ix, "demo", "b-1").unwrap().tunnel_protocol, TunnelProtocol::None);
+}
+
+#[test]
+fn deleting_a_pod_removes_its_resources() {
+    let y = [
+        namespace("demo", "istio.io/dataplane-mode: ambient"),
+        peer_authn("demo", "default", "{mtls: {mode: STRICT}}"),
+        pod("demo", "a-1", "a", "10.244.1.2", "node1"),
+    ]
+    .concat();
+    let mut ix = index(&y);
+    let p = &ix.mesh_config().policies[0];
+    assert_eq!((p.key().as_str(), p.scope, p.action), ("demo/istio_converted_strict_a-1", Scope::WorkloadSelector, Action::Deny));
+    assert_eq!(workload(&ix, "demo", "a-1").unwrap().authorization_policies, ["demo/istio_converted_strict_a-1"]);
+    let c = ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Pod, "demo", "a-1"))).unwrap();
+    assert_eq!(names(&c.removed), ["Address c1//Pod/demo/a-1", "Authorization demo/istio_converted_strict_a-1"]);
+    assert!(c.upserted.is_empty());
+    assert!(ix.resources().is_empty());
+    // Deleting what is not there changes nothing.
+    assert!(ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Pod, "demo", "a-1"))).unwrap().is_empty());
+}
+
+#[test]
+fn invalid_objects_change_nothing() {
+    let mut ix =
+        index(&[namespace("demo", ""), pod("demo", "a-1", "a", "10.244.1.2", "node1"), policy("demo", "p", "{rules: [{}]}")].concat());
+    let before = ix.resources().clone();
+    // Objects that parse but do not validate (as a Kubernetes source would hand them over).
+    let bad_pod = pod("demo", "a-1", "b", "10.244.1.2", "node1").replace("podIPs: [{ip: 10.244.1.2}]", "podIPs: [{ip: 10.244.1.999}]");
+    let bad_policy = policy("demo", "p", "{action: CUSTOM, provider: {name: x}}");
+    for y in [bad_pod, bad_policy] {
+        let v = serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&y).unwrap()).unwrap();
+        let o = crate::objects::parse_value(v).unwrap().unwrap();
+        let e = ix.apply(ObjectEvent::Upsert(o)).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("{}: ", e.object())), "{e}");
+        assert_eq!(*ix.resources(), before, "{e}");
+    }
+    // The previous version stays in force: a later unrelated change still sees it.
+    upsert(&mut ix, &service("demo", "s", "app: a", "10.96.0.10"));
+    assert!(workload(&ix, "demo", "a-1").unwrap().services.contains_key("demo/s.demo.svc.cluster.local"));
+}
+
+#[test]
+fn authorization_policies_bind_to_selected_workloads() {
+    let y = [
+        namespace("demo", "istio.io/dataplane-mode: ambient"),
+        namespace("other", "istio.io/dataplane-mode: ambient"),
+        pod("demo", "a-1", "a", "10.244.1.2", "node1"),
+        pod("demo", "b-1", "b", "10.244.1.3", "node1"),
+        pod("other", "a-2", "a", "10.244.1.4", "node1"),
+        pod("plain", "a-3", "a", "10.244.1.5", "node1"),
+        policy("demo", "ns-wide", "{action: DENY, rules: [{from: [{source: {namespaces: [evil]}}]}]}"),
+        policy("demo", "for-a", "{selector: {matchLabels: {app: a}}, rules: [{}]}"),
+        policy("demo", "audit", "{selector: {matchLabels: {app: a}}, action: AUDIT}"),
+    ]
+    .concat();
+    let mut ix = index(&y);
+    assert_eq!(workload(&ix, "demo", "a-1").unwrap().authorization_policies, ["demo/for-a"]);
+    assert!(workload(&ix, "demo", "b-1").unwrap().authorization_policies.is_empty(), "namespace-wide policies are not listed");
+    assert!(workload(&ix, "other", "a-2").unwrap().authorization_policies.is_empty());
+    let keys: Vec<String> = ix.mesh_config().policies.iter().map(|p| p.key()).collect();
+    assert_eq!(keys, ["demo/for-a", "demo/ns-wide"], "AUDIT sends nothing");
+    // The root namespace's selector selects in every namespace (meshed workloads only).
+    let c = upsert(&mut ix, &policy("istio-system", "all-a", "{selector: {matchLabels: {app: a}}, action: DENY, rules: [{}]}"));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/a-1", "Address c1//Pod/other/a-2", "Authorization istio-system/all-a"]);
+    assert_eq!(workload(&ix, "other", "a-2").unwrap().authorization_policies, ["istio-system/all-a"]);
+    assert!(workload(&ix, "plain", "a-3").unwrap().authorization_policies.is_empty());
+    // A selector change moves the policy between workloads.
+    let c = upsert(&mut ix, &policy("demo", "for-a", "{selector: {matchLabels: {app: b}}, rules: [{}]}"));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/a-1", "Address c1//Pod/demo/b-1"], "the policy itself is the same");
+    assert_eq!(workload(&ix, "demo", "b-1").unwrap().authorization_policies, ["demo/for-a"]);
+    let c = ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::AuthorizationPolicy, "demo", "for-a"))).unwrap();
+    assert_eq!(names(&c.removed), ["Authorization demo/for-a"]);
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/b-1"]);
+}
+
+#[test]
+fn mesh_wide_peer_authentication_reaches_every_namespace() {
+    let y = [
+        namespace("demo", "istio.io/dataplane-mode: ambient"),
+        namespace("other", "istio.io/dataplane-mode: ambient"),
+        pod("demo", "a-1", "a", "10.244.1.2", "node1"),
+        pod("other", "b-1", "b", "10.244.1.3", "node1"),
+        pod("plain", "c-1", "c", "10.244.1.4", "node1"),
+    ]
+    .concat();
+    let mut ix = index(&y);
+    let c = upsert(&mut ix, &peer_authn("istio-system", "default", "{mtls: {mode: STRICT}}"));
+    assert_eq!(
+        names(&c.upserted),
+        [
+            "Address c1//Pod/demo/a-1",
+            "Address c1//Pod/other/b-1",
+            "Authorization demo/istio_converted_strict_a-1",
+            "Authorization other/istio_converted_strict_b-1"
+        ]
+    );
+    // A namespace's PERMISSIVE overrides it there.
+    let c = upsert(&mut ix, &peer_authn("other", "default", "{mtls: {mode: PERMISSIVE}}"));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/other/b-1"]);
+    assert_eq!(names(&c.removed), ["Authorization other/istio_converted_strict_b-1"]);
+    // A workload's port-level exception.
+    let c = upsert(&mut ix, &peer_authn("demo", "a", "{selector: {matchLabels: {app: a}}, portLevelMtls: {9000: {mode: PERMISSIVE}}}"));
+    assert_eq!(names(&c.upserted), ["Authorization demo/istio_converted_strict_a-1"]);
+    let p = ix.mesh_config().policies.into_iter().find(|p| p.name == "istio_converted_strict_a-1").unwrap();
+    assert_eq!(p.rules[0].clauses[0].matches[0].not_destination_ports, vec![9000]);
+}
+
+#[test]
+fn services_without_selector_take_members_from_endpoint_slices() {
+    let y = [
+        pod("demo", "a-1", "a", "10.244.1.2", "node1"),
+        pod("demo", "b-1", "b", "10.244.1.3", "node1"),
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: ext, namespace: demo}\nspec: {clusterIP: 10.96.0.20, ports: [{name: web, port: 80, targetPort: 8080}]}\n".into(),
+    ]
+    .concat();
+    let mut ix = index(&y);
+    assert!(workload(&ix, "demo", "a-1").unwrap().services.is_empty());
+    let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: ext-1, namespace: demo, labels: {kubernetes.io/service-name: ext}}\naddressType: IPv4\nports: [{name: web, port: 8081}]\nendpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.1.3], targetRef: {kind: Pod, name: b-1}}]\n";
+    let c = upsert(&mut ix, slice);
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/a-1", "Address c1//Pod/demo/b-1"]);
+    assert_eq!(
+        workload(&ix, "demo", "a-1").unwrap().services["demo/ext.demo.svc.cluster.local"],
+        vec![Port { service_port: 80, target_port: 8081 }]
+    );
+    let c = upsert(&mut ix, &slice.replace(", {addresses: [10.244.1.3], targetRef: {kind: Pod, name: b-1}}", ""));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/b-1"]);
+    let c = ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::EndpointSlice, "demo", "ext-1"))).unwrap();
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/a-1"]);
+}
+
+#[test]
+fn objects_may_come_in_any_order() {
+    // Pods before their namespace and services, as a watch may deliver them.
+    let parts = [
+        pod("demo", "a-1", "a", "10.244.1.2", "node1"),
+        service("demo", "s", "app: a", "10.96.0.10"),
+        namespace("demo", "istio.io/dataplane-mode: ambient"),
+    ];
+    let forward = index(&parts.concat());
+    let backward = index(&parts.iter().rev().cloned().collect::<Vec<_>>().concat());
+    assert_eq!(forward.resources(), backward.resources());
+    assert_eq!(workload(&forward, "demo", "a-1").unwrap().tunnel_protocol, TunnelProtocol::Hbone);
+}
+
+/// Not a benchmark (that is `slipstream bench`'s job): a look at the cost
+/// at the scale. Run with
+/// `cargo test --release -p slipstream-control scale -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn scale_10k_pods_1k_services_1k_policies() {
+    use std::time::Instant;
+    let mut events = Vec::new();
+    let nss = 50;
+    for n in 0..nss {
+        events.push(one(&namespace(&format!("ns{n}"), "istio.io/dataplane-mode: ambient")));
+    }
+    for s in 0..1000 {
+        events.push(one(&service(
+            &format!("ns{}", s % nss),
+            &format!("s{s}"),
+            &format!("app: a{s}"),
+            &format!("10.96.{}.{}", s / 250, s % 250 + 2),
+        )));
+        events.push(one(&policy(
+            &format!("ns{}", s % nss),
+            &format!("p{s}"),
+            &format!("{{selector: {{matchLabels: {{app: a{s}}}}}, rules: [{{from: [{{source: {{namespaces: [x]}}}}]}}]}}"),
+        )));
+    }
+    for p in 0..10_000 {
+        let s = p % 1000;
+        events.push(one(&pod(
+            &format!("ns{}", s % nss),
+            &format!("w{s}-{p}"),
+            &format!("a{s}"),
+            &format!("10.{}.{}.{}", 1 + p / 65536, (p / 256) % 256, p % 256),
+            "node1",
+        )));
+    }
+    let mut ix = Index::new(settings());
+    let t = Instant::now();
+    for e in events {
+        ix.apply(ObjectEvent::Upsert(e)).unwrap();
+    }
+    println!("initial: {} resources in {:?}", ix.resources().len(), t.elapsed());
+    let mut times = Vec::new();
+    for i in 0..100 {
+        let p = i * 97;
+        let s = p % 1000;
+        let o = one(&pod_with(
+            &format!("ns{}", s % nss),
+            &format!("w{s}-{p}"),
+            &format!("app: a{s}, pod-template-hash: 5d9f"),
+            &format!("10.{}.{}.{}", 1 + p / 65536, (p / 256) % 256, p % 256),
+            "node1",
+            false,
+        ));
+        let t = Instant::now();
+        let c = ix.apply(ObjectEvent::Upsert(o)).unwrap();
+        times.push(t.elapsed());
+        assert_eq!(c.upserted.len(), 1);
+    }
+    times.sort();
+    println!("pod change: p50 {:?} p99 {:?}", times[50], times[98]);
+    let t = Instant::now();
+    let c = ix.apply(ObjectEvent::Upsert(one(&service("ns3", "s3", "app: a53", "10.96.0.5")))).unwrap();
+    println!("service selector change: {} changes in {:?}", c.upserted.len(), t.elapsed());
+    let t = Instant::now();
+    let c = ix.apply(ObjectEvent::Upsert(one(&peer_authn("istio-system", "default", "{mtls: {mode: STRICT}}")))).unwrap();
+    println!("mesh-wide STRICT: {} changes in {:?}", c.upserted.len(), t.elapsed());
+}

@@ -1,0 +1,128 @@
+use super::*;
+
+fn write(dir: &Path, rel: &str, text: &str) {
+    let path = dir.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    // As the agent writes: a complete temporary file renamed over the old one.
+    let tmp = path.with_file_name(format!(".{}.tmp", path.file_name().unwrap().to_str().unwrap()));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+}
+
+fn pod(name: &str, ip: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: demo}}\nspec: {{containers: []}}\nstatus: {{podIP: {ip}}}\n")
+}
+
+/// The events as `verb Kind ns/name (file)`.
+fn summary(events: &[(ObjectEvent, Origin)], root: &Path) -> Vec<String> {
+    events
+        .iter()
+        .map(|(e, o)| {
+            let verb = if matches!(e, ObjectEvent::Upsert(_)) { "upsert" } else { "delete" };
+            format!("{verb} {} ({})", e.object_ref(), o.file.strip_prefix(root).unwrap().display())
+        })
+        .collect()
+}
+
+#[test]
+fn files_become_events_and_diffs() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let mut src = DirSource::new(root);
+    assert!(src.poll().is_empty(), "an empty directory");
+    write(root, "Namespace/demo.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n");
+    write(root, "Pod/demo/a.yaml", &pod("a", "10.244.1.2"));
+    write(root, "multi.yml", &format!("{}---\n{}", pod("b", "10.244.1.3"), pod("c", "10.244.1.4")));
+    write(root, "notes.txt", "not a manifest");
+    write(root, "deploy.json", r#"{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "skipped"}}"#);
+    assert_eq!(
+        summary(&src.poll(), root),
+        [
+            "upsert Namespace demo (Namespace/demo.yaml)",
+            "upsert Pod demo/a (Pod/demo/a.yaml)",
+            "upsert Pod demo/b (multi.yml)",
+            "upsert Pod demo/c (multi.yml)"
+        ]
+    );
+    assert!(src.poll().is_empty(), "nothing changed");
+    // A changed file: only what differs.
+    write(root, "multi.yml", &format!("{}---\n{}", pod("b", "10.244.1.3"), pod("d", "10.244.1.5")));
+    assert_eq!(summary(&src.poll(), root), ["delete Pod demo/c (multi.yml)", "upsert Pod demo/d (multi.yml)"]);
+    // The same content rewritten: no event.
+    write(root, "Pod/demo/a.yaml", &pod("a", "10.244.1.2"));
+    assert!(src.poll().is_empty());
+    // A removed file deletes its objects.
+    std::fs::remove_file(root.join("Pod/demo/a.yaml")).unwrap();
+    assert_eq!(summary(&src.poll(), root), ["delete Pod demo/a (Pod/demo/a.yaml)"]);
+    std::fs::remove_dir_all(root.join("Namespace")).unwrap();
+    assert_eq!(summary(&src.poll(), root), ["delete Namespace demo (Namespace/demo.yaml)"]);
+}
+
+#[test]
+fn a_broken_file_keeps_its_last_good_objects() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let mut src = DirSource::new(root);
+    write(root, "a.yaml", &pod("a", "10.244.1.2"));
+    assert_eq!(src.poll().len(), 1);
+    // Not YAML, then an object that does not validate.
+    write(root, "a.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: a\n");
+    assert!(src.poll().is_empty());
+    assert!(src.errors()[&root.join("a.yaml")][0].message.contains("not valid YAML"));
+    write(root, "a.yaml", &pod("a", "10.244.1.300"));
+    assert!(src.poll().is_empty());
+    assert_eq!(src.errors()[&root.join("a.yaml")][0].to_string(), "Pod demo/a: status.podIP: \"10.244.1.300\" is not an IP address");
+    // Fixed: the change since the last good version.
+    write(root, "a.yaml", &pod("a", "10.244.1.7"));
+    let events = src.poll();
+    assert_eq!(summary(&events, root), ["upsert Pod demo/a (a.yaml)"]);
+    assert!(src.errors().is_empty());
+    // A broken file that is removed still deletes its last good objects.
+    write(root, "a.yaml", "kind: [");
+    assert!(src.poll().is_empty());
+    std::fs::remove_file(root.join("a.yaml")).unwrap();
+    assert_eq!(summary(&src.poll(), root), ["delete Pod demo/a (a.yaml)"]);
+    assert!(src.errors().is_empty());
+}
+
+#[test]
+fn an_object_in_two_files_is_taken_from_the_first() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let mut src = DirSource::new(root);
+    write(root, "a.yaml", &pod("p", "10.244.1.2"));
+    assert_eq!(src.poll().len(), 1);
+    write(root, "b.yaml", &pod("p", "10.244.1.3"));
+    assert!(src.poll().is_empty(), "the copy is ignored");
+    // The first file goes: the copy takes over.
+    std::fs::remove_file(root.join("a.yaml")).unwrap();
+    write(root, "c.yaml", &pod("q", "10.244.1.4"));
+    assert_eq!(summary(&src.poll(), root), ["upsert Pod demo/p (b.yaml)", "upsert Pod demo/q (c.yaml)"]);
+    // Moved to another file unchanged: nothing to say.
+    std::fs::remove_file(root.join("b.yaml")).unwrap();
+    write(root, "d.yaml", &pod("p", "10.244.1.3"));
+    assert!(src.poll().is_empty());
+    std::fs::remove_file(root.join("d.yaml")).unwrap();
+    assert_eq!(summary(&src.poll(), root), ["delete Pod demo/p (d.yaml)"]);
+}
+
+#[test]
+fn a_missing_directory_is_empty() {
+    let d = tempfile::tempdir().unwrap();
+    let mut src = DirSource::new(d.path().join("not-yet"));
+    assert!(src.poll().is_empty());
+    write(&d.path().join("not-yet"), "a.json", r#"{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}"#);
+    assert_eq!(src.poll().len(), 1);
+}
+
+#[tokio::test]
+async fn watch_sends_batches() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "a.yaml", &pod("a", "10.244.1.2"));
+    let mut rx = DirSource::new(d.path()).watch(Duration::from_millis(10));
+    let first = rx.recv().await.unwrap();
+    assert_eq!(first.len(), 1);
+    std::fs::remove_file(d.path().join("a.yaml")).unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    assert!(matches!(next[0].0, ObjectEvent::Delete(_)));
+}

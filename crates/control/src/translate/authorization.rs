@@ -1,0 +1,305 @@
+//! AuthorizationPolicy to the workload API's `Authorization`, at L4
+//! (shared/PROTOCOLS.md section 5). A node proxy sees connections, not
+//! requests, so:
+//!
+//! - scope: a selector makes the policy WORKLOAD_SELECTOR (listed by the
+//!   workloads it selects; in the root namespace, workloads of every
+//!   namespace); otherwise it is GLOBAL in the root namespace and
+//!   NAMESPACE elsewhere. A policy bound with `targetRef(s)` is a
+//!   waypoint's or gateway's, not a node proxy's: no resource.
+//! - action: ALLOW and DENY; AUDIT never changes a verdict, so nothing is
+//!   sent; CUSTOM (external authorization) is refused with an error.
+//! - a rule that needs L7 attributes (request principals, hosts, methods,
+//!   paths, `request.*` conditions): in an ALLOW policy the rule is
+//!   dropped (it can only allow less); in a DENY policy it is kept with its
+//!   L7 parts taken as matching (it can only deny more: fail closed).
+//! - `remoteIpBlocks` and `remote.ip` are the peer address, like `ipBlocks`
+//!   and `source.ip` (no forwarded header is trusted at L4).
+//!
+//! The shape of the result: each rule has one clause for `from` (a match
+//! per source, ORed), one for `to` (a match per operation) and one per
+//! `when` condition; clauses are ANDed.
+//!
+//! Issue 14 refines this translation; keep it self-contained here.
+
+use super::Labels;
+use crate::objects::{AuthorizationPolicy, Condition, ObjectError, ObjectRef, Operation, PolicyAction, RuleSpec, Source};
+use slipstream_core::policy::{Action, Authorization, Cidr, Clause, Match, Rule, Scope, StringMatch};
+use std::net::IpAddr;
+
+/// What the index keeps of one AuthorizationPolicy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyInput {
+    /// The labels it selects workloads by (scope WORKLOAD_SELECTOR).
+    pub selector: Option<Labels>,
+    /// The resource node proxies get; None when they have nothing to
+    /// enforce (AUDIT, or bound to a waypoint or gateway).
+    pub policy: Option<Authorization>,
+}
+
+/// One part of a rule after translation.
+enum Part {
+    /// Holds for every connection (what is left of it needs L7 and was
+    /// taken as matching).
+    Always,
+    /// Holds for no connection.
+    Never,
+    Match(Box<Match>),
+}
+
+/// Keys of `when` conditions a node proxy can evaluate, and those it
+/// cannot (L7, or TLS details it does not see).
+const L4_KEYS: &[&str] = &["source.ip", "remote.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"];
+const L7_KEY_PREFIXES: &[&str] = &["request.", "connection.sni", "experimental.", "source.user"];
+
+pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -> Result<PolicyInput, ObjectError> {
+    let spec = &p.spec;
+    let err = |field: &str, message: &str| ObjectError::new(r, field, message);
+    let action = match spec.action {
+        None | Some(PolicyAction::Allow) => Some(Action::Allow),
+        Some(PolicyAction::Deny) => Some(Action::Deny),
+        Some(PolicyAction::Audit) => None,
+        Some(PolicyAction::Custom) => return Err(err("spec.action", "CUSTOM (external authorization) is not supported")),
+    };
+    if spec.provider.is_some() {
+        return Err(err("spec.provider", "only valid with action CUSTOM, which is not supported"));
+    }
+    let targeted = spec.target_ref.is_some() || !spec.target_refs.is_empty();
+    if targeted && spec.selector.is_some() {
+        return Err(err("spec.selector", "cannot be set together with spec.targetRef or spec.targetRefs"));
+    }
+    if spec.target_ref.is_some() && !spec.target_refs.is_empty() {
+        return Err(err("spec.targetRef", "cannot be set together with spec.targetRefs"));
+    }
+    // Every rule is checked, whatever the action, so an error shows now
+    // rather than when someone switches AUDIT to DENY.
+    let mut rules = Vec::new();
+    for (i, rule) in spec.rules.iter().enumerate() {
+        if let Some(rule) = translate_rule(rule, &format!("spec.rules[{i}]"), action.unwrap_or(Action::Allow), r)? {
+            rules.push(rule);
+        }
+    }
+    let selector = spec.selector.as_ref().map(|s| s.match_labels.clone()).filter(|l| !l.is_empty());
+    let (Some(action), false) = (action, targeted) else {
+        return Ok(PolicyInput { selector: None, policy: None });
+    };
+    let scope = match (&selector, r.namespace == root_namespace) {
+        (Some(_), _) => Scope::WorkloadSelector,
+        (None, true) => Scope::Global,
+        (None, false) => Scope::Namespace,
+    };
+    let dry_run = p.metadata.annotations.as_ref().and_then(|a| a.get(super::DRY_RUN_ANNOTATION)).is_some_and(|v| v == "true");
+    let policy = Authorization { name: r.name.clone(), namespace: r.namespace.clone(), scope, action, rules, dry_run };
+    Ok(PolicyInput { selector, policy: Some(policy) })
+}
+
+/// One rule, or None when it is dropped (an ALLOW rule needing L7) or can
+/// never match.
+fn translate_rule(rule: &RuleSpec, path: &str, action: Action, r: &ObjectRef) -> Result<Option<Rule>, ObjectError> {
+    let mut l7 = false;
+    let mut clauses = Vec::new();
+    let mut never = false;
+    if !rule.from.is_empty() {
+        let mut parts = Vec::new();
+        for (i, f) in rule.from.iter().enumerate() {
+            let field = format!("{path}.from[{i}].source");
+            let s = f.source.as_ref().ok_or_else(|| ObjectError::new(r, &field, "required"))?;
+            parts.push(source(s, &field, r, &mut l7)?);
+        }
+        push_or_clause(parts, &mut clauses, &mut never);
+    }
+    if !rule.to.is_empty() {
+        let mut parts = Vec::new();
+        for (i, t) in rule.to.iter().enumerate() {
+            let field = format!("{path}.to[{i}].operation");
+            let o = t.operation.as_ref().ok_or_else(|| ObjectError::new(r, &field, "required"))?;
+            parts.push(operation(o, &field, r, &mut l7)?);
+        }
+        push_or_clause(parts, &mut clauses, &mut never);
+    }
+    for (i, c) in rule.when.iter().enumerate() {
+        let part = condition(c, &format!("{path}.when[{i}]"), r, &mut l7)?;
+        push_or_clause(vec![part], &mut clauses, &mut never);
+    }
+    if never || (l7 && action == Action::Allow) {
+        return Ok(None);
+    }
+    Ok(Some(Rule { clauses }))
+}
+
+/// Adds the clause that ORs `parts`: none if one of them always holds; a
+/// rule that can never match if none of them can.
+fn push_or_clause(parts: Vec<Part>, clauses: &mut Vec<Clause>, never: &mut bool) {
+    let mut matches = Vec::new();
+    for p in parts {
+        match p {
+            Part::Always => return,
+            Part::Never => {}
+            Part::Match(m) => matches.push(*m),
+        }
+    }
+    if matches.is_empty() {
+        *never = true;
+    } else {
+        clauses.push(Clause { matches });
+    }
+}
+
+fn source(s: &Source, field: &str, r: &ObjectRef, l7: &mut bool) -> Result<Part, ObjectError> {
+    if *s == Source::default() {
+        return Err(ObjectError::new(r, field, "must set at least one field"));
+    }
+    let needs_l7 = !s.request_principals.is_empty() || !s.not_request_principals.is_empty();
+    *l7 |= needs_l7;
+    let ip_blocks = cidrs(&s.ip_blocks, &format!("{field}.ipBlocks"), r)?;
+    let remote_ip_blocks = cidrs(&s.remote_ip_blocks, &format!("{field}.remoteIpBlocks"), r)?;
+    let mut not_source_ips = cidrs(&s.not_ip_blocks, &format!("{field}.notIpBlocks"), r)?;
+    not_source_ips.extend(cidrs(&s.not_remote_ip_blocks, &format!("{field}.notRemoteIpBlocks"), r)?);
+    // Both are the peer address at L4: it must be in both lists, that is
+    // in their intersection (which, for address blocks, is exact).
+    let source_ips = match (ip_blocks.is_empty(), remote_ip_blocks.is_empty()) {
+        (false, false) => {
+            let both = intersect(&ip_blocks, &remote_ip_blocks);
+            if both.is_empty() {
+                return Ok(Part::Never);
+            }
+            both
+        }
+        (false, true) => ip_blocks,
+        _ => remote_ip_blocks,
+    };
+    let m = Match {
+        principals: strings(&s.principals),
+        not_principals: strings(&s.not_principals),
+        namespaces: strings(&s.namespaces),
+        not_namespaces: strings(&s.not_namespaces),
+        source_ips,
+        not_source_ips,
+        ..Default::default()
+    };
+    Ok(if m == Match::default() { Part::Always } else { Part::Match(Box::new(m)) })
+}
+
+fn operation(o: &Operation, field: &str, r: &ObjectRef, l7: &mut bool) -> Result<Part, ObjectError> {
+    if *o == Operation::default() {
+        return Err(ObjectError::new(r, field, "must set at least one field"));
+    }
+    *l7 |= !(o.hosts.is_empty()
+        && o.not_hosts.is_empty()
+        && o.methods.is_empty()
+        && o.not_methods.is_empty()
+        && o.paths.is_empty()
+        && o.not_paths.is_empty());
+    let m = Match {
+        destination_ports: ports(&o.ports, &format!("{field}.ports"), r)?,
+        not_destination_ports: ports(&o.not_ports, &format!("{field}.notPorts"), r)?,
+        ..Default::default()
+    };
+    Ok(if m == Match::default() { Part::Always } else { Part::Match(Box::new(m)) })
+}
+
+fn condition(c: &Condition, field: &str, r: &ObjectRef, l7: &mut bool) -> Result<Part, ObjectError> {
+    if c.values.is_empty() && c.not_values.is_empty() {
+        return Err(ObjectError::new(r, field, "needs values or notValues"));
+    }
+    let key = c.key.as_str();
+    if L7_KEY_PREFIXES.iter().any(|p| key.starts_with(p)) {
+        *l7 = true;
+        return Ok(Part::Always);
+    }
+    if !L4_KEYS.contains(&key) {
+        return Err(ObjectError::new(r, format!("{field}.key"), format!("unknown key {key:?}")));
+    }
+    let (vf, nf) = (format!("{field}.values"), format!("{field}.notValues"));
+    let mut m = Match::default();
+    match key {
+        "source.ip" | "remote.ip" => {
+            m.source_ips = cidrs(&c.values, &vf, r)?;
+            m.not_source_ips = cidrs(&c.not_values, &nf, r)?;
+        }
+        "destination.ip" => {
+            m.destination_ips = cidrs(&c.values, &vf, r)?;
+            m.not_destination_ips = cidrs(&c.not_values, &nf, r)?;
+        }
+        "destination.port" => {
+            m.destination_ports = ports(&c.values, &vf, r)?;
+            m.not_destination_ports = ports(&c.not_values, &nf, r)?;
+        }
+        "source.namespace" => {
+            m.namespaces = strings(&c.values);
+            m.not_namespaces = strings(&c.not_values);
+        }
+        _ => {
+            m.principals = strings(&c.values);
+            m.not_principals = strings(&c.not_values);
+        }
+    }
+    Ok(Part::Match(Box::new(m)))
+}
+
+/// Istio's string forms: `*` any value, `*x` suffix, `x*` prefix, else exact.
+fn string_match(s: &str) -> StringMatch {
+    if s == "*" {
+        StringMatch::Presence
+    } else if let Some(x) = s.strip_prefix('*') {
+        StringMatch::Suffix(x.to_string())
+    } else if let Some(x) = s.strip_suffix('*') {
+        StringMatch::Prefix(x.to_string())
+    } else {
+        StringMatch::Exact(s.to_string())
+    }
+}
+
+fn strings(v: &[String]) -> Vec<StringMatch> {
+    v.iter().map(|s| string_match(s)).collect()
+}
+
+fn cidrs(v: &[String], field: &str, r: &ObjectRef) -> Result<Vec<Cidr>, ObjectError> {
+    v.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            parse_cidr(s).ok_or_else(|| ObjectError::new(r, format!("{field}[{i}]"), format!("{s:?} is not an address or address block")))
+        })
+        .collect()
+}
+
+fn parse_cidr(s: &str) -> Option<Cidr> {
+    let (addr, len) = match s.split_once('/') {
+        Some((a, l)) => (a.parse::<IpAddr>().ok()?, Some(l.parse::<u8>().ok()?)),
+        None => (s.parse::<IpAddr>().ok()?, None),
+    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let length = len.unwrap_or(max);
+    (length <= max).then_some(Cidr { address: addr, length })
+}
+
+/// The blocks in both lists: for two blocks, the smaller one if it lies in
+/// the other, else nothing.
+fn intersect(a: &[Cidr], b: &[Cidr]) -> Vec<Cidr> {
+    let mut out = Vec::new();
+    for x in a {
+        for y in b {
+            if x.length <= y.length && x.contains(y.address) {
+                out.push(*y);
+            } else if y.length <= x.length && y.contains(x.address) {
+                out.push(*x);
+            }
+        }
+    }
+    out
+}
+
+fn ports(v: &[String], field: &str, r: &ObjectRef) -> Result<Vec<u16>, ObjectError> {
+    v.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| ObjectError::new(r, format!("{field}[{i}]"), format!("{s:?} is not a port (1-65535)")))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

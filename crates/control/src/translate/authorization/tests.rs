@@ -1,0 +1,148 @@
+//! Table tests: an AuthorizationPolicy's spec in, the rules a node proxy
+//! gets out (written in the model's JSON form), or the error.
+
+use super::*;
+use crate::objects::{parse_value, ClusterObject};
+use slipstream_core::policy::Rule;
+
+fn policy(ns: &str, spec: &str, annotations: &str) -> Result<PolicyInput, String> {
+    let y = format!(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: p, namespace: {ns}, annotations: {{{annotations}}}}}\nspec: {spec}\n"
+    );
+    let v: serde_json::Value = serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&y).unwrap()).unwrap();
+    let Some(ClusterObject::AuthorizationPolicy(p)) = parse_value(v).map_err(|e| e.to_string())? else { panic!("not a policy") };
+    let r = ObjectRef::new(crate::objects::Kind::AuthorizationPolicy, ns, "p");
+    translate(&p, &r, "istio-system").map_err(|e| e.to_string())
+}
+
+fn rules(json: serde_json::Value) -> Vec<Rule> {
+    serde_json::from_value(json).unwrap()
+}
+
+/// (spec, the rules wanted)
+#[test]
+fn rules_at_l4() {
+    use serde_json::json;
+    let cases: Vec<(&str, serde_json::Value)> = vec![
+        // No rules: an ALLOW policy that matches nothing (denies all).
+        ("{}", json!([])),
+        ("{action: ALLOW, rules: []}", json!([])),
+        // An empty rule matches everything.
+        ("{rules: [{}]}", json!([{"clauses": []}])),
+        (
+            "{rules: [{from: [{source: {principals: [cluster.local/ns/a/sa/b, '*/sa/c'], namespaces: ['*']}}, {source: {notNamespaces: [x]}}]}]}",
+            json!([{"clauses": [{"matches": [
+                {"principals": [{"exact": "cluster.local/ns/a/sa/b"}, {"suffix": "/sa/c"}], "namespaces": ["presence"]},
+                {"not_namespaces": [{"exact": "x"}]}
+            ]}]}]),
+        ),
+        (
+            "{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8, 192.168.1.7]}}], to: [{operation: {ports: ['8080'], notPorts: ['9000']}}]}]}",
+            json!([{"clauses": [
+                {"matches": [{"source_ips": [{"address": "10.0.0.0", "length": 8}, {"address": "192.168.1.7", "length": 32}]}]},
+                {"matches": [{"destination_ports": [8080], "not_destination_ports": [9000]}]}
+            ]}]),
+        ),
+        // ipBlocks and remoteIpBlocks are both the peer: their intersection.
+        (
+            "{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8, 172.16.0.0/12], remoteIpBlocks: [10.1.0.0/16], notRemoteIpBlocks: [10.1.2.0/24], notIpBlocks: [10.1.3.4]}}]}]}",
+            json!([{"clauses": [{"matches": [{
+                "source_ips": [{"address": "10.1.0.0", "length": 16}],
+                "not_source_ips": [{"address": "10.1.3.4", "length": 32}, {"address": "10.1.2.0", "length": 24}]
+            }]}]}]),
+        ),
+        // Disjoint: that source never matches; the rule with it alone is dropped.
+        ("{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8], remoteIpBlocks: [192.168.0.0/16]}}]}, {}]}", json!([{"clauses": []}])),
+        (
+            "{rules: [{when: [{key: source.ip, values: [10.0.0.1]}, {key: remote.ip, notValues: [10.0.0.2]}, {key: destination.port, values: ['80']}, {key: source.namespace, values: [demo]}, {key: source.principal, notValues: ['*/sa/x']}, {key: destination.ip, values: [10.96.0.10]}]}]}",
+            json!([{"clauses": [
+                {"matches": [{"source_ips": [{"address": "10.0.0.1", "length": 32}]}]},
+                {"matches": [{"not_source_ips": [{"address": "10.0.0.2", "length": 32}]}]},
+                {"matches": [{"destination_ports": [80]}]},
+                {"matches": [{"namespaces": [{"exact": "demo"}]}]},
+                {"matches": [{"not_principals": [{"suffix": "/sa/x"}]}]},
+                {"matches": [{"destination_ips": [{"address": "10.96.0.10", "length": 32}]}]}
+            ]}]),
+        ),
+        // ALLOW rules needing L7 are dropped (can only allow less) ...
+        ("{rules: [{to: [{operation: {methods: [GET]}}]}, {from: [{source: {namespaces: [a]}}]}]}", json!([{"clauses": [{"matches": [{"namespaces": [{"exact": "a"}]}]}]}])),
+        ("{rules: [{from: [{source: {requestPrincipals: ['*']}}]}]}", json!([])),
+        ("{rules: [{when: [{key: 'request.headers[x-user]', values: [admin]}]}]}", json!([])),
+        // ... DENY rules keep their L4 parts, the L7 parts taken as matching.
+        (
+            "{action: DENY, rules: [{from: [{source: {namespaces: [a], requestPrincipals: ['*']}}], to: [{operation: {methods: [GET], ports: ['80']}}], when: [{key: 'request.auth.claims[iss]', values: [x]}]}]}",
+            json!([{"clauses": [
+                {"matches": [{"namespaces": [{"exact": "a"}]}]},
+                {"matches": [{"destination_ports": [80]}]}
+            ]}]),
+        ),
+        // Nothing L4 left: the DENY rule matches every connection (fail closed).
+        ("{action: DENY, rules: [{to: [{operation: {paths: [/admin]}}]}]}", json!([{"clauses": []}])),
+        // One source that always holds makes the whole `from` hold.
+        ("{action: DENY, rules: [{from: [{source: {namespaces: [a]}}, {source: {requestPrincipals: ['*']}}], to: [{operation: {ports: ['22']}}]}]}", json!([{"clauses": [{"matches": [{"destination_ports": [22]}]}]}])),
+    ];
+    for (spec, want) in cases {
+        let got = policy("demo", spec, "").unwrap_or_else(|e| panic!("{spec}: {e}"));
+        assert_eq!(got.policy.expect("a policy").rules, rules(want), "{spec}");
+    }
+}
+
+#[test]
+fn scope_action_and_binding() {
+    let p = policy("demo", "{}", "").unwrap();
+    assert_eq!((p.selector.is_none(), p.policy.as_ref().map(|p| (p.scope, p.action))), (true, Some((Scope::Namespace, Action::Allow))));
+    let p = policy("istio-system", "{action: DENY}", "").unwrap();
+    assert_eq!(p.policy.map(|p| (p.scope, p.action)), Some((Scope::Global, Action::Deny)));
+    let p = policy("istio-system", "{selector: {matchLabels: {app: a}}}", "").unwrap();
+    assert_eq!(p.selector, Some([("app".to_string(), "a".to_string())].into()));
+    assert_eq!(p.policy.map(|p| p.scope), Some(Scope::WorkloadSelector));
+    // An empty selector selects the whole namespace.
+    assert_eq!(policy("demo", "{selector: {matchLabels: {}}}", "").unwrap().policy.map(|p| p.scope), Some(Scope::Namespace));
+    // AUDIT and waypoint-bound policies give node proxies nothing.
+    assert_eq!(policy("demo", "{action: AUDIT, rules: [{}]}", "").unwrap(), PolicyInput { selector: None, policy: None });
+    let p = policy("demo", "{targetRefs: [{kind: Service, group: '', name: web}], rules: [{to: [{operation: {methods: [GET]}}]}]}", "")
+        .unwrap();
+    assert_eq!(p, PolicyInput { selector: None, policy: None });
+    let p = policy("demo", "{}", "istio.io/dry-run: 'true'").unwrap();
+    assert!(p.policy.unwrap().dry_run);
+}
+
+#[test]
+fn errors_name_the_field() {
+    let cases = [
+        (
+            "{action: CUSTOM, provider: {name: ext}}",
+            "AuthorizationPolicy demo/p: spec.action: CUSTOM (external authorization) is not supported",
+        ),
+        ("{provider: {name: ext}}", "AuthorizationPolicy demo/p: spec.provider: only valid with action CUSTOM, which is not supported"),
+        (
+            "{rules: [{to: [{operation: {ports: ['80', http]}}]}]}",
+            "AuthorizationPolicy demo/p: spec.rules[0].to[0].operation.ports[1]: \"http\" is not a port (1-65535)",
+        ),
+        (
+            "{rules: [{}, {from: [{source: {ipBlocks: [10.0.0.0/33]}}]}]}",
+            "AuthorizationPolicy demo/p: spec.rules[1].from[0].source.ipBlocks[0]: \"10.0.0.0/33\" is not an address or address block",
+        ),
+        (
+            "{rules: [{when: [{key: source.color, values: [red]}]}]}",
+            "AuthorizationPolicy demo/p: spec.rules[0].when[0].key: unknown key \"source.color\"",
+        ),
+        ("{rules: [{when: [{key: source.ip}]}]}", "AuthorizationPolicy demo/p: spec.rules[0].when[0]: needs values or notValues"),
+        ("{rules: [{from: [{source: {}}]}]}", "AuthorizationPolicy demo/p: spec.rules[0].from[0].source: must set at least one field"),
+        ("{rules: [{from: [{}]}]}", "AuthorizationPolicy demo/p: spec.rules[0].from[0].source: required"),
+        (
+            "{selector: {matchLabels: {a: b}}, targetRefs: [{kind: Service, name: s}]}",
+            "AuthorizationPolicy demo/p: spec.selector: cannot be set together with spec.targetRef or spec.targetRefs",
+        ),
+        ("{action: audit}", "AuthorizationPolicy demo/p: spec.action: unknown variant `audit`"),
+        // AUDIT policies are checked too.
+        (
+            "{action: AUDIT, rules: [{to: [{operation: {ports: ['0']}}]}]}",
+            "AuthorizationPolicy demo/p: spec.rules[0].to[0].operation.ports[0]: \"0\" is not a port (1-65535)",
+        ),
+    ];
+    for (spec, want) in cases {
+        let e = policy("demo", spec, "").unwrap_err();
+        assert!(e.starts_with(want), "{spec}:\n got {e}\nwant {want}");
+    }
+}
