@@ -10,6 +10,9 @@
 #   tcpdump         tests that prove only TLS crosses the node network
 #   procps psmisc   ps/pkill for debugging
 #   clang llvm libbpf-dev bpftool   the eBPF datapath (built by build.rs)
+#   etcd-server     the store of the real kube-apiserver the control plane's
+#                   Kubernetes tests run (crates/kubetest; kube-apiserver
+#                   itself is built by scripts/kube-apiserver.sh)
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -17,7 +20,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 clang llvm libbpf-dev bpftool)
+PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 clang llvm libbpf-dev bpftool etcd-server)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -29,6 +32,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The package starts and enables a system etcd on port 2379. The tests
+  # start their own on free ports; a machine-wide one would only use memory.
+  if [[ " ${missing[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+    echo "setup.sh: disabled the etcd service etcd-server started (tests run their own)"
+  fi
 else
   echo "setup.sh: system packages present"
 fi

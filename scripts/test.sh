@@ -33,6 +33,14 @@ if ! cargo clippy --release --locked --workspace --all-targets -- -D warnings; t
   exit 1
 fi
 
+# The real kube-apiserver of the Kubernetes tests (crates/kubetest):
+# 10-15 minutes to build the first time, a second once it is cached.
+if [ -z "${SLIPSTREAM_KUBE_APISERVER:-}" ]; then
+  SLIPSTREAM_KUBE_APISERVER=$(./scripts/kube-apiserver.sh | tail -n 1)
+fi
+export SLIPSTREAM_KUBE_APISERVER
+echo "test.sh: kube-apiserver $SLIPSTREAM_KUBE_APISERVER"
+
 # Release profile everywhere: the integration tests measure a real data path,
 # and one profile means one compile of the dependencies.
 cargo test --release --locked --workspace --no-fail-fast

@@ -22,6 +22,11 @@ pub struct ClusterStatus {
     /// Objects stored but not acted on (policy and routing kinds).
     #[serde(default)]
     pub other_objects: Vec<String>,
+    /// How many times the agent rewrote the objects the control plane
+    /// reads; the control plane reports the one it has taken in
+    /// (`slipstream apply` waits for it, then for the proxies' ACKs).
+    #[serde(default)]
+    pub objects_generation: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]

@@ -57,6 +57,10 @@ pub struct Agent {
     /// Per node: the workload uids its proxy reports as served.
     served: BTreeMap<String, BTreeSet<String>>,
     last_mesh: BTreeMap<std::path::PathBuf, String>,
+    /// The objects as last written for the control plane, and the counter
+    /// written with them (`objects::GENERATION_FILE`).
+    last_objects: Option<String>,
+    objects_generation: u64,
     /// Pods that could not be placed, reported once each (not every tick).
     unplaceable: BTreeSet<(String, String)>,
 }
@@ -85,6 +89,8 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         controls: Vec::new(),
         served: BTreeMap::new(),
         last_mesh: BTreeMap::new(),
+        last_objects: None,
+        objects_generation: 0,
         unplaceable: BTreeSet::new(),
         paths,
     };
@@ -283,13 +289,14 @@ impl Agent {
     }
 
     /// Writes the node proxies' configuration when it changed (atomically).
+    /// What the control plane and the node proxies read: every object, as
+    /// the API server would serve it (the control plane's `dir` source), and
+    /// each node's meshed pods (the CNI role). Writes only what changed.
     fn sync_mesh(&mut self) {
+        self.sync_objects();
         let pods: Vec<&PodRuntime> = self.pods.values().collect();
         let cluster = self.paths.cluster.to_string();
-        let mut files = vec![(
-            self.paths.mesh_dir().join("workloads.json"),
-            serde_json::to_string_pretty(&mesh::mesh_config(&cluster, &self.store, &pods, &self.nodes, &self.vips)),
-        )];
+        let mut files = Vec::new();
         for n in &self.nodes {
             files.push((
                 self.paths.mesh_dir().join(&n.name).join("pods.json"),
@@ -306,6 +313,29 @@ impl Agent {
                 continue;
             }
             self.last_mesh.insert(path, text);
+        }
+    }
+
+    fn sync_objects(&mut self) {
+        let pods: Vec<&PodRuntime> = self.pods.values().collect();
+        let objs = objects::cluster_objects(&self.store, &pods, &self.nodes, &self.vips);
+        let text: String = objs.iter().filter_map(|o| o.to_yaml().ok()).collect::<Vec<_>>().join("---\n");
+        if self.last_objects.as_deref() == Some(text.as_str()) {
+            return;
+        }
+        let dir = self.paths.objects_dir();
+        match objects::sync_dir(&dir, &objs) {
+            Ok(report) => {
+                if report.changed() || self.objects_generation == 0 {
+                    self.objects_generation += 1;
+                    if let Err(e) = write_atomic(&dir.join(objects::GENERATION_FILE), &format!("{}\n", self.objects_generation)) {
+                        tracing::error!("cannot write {}: {e}", dir.join(objects::GENERATION_FILE).display());
+                    }
+                    tracing::debug!(written = report.written, removed = report.removed, generation = self.objects_generation, "objects written");
+                }
+                self.last_objects = Some(text);
+            }
+            Err(e) => tracing::error!("cannot write the objects into {}: {e}", dir.display()),
         }
     }
 
@@ -405,6 +435,7 @@ impl Agent {
                 .collect(),
             pods: pod_status,
             services: view.status,
+            objects_generation: self.objects_generation,
             other_objects: self.store.kept_objects(),
         }
     }

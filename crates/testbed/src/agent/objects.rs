@@ -281,12 +281,25 @@ fn pod(p: &PodRuntime, nodes: &[Node]) -> k8s::Pod {
     }
 }
 
+/// Written into the objects directory after every change (hidden: the
+/// directory source does not read it as a manifest): a counter the control
+/// plane reports back once it has taken in everything written before it,
+/// so that `slipstream apply` can wait for the proxies to acknowledge the
+/// change it made.
+pub const GENERATION_FILE: &str = ".generation";
+
 /// What `sync_dir` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Report {
     pub written: usize,
     pub unchanged: usize,
     pub removed: usize,
+}
+
+impl Report {
+    pub fn changed(&self) -> bool {
+        self.written + self.removed > 0
+    }
 }
 
 /// Makes `dir` hold exactly `objects`, one file each: rewrites only files
@@ -342,7 +355,7 @@ fn remove_others(dir: &Path, wanted: &BTreeMap<PathBuf, String>) -> io::Result<u
             removed += remove_others(&path, wanted)?;
             // Fails (and stays) unless empty.
             let _ = std::fs::remove_dir(&path);
-        } else if !wanted.contains_key(&path) {
+        } else if !wanted.contains_key(&path) && path != dir.join(GENERATION_FILE) {
             std::fs::remove_file(&path)?;
             if path.extension().is_some_and(|e| e == "yaml") && !entry.file_name().to_string_lossy().starts_with('.') {
                 removed += 1;
