@@ -244,6 +244,20 @@ impl WorkloadCert {
         &self.roots
     }
 
+    /// Checks that the chain leads from the leaf to one of its roots, as a
+    /// TLS peer would (signatures, validity now, EKU).
+    pub fn verify_chain(&self) -> Result<(), CertError> {
+        let leaf = rustls::server::ParsedCertificate::try_from(self.leaf()).map_err(|e| CertError::Chain(e.to_string()))?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &leaf,
+            &self.roots.root_store(),
+            &self.chain[1..],
+            rustls_pki_types::UnixTime::now(),
+            crate::tls::provider().signature_verification_algorithms.all,
+        )
+        .map_err(|e| CertError::Chain(e.to_string()))
+    }
+
     /// The same certificate, checked against `roots` from now on (a node
     /// proxy trusts one bundle for all its identities; see [`SharedTrust`]).
     pub fn with_roots(&self, roots: TrustBundle) -> WorkloadCert {
