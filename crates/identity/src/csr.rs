@@ -174,6 +174,23 @@ mod tests {
         assert_eq!(ok.identity().to_string(), good);
     }
 
+    /// Made by `openssl req` with an empty subject and a critical URI SAN,
+    /// the shape ztunnel's BoringSSL and OpenSSL builds send.
+    const OPENSSL_CSR: &str = "-----BEGIN CERTIFICATE REQUEST-----\n\
+MIIBBDCBqwIBADAAMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEsOvIY8+DRZAh\n\
+0IPtHvBoUG0ZNg3Z3vXT5FQGcppP1dX3QwJ0sJ9Or2gU9I+e7WWNdovfbAVABEum\n\
+9+Q4g/UeEaBJMEcGCSqGSIb3DQEJDjE6MDgwNgYDVR0RAQH/BCwwKoYoc3BpZmZl\n\
+Oi8vY2x1c3Rlci5sb2NhbC9ucy9kZWZhdWx0L3NhL3dlYjAKBggqhkjOPQQDAgNI\n\
+ADBFAiAxD/vZ3vgxCP4Hv2q3jJOG/xzWIkSoul3qXJBK4HIS2QIhAO/SVlWLSgjH\n\
+f/wKfYS2LSCEcWilcGyP3qdtiPj0UH/X\n\
+-----END CERTIFICATE REQUEST-----\n";
+
+    #[test]
+    fn a_request_made_by_openssl_is_read() {
+        let csr = Csr::parse(OPENSSL_CSR).unwrap();
+        assert_eq!(csr.identity().to_string(), "spiffe://cluster.local/ns/default/sa/web");
+    }
+
     #[test]
     fn a_tampered_request_fails_its_signature() {
         let id: SpiffeId = "spiffe://cluster.local/ns/default/sa/web".parse().unwrap();

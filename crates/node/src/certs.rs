@@ -99,3 +99,30 @@ impl CertSource for TrustedCerts {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slipstream_identity::{CertManagerConfig, TrustDomain};
+
+    /// A certificate cached before the trust changed is checked against the
+    /// new trust, without being fetched again.
+    #[tokio::test]
+    async fn the_pool_sees_cached_certificates_with_the_current_trust() {
+        let ca = Arc::new(Ca::generate(&TrustDomain::default()).unwrap());
+        let (provider, trust) = NodeCa::from(ca.clone()).provider(Duration::from_secs(600));
+        let manager = CertManager::new(provider, CertManagerConfig::default());
+        let pool = TrustedCerts::new(manager.clone(), trust.clone());
+        let id: SpiffeId = "spiffe://cluster.local/ns/default/sa/web".parse().unwrap();
+        let first = pool.fetch(&id).await.unwrap();
+        assert_eq!(first.roots(), ca.roots());
+
+        let other = Ca::generate(&TrustDomain::default()).unwrap();
+        let both = TrustBundle::from_der(ca.roots().certs().iter().chain(other.roots().certs()).cloned().collect()).unwrap();
+        assert!(trust.replace(&both));
+        let again = pool.fetch(&id).await.unwrap();
+        assert_eq!(again.serial(), first.serial(), "the same certificate");
+        assert_eq!(again.roots(), &both, "checked against the node's current roots");
+        assert_eq!(manager.fetch_certificate(&id).await.unwrap().roots(), ca.roots(), "the cache itself is unchanged");
+    }
+}
