@@ -11,10 +11,12 @@
 //!   on SIGHUP and when the files change.
 //! - [`limits`]: per-caller bounds on requests and refusal log lines.
 //! - [`tokenreview`]: Kubernetes callers, by TokenReview.
+//! - [`args`]: the flags, for `slipstream control`.
 //!
 //! The signing key never leaves this process: node proxies send CSRs.
 //! See docs/control-plane.md, "Certificates".
 
+pub mod args;
 pub mod limits;
 pub mod placement;
 pub mod roots;
@@ -22,6 +24,7 @@ pub mod service;
 pub mod testing;
 pub mod tokenreview;
 
+pub use args::CaArgs;
 pub use limits::{CallerLimits, Rate};
 pub use placement::{Placement, ResourcePlacement, ResourceSource};
 pub use roots::{CaFiles, CaMaterial, CaSource};
