@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod ca;
 pub mod index;
 pub mod monitor;
 pub mod objects;

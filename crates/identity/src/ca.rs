@@ -16,7 +16,7 @@ use rustls::server::ParsedCertificate;
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 use crate::cert::{TrustBundle, WorkloadCert, WorkloadKey};
-use crate::csr;
+use crate::csr::Csr;
 use crate::error::CertError;
 use crate::pem;
 use crate::spiffe::{SpiffeId, TrustDomain};
@@ -182,6 +182,12 @@ impl Ca {
         Ok(ca)
     }
 
+    /// [`Ca::from_pem`], naming `cert_file` (where the signing certificate
+    /// came from) in validity errors.
+    pub fn from_pem_named(cert_chain_pem: &str, key_pem: &str, root_bundle_pem: Option<&str>, cert_file: &Path) -> Result<Self, CertError> {
+        Self::load(cert_chain_pem, key_pem, root_bundle_pem, format!(" {}", cert_file.display()))
+    }
+
     /// [`Ca::from_pem`] reading files. `roots` may hold several roots.
     pub fn from_pem_files(cert: &Path, key: &Path, roots: Option<&Path>) -> Result<Self, CertError> {
         let roots = roots.map(pem::read_file).transpose()?;
@@ -245,8 +251,20 @@ impl Ca {
     /// Returns `cert_chain` in Istio's shape: leaf, intermediates, and the
     /// root bundle as the last element.
     pub fn sign_csr(&self, csr_pem: &str, validity: Duration, expected: &SpiffeId) -> Result<Vec<String>, CertError> {
-        let csr = csr::verify_csr(csr_pem, expected)?;
-        let leaf = self.sign(expected, validity, &csr.public_key)?;
+        let csr = Csr::parse(csr_pem)?;
+        if csr.identity() != expected {
+            return Err(CertError::CsrIdentity { expected: expected.clone(), found: vec![csr.identity().to_string()] });
+        }
+        self.sign_request(&csr, validity)
+    }
+
+    /// Signs a checked CSR for the identity it asks for (whether the caller
+    /// may have it is the caller's decision). `cert_chain` in Istio's
+    /// shape: leaf, each intermediate, and the whole root bundle as the last
+    /// element (PROTOCOLS.md section 3; ztunnel splits that last element
+    /// into every root it holds).
+    pub fn sign_request(&self, csr: &Csr, validity: Duration) -> Result<Vec<String>, CertError> {
+        let leaf = self.sign(csr.identity(), validity, csr.public_key())?;
         let mut out = Vec::with_capacity(self.intermediates.len() + 2);
         out.push(pem::encode("CERTIFICATE", leaf.as_ref()));
         out.extend(self.intermediates.iter().map(|c| pem::encode("CERTIFICATE", c.as_ref())));
@@ -254,13 +272,54 @@ impl Ca {
         Ok(out)
     }
 
-    fn sign(&self, id: &SpiffeId, validity: Duration, public_key: &impl PublicKeyData) -> Result<CertificateDer<'static>, CertError> {
+    /// A serving certificate for DNS names (the control plane's own TLS
+    /// listener): leaf and intermediates, and its key. EKU serverAuth only.
+    pub fn issue_server_cert(
+        &self,
+        dns_names: &[&str],
+        validity: Duration,
+    ) -> Result<(Vec<CertificateDer<'static>>, WorkloadKey), CertError> {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let (not_before, not_after) = self.window_for(validity)?;
+        let mut params = CertificateParams::new(dns_names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
+        params.distinguished_name = DistinguishedName::new();
+        if let Some(first) = dns_names.first() {
+            params.distinguished_name.push(DnType::CommonName, *first);
+        }
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        params.serial_number = Some(random_serial());
+        params.not_before = to_offset(not_before);
+        params.not_after = to_offset(not_after);
+        let cert = params.signed_by(&key, &self.issuer, &self.issuer_key)?;
+        let mut chain = vec![cert.der().clone()];
+        chain.extend(self.intermediates.iter().cloned());
+        Ok((chain, WorkloadKey::from_pkcs8(key.serialize_der())))
+    }
+
+    /// The intermediates between an issued leaf and the roots, issuer first
+    /// (empty when the signing certificate is a root).
+    pub fn intermediates(&self) -> &[CertificateDer<'static>] {
+        &self.intermediates
+    }
+
+    /// The signing certificate.
+    pub fn issuer_cert(&self) -> &CertificateDer<'static> {
+        &self.issuer_der
+    }
+
+    fn window_for(&self, validity: Duration) -> Result<(SystemTime, SystemTime), CertError> {
         if validity.is_zero() {
             return Err(CertError::Validity("a certificate needs a non-zero lifetime".into()));
         }
-        let now = SystemTime::now();
-        let (not_before, not_after) = leaf_window(now, validity, self.window.0, self.chain_not_after)
-            .ok_or_else(|| CertError::Validity(format!("the CA expired at {}", x509::format_time(self.chain_not_after))))?;
+        leaf_window(SystemTime::now(), validity, self.window.0, self.chain_not_after)
+            .ok_or_else(|| CertError::Validity(format!("the CA expired at {}", x509::format_time(self.chain_not_after))))
+    }
+
+    fn sign(&self, id: &SpiffeId, validity: Duration, public_key: &impl PublicKeyData) -> Result<CertificateDer<'static>, CertError> {
+        let (not_before, not_after) = self.window_for(validity)?;
         let mut params = CertificateParams::default();
         // Empty subject, like Istio's workload certificates: the identity is
         // the URI SAN alone.

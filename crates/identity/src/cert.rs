@@ -2,9 +2,12 @@
 
 use std::fmt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
+use arc_swap::ArcSwap;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::WebPkiClientVerifier;
 use rustls::sign::CertifiedKey;
 use rustls::RootCertStore;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -20,6 +23,9 @@ use crate::x509;
 pub struct TrustBundle {
     certs: Arc<[CertificateDer<'static>]>,
     store: Arc<RootCertStore>,
+    /// The client-certificate verifier over these roots, built at the first
+    /// handshake that needs it and shared by every clone.
+    client_verifier: Arc<OnceLock<Arc<dyn ClientCertVerifier>>>,
 }
 
 impl TrustBundle {
@@ -31,7 +37,7 @@ impl TrustBundle {
         for (i, cert) in certs.iter().enumerate() {
             store.add(cert.clone()).map_err(|e| CertError::X509(format!("root {i} of the bundle: {e}")))?;
         }
-        Ok(Self { certs: certs.into(), store: Arc::new(store) })
+        Ok(Self { certs: certs.into(), store: Arc::new(store), client_verifier: Arc::default() })
     }
 
     pub fn from_pem(pem: &str) -> Result<Self, CertError> {
@@ -57,6 +63,57 @@ impl TrustBundle {
 
     pub(crate) fn contains(&self, cert: &CertificateDer<'_>) -> bool {
         self.certs.iter().any(|c| c.as_ref() == cert.as_ref())
+    }
+
+    /// webpki's client verification over these roots (chain, EKU clientAuth).
+    pub(crate) fn client_verifier(&self) -> Result<Arc<dyn ClientCertVerifier>, crate::tls::TlsError> {
+        if let Some(v) = self.client_verifier.get() {
+            return Ok(v.clone());
+        }
+        let built = WebPkiClientVerifier::builder_with_provider(self.store.clone(), crate::tls::provider()).build()?;
+        Ok(self.client_verifier.get_or_init(|| built).clone())
+    }
+}
+
+/// Two bundles are equal when they hold the same roots in the same order.
+impl PartialEq for TrustBundle {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.certs, &other.certs) || self.certs == other.certs
+    }
+}
+
+impl Eq for TrustBundle {}
+
+/// The roots a node proxy trusts now, shared by every TLS configuration it
+/// makes and replaced as a whole when the CA hands out a different bundle
+/// (a root rotation). Each handshake reads the bundle current at its start:
+/// new connections follow a change at once, established ones are untouched.
+#[derive(Clone)]
+pub struct SharedTrust(Arc<ArcSwap<TrustBundle>>);
+
+impl SharedTrust {
+    pub fn new(bundle: TrustBundle) -> Self {
+        Self(Arc::new(ArcSwap::from_pointee(bundle)))
+    }
+
+    /// The bundle in force (a cheap clone).
+    pub fn current(&self) -> TrustBundle {
+        TrustBundle::clone(&self.0.load())
+    }
+
+    /// Makes `bundle` the one in force. False when it already was.
+    pub fn replace(&self, bundle: &TrustBundle) -> bool {
+        if **self.0.load() == *bundle {
+            return false;
+        }
+        self.0.store(Arc::new(bundle.clone()));
+        true
+    }
+}
+
+impl fmt::Debug for SharedTrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SharedTrust").field(&**self.0.load()).finish()
     }
 }
 
@@ -185,6 +242,26 @@ impl WorkloadCert {
 
     pub fn roots(&self) -> &TrustBundle {
         &self.roots
+    }
+
+    /// Checks that the chain leads from the leaf to one of its roots, as a
+    /// TLS peer would (signatures, validity now, EKU).
+    pub fn verify_chain(&self) -> Result<(), CertError> {
+        let leaf = rustls::server::ParsedCertificate::try_from(self.leaf()).map_err(|e| CertError::Chain(e.to_string()))?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &leaf,
+            &self.roots.root_store(),
+            &self.chain[1..],
+            rustls_pki_types::UnixTime::now(),
+            crate::tls::provider().signature_verification_algorithms.all,
+        )
+        .map_err(|e| CertError::Chain(e.to_string()))
+    }
+
+    /// The same certificate, checked against `roots` from now on (a node
+    /// proxy trusts one bundle for all its identities; see [`SharedTrust`]).
+    pub fn with_roots(&self, roots: TrustBundle) -> WorkloadCert {
+        WorkloadCert { roots, ..self.clone() }
     }
 
     pub fn key(&self) -> &WorkloadKey {

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::csr::CsrError;
 use crate::spiffe::SpiffeId;
 
 /// Anything that can go wrong creating, loading, signing or parsing
@@ -30,10 +31,8 @@ pub enum CertError {
     Chain(String),
     #[error("signing failed: {0}")]
     Signing(#[from] rcgen::Error),
-    #[error("malformed certificate signing request: {0}")]
-    Csr(String),
-    #[error("CSR key type refused: {0} (workload keys must be ECDSA P-256)")]
-    CsrKeyType(String),
+    #[error("certificate signing request refused: {0}")]
+    Csr(#[from] CsrError),
     #[error("CSR identity refused: expected exactly one URI SAN {expected}, the CSR asks for {found:?}")]
     CsrIdentity { expected: SpiffeId, found: Vec<String> },
     #[error("workload certificate identity: {0}")]

@@ -23,8 +23,8 @@ pub mod tls;
 mod x509;
 
 pub use ca::{ca_validity_problem, Ca, CaValidityProblem, CLOCK_SKEW_ALLOWANCE, DEFAULT_WORKLOAD_VALIDITY, ROOT_VALIDITY};
-pub use cert::{TrustBundle, WorkloadCert, WorkloadKey};
-pub use csr::generate_csr;
+pub use cert::{SharedTrust, TrustBundle, WorkloadCert, WorkloadKey};
+pub use csr::{generate_csr, Csr, CsrError};
 pub use error::CertError;
 pub use manager::{CertManager, CertManagerConfig, CertStatus, CertSummary};
 pub use provider::{CertificateProvider, FetchError, LocalCaProvider};
@@ -33,4 +33,4 @@ pub use provider::{CertificateProvider, FetchError, LocalCaProvider};
 // serving it from the paths its users have always named.
 use slipstream_core::spiffe;
 pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, DEFAULT_TRUST_DOMAIN, SPIFFE_PREFIX};
-pub use x509::{format_time, SanError};
+pub use x509::{certificate_validity, format_time, SanError};

@@ -45,6 +45,12 @@ pub(crate) fn validity(der: &[u8]) -> Result<(SystemTime, SystemTime), CertError
     Ok((to_system_time(v.not_before.timestamp()), to_system_time(v.not_after.timestamp())))
 }
 
+/// notBefore and notAfter of a DER certificate (to check operator material
+/// before using it).
+pub fn certificate_validity(der: &[u8]) -> Result<(SystemTime, SystemTime), CertError> {
+    validity(der)
+}
+
 /// A time as `2024-05-01 12:00:00 UTC`, for messages.
 pub fn format_time(t: SystemTime) -> String {
     let secs = match t.duration_since(UNIX_EPOCH) {

@@ -8,7 +8,7 @@ use rustls::crypto::aws_lc_rs;
 use rustls::{CipherSuite, ClientConfig, HandshakeKind, ProtocolVersion, ServerConfig};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use slipstream_identity::tls::{self, identity_mismatch, ServerTls, UntrustedPeer};
-use slipstream_identity::{Ca, SpiffeId, TrustDomain, WorkloadCert};
+use slipstream_identity::{Ca, SharedTrust, SpiffeId, TrustBundle, TrustDomain, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -289,4 +289,32 @@ async fn server_refuses_tls12_and_chacha20() {
 fn client_config_needs_an_expected_identity() {
     let f = fixture();
     assert!(matches!(tls::client_config(&f.client, f.ca.roots(), &[]), Err(tls::TlsError::NoExpectedIdentity)));
+}
+
+/// A server following a shared trust: a client from a new root is refused
+/// until the bundle holds that root, then accepted, and the old root's
+/// clients still are; replacing the bundle with the same roots is no
+/// change.
+#[tokio::test]
+async fn a_server_following_the_shared_trust_takes_new_roots_at_the_next_handshake() {
+    let f = fixture();
+    let new = Ca::generate(&TrustDomain::default()).unwrap();
+    let newcomer = new.issue(&id("spiffe://cluster.local/ns/default/sa/new"), Duration::from_secs(600)).unwrap();
+    let trust = SharedTrust::new(f.ca.roots().clone());
+    let server_tls = ServerTls::following(&trust, TrustDomain::default()).unwrap();
+    let both = TrustBundle::from_der(f.ca.roots().certs().iter().chain(new.roots().certs()).cloned().collect()).unwrap();
+    let expected = [f.server.identity().clone()];
+
+    let config = || server_tls.config_for(&f.server).unwrap();
+    let (c, s) = handshake(config(), tls::client_config(&newcomer, &both, &expected).unwrap()).await;
+    assert!(c.is_err() && s.is_err(), "a client from the new root is refused while only the old root is trusted");
+
+    assert!(trust.replace(&both));
+    assert!(!trust.replace(&both.clone()), "the same roots are no change");
+    let (c, s) = handshake(config(), tls::client_config(&newcomer, &both, &expected).unwrap()).await;
+    assert_eq!(s.unwrap(), Some(newcomer.identity().clone()));
+    c.unwrap();
+    let (c, s) = handshake(config(), tls::client_config(&f.client, &both, &expected).unwrap()).await;
+    assert_eq!(s.unwrap(), Some(f.client.identity().clone()), "the old root's clients too");
+    c.unwrap();
 }

@@ -11,6 +11,8 @@
 
 // Leaves: no module here imports `state` or anything above it.
 pub mod authz;
+pub mod caclient;
+pub mod certs;
 pub mod config;
 pub mod conns;
 pub mod control;

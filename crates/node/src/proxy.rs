@@ -4,7 +4,9 @@
 
 use crate::admin;
 use crate::authz;
+use crate::certs::{NodeCa, TrustedCerts};
 use crate::config::Config;
+use crate::control::ControlChannel;
 use crate::inpod::InPod;
 use crate::sockets::{NetnsFactory, SocketFactory};
 use crate::source::FileSource;
@@ -15,7 +17,7 @@ use arc_swap::ArcSwap;
 use slipstream_core::{ApplyReport, MeshConfig, MeshIndex, NodePods};
 use slipstream_hbone::Pool;
 use slipstream_identity::tls::ServerTls;
-use slipstream_identity::{Ca, CertManager, LocalCaProvider, TrustDomain};
+use slipstream_identity::{CertManager, SharedTrust, TrustDomain};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -23,7 +25,8 @@ use std::sync::Arc;
 /// lines go.
 pub struct Deps {
     pub sockets: Arc<dyn SocketFactory>,
-    pub ca: Arc<Ca>,
+    /// A local CA (`Arc<Ca>` converts) or the control plane's.
+    pub ca: NodeCa,
     pub sink: Sink,
     /// Writes `<config_dir>/<node>/served.json` for the local cluster.
     pub report_served: bool,
@@ -36,6 +39,7 @@ pub struct NodeProxy {
     inpod: InPod,
     admin: Option<admin::Listeners>,
     addrs: (SocketAddr, SocketAddr, SocketAddr),
+    trust: SharedTrust,
 }
 
 impl NodeProxy {
@@ -45,11 +49,14 @@ impl NodeProxy {
         let admin = admin::bind(&config).await?;
         let addrs = admin.addrs();
         let trust_domain = TrustDomain::new(&config.trust_domain)?;
-        let server_tls = ServerTls::new(deps.ca.roots(), trust_domain).context("building the TLS server configuration")?;
-        let provider = Arc::new(LocalCaProvider::new(deps.ca.clone(), config.certs.validity));
+        // One trust for the node, followed by the server and the pool at
+        // each handshake (root rotation: see `certs`).
+        let (provider, trust) = deps.ca.provider(config.certs.validity);
+        let server_tls = ServerTls::following(&trust, trust_domain).context("building the TLS server configuration")?;
         let certs = CertManager::new(provider, config.cert_manager_config());
         let pods = LocalPods::default();
-        let pool = Pool::new(config.pool_config(), Arc::new(certs.clone()), Arc::new(pods.connector(config.pool.connect_timeout)));
+        let pool_certs = Arc::new(TrustedCerts::new(certs.clone(), trust.clone()));
+        let pool = Pool::new(config.pool_config(), pool_certs, Arc::new(pods.connector(config.pool.connect_timeout)));
         let shared = Arc::new(Shared {
             telemetry: Arc::new(Telemetry::with_sink(config.json_access_log, config.limits.refusal_log_burst, deps.sink)),
             limits: crate::limits::NodeLimits::new(&config.limits),
@@ -63,11 +70,16 @@ impl NodeProxy {
             readiness: Default::default(),
         });
         let inpod = InPod::new(shared.clone(), deps.report_served);
-        Ok(NodeProxy { shared, index: MeshIndex::default(), pods: NodePods::default(), inpod, admin: Some(admin), addrs })
+        Ok(NodeProxy { shared, index: MeshIndex::default(), pods: NodePods::default(), inpod, admin: Some(admin), addrs, trust })
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// The roots this node trusts now.
+    pub fn trust(&self) -> &SharedTrust {
+        &self.trust
     }
 
     /// The admin, stats and readiness addresses actually bound.
@@ -157,13 +169,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if config.control.is_some() {
         anyhow::bail!("--control-plane is not wired into the node proxy yet");
     }
-    let ca_cert = config.ca_dir.join("root-cert.pem");
-    let ca_key = config.ca_dir.join("root-key.pem");
-    let ca =
-        Ca::from_pem_files(&ca_cert, &ca_key, None).with_context(|| format!("loading the mesh CA from {}", config.ca_dir.display()))?;
+    // With a control plane, certificates come from it and the signing key
+    // is never read here; without, the local CA in --ca-dir signs.
+    let control = config.control.clone().map(ControlChannel::new).transpose().context("the control plane channel")?;
+    let ca = NodeCa::from_config(&config, control.as_ref())?;
     let mut source = FileSource::new(config.workloads_file(), config.pods_file());
     let every = config.timeouts.poll_interval;
-    let deps = Deps { sockets: Arc::new(NetnsFactory), ca: Arc::new(ca), sink: Sink::Stdout, report_served: true };
+    let deps = Deps { sockets: Arc::new(NetnsFactory), ca, sink: Sink::Stdout, report_served: true };
     let mut proxy = NodeProxy::new(config, deps).await?;
     proxy.serve();
     let l = &proxy.shared.config.limits;

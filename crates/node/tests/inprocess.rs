@@ -81,7 +81,8 @@ fn config(node: &str) -> Config {
 }
 
 async fn proxy(node: &str, ca: &Arc<Ca>, sockets: &LoopbackFactory) -> NodeProxy {
-    let deps = Deps { sockets: Arc::new(sockets.clone()), ca: ca.clone(), sink: Sink::Memory(Mutex::default()), report_served: false };
+    let deps =
+        Deps { sockets: Arc::new(sockets.clone()), ca: ca.clone().into(), sink: Sink::Memory(Mutex::default()), report_served: false };
     let mut p = NodeProxy::new(config(node), deps).await.unwrap();
     p.serve();
     p

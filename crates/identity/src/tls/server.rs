@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ClientHello, NoServerSessionStorage, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::{ClientHello, NoServerSessionStorage, ResolvesServerCert};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 use super::errors::{to_rustls, TlsError, UntrustedPeer};
 use super::{provider, ALPN_H2, PROTOCOL_VERSIONS};
-use crate::cert::{TrustBundle, WorkloadCert};
+use crate::cert::{SharedTrust, TrustBundle, WorkloadCert};
 use crate::spiffe::TrustDomain;
 use crate::x509;
 
@@ -31,8 +31,18 @@ impl ServerTls {
     /// Client certificates must chain to `roots` and carry a SPIFFE URI SAN
     /// in `trust_domain`.
     pub fn new(roots: &TrustBundle, trust_domain: TrustDomain) -> Result<Self, TlsError> {
-        let inner = WebPkiClientVerifier::builder_with_provider(roots.root_store(), provider()).build()?;
-        let verifier: Arc<dyn ClientCertVerifier> = Arc::new(TrustDomainVerifier { inner, trust_domain });
+        Self::following(&SharedTrust::new(roots.clone()), trust_domain)
+    }
+
+    /// Like [`ServerTls::new`], with the roots read from `trust` at each
+    /// handshake: when the bundle is replaced (a root rotation), the next
+    /// client is verified against the new one, and connections already
+    /// established are not touched.
+    pub fn following(trust: &SharedTrust, trust_domain: TrustDomain) -> Result<Self, TlsError> {
+        // Build the first bundle's verifier now: a bundle webpki cannot use
+        // fails here rather than at the first handshake.
+        trust.current().client_verifier()?;
+        let verifier: Arc<dyn ClientCertVerifier> = Arc::new(TrustDomainVerifier { trust: trust.clone(), trust_domain });
         let refusing = build(verifier.clone(), Arc::new(NoCertificate))?;
         Ok(Self { verifier, refusing })
     }
@@ -72,12 +82,18 @@ impl ResolvesServerCert for NoCertificate {
     }
 }
 
-/// webpki's client verification (chain to the roots, EKU clientAuth), then
-/// the trust domain check.
+/// webpki's client verification (chain to the current roots, EKU
+/// clientAuth), then the trust domain check.
 #[derive(Debug)]
 struct TrustDomainVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
+    trust: SharedTrust,
     trust_domain: TrustDomain,
+}
+
+impl TrustDomainVerifier {
+    fn inner(&self) -> Result<Arc<dyn ClientCertVerifier>, rustls::Error> {
+        self.trust.current().client_verifier().map_err(|e| rustls::Error::General(e.to_string()))
+    }
 }
 
 impl ClientCertVerifier for TrustDomainVerifier {
@@ -90,7 +106,9 @@ impl ClientCertVerifier for TrustDomainVerifier {
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
+        // No hints: the roots may change under a borrowed slice, and HBONE
+        // clients (ours, ztunnel) present their one certificate regardless.
+        &[]
     }
 
     fn verify_client_cert(
@@ -99,7 +117,7 @@ impl ClientCertVerifier for TrustDomainVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        self.inner()?.verify_client_cert(end_entity, intermediates, now)?;
         // As ztunnel does: accept when any SPIFFE SAN is in our trust domain;
         // the peer identity is then the first SPIFFE SAN (PROTOCOLS.md 2).
         let presented = x509::spiffe_ids(end_entity).map_err(to_rustls)?;
@@ -116,7 +134,7 @@ impl ClientCertVerifier for TrustDomainVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        self.inner()?.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -125,10 +143,10 @@ impl ClientCertVerifier for TrustDomainVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        self.inner()?.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        provider().signature_verification_algorithms.supported_schemes()
     }
 }
