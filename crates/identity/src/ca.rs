@@ -254,6 +254,38 @@ impl Ca {
         Ok(out)
     }
 
+    /// A serving certificate for DNS names (the control plane's own TLS
+    /// listener): leaf and intermediates, and its key. EKU serverAuth only.
+    /// A name that parses as an IP address becomes an IP SAN.
+    pub fn issue_server_cert(
+        &self,
+        dns_names: &[&str],
+        validity: Duration,
+    ) -> Result<(Vec<CertificateDer<'static>>, WorkloadKey), CertError> {
+        if validity.is_zero() {
+            return Err(CertError::Validity("a certificate needs a non-zero lifetime".into()));
+        }
+        let (not_before, not_after) = leaf_window(SystemTime::now(), validity, self.window.0, self.chain_not_after)
+            .ok_or_else(|| CertError::Validity(format!("the CA expired at {}", x509::format_time(self.chain_not_after))))?;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let mut params = CertificateParams::new(dns_names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
+        params.distinguished_name = DistinguishedName::new();
+        if let Some(first) = dns_names.first() {
+            params.distinguished_name.push(DnType::CommonName, *first);
+        }
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        params.serial_number = Some(random_serial());
+        params.not_before = to_offset(not_before);
+        params.not_after = to_offset(not_after);
+        let cert = params.signed_by(&key, &self.issuer, &self.issuer_key)?;
+        let mut chain = vec![cert.der().clone()];
+        chain.extend(self.intermediates.iter().cloned());
+        Ok((chain, WorkloadKey::from_pkcs8(key.serialize_der())))
+    }
+
     fn sign(&self, id: &SpiffeId, validity: Duration, public_key: &impl PublicKeyData) -> Result<CertificateDer<'static>, CertError> {
         if validity.is_zero() {
             return Err(CertError::Validity("a certificate needs a non-zero lifetime".into()));
@@ -459,6 +491,27 @@ mod tests {
         let chain = ca.sign_csr(&csr, DEFAULT_WORKLOAD_VALIDITY, &id).unwrap();
         let der = crate::pem::certs(&chain[0], "leaf").unwrap();
         assert_eq!(x509::validity(&der[0]).unwrap().1, ca.validity().1);
+    }
+
+    #[test]
+    fn server_certificates_carry_dns_names_and_chain_to_the_roots() {
+        let ca = Ca::generate(&TrustDomain::default()).unwrap();
+        let (chain, _key) = ca.issue_server_cert(&["istiod.istio-system.svc", "127.0.0.1"], H).unwrap();
+        let leaf = ParsedCertificate::try_from(&chain[0]).unwrap();
+        let verify = |name: &str| {
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &leaf,
+                &ca.roots().root_store(),
+                &chain[1..],
+                UnixTime::now(),
+                crate::tls::provider().signature_verification_algorithms.all,
+            )
+            .and_then(|_| rustls::client::verify_server_name(&leaf, &rustls_pki_types::ServerName::try_from(name.to_string()).unwrap()))
+        };
+        verify("istiod.istio-system.svc").unwrap();
+        verify("127.0.0.1").unwrap();
+        assert!(verify("other.istio-system.svc").is_err());
+        assert!(ca.issue_server_cert(&["x"], Duration::ZERO).is_err());
     }
 
     #[test]
