@@ -10,3 +10,4 @@
 
 pub mod auth;
 pub mod resources;
+pub mod store;
