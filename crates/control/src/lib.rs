@@ -11,3 +11,4 @@
 pub mod auth;
 pub mod resources;
 pub mod store;
+pub mod xds;
