@@ -10,5 +10,6 @@
 
 pub mod auth;
 pub mod resources;
+pub mod serve;
 pub mod store;
 pub mod xds;
