@@ -120,9 +120,13 @@ impl AggregatedDiscoveryService for XdsServer {
             self.inner.registry.register(StreamInfo { node: proxy.node.clone(), id: proxy.id.clone(), caller: caller.subject, peer });
         tracing::info!(node = %proxy.node, id = %proxy.id, peer = ?peer, "xDS stream opened");
         let (tx, rx) = mpsc::channel(1);
+        // Subscribe first, then start from what the receiver has seen: a
+        // publication in between is then not missed.
+        let mut publications = self.inner.store.subscribe();
+        let current = publications.borrow_and_update().clone();
         let stream = Stream {
-            session: Session::new(&proxy.node, self.inner.store.current()),
-            publications: self.inner.store.subscribe(),
+            session: Session::new(&proxy.node, current),
+            publications,
             closing: self.inner.closing.subscribe(),
             inbound,
             tx,
@@ -155,9 +159,6 @@ struct Stream {
 impl Stream {
     /// Runs until the proxy goes away or the server closes; says why.
     async fn run(mut self, first: DeltaDiscoveryRequest) -> String {
-        // The session started from the publication current when it was
-        // made; mark that one seen.
-        self.publications.borrow_and_update();
         let mut out = self.session.on_request(first);
         loop {
             for r in out.drain(..) {
