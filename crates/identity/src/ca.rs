@@ -521,6 +521,27 @@ mod tests {
     }
 
     #[test]
+    fn server_certificates_carry_dns_names_and_chain_to_the_roots() {
+        let ca = Ca::generate(&TrustDomain::default()).unwrap();
+        let (chain, _key) = ca.issue_server_cert(&["istiod.istio-system.svc", "127.0.0.1"], H).unwrap();
+        let leaf = ParsedCertificate::try_from(&chain[0]).unwrap();
+        let verify = |name: &str| {
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &leaf,
+                &ca.roots().root_store(),
+                &chain[1..],
+                UnixTime::now(),
+                crate::tls::provider().signature_verification_algorithms.all,
+            )
+            .and_then(|_| rustls::client::verify_server_name(&leaf, &rustls_pki_types::ServerName::try_from(name.to_string()).unwrap()))
+        };
+        verify("istiod.istio-system.svc").unwrap();
+        verify("127.0.0.1").unwrap();
+        assert!(verify("other.istio-system.svc").is_err());
+        assert!(ca.issue_server_cert(&["x"], Duration::ZERO).is_err());
+    }
+
+    #[test]
     fn a_long_lived_ca_issues_the_full_lifetime() {
         let ca = Ca::generate(&TrustDomain::default()).unwrap();
         let id = SpiffeId::new("cluster.local", "default", "web").unwrap();

@@ -155,12 +155,15 @@ impl tower::Service<http::Uri> for Connector {
                         this.next.store(idx, Ordering::Relaxed);
                         return Ok(hyper_util::rt::TokioIo::new(s));
                     }
+                    // Per attempt, so debug: the callers (the xDS and
+                    // certificate clients) say when the control plane
+                    // goes away and comes back.
                     Ok(Err(e)) => {
-                        tracing::warn!(address = %addr, "control plane unreachable: {e}");
+                        tracing::debug!(address = %addr, "control plane unreachable: {e}");
                         last = Some(e);
                     }
                     Err(_) => {
-                        tracing::warn!(address = %addr, "control plane did not answer within {:?}", this.timeout);
+                        tracing::debug!(address = %addr, "control plane did not answer within {:?}", this.timeout);
                         last = Some(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{addr}: connect timed out")));
                     }
                 }

@@ -27,6 +27,7 @@ pub mod source;
 pub mod sys;
 pub mod telemetry;
 pub mod testing;
+pub mod xds;
 
 // What every task shares, then the data path and the wiring above it.
 pub mod admin;

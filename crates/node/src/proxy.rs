@@ -1,6 +1,8 @@
 //! Wiring: the node proxy as one value ([`NodeProxy`]) that tests build
 //! in-process with their own sockets, CA and log sink, and [`run`], the
-//! process's main loop over the configuration files.
+//! process's main loop: the mesh from the control plane's delta xDS stream
+//! (`--control-plane`) or from the configuration files, the node's pods
+//! from `pods.json` (the CNI role) either way.
 
 use crate::admin;
 use crate::authz;
@@ -12,9 +14,11 @@ use crate::sockets::{NetnsFactory, SocketFactory};
 use crate::source::FileSource;
 use crate::state::{LocalPods, Shared};
 use crate::telemetry::{Sink, Telemetry};
+use crate::xds;
 use anyhow::Context;
 use arc_swap::ArcSwap;
-use slipstream_core::{ApplyReport, MeshConfig, MeshIndex, NodePods};
+use slipstream_api::TypeUrl;
+use slipstream_core::{ApplyReport, Change, MeshConfig, MeshIndex, NodePods};
 use slipstream_hbone::Pool;
 use slipstream_identity::tls::ServerTls;
 use slipstream_identity::{CertManager, SharedTrust, TrustDomain};
@@ -128,6 +132,87 @@ impl NodeProxy {
         report
     }
 
+    /// One delta from the control plane: removals, then upserts, each
+    /// resource validated by the index (a refused one keeps its previous
+    /// version and is in the report's errors). Until the first response of
+    /// every type has arrived nothing is published, so the data path never
+    /// decides over workloads without their policies; after that, one
+    /// snapshot per delta that changed something, and open connections the
+    /// new state denies are closed.
+    pub fn apply_delta(&mut self, d: &xds::Delta) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        let mut count = |c: Change| match c {
+            Change::Added => report.added += 1,
+            Change::Updated => report.updated += 1,
+            Change::Removed => report.removed += 1,
+            Change::Unchanged | Change::Absent => report.unchanged += 1,
+        };
+        for name in &d.removals {
+            count(match d.type_url {
+                // An Address name is a workload uid or a service key.
+                TypeUrl::Address => match self.index.remove_workload(name) {
+                    Change::Absent => self.index.remove_service(name),
+                    c => c,
+                },
+                TypeUrl::Authorization => self.index.remove_policy(name),
+            });
+        }
+        let mut errors = Vec::new();
+        for u in &d.upserts {
+            let r = match u.clone() {
+                xds::Upsert::Workload(w) => self.index.upsert_workload(w),
+                xds::Upsert::Service(s) => self.index.upsert_service(s),
+                xds::Upsert::Policy(p) => self.index.upsert_policy(p),
+            };
+            match r {
+                Ok(c) => count(c),
+                Err(e) => errors.push(e),
+            }
+        }
+        // The xDS client logs the refusals with its NACK.
+        report.errors = errors;
+        let loaded = self.shared.readiness.lock().expect("readiness lock").config_loaded;
+        if !loaded && !d.complete {
+            return report;
+        }
+        if report.changed() || d.complete {
+            let (w, s, p) = self.index.snapshot().counts();
+            let msg = if d.complete { "mesh configuration received from the control plane" } else { "mesh configuration changed" };
+            if report.added + report.removed > 0 || d.complete {
+                tracing::info!(
+                    r#type = %d.type_url,
+                    workloads = w,
+                    services = s,
+                    policies = p,
+                    added = report.added,
+                    updated = report.updated,
+                    removed = report.removed,
+                    "{msg}"
+                );
+            } else {
+                tracing::debug!(r#type = %d.type_url, updated = report.updated, "{msg}");
+            }
+            self.shared.mesh.store(self.index.snapshot());
+            self.shared.readiness.lock().expect("readiness lock").config_loaded = true;
+            self.revoke();
+        }
+        report
+    }
+
+    /// Applies one update from the xDS client, tells it what was refused
+    /// (it NACKs those), and opens or drains pods' listeners if the mesh
+    /// changed what this node serves.
+    pub async fn apply_update(&mut self, u: xds::Update) {
+        let report = self.apply_delta(&u.delta);
+        let complete = u.delta.complete;
+        let refused =
+            report.errors.iter().map(|e| xds::Refusal { name: e.name.clone(), reason: format!("{}: {}", e.field, e.message) }).collect();
+        u.done(refused);
+        if report.changed() || complete {
+            self.reconcile().await;
+        }
+    }
+
     /// Policy changes apply to open connections too.
     fn revoke(&self) {
         let snap = self.shared.snapshot();
@@ -163,17 +248,27 @@ impl NodeProxy {
     }
 }
 
-/// The `slipstream node` process: the local cluster's files in, until
-/// SIGTERM or Ctrl-C, then a drain.
+/// The `slipstream node` process, until SIGTERM or Ctrl-C, then a drain.
+/// The mesh comes from the control plane when one is configured (delta
+/// xDS), else from `workloads.json`; the node's pods come from
+/// `pods.json` either way (the CNI role).
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    if config.control.is_some() {
-        anyhow::bail!("--control-plane is not wired into the node proxy yet");
-    }
-    // With a control plane, certificates come from it and the signing key
-    // is never read here; without, the local CA in --ca-dir signs.
+    // With a control plane, certificates and the mesh come from it over
+    // one channel, and the signing key is never read here; without, the
+    // local CA in --ca-dir signs and the files describe the mesh.
     let control = config.control.clone().map(ControlChannel::new).transpose().context("the control plane channel")?;
     let ca = NodeCa::from_config(&config, control.as_ref())?;
     let mut source = FileSource::new(config.workloads_file(), config.pods_file());
+    let mut updates = match (&config.control, &control) {
+        (Some(settings), Some(channel)) => {
+            let channel = channel.clone();
+            let (client, updates) = xds::XdsClient::new(channel, &xds::NodeInfo::new(&config), xds::Backoff::default());
+            tokio::spawn(client.run());
+            tracing::info!(addresses = ?settings.addresses, san = %settings.san, "mesh configuration from the control plane (delta xDS)");
+            Some(updates)
+        }
+        _ => None,
+    };
     let every = config.timeouts.poll_interval;
     let deps = Deps { sockets: Arc::new(NetnsFactory), ca, sink: Sink::Stdout, report_served: true };
     let mut proxy = NodeProxy::new(config, deps).await?;
@@ -197,10 +292,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry_at = tokio::time::Instant::now();
+    let mut failed = None;
     loop {
         let u = source.poll();
-        let changed = u.mesh.is_some() || u.pods.is_some();
-        if let Some(cfg) = u.mesh {
+        let changed = u.pods.is_some() || (updates.is_none() && u.mesh.is_some());
+        if let Some(cfg) = u.mesh.filter(|_| updates.is_none()) {
             proxy.apply_mesh(&cfg);
         }
         if let Some(pods) = u.pods {
@@ -214,12 +310,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         tokio::select! {
             _ = tick.tick() => {}
+            u = next_update(&mut updates) => match u {
+                Some(u) => proxy.apply_update(u).await,
+                None => { failed = Some(anyhow::anyhow!("the control plane client stopped")); break }
+            },
             _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break }
             _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted: stopping"); break }
         }
     }
     proxy.drain().await;
-    Ok(())
+    failed.map_or(Ok(()), Err)
+}
+
+/// The next update from the xDS client; never, without one.
+async fn next_update(updates: &mut Option<tokio::sync::mpsc::Receiver<xds::Update>>) -> Option<xds::Update> {
+    match updates {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Says, once a second, how many refusal lines each source had suppressed.

@@ -1,0 +1,106 @@
+//! The serving certificate of the control plane port: issued by the mesh
+//! CA for DNS names (clients verify it against the mesh root and
+//! `istiod.istio-system.svc`), renewed at half-life, swapped in without a
+//! restart: each new TLS handshake takes the current one.
+
+use arc_swap::ArcSwap;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use slipstream_identity::Ca;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// After a failed renewal, try again this often (sooner if expiry is nearer).
+const RETRY: Duration = Duration::from_secs(60);
+
+pub struct ServingCert {
+    ca: Arc<Ca>,
+    names: Vec<String>,
+    validity: Duration,
+    current: ArcSwap<Issued>,
+}
+
+struct Issued {
+    key: Arc<CertifiedKey>,
+    not_before: SystemTime,
+    not_after: SystemTime,
+}
+
+impl std::fmt::Debug for ServingCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = self.current.load();
+        f.debug_struct("ServingCert").field("names", &self.names).field("not_after", &c.not_after).finish_non_exhaustive()
+    }
+}
+
+impl ServingCert {
+    pub fn issue(ca: Arc<Ca>, names: Vec<String>, validity: Duration) -> anyhow::Result<Arc<ServingCert>> {
+        anyhow::ensure!(!names.is_empty(), "the control plane's certificate needs at least one name");
+        let first = issue(&ca, &names, validity)?;
+        Ok(Arc::new(ServingCert { ca, names, validity, current: ArcSwap::from_pointee(first) }))
+    }
+
+    /// notBefore and notAfter of the certificate now served.
+    pub fn validity(&self) -> (SystemTime, SystemTime) {
+        let c = self.current.load();
+        (c.not_before, c.not_after)
+    }
+
+    /// The chain now served, leaf first.
+    pub fn chain(&self) -> Vec<rustls_pki_types::CertificateDer<'static>> {
+        self.current.load().key.cert.clone()
+    }
+
+    /// Issues a new certificate now and serves it from the next handshake.
+    pub fn renew(&self) -> anyhow::Result<()> {
+        self.current.store(Arc::new(issue(&self.ca, &self.names, self.validity)?));
+        Ok(())
+    }
+
+    /// Renews at half-life, forever.
+    pub async fn renew_loop(self: Arc<Self>) {
+        loop {
+            let (not_before, not_after) = self.validity();
+            let half = not_after.duration_since(not_before).unwrap_or_default() / 2;
+            let wait = (not_before + half).duration_since(SystemTime::now()).unwrap_or_default();
+            tokio::time::sleep(wait).await;
+            loop {
+                match self.renew() {
+                    Ok(()) => {
+                        tracing::info!(names = ?self.names, "renewed the control plane's serving certificate");
+                        break;
+                    }
+                    Err(e) => {
+                        let left = not_after.duration_since(SystemTime::now()).unwrap_or_default();
+                        tracing::error!("renewing the control plane's serving certificate (it expires in {left:?}): {e:#}");
+                        tokio::time::sleep(RETRY.min(left / 2).max(Duration::from_secs(1))).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn issue(ca: &Ca, names: &[String], validity: Duration) -> anyhow::Result<Issued> {
+    use anyhow::Context;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (chain, key) = ca.issue_server_cert(&names, validity).context("issuing the control plane's serving certificate")?;
+    let (not_before, not_after) = validity_of(&chain[0])?;
+    let key = CertifiedKey::from_der(chain, key.to_der(), &slipstream_identity::tls::provider())
+        .context("the control plane's serving certificate")?;
+    Ok(Issued { key: Arc::new(key), not_before, not_after })
+}
+
+fn validity_of(der: &[u8]) -> anyhow::Result<(SystemTime, SystemTime)> {
+    use x509_parser::prelude::FromDer;
+    let (_, cert) =
+        x509_parser::certificate::X509Certificate::from_der(der).map_err(|e| anyhow::anyhow!("parsing the serving certificate: {e}"))?;
+    let t = |ts: i64| SystemTime::UNIX_EPOCH + Duration::from_secs(ts.max(0) as u64);
+    Ok((t(cert.validity().not_before.timestamp()), t(cert.validity().not_after.timestamp())))
+}
+
+impl ResolvesServerCert for ServingCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load().key.clone())
+    }
+}
