@@ -156,6 +156,12 @@ enum Command {
     /// The node proxy: carries meshed pods' connections in mTLS (HBONE).
     /// Started by `up` on every node; see docs/node-proxy.md.
     Node(slipstream_node::NodeArgs),
+    /// The control plane: Kubernetes objects (from the API server or a
+    /// directory of manifests) in; the workload API over delta xDS and
+    /// workload certificates (Istio's certificate service) out, on :15012
+    /// over TLS. `slipstream up` runs it for the local cluster; on
+    /// Kubernetes it runs as a Deployment (see docs/control-plane.md).
+    Control(slipstream_control::run::ControlArgs),
     Bench(slipstream_bench::BenchArgs),
     /// Data-path debugging: HBONE as any identity, raw TCP, many held
     /// connections (see docs/node-proxy.md, "Debugging").
@@ -237,6 +243,7 @@ fn main() {
                 cmd::up::run(&ctx, &files, cmd::up::Shape { nodes, control_replicas }, timeout, ca_cert, ca_key)
             }
             Command::Node(args) => cmd::node::run(&ctx, args),
+            Command::Control(args) => cmd::control::run(&ctx, args),
             Command::Bench(args) => slipstream_bench::run(args),
             Command::Debug(d) => cmd::debug::run(&ctx, d),
             Command::Down => cmd::down::run(&ctx),

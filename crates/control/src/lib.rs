@@ -14,6 +14,7 @@ pub mod index;
 pub mod monitor;
 pub mod objects;
 pub mod resources;
+pub mod run;
 pub mod serve;
 pub mod source;
 pub mod store;

@@ -1,5 +1,6 @@
 pub mod agent;
 pub mod apply;
+pub mod control;
 pub mod debug;
 pub mod down;
 pub mod exec;

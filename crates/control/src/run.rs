@@ -1,0 +1,435 @@
+//! `slipstream control`: one process wiring the parts together. Objects
+//! come from the source, go through the index into the store; the :15012
+//! port serves delta xDS and the certificate service from it; the monitor
+//! port says how it goes.
+//!
+//! The port opens only once the source has been read whole: a proxy that
+//! connected earlier would be told that everything it holds was removed
+//! (its initial versions compared with an empty set), which is exactly
+//! what a control plane restart must never do.
+
+use crate::auth::{Authenticator, NodeTokens};
+use crate::ca::{CaConfig, CaFiles, CaMaterial, CaService, CaSource, ResourcePlacement, ResourceSource, ReviewPolicy, TokenReviewAuthenticator};
+use crate::index::{Index, IndexSettings, ObjectEvent};
+use crate::monitor::{self, MonitorSource};
+use crate::objects::{self, Kind, ObjectRef};
+use crate::resources::{Changes, Resources};
+use crate::serve::{self, ControlServer, ServeSettings};
+use crate::source::dir::DirSource;
+use crate::source::kube::{self as kube_source, RawEvent};
+use crate::store::Store;
+use crate::syncz::{ProxySync, Syncz, TypeSync};
+use crate::xds::XdsServer;
+use anyhow::{bail, Context};
+use slipstream_identity::TrustDomain;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Where objects come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceArg {
+    Kubernetes,
+    Dir(PathBuf),
+}
+
+impl std::str::FromStr for SourceArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kubernetes" | "k8s" => Ok(SourceArg::Kubernetes),
+            _ => match s.strip_prefix("dir:") {
+                Some(p) if !p.is_empty() => Ok(SourceArg::Dir(PathBuf::from(p))),
+                _ => Err(format!("{s:?}: expected `kubernetes` or `dir:PATH`")),
+            },
+        }
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ControlArgs {
+    /// Where objects come from: `kubernetes` (the API server: --kubeconfig,
+    /// else KUBECONFIG or ~/.kube/config, else the in-cluster service
+    /// account) or `dir:PATH` (a directory of manifests, watched; the local
+    /// cluster's agent keeps one).
+    #[arg(long, default_value = "kubernetes")]
+    pub source: SourceArg,
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// How often a `dir:` source is checked for changes.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    pub dir_interval: Duration,
+    /// Delta xDS and the certificate service, over TLS.
+    #[arg(long, default_value = "0.0.0.0:15012")]
+    pub listen: SocketAddr,
+    /// /ready, /debug/syncz, /debug/resources (keep it on loopback).
+    #[arg(long, default_value = "127.0.0.1:15014")]
+    pub monitor: SocketAddr,
+    /// Names in the serving certificate (clients verify the first by default).
+    #[arg(long = "server-name", default_value = slipstream_api::DEFAULT_CONTROL_PLANE_SAN, value_delimiter = ',')]
+    pub server_names: Vec<String>,
+    /// This cluster's id: workload uids are `<id>//Pod/<ns>/<name>`.
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    #[arg(long, default_value = slipstream_core::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    /// Policies of this namespace apply mesh-wide.
+    #[arg(long, default_value = slipstream_core::ROOT_NAMESPACE)]
+    pub root_namespace: String,
+    /// The CA's signing certificate (PEM); with --ca-key. Without both, a
+    /// root is generated in --ca-dir on first start and kept.
+    #[arg(long, requires = "ca_key")]
+    pub ca_cert: Option<PathBuf>,
+    #[arg(long, requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
+    /// Intermediates from --ca-cert up to the operator's root.
+    #[arg(long, requires = "ca_cert")]
+    pub ca_chain: Option<PathBuf>,
+    /// Every root proxies should trust (old and new during a rotation).
+    #[arg(long, requires = "ca_cert")]
+    pub root_bundle: Option<PathBuf>,
+    /// Where a generated root is kept.
+    #[arg(long, default_value = "/var/lib/slipstream/ca")]
+    pub ca_dir: PathBuf,
+    /// The local cluster's per-node tokens (JSON: node name to token).
+    /// Without it, callers are checked with TokenReview (Kubernetes).
+    #[arg(long)]
+    pub node_tokens: Option<PathBuf>,
+    /// Service accounts (namespace/name) whose tokens are node proxies'.
+    #[arg(long = "node-proxy-account", default_value = "istio-system/ztunnel", value_delimiter = ',')]
+    pub node_proxy_accounts: Vec<String>,
+    /// Audiences a node proxy's token must carry (TokenReview).
+    #[arg(long = "token-audience", default_value = "istio-ca", value_delimiter = ',')]
+    pub token_audiences: Vec<String>,
+    /// Longest workload certificate lifetime issued.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub max_cert_validity: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (examples: 200ms, 5s, 24h)"))
+}
+
+/// What the monitor shows, kept by the loops.
+#[derive(Default)]
+struct Progress {
+    /// None until the source has been read whole.
+    synced: Option<Instant>,
+    serving: bool,
+    objects_generation: u64,
+    generation: u64,
+    invalid: usize,
+}
+
+struct Monitor {
+    progress: Arc<Mutex<Progress>>,
+    store: Store,
+    xds: Mutex<Option<XdsServer>>,
+    replica: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl MonitorSource for Monitor {
+    fn ready(&self) -> Result<(), String> {
+        let p = lock(&self.progress);
+        match (p.synced, p.serving) {
+            (None, _) => Err("the object source has not been read whole yet".into()),
+            (Some(_), false) => Err("the control plane port is not serving yet".into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn syncz(&self) -> serde_json::Value {
+        let (objects_generation, generation) = {
+            let p = lock(&self.progress);
+            (p.objects_generation, p.generation)
+        };
+        let published = self.store.current();
+        let proxies = match &*lock(&self.xds) {
+            Some(x) => x
+                .registry()
+                .proxies()
+                .into_iter()
+                .map(|p| ProxySync {
+                    node: p.node,
+                    id: p.id,
+                    caller: p.caller,
+                    peer: p.peer,
+                    connected_secs: p.connected_secs,
+                    acked_generation: p.acked_generation,
+                    types: p
+                        .types
+                        .into_iter()
+                        .map(|t| TypeSync {
+                            type_name: t.type_name,
+                            sent_nonce: t.sent_nonce,
+                            acked_nonce: t.acked_nonce,
+                            resources: t.resources,
+                            nacks: t.nacks,
+                            last_nack: t.last_nack,
+                            in_sync: t.in_sync,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let resources =
+            slipstream_api::TypeUrl::ALL.iter().map(|t| (t.short().to_string(), published.count(*t))).collect::<BTreeMap<_, _>>();
+        serde_json::to_value(Syncz { replica: self.replica.clone(), objects_generation, generation, resources, proxies }).unwrap_or_default()
+    }
+
+    fn resources(&self) -> serde_json::Value {
+        let published = self.store.current();
+        let counts: BTreeMap<&str, usize> = slipstream_api::TypeUrl::ALL.iter().map(|t| (t.short(), published.count(*t))).collect();
+        serde_json::json!({"generation": published.generation, "counts": counts, "invalidObjects": lock(&self.progress).invalid})
+    }
+}
+
+/// The store's current resources, for the CA's placement checks.
+struct StoreResources(Store);
+
+impl ResourceSource for StoreResources {
+    fn resources(&self) -> Resources {
+        self.0.current().resources.clone()
+    }
+}
+
+/// Applies a batch of events; the changes of all of them.
+fn apply_batch(index: &mut Index, events: Vec<ObjectEvent>, origin: &str) -> (Changes, usize) {
+    let mut all = Changes::default();
+    let mut invalid = 0;
+    for ev in events {
+        let what = ev.object_ref();
+        match index.apply(ev) {
+            Ok(c) => {
+                all.upserted.extend(c.upserted);
+                all.removed.extend(c.removed);
+            }
+            Err(e) => {
+                invalid += 1;
+                tracing::error!(source = origin, object = %what, "refused, its last good version stays in force: {e}");
+            }
+        }
+    }
+    // A key both upserted and then removed (or the reverse) within one
+    // batch: the store sends what the map holds at publication.
+    all.upserted.sort();
+    all.upserted.dedup();
+    all.removed.sort();
+    all.removed.dedup();
+    (all, invalid)
+}
+
+/// The `.generation` counter the local cluster's agent writes with its objects.
+fn read_marker(dir: &std::path::Path) -> u64 {
+    std::fs::read_to_string(dir.join(".generation")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+}
+
+/// A batch of events from a source, with the objects generation they cover.
+struct Batch {
+    events: Vec<ObjectEvent>,
+    objects_generation: u64,
+    /// The source has now been read whole at least once.
+    synced: bool,
+}
+
+fn dir_source(root: PathBuf, every: Duration) -> mpsc::Receiver<Batch> {
+    let (tx, rx) = mpsc::channel(4);
+    let mut dir = DirSource::new(root.clone());
+    std::thread::Builder::new()
+        .name("dir-source".into())
+        .spawn(move || loop {
+            // The marker first: every file written before it is then
+            // included in this poll.
+            let objects_generation = read_marker(&root);
+            let events = dir.poll().into_iter().map(|(e, _)| e).collect();
+            if tx.blocking_send(Batch { events, objects_generation, synced: true }).is_err() {
+                return;
+            }
+            std::thread::sleep(every);
+        })
+        .expect("spawning the directory source");
+    rx
+}
+
+fn kube_batches(client: kube::Client) -> mpsc::Receiver<Batch> {
+    let (raw_tx, mut raw_rx) = mpsc::channel(1024);
+    kube_source::spawn(client, raw_tx);
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut known: BTreeMap<&'static str, BTreeSet<(String, String)>> = BTreeMap::new();
+        let mut relisted: BTreeSet<&'static str> = BTreeSet::new();
+        let started = Instant::now();
+        let mut warned = false;
+        while let Some(first) = raw_rx.recv().await {
+            let mut raw = vec![first];
+            while let Ok(more) = raw_rx.try_recv() {
+                raw.push(more);
+                if raw.len() >= 4096 {
+                    break;
+                }
+            }
+            let mut events = Vec::new();
+            for ev in raw {
+                match ev {
+                    RawEvent::Apply(v) => match objects::parse_value(v) {
+                        Ok(Some(o)) => {
+                            let r = o.object_ref();
+                            known.entry(r.kind.as_str()).or_default().insert((r.namespace.clone(), r.name.clone()));
+                            events.push(ObjectEvent::Upsert(o));
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::error!("refused, its last good version stays in force: {e}"),
+                    },
+                    RawEvent::Delete { kind, namespace, name } => {
+                        if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
+                            known.entry(k.as_str()).or_default().remove(&(namespace.clone(), name.clone()));
+                            events.push(ObjectEvent::Delete(ObjectRef::new(k, &namespace, &name)));
+                        }
+                    }
+                    RawEvent::Relisted { kind, present } => {
+                        relisted.insert(kind);
+                        if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
+                            let held = known.entry(k.as_str()).or_default();
+                            for (ns, name) in held.difference(&present).cloned().collect::<Vec<_>>() {
+                                held.remove(&(ns.clone(), name.clone()));
+                                events.push(ObjectEvent::Delete(ObjectRef::new(k, &ns, &name)));
+                            }
+                        }
+                    }
+                }
+            }
+            let all = relisted.len() >= kube_source::KINDS.len();
+            // Kinds whose resource does not exist (CRDs not installed) never
+            // list: serve without them after a while, and say so.
+            let late = started.elapsed() > Duration::from_secs(15);
+            if late && !all && !warned {
+                let missing: Vec<&str> = kube_source::KINDS.iter().map(|k| k.kind).filter(|k| !relisted.contains(k)).collect();
+                tracing::warn!("serving without {} (not listed yet: are their CRDs installed?)", missing.join(", "));
+                warned = true;
+            }
+            if tx.send(Batch { events, objects_generation: 0, synced: all || late }).await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
+    let trust_domain = TrustDomain::new(&args.trust_domain).with_context(|| format!("--trust-domain {:?}", args.trust_domain))?;
+    let ca_source = match (&args.ca_cert, &args.ca_key) {
+        (Some(cert), Some(key)) => {
+            CaSource::Files(CaFiles { cert: cert.clone(), key: key.clone(), chain: args.ca_chain.clone(), root_bundle: args.root_bundle.clone() })
+        }
+        _ => CaSource::Generated { dir: args.ca_dir.clone() },
+    };
+    let material = CaMaterial::load(&ca_source, &trust_domain, args.max_cert_validity)?;
+    let _reload = material.watch(Duration::from_secs(5));
+
+    let (mut batches, auth): (mpsc::Receiver<Batch>, Arc<dyn Authenticator>) = match &args.source {
+        SourceArg::Dir(root) => {
+            let Some(tokens) = &args.node_tokens else { bail!("--source dir: needs --node-tokens (there is no API server to review tokens)") };
+            tracing::info!(dir = %root.display(), "objects from a directory");
+            (dir_source(root.clone(), args.dir_interval), Arc::new(NodeTokens::load(tokens)?))
+        }
+        SourceArg::Kubernetes => {
+            let client = kube_source::client(args.kubeconfig.as_deref()).await?;
+            let auth: Arc<dyn Authenticator> = match &args.node_tokens {
+                Some(t) => Arc::new(NodeTokens::load(t)?),
+                None => {
+                    let node_proxies = ReviewPolicy::parse_accounts(&args.node_proxy_accounts).map_err(anyhow::Error::msg)?;
+                    let policy = ReviewPolicy { node_proxies, audiences: args.token_audiences.clone(), ..Default::default() };
+                    Arc::new(TokenReviewAuthenticator::new(client.clone(), policy))
+                }
+            };
+            tracing::info!("objects from the Kubernetes API");
+            (kube_batches(client), auth)
+        }
+    };
+
+    let mut index = Index::new(IndexSettings {
+        cluster_id: args.cluster_id.clone(),
+        trust_domain: args.trust_domain.clone(),
+        domain_suffix: "cluster.local".into(),
+        root_namespace: args.root_namespace.clone(),
+    });
+    let store = Store::new(Resources::new());
+    let progress = Arc::new(Mutex::new(Progress::default()));
+    let replica = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let mon = Arc::new(Monitor { progress: progress.clone(), store: store.clone(), xds: Mutex::new(None), replica });
+    let monitor_listener =
+        tokio::net::TcpListener::bind(args.monitor).await.with_context(|| format!("binding the monitor port {}", args.monitor))?;
+    tokio::spawn(monitor::serve(monitor_listener, mon.clone()));
+
+    // Read the source whole before serving.
+    let started = Instant::now();
+    loop {
+        let Some(b) = batches.recv().await else { bail!("the object source ended") };
+        let (changes, invalid) = apply_batch(&mut index, b.events, "initial");
+        let generation = store.publish(index.resources().clone(), changes);
+        let mut p = lock(&progress);
+        p.invalid += invalid;
+        p.objects_generation = b.objects_generation;
+        p.generation = generation;
+        if b.synced {
+            p.synced = Some(Instant::now());
+            break;
+        }
+    }
+    let published = store.current();
+    tracing::info!(
+        addresses = published.count(slipstream_api::TypeUrl::Address),
+        authorizations = published.count(slipstream_api::TypeUrl::Authorization),
+        took = ?started.elapsed(),
+        "objects read"
+    );
+
+    let xds = XdsServer::new(store.clone(), auth.clone());
+    *lock(&mon.xds) = Some(xds.clone());
+    let placement = Arc::new(ResourcePlacement::new(StoreResources(store.clone())));
+    let ca_config = CaConfig { trust_domain: trust_domain.clone(), max_validity: args.max_cert_validity, ..Default::default() };
+    let ca = CaService::new(ca_config, auth, placement, material.clone());
+    let settings = ServeSettings { addr: args.listen, names: args.server_names.clone(), ..Default::default() };
+    let server = ControlServer::bind(settings, material.current()).await?;
+    tracing::info!(addr = %server.local_addr(), "serving delta xDS and the certificate service");
+    let mut routes = serve::routes(&xds);
+    routes = routes.add_service(ca.into_server());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.serve(routes, async move {
+        let _ = stop_rx.await;
+    }));
+    lock(&progress).serving = true;
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            b = batches.recv() => {
+                let Some(b) = b else { bail!("the object source ended") };
+                let (changes, invalid) = apply_batch(&mut index, b.events, "update");
+                let n = changes.upserted.len() + changes.removed.len();
+                let generation = store.publish(index.resources().clone(), changes);
+                if n > 0 {
+                    tracing::debug!(generation, resources = n, "published");
+                }
+                let mut p = lock(&progress);
+                p.invalid += invalid;
+                p.objects_generation = b.objects_generation;
+                p.generation = generation;
+            }
+            _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted: stopping"); break }
+        }
+    }
+    xds.close_streams();
+    let _ = stop_tx.send(());
+    let _ = serving.await;
+    Ok(())
+}
