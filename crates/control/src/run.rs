@@ -9,7 +9,9 @@
 //! what a control plane restart must never do.
 
 use crate::auth::{Authenticator, NodeTokens};
-use crate::ca::{CaConfig, CaFiles, CaMaterial, CaService, CaSource, ResourcePlacement, ResourceSource, ReviewPolicy, TokenReviewAuthenticator};
+use crate::ca::{
+    CaConfig, CaFiles, CaMaterial, CaService, CaSource, ResourcePlacement, ResourceSource, ReviewPolicy, TokenReviewAuthenticator,
+};
 use crate::index::{Index, IndexSettings, ObjectEvent};
 use crate::monitor::{self, MonitorSource};
 use crate::objects::{self, Kind, ObjectRef};
@@ -182,7 +184,8 @@ impl MonitorSource for Monitor {
         };
         let resources =
             slipstream_api::TypeUrl::ALL.iter().map(|t| (t.short().to_string(), published.count(*t))).collect::<BTreeMap<_, _>>();
-        serde_json::to_value(Syncz { replica: self.replica.clone(), objects_generation, generation, resources, proxies }).unwrap_or_default()
+        serde_json::to_value(Syncz { replica: self.replica.clone(), objects_generation, generation, resources, proxies })
+            .unwrap_or_default()
     }
 
     fn resources(&self) -> serde_json::Value {
@@ -323,12 +326,47 @@ fn kube_batches(client: kube::Client) -> mpsc::Receiver<Batch> {
     rx
 }
 
+/// A control plane serving in this process.
+pub struct Running {
+    /// Where :15012 and the monitor port are bound.
+    pub addr: SocketAddr,
+    pub monitor: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Ends every stream, lets connections finish briefly, and returns.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.task.await.context("the control plane task")?
+    }
+}
+
+/// `slipstream control`: serves until SIGTERM or Ctrl-C.
 pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
+    let mut running = start(args).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = &mut running.task => return r.context("the control plane task")?,
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+    }
+    running.stop().await
+}
+
+/// Reads the source whole, then serves; returns once the port is open.
+pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let trust_domain = TrustDomain::new(&args.trust_domain).with_context(|| format!("--trust-domain {:?}", args.trust_domain))?;
     let ca_source = match (&args.ca_cert, &args.ca_key) {
-        (Some(cert), Some(key)) => {
-            CaSource::Files(CaFiles { cert: cert.clone(), key: key.clone(), chain: args.ca_chain.clone(), root_bundle: args.root_bundle.clone() })
-        }
+        (Some(cert), Some(key)) => CaSource::Files(CaFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            chain: args.ca_chain.clone(),
+            root_bundle: args.root_bundle.clone(),
+        }),
         _ => CaSource::Generated { dir: args.ca_dir.clone() },
     };
     let material = CaMaterial::load(&ca_source, &trust_domain, args.max_cert_validity)?;
@@ -336,7 +374,9 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
 
     let (mut batches, auth): (mpsc::Receiver<Batch>, Arc<dyn Authenticator>) = match &args.source {
         SourceArg::Dir(root) => {
-            let Some(tokens) = &args.node_tokens else { bail!("--source dir: needs --node-tokens (there is no API server to review tokens)") };
+            let Some(tokens) = &args.node_tokens else {
+                bail!("--source dir: needs --node-tokens (there is no API server to review tokens)")
+            };
             tracing::info!(dir = %root.display(), "objects from a directory");
             (dir_source(root.clone(), args.dir_interval), Arc::new(NodeTokens::load(tokens)?))
         }
@@ -363,11 +403,17 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
     });
     let store = Store::new(Resources::new());
     let progress = Arc::new(Mutex::new(Progress::default()));
-    let replica = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    // As istiod: the pod's name from the downward API, else the host name.
+    let replica = std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
+        .unwrap_or_default();
     let mon = Arc::new(Monitor { progress: progress.clone(), store: store.clone(), xds: Mutex::new(None), replica });
     let monitor_listener =
         tokio::net::TcpListener::bind(args.monitor).await.with_context(|| format!("binding the monitor port {}", args.monitor))?;
-    tokio::spawn(monitor::serve(monitor_listener, mon.clone()));
+    let monitor_addr = monitor_listener.local_addr()?;
+    let monitor_task = tokio::spawn(monitor::serve(monitor_listener, mon.clone()));
 
     // Read the source whole before serving.
     let started = Instant::now();
@@ -399,37 +445,40 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
     let ca = CaService::new(ca_config, auth, placement, material.clone());
     let settings = ServeSettings { addr: args.listen, names: args.server_names.clone(), ..Default::default() };
     let server = ControlServer::bind(settings, material.current()).await?;
-    tracing::info!(addr = %server.local_addr(), "serving delta xDS and the certificate service");
-    let mut routes = serve::routes(&xds);
-    routes = routes.add_service(ca.into_server());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let addr = server.local_addr();
+    tracing::info!(%addr, "serving delta xDS and the certificate service");
+    let routes = serve::routes(&xds).add_service(ca.into_server());
+    let (stop_server, server_stop) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(server.serve(routes, async move {
-        let _ = stop_rx.await;
+        let _ = server_stop.await;
     }));
     lock(&progress).serving = true;
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
-        tokio::select! {
-            b = batches.recv() => {
-                let Some(b) = b else { bail!("the object source ended") };
-                let (changes, invalid) = apply_batch(&mut index, b.events, "update");
-                let n = changes.upserted.len() + changes.removed.len();
-                let generation = store.publish(index.resources().clone(), changes);
-                if n > 0 {
-                    tracing::debug!(generation, resources = n, "published");
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let result = loop {
+            tokio::select! {
+                b = batches.recv() => {
+                    let Some(b) = b else { break Err(anyhow::anyhow!("the object source ended")) };
+                    let (changes, invalid) = apply_batch(&mut index, b.events, "update");
+                    let n = changes.upserted.len() + changes.removed.len();
+                    let generation = store.publish(index.resources().clone(), changes);
+                    if n > 0 {
+                        tracing::debug!(generation, resources = n, "published");
+                    }
+                    let mut p = lock(&progress);
+                    p.invalid += invalid;
+                    p.objects_generation = b.objects_generation;
+                    p.generation = generation;
                 }
-                let mut p = lock(&progress);
-                p.invalid += invalid;
-                p.objects_generation = b.objects_generation;
-                p.generation = generation;
+                _ = &mut stopped => break Ok(()),
             }
-            _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break }
-            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted: stopping"); break }
-        }
-    }
-    xds.close_streams();
-    let _ = stop_tx.send(());
-    let _ = serving.await;
-    Ok(())
+        };
+        xds.close_streams();
+        let _ = stop_server.send(());
+        let _ = serving.await;
+        monitor_task.abort();
+        result
+    });
+    Ok(Running { addr, monitor: monitor_addr, stop: Some(stop), task })
 }

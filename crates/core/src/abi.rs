@@ -73,6 +73,15 @@ pub fn hbone_addr(ip: IpAddr) -> SocketAddr {
     SocketAddr::new(ip, HBONE_PORT)
 }
 
+/// The control plane: delta xDS and the certificate service, over TLS
+/// (istiod's port).
+pub const CONTROL_PLANE_PORT: u16 = 15012;
+
+/// The control plane's monitoring port: readiness (`/ready`), what each
+/// proxy was sent and acknowledged (`/debug/syncz`), metrics. Loopback
+/// only (istiod's port).
+pub const CONTROL_MONITOR_PORT: u16 = 15014;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,12 +104,3 @@ mod tests {
         assert_eq!(hbone_addr("10.0.0.1".parse().unwrap()).to_string(), "10.0.0.1:15008");
     }
 }
-
-/// The control plane: delta xDS and the certificate service, over TLS
-/// (istiod's port).
-pub const CONTROL_PLANE_PORT: u16 = 15012;
-
-/// The control plane's monitoring port: readiness (`/ready`), what each
-/// proxy was sent and acknowledged (`/debug/syncz`), metrics. Loopback
-/// only (istiod's port).
-pub const CONTROL_MONITOR_PORT: u16 = 15014;

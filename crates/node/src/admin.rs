@@ -181,7 +181,20 @@ fn admin(s: &Shared, path: &str, client: IpAddr) -> Response<Full<Bytes>> {
                 .certs
                 .certificates()
                 .into_iter()
-                .map(|c| serde_json::json!({"identity": c.identity.to_string(), "state": format!("{:?}", c.status)}))
+                .map(|c| {
+                    use slipstream_identity::CertStatus;
+                    let t = |t: std::time::SystemTime| slipstream_identity::format_time(t);
+                    match c.status {
+                        CertStatus::Pending => serde_json::json!({"identity": c.identity.to_string(), "state": "PENDING"}),
+                        CertStatus::Ready { serial, not_before, not_after, renew_at } => serde_json::json!({
+                            "identity": c.identity.to_string(), "state": "VALID", "serial": serial,
+                            "notBefore": t(not_before), "notAfter": t(not_after), "renewAt": t(renew_at),
+                        }),
+                        CertStatus::Failed { error } => {
+                            serde_json::json!({"identity": c.identity.to_string(), "state": "FAILED", "error": error})
+                        }
+                    }
+                })
                 .collect();
             let pool: Vec<String> = s.pool.snapshot().into_iter().map(|p| format!("{p:?}")).collect();
             let mut local: Vec<serde_json::Value> = s

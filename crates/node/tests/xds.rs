@@ -155,8 +155,12 @@ async fn a_node_proxy_follows_the_control_plane_keeps_its_configuration_without_
     };
     config.control = Some(settings.clone());
     let node = NodeInfo::new(&config);
-    let deps =
-        Deps { sockets: Arc::new(LoopbackFactory::default()), ca: ca.clone(), sink: Sink::Memory(Mutex::default()), report_served: false };
+    let deps = Deps {
+        sockets: Arc::new(LoopbackFactory::default()),
+        ca: ca.clone().into(),
+        sink: Sink::Memory(Mutex::default()),
+        report_served: false,
+    };
     let mut proxy = NodeProxy::new(config, deps).await.unwrap();
     proxy.serve();
     let shared = proxy.shared().clone();

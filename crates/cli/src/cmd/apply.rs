@@ -10,7 +10,9 @@ pub fn apply(ctx: &Ctx, files: &[PathBuf], wait: bool, timeout: Duration) -> any
     let scope = common::Scope::of(&objects);
     send(ctx, Request::Apply { objects })?;
     if wait {
+        let started = std::time::Instant::now();
         common::wait_converged(ctx, timeout, false, &scope)?;
+        crate::cmd::proxy_status::wait_acked(ctx, timeout.saturating_sub(started.elapsed()).max(Duration::from_secs(5)))?;
     }
     Ok(())
 }
@@ -21,7 +23,9 @@ pub fn delete(ctx: &Ctx, files: &[PathBuf], ignore_not_found: bool, wait: bool, 
     let scope = common::Scope::Objects(keys.clone());
     send(ctx, Request::Delete { keys, ignore_not_found })?;
     if wait {
+        let started = std::time::Instant::now();
         common::wait_converged(ctx, timeout, true, &scope)?;
+        crate::cmd::proxy_status::wait_acked(ctx, timeout.saturating_sub(started.elapsed()).max(Duration::from_secs(5)))?;
     }
     Ok(())
 }

@@ -132,9 +132,13 @@ pub fn table(section: Section, items: &Value) -> String {
             }
         }
         Section::Certs => {
-            rows.push(["IDENTITY", "STATE"].map(String::from).to_vec());
+            rows.push(["IDENTITY", "STATE", "SERIAL", "NOT BEFORE", "NOT AFTER", "RENEW AT"].map(String::from).to_vec());
             for c in items {
-                rows.push(vec![s(&c["identity"]), s(&c["state"])]);
+                let state = match c["error"].as_str() {
+                    Some(e) => format!("{} ({e})", s(&c["state"])),
+                    None => s(&c["state"]),
+                };
+                rows.push(vec![s(&c["identity"]), state, s(&c["serial"]), s(&c["notBefore"]), s(&c["notAfter"]), s(&c["renewAt"])]);
             }
         }
         Section::All => {}

@@ -135,3 +135,138 @@ mod tests {
         assert!(out.contains("control plane control2: NOT ANSWERING: connection refused"), "{out}");
     }
 }
+
+/// Where one node stands with a change (pure, for tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeAck {
+    /// Acknowledged everything up to the change.
+    Acked,
+    /// Not yet: why (not connected, the control plane not caught up, sent
+    /// but not acknowledged).
+    Waiting(String),
+    /// It refused part of what it was sent: the reason it gave.
+    Refused(String),
+}
+
+/// Whether each node's proxy acknowledged the resources made from objects
+/// generation `want` (the agent's counter), judged from the replicas'
+/// answers: a replica that took in `want` says which resource generation
+/// it became, and a proxy connected to it that acknowledged that one holds
+/// the change.
+pub fn ack_state(nodes: &[String], want: u64, replies: &[(String, Result<Syncz, String>)]) -> Vec<(String, NodeAck)> {
+    nodes
+        .iter()
+        .map(|n| {
+            let mut why = format!("{n}: not connected to any control plane replica");
+            for (replica, r) in replies {
+                let Ok(s) = r else { continue };
+                let Some(p) = s.proxies.iter().find(|p| &p.node == n) else { continue };
+                if s.objects_generation < want {
+                    why = format!("{n}: {replica} has not taken in the change yet (objects {} of {want})", s.objects_generation);
+                    continue;
+                }
+                if let Some(t) = p.types.iter().find(|t| !t.in_sync && !t.last_nack.is_empty()) {
+                    return (n.clone(), NodeAck::Refused(format!("{n} refused {} resources: {}", t.type_name, t.last_nack)));
+                }
+                if p.acked_generation >= s.generation {
+                    return (n.clone(), NodeAck::Acked);
+                }
+                why = format!("{n}: sent generation {} by {replica}, acknowledged {}", s.generation, p.acked_generation);
+            }
+            (n.clone(), NodeAck::Waiting(why))
+        })
+        .collect()
+}
+
+/// Waits until every node proxy acknowledged the configuration made from
+/// the objects as they are now (after `apply` or `delete`).
+pub fn wait_acked(ctx: &Ctx, timeout: Duration) -> anyhow::Result<()> {
+    let st = ctx.status()?;
+    if st.control.is_empty() || !st.agent.running {
+        return Ok(());
+    }
+    let nodes: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let state = ack_state(&nodes, st.objects_generation, &fetch(ctx, &st));
+        let refused: Vec<&str> =
+            state.iter().filter_map(|(_, a)| if let NodeAck::Refused(r) = a { Some(r.as_str()) } else { None }).collect();
+        if !refused.is_empty() {
+            bail!(
+                "node proxies refused the new configuration (they keep the previous version of what they refused):\n  {}",
+                refused.join("\n  ")
+            );
+        }
+        let waiting: Vec<&str> =
+            state.iter().filter_map(|(_, a)| if let NodeAck::Waiting(w) = a { Some(w.as_str()) } else { None }).collect();
+        if waiting.is_empty() {
+            println!("configuration acknowledged by {} node prox{}", nodes.len(), if nodes.len() == 1 { "y" } else { "ies" });
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline || common::interrupted() {
+            bail!(
+                "the change is applied, but not every node proxy acknowledged it within {timeout:?} (see `slipstream proxy-status`):\n  {}",
+                waiting.join("\n  ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod ack_tests {
+    use super::*;
+
+    fn reply(objects: u64, generation: u64, acked: &[(&str, u64)]) -> Result<Syncz, String> {
+        Ok(Syncz {
+            replica: "control1".into(),
+            objects_generation: objects,
+            generation,
+            proxies: acked
+                .iter()
+                .map(|(n, g)| ProxySync {
+                    node: n.to_string(),
+                    acked_generation: *g,
+                    types: vec![TypeSyncFixture::ok()],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    struct TypeSyncFixture;
+    impl TypeSyncFixture {
+        fn ok() -> slipstream_control::syncz::TypeSync {
+            slipstream_control::syncz::TypeSync { type_name: "Address".into(), in_sync: true, ..Default::default() }
+        }
+    }
+
+    #[test]
+    fn acks() {
+        let nodes = vec!["node1".to_string(), "node2".to_string()];
+        // Caught up and acknowledged by both.
+        let s = ack_state(&nodes, 5, &[("control1".into(), reply(5, 9, &[("node1", 9), ("node2", 9)]))]);
+        assert!(s.iter().all(|(_, a)| *a == NodeAck::Acked), "{s:?}");
+        // The control plane has not read the change yet.
+        let s = ack_state(&nodes, 6, &[("control1".into(), reply(5, 9, &[("node1", 9), ("node2", 9)]))]);
+        assert!(matches!(&s[0].1, NodeAck::Waiting(w) if w.contains("has not taken in the change yet")), "{s:?}");
+        // node2 lags; node1 is done.
+        let s = ack_state(&nodes, 5, &[("control1".into(), reply(5, 9, &[("node1", 9), ("node2", 8)]))]);
+        assert_eq!(s[0].1, NodeAck::Acked);
+        assert_eq!(s[1].1, NodeAck::Waiting("node2: sent generation 9 by control1, acknowledged 8".into()));
+        // Not connected at all, one replica down.
+        let s = ack_state(&nodes, 5, &[("control1".into(), reply(5, 9, &[("node1", 9)])), ("control2".into(), Err("refused".into()))]);
+        assert_eq!(s[1].1, NodeAck::Waiting("node2: not connected to any control plane replica".into()));
+        // A NACK is a refusal, said at once.
+        let mut r = reply(5, 9, &[("node1", 9), ("node2", 9)]).unwrap();
+        r.proxies[1].types[0] = slipstream_control::syncz::TypeSync {
+            type_name: "Address".into(),
+            in_sync: false,
+            last_nack: "workload x: addresses[0]: bad".into(),
+            ..Default::default()
+        };
+        let s = ack_state(&nodes, 5, &[("control1".into(), Ok(r))]);
+        assert_eq!(s[1].1, NodeAck::Refused("node2 refused Address resources: workload x: addresses[0]: bad".into()));
+    }
+}

@@ -331,7 +331,12 @@ impl Agent {
                     if let Err(e) = write_atomic(&dir.join(objects::GENERATION_FILE), &format!("{}\n", self.objects_generation)) {
                         tracing::error!("cannot write {}: {e}", dir.join(objects::GENERATION_FILE).display());
                     }
-                    tracing::debug!(written = report.written, removed = report.removed, generation = self.objects_generation, "objects written");
+                    tracing::debug!(
+                        written = report.written,
+                        removed = report.removed,
+                        generation = self.objects_generation,
+                        "objects written"
+                    );
                 }
                 self.last_objects = Some(text);
             }

@@ -130,6 +130,8 @@ pub struct ProcSpec {
     /// Environment variables with this prefix pass through from the agent
     /// (`SLIPSTREAM_NODE_X=... slipstream up` configures every node proxy).
     pub env_prefix: &'static str,
+    /// Set for the process (after those passed through).
+    pub env: Vec<(String, String)>,
     pub cgroup: PathBuf,
     pub log: PathBuf,
     pub probe_addr: SocketAddr,
@@ -165,6 +167,13 @@ pub fn node_proxy_spec(paths: &Paths, node: &Node, control_replicas: usize) -> P
             paths.node_token_file(&node.name).display().to_string(),
         ],
         env_prefix: "SLIPSTREAM_NODE_",
+        // What a ztunnel pod learns from the downward API: its xDS node id
+        // is `ztunnel~<ip>~<pod>.<namespace>~...`.
+        env: vec![
+            ("INSTANCE_IP".into(), node.ip.to_string()),
+            ("POD_NAME".into(), format!("slipstream-node-{}", node.name)),
+            ("POD_NAMESPACE".into(), "slipstream-system".into()),
+        ],
         cgroup: paths.node_proxy_cgroup(&node.name),
         log: paths.node_proxy_log(&node.name),
         probe_addr: SocketAddr::from(([127, 0, 0, 1], slipstream_core::READINESS_PORT)),
@@ -198,6 +207,7 @@ pub fn control_spec(paths: &Paths, replica: usize) -> ProcSpec {
             paths.node_tokens_file().display().to_string(),
         ],
         env_prefix: "SLIPSTREAM_CONTROL_",
+        env: vec![("POD_NAME".into(), format!("control{replica}"))],
         cgroup: paths.control_cgroup(replica),
         log: paths.control_log(replica),
         probe_addr: SocketAddr::from(([127, 0, 0, 1], slipstream_core::abi::CONTROL_MONITOR_PORT)),
@@ -311,6 +321,7 @@ impl NodeProxy {
                 env.push((k, v));
             }
         }
+        env.extend(spec.env.iter().cloned());
         let sandbox = spawn::SandboxSpec {
             argv: spec.argv.clone(),
             env,
