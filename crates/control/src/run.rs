@@ -262,68 +262,127 @@ fn dir_source(root: PathBuf, every: Duration) -> mpsc::Receiver<Batch> {
     rx
 }
 
+/// How long the initial read waits for custom kinds that are neither
+/// listed nor known to be absent (their watch fails otherwise: RBAC, a
+/// broken conversion webhook) before serving without them.
+const CUSTOM_KINDS_WAIT: Duration = Duration::from_secs(15);
+
+/// Which kinds have been read whole: the source counts as read once every
+/// built-in kind has listed and every custom kind has listed or is not
+/// served (its CRD not installed); a custom kind still failing after
+/// [`CUSTOM_KINDS_WAIT`] is given up on, with a warning. Built-in kinds are
+/// never given up on: serving without pods would tell every proxy that
+/// reconnects that its workloads were removed.
+#[derive(Default)]
+struct InitialRead {
+    done: BTreeSet<&'static str>,
+    warned: bool,
+}
+
+impl InitialRead {
+    fn listed(&mut self, kind: &'static str) {
+        self.done.insert(kind);
+    }
+
+    fn complete(&mut self, waited: Duration) -> bool {
+        let missing = |custom: bool| -> Vec<&'static str> {
+            kube_source::KINDS.iter().filter(|k| k.custom == custom && !self.done.contains(k.kind)).map(|k| k.kind).collect()
+        };
+        let (builtin, custom) = (missing(false), missing(true));
+        if waited < CUSTOM_KINDS_WAIT || self.warned {
+            return builtin.is_empty() && (custom.is_empty() || self.warned);
+        }
+        self.warned = true;
+        if !builtin.is_empty() {
+            tracing::warn!(
+                "not serving yet: {} not listed after {CUSTOM_KINDS_WAIT:?} (see the watch errors above){}",
+                builtin.join(", "),
+                if custom.is_empty() { String::new() } else { format!("; nor {}", custom.join(", ")) }
+            );
+            return false;
+        }
+        if !custom.is_empty() {
+            tracing::warn!(
+                "serving without {}: not listed after {CUSTOM_KINDS_WAIT:?} (see the watch errors above); they are added when their watch succeeds",
+                custom.join(", ")
+            );
+        }
+        true
+    }
+}
+
 fn kube_batches(client: kube::Client) -> mpsc::Receiver<Batch> {
-    let (raw_tx, mut raw_rx) = mpsc::channel(1024);
+    let (raw_tx, raw_rx) = mpsc::channel(1024);
     kube_source::spawn(client, raw_tx);
     let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(async move {
-        let mut known: BTreeMap<&'static str, BTreeSet<(String, String)>> = BTreeMap::new();
-        let mut relisted: BTreeSet<&'static str> = BTreeSet::new();
-        let started = Instant::now();
-        let mut warned = false;
-        while let Some(first) = raw_rx.recv().await {
-            let mut raw = vec![first];
-            while let Ok(more) = raw_rx.try_recv() {
-                raw.push(more);
-                if raw.len() >= 4096 {
-                    break;
-                }
-            }
-            let mut events = Vec::new();
-            for ev in raw {
-                match ev {
-                    RawEvent::Apply(v) => match objects::parse_value(v) {
-                        Ok(Some(o)) => {
-                            let r = o.object_ref();
-                            known.entry(r.kind.as_str()).or_default().insert((r.namespace.clone(), r.name.clone()));
-                            events.push(ObjectEvent::Upsert(o));
-                        }
-                        Ok(None) => {}
-                        Err(e) => tracing::error!("refused, its last good version stays in force: {e}"),
-                    },
-                    RawEvent::Delete { kind, namespace, name } => {
-                        if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
-                            known.entry(k.as_str()).or_default().remove(&(namespace.clone(), name.clone()));
-                            events.push(ObjectEvent::Delete(ObjectRef::new(k, &namespace, &name)));
-                        }
-                    }
-                    RawEvent::Relisted { kind, present } => {
-                        relisted.insert(kind);
-                        if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
-                            let held = known.entry(k.as_str()).or_default();
-                            for (ns, name) in held.difference(&present).cloned().collect::<Vec<_>>() {
-                                held.remove(&(ns.clone(), name.clone()));
-                                events.push(ObjectEvent::Delete(ObjectRef::new(k, &ns, &name)));
-                            }
-                        }
-                    }
-                }
-            }
-            let all = relisted.len() >= kube_source::KINDS.len();
-            // Kinds whose resource does not exist (CRDs not installed) never
-            // list: serve without them after a while, and say so.
-            let late = started.elapsed() > Duration::from_secs(15);
-            if late && !all && !warned {
-                let missing: Vec<&str> = kube_source::KINDS.iter().map(|k| k.kind).filter(|k| !relisted.contains(k)).collect();
-                tracing::warn!("serving without {} (not listed yet: are their CRDs installed?)", missing.join(", "));
-                warned = true;
-            }
-            if tx.send(Batch { events, objects_generation: 0, synced: all || late }).await.is_err() {
-                return;
+    tokio::spawn(kube_read(raw_rx, tx));
+    rx
+}
+
+/// Turns the watchers' events into batches of objects.
+async fn kube_read(mut raw_rx: mpsc::Receiver<RawEvent>, tx: mpsc::Sender<Batch>) {
+    let mut known: BTreeMap<&'static str, BTreeSet<(String, String)>> = BTreeMap::new();
+    let mut initial = InitialRead::default();
+    let started = tokio::time::Instant::now();
+    let mut synced = false;
+    loop {
+        // Until the source is read whole, wake up at the deadline even
+        // if nothing arrives: kinds that fail send nothing.
+        let first = tokio::select! {
+            ev = raw_rx.recv() => match ev {
+                Some(ev) => Some(ev),
+                None => return,
+            },
+            _ = tokio::time::sleep_until(started + CUSTOM_KINDS_WAIT), if !synced && !initial.warned => None,
+        };
+        let mut raw: Vec<RawEvent> = first.into_iter().collect();
+        while let Ok(more) = raw_rx.try_recv() {
+            raw.push(more);
+            if raw.len() >= 4096 {
+                break;
             }
         }
-    });
-    rx
+        let mut events = Vec::new();
+        for ev in raw {
+            match ev {
+                RawEvent::Apply(v) => match objects::parse_value(v) {
+                    Ok(Some(o)) => {
+                        let r = o.object_ref();
+                        known.entry(r.kind.as_str()).or_default().insert((r.namespace.clone(), r.name.clone()));
+                        events.push(ObjectEvent::Upsert(o));
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::error!("refused, its last good version stays in force: {e}"),
+                },
+                RawEvent::Delete { kind, namespace, name } => {
+                    if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
+                        known.entry(k.as_str()).or_default().remove(&(namespace.clone(), name.clone()));
+                        events.push(ObjectEvent::Delete(ObjectRef::new(k, &namespace, &name)));
+                    }
+                }
+                RawEvent::Relisted { kind, present } => {
+                    initial.listed(kind);
+                    if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
+                        let held = known.entry(k.as_str()).or_default();
+                        for (ns, name) in held.difference(&present).cloned().collect::<Vec<_>>() {
+                            held.remove(&(ns.clone(), name.clone()));
+                            events.push(ObjectEvent::Delete(ObjectRef::new(k, &ns, &name)));
+                        }
+                    }
+                }
+                // Nothing of the kind can exist, so there is nothing to
+                // wait for. What is held of it stays: a CRD's objects
+                // are deleted (and their deletions watched) before the
+                // CRD goes, so a 404 while holding some is an API
+                // server's passing state, not a deletion.
+                RawEvent::Absent { kind } => initial.listed(kind),
+            }
+        }
+        synced = synced || initial.complete(started.elapsed());
+        if tx.send(Batch { events, objects_generation: 0, synced }).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// A control plane serving in this process.
@@ -481,4 +540,42 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         result
     });
     Ok(Running { addr, monitor: monitor_addr, stop: Some(stop), task })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(r: &mut InitialRead, custom: bool) {
+        for k in kube_source::KINDS.iter().filter(|k| k.custom == custom) {
+            r.listed(k.kind);
+        }
+    }
+
+    #[test]
+    fn absent_custom_kinds_are_not_waited_for_and_builtin_kinds_always_are() {
+        let early = Duration::from_secs(1);
+        let late = CUSTOM_KINDS_WAIT;
+
+        // Built-in kinds listed, the custom ones reported absent: at once.
+        let mut r = InitialRead::default();
+        list(&mut r, false);
+        assert!(!r.complete(early), "custom kinds neither listed nor absent yet");
+        list(&mut r, true);
+        assert!(r.complete(early));
+
+        // Custom kinds that keep failing: served without them after the wait.
+        let mut r = InitialRead::default();
+        list(&mut r, false);
+        assert!(!r.complete(early));
+        assert!(r.complete(late));
+
+        // Built-in kinds that keep failing: never served without them.
+        let mut r = InitialRead::default();
+        list(&mut r, true);
+        assert!(!r.complete(late));
+        assert!(!r.complete(late * 10));
+        list(&mut r, false);
+        assert!(r.complete(late * 10));
+    }
 }

@@ -5,15 +5,28 @@
 //! Level-triggered: a watcher that (re)lists (at start, and whenever its
 //! watch expires or breaks) ends the listing with [`RawEvent::Relisted`],
 //! naming every object of the kind that exists; whatever the consumer holds
-//! of that kind beyond them was deleted while nobody watched. A kind whose
-//! resource is missing (the Istio CRDs not installed) is retried with
-//! back-off and said once, not at every retry.
+//! of that kind beyond them was deleted while nobody watched.
+//!
+//! The mesh kinds are custom resources: a cluster may not have their CRDs
+//! (yet). When the API server's discovery does not list a kind (or a list
+//! of it answers 404, its CRD deleted), the watcher reports
+//! [`RawEvent::Absent`] (no object of it can exist, so there is nothing to
+//! wait for) and asks discovery again every [`ABSENT_RETRY`]: a CRD
+//! installed later is picked up within that, without a restart. Other
+//! failures are retried with kube-rs's back-off (up to 30 s) and said
+//! once per outage, not at every retry.
 
 use futures_util::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{watcher, WatchStreamExt};
 use std::collections::BTreeSet;
+use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// How often discovery is asked again for a kind the API server does not
+/// serve: how long a CRD installed while the control plane runs goes
+/// unnoticed. Discovery is served from memory.
+pub const ABSENT_RETRY: Duration = Duration::from_secs(5);
 
 /// A kind the control plane watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,17 +35,20 @@ pub struct Kind {
     pub version: &'static str,
     pub kind: &'static str,
     pub plural: &'static str,
+    /// Served only once a CRD defines it: the control plane serves
+    /// without it rather than wait for it.
+    pub custom: bool,
 }
 
 /// Everything the index reads (shared/PROTOCOLS.md section 5 for the mesh kinds).
 pub const KINDS: &[Kind] = &[
-    Kind { group: "", version: "v1", kind: "Namespace", plural: "namespaces" },
-    Kind { group: "", version: "v1", kind: "Pod", plural: "pods" },
-    Kind { group: "", version: "v1", kind: "Service", plural: "services" },
-    Kind { group: "", version: "v1", kind: "ServiceAccount", plural: "serviceaccounts" },
-    Kind { group: "discovery.k8s.io", version: "v1", kind: "EndpointSlice", plural: "endpointslices" },
-    Kind { group: "security.istio.io", version: "v1", kind: "AuthorizationPolicy", plural: "authorizationpolicies" },
-    Kind { group: "security.istio.io", version: "v1", kind: "PeerAuthentication", plural: "peerauthentications" },
+    Kind { group: "", version: "v1", kind: "Namespace", plural: "namespaces", custom: false },
+    Kind { group: "", version: "v1", kind: "Pod", plural: "pods", custom: false },
+    Kind { group: "", version: "v1", kind: "Service", plural: "services", custom: false },
+    Kind { group: "", version: "v1", kind: "ServiceAccount", plural: "serviceaccounts", custom: false },
+    Kind { group: "discovery.k8s.io", version: "v1", kind: "EndpointSlice", plural: "endpointslices", custom: false },
+    Kind { group: "security.istio.io", version: "v1", kind: "AuthorizationPolicy", plural: "authorizationpolicies", custom: true },
+    Kind { group: "security.istio.io", version: "v1", kind: "PeerAuthentication", plural: "peerauthentications", custom: true },
 ];
 
 impl Kind {
@@ -60,6 +76,12 @@ pub enum RawEvent {
     Relisted {
         kind: &'static str,
         present: BTreeSet<(String, String)>,
+    },
+    /// The API server does not serve `kind` (its discovery does not list
+    /// it, or a list of it answered 404: its CRD is not installed). Sent
+    /// once per outage.
+    Absent {
+        kind: &'static str,
     },
 }
 
@@ -101,50 +123,103 @@ fn to_json(k: &Kind, o: DynamicObject) -> serde_json::Value {
     v
 }
 
+/// True when the API server answered that it does not serve the resource.
+fn is_absent(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
+}
+
+/// Whether the API server's discovery lists the kind. Asked instead of
+/// listing the kind itself while it is absent: a list of a resource that
+/// is not served answers a bare "404 page not found", which kube's client
+/// logs as a warning at every attempt.
+async fn served(client: &kube::Client, k: &Kind) -> Result<bool, kube::Error> {
+    if k.group.is_empty() {
+        return Ok(true);
+    }
+    let groups = client.list_api_groups().await?;
+    let group = groups.groups.iter().find(|g| g.name == k.group);
+    if !group.is_some_and(|g| g.versions.iter().any(|v| v.version == k.version)) {
+        return Ok(false);
+    }
+    let resources = client.list_api_group_resources(&k.api_version()).await?;
+    Ok(resources.resources.iter().any(|r| r.name == k.plural))
+}
+
 async fn watch_kind(client: kube::Client, k: Kind, tx: mpsc::Sender<RawEvent>) {
     let gvk = GroupVersionKind::gvk(k.group, k.version, k.kind);
     let ar = ApiResource::from_gvk_with_plural(&gvk, k.plural);
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
-    let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
-    let mut listing: Option<BTreeSet<(String, String)>> = None;
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
     let mut failing = false;
-    while let Some(ev) = stream.next().await {
-        let out = match ev {
-            Ok(watcher::Event::Init) => {
-                listing = Some(BTreeSet::new());
-                None
-            }
-            Ok(watcher::Event::InitApply(o)) => {
-                if let Some(l) = listing.as_mut() {
-                    l.insert(key(&o));
+    let mut absent = false;
+    // Each pass is one watcher, started once discovery lists the kind (custom
+    // kinds; built-in ones are always served). A pass ends when the kind
+    // turns out not to be served (its CRD deleted); discovery is then asked
+    // every ABSENT_RETRY (the watcher's own back-off would grow to 30 s).
+    loop {
+        // A discovery failure is left to the watcher to meet and report.
+        let not_served = (k.custom || absent) && matches!(served(&client, &k).await, Ok(false));
+        if !not_served {
+            let mut stream = std::pin::pin!(watcher(api.clone(), watcher::Config::default()).default_backoff());
+            let mut listing: Option<BTreeSet<(String, String)>> = None;
+            while let Some(ev) = stream.next().await {
+                let out = match ev {
+                    Ok(watcher::Event::Init) => {
+                        listing = Some(BTreeSet::new());
+                        None
+                    }
+                    Ok(watcher::Event::InitApply(o)) => {
+                        if let Some(l) = listing.as_mut() {
+                            l.insert(key(&o));
+                        }
+                        Some(RawEvent::Apply(to_json(&k, o)))
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if absent {
+                            tracing::info!(kind = k.kind, "the API server serves {} ({}) now: watching", k.plural, k.api_version());
+                        } else if failing {
+                            tracing::info!(kind = k.kind, "watching again");
+                        }
+                        (failing, absent) = (false, false);
+                        Some(RawEvent::Relisted { kind: k.kind, present: listing.take().unwrap_or_default() })
+                    }
+                    Ok(watcher::Event::Apply(o)) => Some(RawEvent::Apply(to_json(&k, o))),
+                    Ok(watcher::Event::Delete(o)) => {
+                        let (namespace, name) = key(&o);
+                        Some(RawEvent::Delete { kind: k.kind, namespace, name })
+                    }
+                    Err(e) if is_absent(&e) => break,
+                    Err(e) => {
+                        // Said once per outage; the back-off retries meanwhile.
+                        if !failing {
+                            tracing::warn!(kind = k.kind, "cannot watch {} ({}): {e}; retrying with back-off", k.plural, k.api_version());
+                            failing = true;
+                        }
+                        None
+                    }
+                };
+                if let Some(ev) = out {
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
                 }
-                Some(RawEvent::Apply(to_json(&k, o)))
             }
-            Ok(watcher::Event::InitDone) => {
-                if failing {
-                    tracing::info!(kind = k.kind, "watching again");
-                    failing = false;
-                }
-                Some(RawEvent::Relisted { kind: k.kind, present: listing.take().unwrap_or_default() })
-            }
-            Ok(watcher::Event::Apply(o)) => Some(RawEvent::Apply(to_json(&k, o))),
-            Ok(watcher::Event::Delete(o)) => {
-                let (namespace, name) = key(&o);
-                Some(RawEvent::Delete { kind: k.kind, namespace, name })
-            }
-            Err(e) => {
-                // Said once per outage; the back-off retries meanwhile.
-                if !failing {
-                    tracing::warn!(kind = k.kind, "cannot watch {} ({}): {e}; retrying with back-off", k.plural, k.api_version());
-                    failing = true;
-                }
-                None
-            }
-        };
-        if let Some(ev) = out {
-            if tx.send(ev).await.is_err() {
+        }
+        if !absent {
+            tracing::warn!(
+                kind = k.kind,
+                "the API server does not serve {} ({}){}; watching for it",
+                k.plural,
+                k.api_version(),
+                if k.custom { ": is its CRD installed?" } else { "" }
+            );
+            (failing, absent) = (false, true);
+            if tx.send(RawEvent::Absent { kind: k.kind }).await.is_err() {
                 return;
             }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(ABSENT_RETRY) => {}
+            _ = tx.closed() => return,
         }
     }
 }
