@@ -30,6 +30,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 /// Where objects come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,6 +236,16 @@ fn read_marker(dir: &std::path::Path) -> u64 {
     std::fs::read_to_string(dir.join(".generation")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
 }
 
+/// A task that ends when this is dropped: what `start` spawns ends with the
+/// control plane, or with `start` itself when it fails half-way.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A batch of events from a source, with the objects generation they cover.
 struct Batch {
     events: Vec<ObjectEvent>,
@@ -311,15 +322,26 @@ impl InitialRead {
     }
 }
 
-fn kube_batches(client: kube::Client) -> mpsc::Receiver<Batch> {
+/// The kubernetes source as batches, and its task: it ends, with every
+/// watcher and its connection to the API server, once the receiver is
+/// dropped.
+fn kube_batches(client: kube::Client) -> (mpsc::Receiver<Batch>, JoinHandle<()>) {
     let (raw_tx, raw_rx) = mpsc::channel(1024);
-    kube_source::spawn(client, raw_tx);
+    let watchers = kube_source::spawn(client, raw_tx);
     let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(kube_read(raw_rx, tx));
-    rx
+    let task = tokio::spawn(async move {
+        kube_read(raw_rx, tx).await;
+        for w in &watchers {
+            w.abort();
+        }
+        for w in watchers {
+            let _ = w.await;
+        }
+    });
+    (rx, task)
 }
 
-/// Turns the watchers' events into batches of objects.
+/// Turns the watchers' events into batches of objects until `tx` closes.
 async fn kube_read(mut raw_rx: mpsc::Receiver<RawEvent>, tx: mpsc::Sender<Batch>) {
     let mut known: BTreeMap<&'static str, BTreeSet<(String, String)>> = BTreeMap::new();
     let mut initial = InitialRead::default();
@@ -334,6 +356,7 @@ async fn kube_read(mut raw_rx: mpsc::Receiver<RawEvent>, tx: mpsc::Sender<Batch>
                 None => return,
             },
             _ = tokio::time::sleep_until(started + CUSTOM_KINDS_WAIT), if !synced && !initial.warned => None,
+            _ = tx.closed() => return,
         };
         let mut raw: Vec<RawEvent> = first.into_iter().collect();
         while let Ok(more) = raw_rx.try_recv() {
@@ -391,7 +414,7 @@ pub struct Running {
     pub addr: SocketAddr,
     pub monitor: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
 }
 
 impl Running {
@@ -429,15 +452,15 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         _ => CaSource::Generated { dir: args.ca_dir.clone() },
     };
     let material = CaMaterial::load(&ca_source, &trust_domain, args.max_cert_validity)?;
-    let _reload = material.watch(Duration::from_secs(5));
+    let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
 
-    let (mut batches, auth): (mpsc::Receiver<Batch>, Arc<dyn Authenticator>) = match &args.source {
+    let (mut batches, source_task, auth): (mpsc::Receiver<Batch>, Option<JoinHandle<()>>, Arc<dyn Authenticator>) = match &args.source {
         SourceArg::Dir(root) => {
             let Some(tokens) = &args.node_tokens else {
                 bail!("--source dir: needs --node-tokens (there is no API server to review tokens)")
             };
             tracing::info!(dir = %root.display(), "objects from a directory");
-            (dir_source(root.clone(), args.dir_interval), Arc::new(NodeTokens::load(tokens)?))
+            (dir_source(root.clone(), args.dir_interval), None, Arc::new(NodeTokens::load(tokens)?))
         }
         SourceArg::Kubernetes => {
             let client = kube_source::client(args.kubeconfig.as_deref()).await?;
@@ -450,7 +473,8 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
                 }
             };
             tracing::info!("objects from the Kubernetes API");
-            (kube_batches(client), auth)
+            let (batches, task) = kube_batches(client);
+            (batches, Some(task), auth)
         }
     };
 
@@ -472,7 +496,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let monitor_listener =
         tokio::net::TcpListener::bind(args.monitor).await.with_context(|| format!("binding the monitor port {}", args.monitor))?;
     let monitor_addr = monitor_listener.local_addr()?;
-    let monitor_task = tokio::spawn(monitor::serve(monitor_listener, mon.clone()));
+    let monitor_task = AbortOnDrop(tokio::spawn(monitor::serve(monitor_listener, mon.clone())));
 
     // Read the source whole before serving.
     let started = Instant::now();
@@ -533,10 +557,15 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
                 _ = &mut stopped => break Ok(()),
             }
         };
+        // The source stops (a kubernetes source's watchers end with it).
+        drop(batches);
+        if let Some(t) = source_task {
+            let _ = t.await;
+        }
         xds.close_streams();
         let _ = stop_server.send(());
         let _ = serving.await;
-        monitor_task.abort();
+        drop((monitor_task, reload));
         result
     });
     Ok(Running { addr, monitor: monitor_addr, stop: Some(stop), task })
@@ -577,5 +606,34 @@ mod tests {
         assert!(!r.complete(late * 10));
         list(&mut r, false);
         assert!(r.complete(late * 10));
+    }
+
+    /// The watchers hold the client (and its connections); they end once
+    /// the control plane drops its receiver of batches.
+    #[tokio::test]
+    async fn dropping_the_batches_ends_the_watchers() {
+        let alive = Arc::new(());
+        let held = alive.clone();
+        // An API server that never answers: every watcher waits on it.
+        let api = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            let request = held.clone();
+            async move {
+                let _request = request;
+                std::future::pending::<()>().await;
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+            }
+        });
+        let (batches, task) = kube_batches(kube::Client::new(api, "default"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&alive) < 2 + kube_source::KINDS.len() {
+            assert!(Instant::now() < deadline, "the watchers did not ask the API server");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(batches);
+        tokio::time::timeout(Duration::from_secs(10), task).await.expect("the source ends").unwrap();
+        while Arc::strong_count(&alive) > 1 {
+            assert!(Instant::now() < deadline, "{} requests or clients left", Arc::strong_count(&alive) - 1);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
