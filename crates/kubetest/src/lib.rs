@@ -166,6 +166,13 @@ impl KubeTestServer {
         self.dir.path()
     }
 
+    /// The key kube-apiserver signs service-account tokens with (PKCS#8 PEM,
+    /// ECDSA P-256, so tokens are ES256), for a test that needs a token
+    /// TokenRequest will not issue, such as one already expired.
+    pub fn service_account_signing_key(&self) -> PathBuf {
+        self.dir.path().join("pki").join(SA_KEY_FILE)
+    }
+
     pub fn pids(&self) -> ServerPids {
         ServerPids { etcd: self.etcd.pid(), apiserver: self.apiserver.pid() }
     }
@@ -207,6 +214,9 @@ impl KubeTestServer {
     }
 }
 
+/// In the server's `pki` directory: the service-account signing key.
+const SA_KEY_FILE: &str = "sa.key";
+
 /// The paths of the PKI files kube-apiserver and the kubeconfig name.
 struct Files {
     ca_pem: String,
@@ -235,7 +245,7 @@ impl Files {
             serving_key: write("apiserver.key", &pki.serving_key_pem)?,
             admin_cert: write("admin.crt", &pki.admin_cert_pem)?,
             admin_key: write("admin.key", &pki.admin_key_pem)?,
-            sa_key: write("sa.key", &pki.sa_key_pem)?,
+            sa_key: write(SA_KEY_FILE, &pki.sa_key_pem)?,
             sa_public: write("sa.pub", &pki.sa_public_pem)?,
         })
     }
