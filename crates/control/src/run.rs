@@ -59,6 +59,8 @@ pub struct ControlArgs {
     /// cluster's agent keeps one).
     #[arg(long, default_value = "kubernetes")]
     pub source: SourceArg,
+    /// The kubeconfig of a `kubernetes` source (default: KUBECONFIG, then
+    /// ~/.kube/config, then the in-cluster service account).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// How often a `dir:` source is checked for changes.
@@ -76,6 +78,8 @@ pub struct ControlArgs {
     /// This cluster's id: workload uids are `<id>//Pod/<ns>/<name>`.
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
+    /// The mesh's trust domain: identities are `spiffe://<it>/ns/<ns>/sa/<sa>`,
+    /// and the CA signs no other.
     #[arg(long, default_value = slipstream_core::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
     /// Policies of this namespace apply mesh-wide.
@@ -85,6 +89,7 @@ pub struct ControlArgs {
     /// root is generated in --ca-dir on first start and kept.
     #[arg(long, requires = "ca_key")]
     pub ca_cert: Option<PathBuf>,
+    /// The private key of --ca-cert (PEM). It never leaves this process.
     #[arg(long, requires = "ca_cert")]
     pub ca_key: Option<PathBuf>,
     /// Intermediates from --ca-cert up to the operator's root.
@@ -360,6 +365,11 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
 /// Reads the source whole, then serves; returns once the port is open.
 pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let trust_domain = TrustDomain::new(&args.trust_domain).with_context(|| format!("--trust-domain {:?}", args.trust_domain))?;
+    // Refuse a bad combination before anything is created (a generated root, a bound port).
+    if matches!(args.source, SourceArg::Dir(_)) && args.node_tokens.is_none() {
+        bail!("--source dir: needs --node-tokens (there is no API server to review tokens)");
+    }
+    let node_tokens = args.node_tokens.as_deref().map(NodeTokens::load).transpose()?;
     let ca_source = match (&args.ca_cert, &args.ca_key) {
         (Some(cert), Some(key)) => CaSource::Files(CaFiles {
             cert: cert.clone(),
@@ -382,8 +392,8 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         }
         SourceArg::Kubernetes => {
             let client = kube_source::client(args.kubeconfig.as_deref()).await?;
-            let auth: Arc<dyn Authenticator> = match &args.node_tokens {
-                Some(t) => Arc::new(NodeTokens::load(t)?),
+            let auth: Arc<dyn Authenticator> = match node_tokens {
+                Some(t) => Arc::new(t),
                 None => {
                     let node_proxies = ReviewPolicy::parse_accounts(&args.node_proxy_accounts).map_err(anyhow::Error::msg)?;
                     let policy = ReviewPolicy { node_proxies, audiences: args.token_audiences.clone(), ..Default::default() };
