@@ -180,6 +180,7 @@ impl MonitorSource for Monitor {
                             resources: t.resources,
                             nacks: t.nacks,
                             last_nack: t.last_nack,
+                            last_nack_generation: t.last_nack_generation,
                             in_sync: t.in_sync,
                         })
                         .collect(),
@@ -258,7 +259,14 @@ fn dir_source(root: PathBuf, every: Duration) -> mpsc::Receiver<Batch> {
             // included in this poll.
             let objects_generation = read_marker(&root);
             let events = dir.poll().into_iter().map(|(e, _)| e).collect();
-            if tx.blocking_send(Batch { events, objects_generation, synced: true }).is_err() {
+            // A directory that is not there (a wrong path, not created yet)
+            // reads as empty: never as the whole truth, or proxies would be
+            // told that everything they hold was removed.
+            let synced = root.is_dir();
+            if !synced {
+                tracing::warn!(dir = %root.display(), "the object directory does not exist (yet); not serving until it does");
+            }
+            if tx.blocking_send(Batch { events, objects_generation, synced }).is_err() {
                 return;
             }
             std::thread::sleep(every);
