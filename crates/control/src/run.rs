@@ -284,7 +284,24 @@ fn kube_batches(client: kube::Client) -> mpsc::Receiver<Batch> {
         let mut relisted: BTreeSet<&'static str> = BTreeSet::new();
         let started = Instant::now();
         let mut warned = false;
-        while let Some(first) = raw_rx.recv().await {
+        let mut deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let mut synced = false;
+        loop {
+            // Until synced, wake at the deadline even if nothing arrives
+            // (a kind whose CRD is missing sends nothing at all).
+            let first = if synced {
+                raw_rx.recv().await
+            } else {
+                tokio::select! {
+                    r = raw_rx.recv() => r,
+                    _ = tokio::time::sleep_until(deadline) => {
+                        // Checked again each second after the deadline.
+                        deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+                        Some(RawEvent::Relisted { kind: "", present: BTreeSet::new() })
+                    }
+                }
+            };
+            let Some(first) = first else { return };
             let mut raw = vec![first];
             while let Ok(more) = raw_rx.try_recv() {
                 raw.push(more);
@@ -310,6 +327,8 @@ fn kube_batches(client: kube::Client) -> mpsc::Receiver<Batch> {
                             events.push(ObjectEvent::Delete(ObjectRef::new(k, &namespace, &name)));
                         }
                     }
+                    // The deadline's wake-up (no kind).
+                    RawEvent::Relisted { kind: "", .. } => {}
                     RawEvent::Relisted { kind, present } => {
                         relisted.insert(kind);
                         if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
@@ -322,16 +341,23 @@ fn kube_batches(client: kube::Client) -> mpsc::Receiver<Batch> {
                     }
                 }
             }
-            let all = relisted.len() >= kube_source::KINDS.len();
-            // Kinds whose resource does not exist (CRDs not installed) never
-            // list: serve without them after a while, and say so.
-            let late = started.elapsed() > Duration::from_secs(15);
-            if late && !all && !warned {
-                let missing: Vec<&str> = kube_source::KINDS.iter().map(|k| k.kind).filter(|k| !relisted.contains(k)).collect();
+            let missing: Vec<&str> = kube_source::KINDS.iter().map(|k| k.kind).filter(|k| !relisted.contains(k)).collect();
+            // Kinds of custom resources (Istio's CRDs may not be installed)
+            // may be skipped after a while, and that is said; the core kinds
+            // never: serving without the pods would tell every proxy that
+            // its workloads were removed.
+            let core_missing = missing.iter().any(|k| !["AuthorizationPolicy", "PeerAuthentication"].contains(k));
+            let late = started.elapsed() >= Duration::from_secs(15);
+            if !synced && !missing.is_empty() && !core_missing && late && !warned {
                 tracing::warn!("serving without {} (not listed yet: are their CRDs installed?)", missing.join(", "));
                 warned = true;
             }
-            if tx.send(Batch { events, objects_generation: 0, synced: all || late }).await.is_err() {
+            if !synced && core_missing && late && !warned {
+                tracing::warn!("still waiting to list {} from the API server; not serving until they are listed", missing.join(", "));
+                warned = true;
+            }
+            synced = synced || missing.is_empty() || (late && !core_missing);
+            if tx.send(Batch { events, objects_generation: 0, synced }).await.is_err() {
                 return;
             }
         }
