@@ -3,16 +3,17 @@
 //! dot are skipped, so a writer's temporary files are never read half
 //! written), diffed per file into events.
 //!
-//! Watched by polling: each poll lists the tree and compares each file's
-//! inode, size, modification and change times with the last poll's, and
-//! reads only the files that differ. We chose polling over inotify because
-//! it needs no extra dependency, works on every file system (bind mounts,
-//! overlay, network), cannot miss an event (it is level-triggered: what is
-//! on disk is the truth at every poll), and at the local cluster's size
-//! (hundreds of files) a poll every 200 ms costs well under a millisecond
-//! of stat calls. Writers replace files by renaming a complete temporary
-//! file over them (the agent does), which changes the inode, so even a
-//! rewrite within one timestamp tick of the same size is seen.
+//! Watched by polling, woken by inotify: each poll lists the tree and
+//! compares each file's inode, size, modification and change times with
+//! the last poll's, and reads only the files that differ. Polls run every
+//! interval, and as soon as inotify says something under the directory
+//! changed ([`wake`]; a burst of events settles first). The listing is the
+//! truth and the events only a reason to look now: it works on every file
+//! system (without inotify, at the interval), and cannot miss a change (it
+//! is level-triggered: a lost event costs one interval). Writers replace
+//! files by renaming a complete temporary file over them (the agent does),
+//! which changes the inode, so even a rewrite within one timestamp tick of
+//! the same size is seen.
 //!
 //! A file is taken whole or not at all: if any document of it does not
 //! parse or validate, every error is logged (file, kind, namespace/name,
@@ -22,12 +23,14 @@
 
 use crate::index::ObjectEvent;
 use crate::objects::{parse_manifests, ClusterObject, ObjectError, ObjectRef};
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::{DirEntryExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// How often `watch` polls.
+mod wake;
+
+/// How often `watch` polls when nothing wakes it.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Where an event came from.
@@ -64,11 +67,17 @@ pub struct DirSource {
     /// What the events so far have said: each object and its file.
     current: BTreeMap<ObjectRef, (ClusterObject, PathBuf)>,
     errors: BTreeMap<PathBuf, Vec<ObjectError>>,
+    /// None when inotify is not available: polls at the interval only.
+    wake: Option<wake::Wake>,
 }
 
 impl DirSource {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        DirSource { root: root.into(), files: BTreeMap::new(), current: BTreeMap::new(), errors: BTreeMap::new() }
+        let root = root.into();
+        let wake = wake::Wake::new()
+            .inspect_err(|e| tracing::warn!(dir = %root.display(), "inotify is not available ({e}): changes are seen at each poll only"))
+            .ok();
+        DirSource { root, files: BTreeMap::new(), current: BTreeMap::new(), errors: BTreeMap::new(), wake }
     }
 
     pub fn root(&self) -> &Path {
@@ -84,12 +93,23 @@ impl DirSource {
     /// object, the first time); deletions first.
     pub fn poll(&mut self) -> Vec<(ObjectEvent, Origin)> {
         let mut seen = BTreeMap::new();
-        if let Err(e) = list(&self.root, &mut seen) {
-            if e.kind() != std::io::ErrorKind::NotFound {
+        let mut dirs = HashSet::new();
+        let root_ino = std::fs::metadata(&self.root).map(|m| m.ino());
+        let listed = root_ino.and_then(|ino| {
+            let mut listing = Listing { files: &mut seen, dirs: &mut dirs, wake: self.wake.as_mut() };
+            listing.dir(&self.root, ino)
+        });
+        match listed {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
                 tracing::warn!(dir = %self.root.display(), "cannot list the object directory: {e}");
                 // A transient error must not read as "every file is gone".
                 return Vec::new();
             }
+        }
+        if let Some(w) = &mut self.wake {
+            w.keep_only(&dirs);
         }
         // Read what changed.
         let mut parsed: BTreeMap<PathBuf, BTreeMap<ObjectRef, ClusterObject>> = BTreeMap::new();
@@ -182,9 +202,23 @@ impl DirSource {
         events
     }
 
-    /// Polls every `interval` on a thread of its own (polling reads files,
-    /// which would block an async runtime) and sends each non-empty batch
-    /// of events; stops when the receiver is dropped.
+    /// Blocks until the next poll is due: something under the directory
+    /// changed (inotify; the burst settled), or `interval` passed since
+    /// the call. True when a change woke it.
+    pub fn wait(&mut self, interval: Duration) -> bool {
+        match &mut self.wake {
+            Some(w) => w.wait(interval),
+            None => {
+                std::thread::sleep(interval);
+                false
+            }
+        }
+    }
+
+    /// Polls on a thread of its own (polling reads files, which would
+    /// block an async runtime), when a change wakes it and at least every
+    /// `interval`, and sends each non-empty batch of events; stops when
+    /// the receiver is dropped.
     pub fn watch(mut self, interval: Duration) -> tokio::sync::mpsc::Receiver<Vec<(ObjectEvent, Origin)>> {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         std::thread::Builder::new()
@@ -197,7 +231,7 @@ impl DirSource {
                 if tx.is_closed() {
                     return;
                 }
-                std::thread::sleep(interval);
+                self.wait(interval);
             })
             .expect("spawning the directory source's thread");
         rx
@@ -227,33 +261,50 @@ fn is_manifest(name: &str) -> bool {
     !name.starts_with('.') && [".yaml", ".yml", ".json"].iter().any(|e| name.ends_with(e))
 }
 
-/// The manifests under `dir`, recursively (symbolic links to directories
-/// are not followed, so a loop cannot hang the poll).
-fn list(dir: &Path, out: &mut BTreeMap<PathBuf, Stamp>) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') {
-            continue;
+/// One listing of the tree.
+struct Listing<'a> {
+    /// Every manifest, with its stamp.
+    files: &'a mut BTreeMap<PathBuf, Stamp>,
+    /// Every directory listed.
+    dirs: &'a mut HashSet<PathBuf>,
+    wake: Option<&'a mut wake::Wake>,
+}
+
+impl Listing<'_> {
+    /// The manifests under `dir` (inode `ino`), recursively (symbolic
+    /// links to directories are not followed, so a loop cannot hang the
+    /// poll). Each directory is watched before it is read: what is made
+    /// in it afterwards wakes the next poll.
+    fn dir(&mut self, dir: &Path, ino: u64) -> std::io::Result<()> {
+        if let Some(w) = self.wake.as_deref_mut() {
+            w.watch(dir, ino);
         }
-        let path = entry.path();
-        let ft = entry.file_type()?;
-        if ft.is_dir() {
-            match list(&path, out) {
-                // Removed while we looked: its files are gone, as they should read.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                other => other?,
+        self.dirs.insert(dir.to_path_buf());
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') {
+                continue;
             }
-        } else if is_manifest(name) {
-            if let Ok(m) = std::fs::metadata(&path) {
-                if m.is_file() {
-                    out.insert(path, Stamp::of(&m));
+            let path = entry.path();
+            let ft = entry.file_type()?;
+            if ft.is_dir() {
+                match self.dir(&path, entry.ino()) {
+                    // Removed while we looked: its files are gone, as they should read.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    other => other?,
+                }
+            } else if is_manifest(name) {
+                if let Ok(m) = std::fs::metadata(&path) {
+                    if m.is_file() {
+                        self.files.insert(path, Stamp::of(&m));
+                    }
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

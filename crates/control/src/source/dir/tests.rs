@@ -126,3 +126,64 @@ async fn watch_sends_batches() {
     let next = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
     assert!(matches!(next[0].0, ObjectEvent::Delete(_)));
 }
+
+/// The next batch, or a panic naming what was awaited.
+async fn next_batch(rx: &mut tokio::sync::mpsc::Receiver<Vec<(ObjectEvent, Origin)>>, what: &str) -> Vec<(ObjectEvent, Origin)> {
+    // Far below the poll interval of the watches below (60 s), far above
+    // what a loaded machine needs: only a wake explains seeing it.
+    match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+        Ok(Some(b)) => b,
+        Ok(None) => panic!("the source stopped before {what}"),
+        Err(_) => panic!("{what} was not seen within 5 s although the poll interval is 60 s: inotify did not wake the poll"),
+    }
+}
+
+#[tokio::test]
+async fn a_change_wakes_the_poll_long_before_the_interval() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().to_path_buf();
+    write(&root, "Pod/demo/a.yaml", &pod("a", "10.244.1.2"));
+    let mut rx = DirSource::new(&root).watch(Duration::from_secs(60));
+    assert_eq!(next_batch(&mut rx, "the first poll").await.len(), 1);
+
+    // A file replaced by rename in a directory that was there.
+    write(&root, "Pod/demo/a.yaml", &pod("a", "10.244.1.3"));
+    assert_eq!(summary(&next_batch(&mut rx, "a rewritten file").await, &root), ["upsert Pod demo/a (Pod/demo/a.yaml)"]);
+    // Directories made after the first poll, two levels deep.
+    write(&root, "Pod/other/deeper/b.yaml", &pod("b", "10.244.1.4"));
+    assert_eq!(summary(&next_batch(&mut rx, "a file in a new directory").await, &root), ["upsert Pod demo/b (Pod/other/deeper/b.yaml)"]);
+    // ... and watched from then on.
+    write(&root, "Pod/other/deeper/c.yaml", &pod("c", "10.244.1.5"));
+    assert_eq!(
+        summary(&next_batch(&mut rx, "a second file in the new directory").await, &root),
+        ["upsert Pod demo/c (Pod/other/deeper/c.yaml)"]
+    );
+    std::fs::remove_file(root.join("Pod/demo/a.yaml")).unwrap();
+    assert_eq!(summary(&next_batch(&mut rx, "a removed file").await, &root), ["delete Pod demo/a (Pod/demo/a.yaml)"]);
+    // A whole directory replaced by another one under the same name.
+    std::fs::remove_dir_all(root.join("Pod/other")).unwrap();
+    let batch = next_batch(&mut rx, "a removed directory").await;
+    assert_eq!(summary(&batch, &root), ["delete Pod demo/b (Pod/other/deeper/b.yaml)", "delete Pod demo/c (Pod/other/deeper/c.yaml)"]);
+    write(&root, "Pod/other/d.yaml", &pod("d", "10.244.1.6"));
+    assert_eq!(summary(&next_batch(&mut rx, "a file in a re-created directory").await, &root), ["upsert Pod demo/d (Pod/other/d.yaml)"]);
+}
+
+#[test]
+fn every_directory_listed_is_watched_and_only_those() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let mut src = DirSource::new(root);
+    write(root, "Pod/a/x.yaml", &pod("x", "10.244.1.2"));
+    write(root, "Pod/b/y.yaml", &pod("y", "10.244.1.3"));
+    std::fs::create_dir_all(root.join(".hidden/z")).unwrap();
+    src.poll();
+    let watched = |src: &DirSource| src.wake.as_ref().expect("inotify on this machine").watched();
+    // The root, Pod, Pod/a and Pod/b; hidden directories are not read.
+    assert_eq!(watched(&src), 4);
+    std::fs::remove_dir_all(root.join("Pod/b")).unwrap();
+    assert!(src.wait(Duration::from_secs(60)), "the removal wakes the wait");
+    assert_eq!(summary(&src.poll(), root), ["delete Pod demo/y (Pod/b/y.yaml)"]);
+    assert_eq!(watched(&src), 3);
+    // Nothing changed: the wait ends at its interval, not woken.
+    assert!(!src.wait(Duration::from_millis(20)));
+}
