@@ -187,3 +187,58 @@ fn every_directory_listed_is_watched_and_only_those() {
     // Nothing changed: the wait ends at its interval, not woken.
     assert!(!src.wait(Duration::from_millis(20)));
 }
+
+#[test]
+fn a_woken_poll_lists_only_what_the_events_name_and_the_next_whole_listing_the_rest() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let mut src = DirSource::new(root);
+    write(root, "Pod/a/x.yaml", &pod("x", "10.244.1.2"));
+    write(root, "Pod/b/y.yaml", &pod("y", "10.244.1.3"));
+    assert_eq!(src.poll().len(), 2);
+    // A change in each directory; the events of b's are taken as lost:
+    // the next poll lists a alone.
+    write(root, "Pod/a/x.yaml", &pod("x", "10.244.1.4"));
+    write(root, "Pod/b/y.yaml", &pod("y", "10.244.1.5"));
+    std::fs::remove_file(root.join("Pod/b/y.yaml")).unwrap();
+    write(root, "Pod/b/z.yaml", &pod("z", "10.244.1.6"));
+    src.next = Scope::Dirs([(root.join("Pod/a"), false)].into());
+    assert_eq!(summary(&src.poll(), root), ["upsert Pod demo/x (Pod/a/x.yaml)"], "b was not listed, so nothing there is gone");
+    // The whole listing (every interval) finds the rest.
+    assert_eq!(summary(&src.poll(), root), ["delete Pod demo/y (Pod/b/y.yaml)", "upsert Pod demo/z (Pod/b/z.yaml)"]);
+    // A directory listed with its subdirectories.
+    write(root, "Pod/b/c/w.yaml", &pod("w", "10.244.1.7"));
+    std::fs::remove_file(root.join("Pod/b/z.yaml")).unwrap();
+    src.next = Scope::Dirs([(root.join("Pod/b"), true)].into());
+    assert_eq!(summary(&src.poll(), root), ["delete Pod demo/z (Pod/b/z.yaml)", "upsert Pod demo/w (Pod/b/c/w.yaml)"]);
+    // A directory that is gone: its files are.
+    std::fs::remove_dir_all(root.join("Pod/b")).unwrap();
+    src.next = Scope::Dirs([(root.join("Pod/b"), true)].into());
+    assert_eq!(summary(&src.poll(), root), ["delete Pod demo/w (Pod/b/c/w.yaml)"]);
+    assert!(src.poll().is_empty());
+}
+
+#[test]
+fn scopes_cover_their_directories_files() {
+    let scope = Scope::Dirs([(PathBuf::from("/o/Pod/a"), false), (PathBuf::from("/o/Svc"), true)].into());
+    assert!(scope.covers(Path::new("/o/Pod/a/x.yaml")));
+    assert!(!scope.covers(Path::new("/o/Pod/a/sub/x.yaml")), "not recursive");
+    assert!(!scope.covers(Path::new("/o/Pod/ab/x.yaml")));
+    assert!(!scope.covers(Path::new("/o/Pod/x.yaml")));
+    assert!(scope.covers(Path::new("/o/Svc/ns/deeper/x.yaml")));
+    assert!(Scope::Everything.covers(Path::new("/anything")));
+}
+
+#[test]
+fn a_wait_ends_at_the_interval_counted_from_the_last_whole_listing() {
+    let d = tempfile::tempdir().unwrap();
+    let mut src = DirSource::new(d.path());
+    // Never listed: due at once.
+    assert!(!src.wait(Duration::from_secs(3600)));
+    src.poll();
+    write(d.path(), "a.yaml", &pod("a", "10.244.1.2"));
+    assert!(src.wait(Duration::from_secs(3600)), "woken by the write");
+    assert_eq!(src.next, Scope::Dirs([(d.path().to_path_buf(), false)].into()));
+    assert_eq!(src.poll().len(), 1);
+    assert_eq!(src.next, Scope::Everything, "the wake's scope is used once");
+}

@@ -9,15 +9,19 @@
 //!
 //! Every directory is watched by the listing itself, just before it reads
 //! the directory: an entry made before the watch is listed, one made after
-//! it is an event. A new subdirectory is an event in its parent; the poll
-//! that event wakes lists it, and so watches it. Watches of directories
-//! the listing no longer finds are dropped after it.
+//! it is an event. A wake says which directories to list: the one an
+//! event happened in, or for a subdirectory made, removed or renamed, that
+//! subdirectory with everything under it (a new one is then watched as it
+//! is listed). An event it cannot place (a queue overflow, a watched
+//! directory itself removed) asks for the whole tree. Watches of
+//! directories a whole listing no longer finds are dropped after it.
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -45,11 +49,24 @@ fn mask() -> WatchFlags {
         | WatchFlags::DONT_FOLLOW
 }
 
+/// Why a wait ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Woken {
+    Timeout,
+    /// Something changed in these directories: each to be listed with its
+    /// subdirectories (true) or alone.
+    Dirs(BTreeMap<PathBuf, bool>),
+    /// Something changed, somewhere: list everything.
+    Everything,
+}
+
 pub(super) struct Wake {
     fd: OwnedFd,
     /// Each watched directory: its inode when watched (a directory replaced
     /// under the same path is watched again) and its watch descriptor.
     dirs: HashMap<PathBuf, (u64, i32)>,
+    /// Each watch's directory (the latest, if a moved one has two paths).
+    by_wd: HashMap<i32, PathBuf>,
     /// A watch could not be added (the user's inotify watches are used
     /// up): said once; those directories are seen at each poll only.
     warned: bool,
@@ -58,17 +75,23 @@ pub(super) struct Wake {
 impl Wake {
     pub(super) fn new() -> std::io::Result<Wake> {
         let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC)?;
-        Ok(Wake { fd, dirs: HashMap::new(), warned: false })
+        Ok(Wake { fd, dirs: HashMap::new(), by_wd: HashMap::new(), warned: false })
+    }
+
+    /// Whether `dir` (inode `ino`) is watched.
+    pub(super) fn watches(&self, dir: &Path, ino: u64) -> bool {
+        self.dirs.get(dir).is_some_and(|(i, _)| *i == ino)
     }
 
     /// Watches `dir` (inode `ino`) unless it already is.
     pub(super) fn watch(&mut self, dir: &Path, ino: u64) {
-        if self.dirs.get(dir).is_some_and(|(i, _)| *i == ino) {
+        if self.watches(dir, ino) {
             return;
         }
         match inotify::add_watch(&self.fd, dir, mask()) {
             Ok(wd) => {
                 self.dirs.insert(dir.to_path_buf(), (ino, wd));
+                self.by_wd.insert(wd, dir.to_path_buf());
             }
             // Gone already: the listing will not find it either.
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => {}
@@ -89,9 +112,15 @@ impl Wake {
             let Some((_, wd)) = self.dirs.remove(&path) else { continue };
             // One inode has one watch: another path may still use it (a
             // directory moved within the tree).
-            if !self.dirs.values().any(|(_, w)| *w == wd) {
-                // Already gone with its directory: nothing to remove.
-                let _ = inotify::remove_watch(&self.fd, wd);
+            match self.dirs.iter().find(|(_, (_, w))| *w == wd) {
+                Some((other, _)) => {
+                    self.by_wd.insert(wd, other.clone());
+                }
+                None => {
+                    self.by_wd.remove(&wd);
+                    // Already gone with its directory: nothing to remove.
+                    let _ = inotify::remove_watch(&self.fd, wd);
+                }
             }
         }
     }
@@ -103,18 +132,22 @@ impl Wake {
     }
 
     /// Blocks until something under a watched directory changed (and the
-    /// burst settled, see [`SETTLE`]) or `timeout` passed; true when woken
-    /// by an event.
-    pub(super) fn wait(&mut self, timeout: Duration) -> bool {
+    /// burst settled, see [`SETTLE`]) or `timeout` passed; says where.
+    pub(super) fn wait(&mut self, timeout: Duration) -> Woken {
         if !self.ready(timeout) {
-            return false;
+            return Woken::Timeout;
         }
         let first = Instant::now();
-        self.drain();
+        let mut woken = Woken::Dirs(BTreeMap::new());
+        self.drain(&mut woken);
         while first.elapsed() < MAX_SETTLE && self.ready(SETTLE) {
-            self.drain();
+            self.drain(&mut woken);
         }
-        true
+        match woken {
+            // Only watches dropped: nothing to list.
+            Woken::Dirs(d) if d.is_empty() => Woken::Timeout,
+            other => other,
+        }
     }
 
     /// Whether events are there to read, waiting up to `timeout`.
@@ -137,28 +170,51 @@ impl Wake {
         }
     }
 
-    /// Reads every pending event; forgets the watches the kernel dropped.
-    fn drain(&mut self) {
+    /// Reads every pending event into `woken`; forgets the watches the
+    /// kernel dropped.
+    fn drain(&mut self, woken: &mut Woken) {
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut reader = inotify::Reader::new(&self.fd, &mut buf);
         let mut dropped = Vec::new();
         loop {
-            match reader.next() {
-                Ok(ev) => {
-                    // The directory was removed (or its file system
-                    // unmounted): its watch is gone.
-                    if ev.events().contains(ReadFlags::IGNORED) {
-                        dropped.push(ev.wd());
-                    }
-                }
+            let ev = match reader.next() {
+                Ok(ev) => ev,
                 Err(rustix::io::Errno::INTR) => continue,
-                // WOULDBLOCK: all read. Anything else: the next poll lists
-                // everything anyway.
-                Err(_) => break,
+                // WOULDBLOCK: all read. Anything else: list everything.
+                Err(rustix::io::Errno::WOULDBLOCK) => break,
+                Err(_) => {
+                    *woken = Woken::Everything;
+                    break;
+                }
+            };
+            let flags = ev.events();
+            // The directory was removed (or its file system unmounted):
+            // its watch is gone. Its parent's event says what to list.
+            if flags.contains(ReadFlags::IGNORED) {
+                dropped.push(ev.wd());
+                continue;
+            }
+            let Woken::Dirs(dirs) = woken else { continue };
+            let place = self.by_wd.get(&ev.wd());
+            let everything = flags.intersects(ReadFlags::QUEUE_OVERFLOW | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF);
+            match (place, everything) {
+                (Some(dir), false) => match ev.file_name() {
+                    Some(name) if flags.contains(ReadFlags::ISDIR) => {
+                        let sub = dir.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+                        dirs.insert(sub, true);
+                    }
+                    _ => {
+                        dirs.entry(dir.clone()).or_insert(false);
+                    }
+                },
+                _ => *woken = Woken::Everything,
             }
         }
         if !dropped.is_empty() {
             self.dirs.retain(|_, (_, wd)| !dropped.contains(wd));
+            for wd in dropped {
+                self.by_wd.remove(&wd);
+            }
         }
     }
 }
