@@ -63,7 +63,8 @@ pub struct ControlArgs {
     /// ~/.kube/config, then the in-cluster service account).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// How often a `dir:` source is checked for changes.
+    /// How often a `dir:` source is checked for changes when nothing wakes
+    /// it: changes wake it at once (inotify); this is the safety net.
     #[arg(long, default_value = "200ms", value_parser = parse_duration)]
     pub dir_interval: Duration,
     /// Delta xDS and the certificate service, over TLS.
@@ -269,7 +270,8 @@ fn dir_source(root: PathBuf, every: Duration) -> mpsc::Receiver<Batch> {
             if tx.blocking_send(Batch { events, objects_generation, synced }).is_err() {
                 return;
             }
-            std::thread::sleep(every);
+            // Until a file changes (inotify), or `every` at the latest.
+            dir.wait(every);
         })
         .expect("spawning the directory source");
     rx
