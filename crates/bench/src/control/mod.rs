@@ -387,7 +387,7 @@ async fn one_change(
             Ok(None) => bail!("every proxy stopped"),
             Err(_) => break,
         };
-        if r.names.iter().any(|n| *n == name) && arrived[r.proxy].is_none() {
+        if r.names.contains(&name) && arrived[r.proxy].is_none() {
             arrived[r.proxy] = Some((r.at, r.bytes));
             count += 1;
         } else {

@@ -193,7 +193,7 @@ mod tests {
         // Pod 6 backs service 2 (in ns2) and runs on node2.
         assert_eq!(p6.path, PathBuf::from("Pod/ns2/p6.yaml"));
         assert!(p6.text.contains("app: a2\n") && p6.text.contains("nodeName: node2\n"), "{}", p6.text);
-        assert!(files.iter().any(|f| f.path == PathBuf::from("Service/ns2/s2.yaml") && f.text.contains("app: a2")));
+        assert!(files.iter().any(|f| f.path == std::path::Path::new("Service/ns2/s2.yaml") && f.text.contains("app: a2")));
         assert_eq!(c.workload_name(6), "c1//Pod/ns2/p6");
         let changed = c.pod(6, Some(PodChange::Revision(3)));
         assert_ne!(changed.text, p6.text);
