@@ -152,6 +152,11 @@ impl TryFrom<wl::Workload> for Workload {
         if w.network_gateway.is_some() {
             return Err(err("workload.network_gateway", "multi-network gateways are not supported"));
         }
+        // Taking the workload without its waypoint would let traffic skip
+        // the waypoint's L7 policy: refused until waypoints are supported.
+        if w.waypoint.is_some() {
+            return Err(err("workload.waypoint", "waypoints are not supported by this node proxy yet"));
+        }
         let mut services = BTreeMap::new();
         for (k, pl) in w.services {
             let field = format!("workload.services[{k}]");
@@ -209,6 +214,9 @@ impl From<&Service> for wl::Service {
 impl TryFrom<wl::Service> for Service {
     type Error = ConvertError;
     fn try_from(s: wl::Service) -> Result<Self, ConvertError> {
+        if s.waypoint.is_some() || !s.weighted_waypoints.is_empty() {
+            return Err(err("service.waypoint", "waypoints are not supported by this node proxy yet"));
+        }
         let addresses = s
             .addresses
             .iter()

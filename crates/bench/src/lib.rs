@@ -9,10 +9,12 @@
 //! report ([`report`]: Markdown and SVG). The parts that touch the machine:
 //! [`cluster`] (drives the `slipstream` binary), [`mesh`] (CPU and memory of
 //! the mesh processes), [`hold`] (R1's open connections), [`preflight`],
-//! [`machine`], and [`runner`], which joins them.
+//! [`machine`], and [`runner`], which joins them. [`control`] is
+//! `slipstream bench-control`, the control plane's benchmark.
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod control;
 pub mod experiment;
 pub mod figures;
 pub mod hold;

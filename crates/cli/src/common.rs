@@ -111,7 +111,32 @@ pub fn load(files: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
         bail!("no objects passed to {verb} ({} holds no manifest); nothing was changed", names.join(", "));
     }
     print_warnings(&loaded);
+    check_mesh_kinds(&loaded)?;
     Ok(loaded)
+}
+
+/// The policy kinds the control plane reads (AuthorizationPolicy,
+/// PeerAuthentication) are checked here with the control plane's own
+/// parser and validation, so a policy it would refuse is refused by `apply`
+/// with nothing changed, naming the object and the field, instead of being
+/// stored and then ignored.
+fn check_mesh_kinds(loaded: &[Loaded]) -> anyhow::Result<()> {
+    let mut errors = Vec::new();
+    for l in loaded {
+        let Object::Kept(k) = &l.object else { continue };
+        let value = serde_json::json!({"apiVersion": k.api_version, "kind": k.kind, "metadata": k.metadata, "spec": k.spec});
+        let checked = slipstream_control::objects::parse_value(value).and_then(|o| match o {
+            Some(o) => o.validate(),
+            None => Ok(()),
+        });
+        if let Err(e) = checked {
+            errors.push(format!("{}: {e}", l.place()));
+        }
+    }
+    if !errors.is_empty() {
+        bail!("invalid manifests, nothing was changed:\n{}", errors.join("\n"));
+    }
+    Ok(())
 }
 
 pub fn print_warnings(loaded: &[Loaded]) {

@@ -163,6 +163,8 @@ enum Command {
     /// Kubernetes it runs as a Deployment (see docs/control-plane.md).
     Control(slipstream_control::run::ControlArgs),
     Bench(slipstream_bench::BenchArgs),
+    #[command(name = "bench-control")]
+    BenchControl(slipstream_bench::control::ControlBenchArgs),
     /// Data-path debugging: HBONE as any identity, raw TCP, many held
     /// connections (see docs/node-proxy.md, "Debugging").
     #[command(subcommand, hide = true)]
@@ -237,6 +239,7 @@ fn main() {
         Command::PodInit { spec, command } => slipstream_testbed::sys::podinit::main(&spec, &command),
         Command::App(AppCommand::Echo(a)) => slipstream_apps::run_echo(a),
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
+        Command::BenchControl(args) => slipstream_bench::control::run(args),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
             Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas } => {
                 common::set_load_options("up", validate);
@@ -263,7 +266,7 @@ fn main() {
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
             Command::Agent { nodes, ca_cert, ca_key, control_replicas } => cmd::agent::run(&ctx, nodes, control_replicas, ca_cert, ca_key),
-            Command::App(_) | Command::PodInit { .. } => unreachable!("handled above"),
+            Command::App(_) | Command::PodInit { .. } | Command::BenchControl(_) => unreachable!("handled above"),
         }),
     };
     if let Err(e) = result {

@@ -60,9 +60,12 @@ pub struct ControlArgs {
     /// cluster's agent keeps one).
     #[arg(long, default_value = "kubernetes")]
     pub source: SourceArg,
+    /// The kubeconfig of a `kubernetes` source (default: KUBECONFIG, then
+    /// ~/.kube/config, then the in-cluster service account).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// How often a `dir:` source is checked for changes.
+    /// How often a `dir:` source is checked for changes when nothing wakes
+    /// it: changes wake it at once (inotify); this is the safety net.
     #[arg(long, default_value = "200ms", value_parser = parse_duration)]
     pub dir_interval: Duration,
     /// Delta xDS and the certificate service, over TLS.
@@ -77,6 +80,8 @@ pub struct ControlArgs {
     /// This cluster's id: workload uids are `<id>//Pod/<ns>/<name>`.
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
+    /// The mesh's trust domain: identities are `spiffe://<it>/ns/<ns>/sa/<sa>`,
+    /// and the CA signs no other.
     #[arg(long, default_value = slipstream_core::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
     /// Policies of this namespace apply mesh-wide.
@@ -86,6 +91,7 @@ pub struct ControlArgs {
     /// root is generated in --ca-dir on first start and kept.
     #[arg(long, requires = "ca_key")]
     pub ca_cert: Option<PathBuf>,
+    /// The private key of --ca-cert (PEM). It never leaves this process.
     #[arg(long, requires = "ca_cert")]
     pub ca_key: Option<PathBuf>,
     /// Intermediates from --ca-cert up to the operator's root.
@@ -176,6 +182,7 @@ impl MonitorSource for Monitor {
                             resources: t.resources,
                             nacks: t.nacks,
                             last_nack: t.last_nack,
+                            last_nack_generation: t.last_nack_generation,
                             in_sync: t.in_sync,
                         })
                         .collect(),
@@ -264,10 +271,18 @@ fn dir_source(root: PathBuf, every: Duration) -> mpsc::Receiver<Batch> {
             // included in this poll.
             let objects_generation = read_marker(&root);
             let events = dir.poll().into_iter().map(|(e, _)| e).collect();
-            if tx.blocking_send(Batch { events, objects_generation, synced: true }).is_err() {
+            // A directory that is not there (a wrong path, not created yet)
+            // reads as empty: never as the whole truth, or proxies would be
+            // told that everything they hold was removed.
+            let synced = root.is_dir();
+            if !synced {
+                tracing::warn!(dir = %root.display(), "the object directory does not exist (yet); not serving until it does");
+            }
+            if tx.blocking_send(Batch { events, objects_generation, synced }).is_err() {
                 return;
             }
-            std::thread::sleep(every);
+            // Until a file changes (inotify), or `every` at the latest.
+            dir.wait(every);
         })
         .expect("spawning the directory source");
     rx
@@ -442,6 +457,11 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
 /// Reads the source whole, then serves; returns once the port is open.
 pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let trust_domain = TrustDomain::new(&args.trust_domain).with_context(|| format!("--trust-domain {:?}", args.trust_domain))?;
+    // Refuse a bad combination before anything is created (a generated root, a bound port).
+    if matches!(args.source, SourceArg::Dir(_)) && args.node_tokens.is_none() {
+        bail!("--source dir: needs --node-tokens (there is no API server to review tokens)");
+    }
+    let node_tokens = args.node_tokens.as_deref().map(NodeTokens::load).transpose()?;
     let ca_source = match (&args.ca_cert, &args.ca_key) {
         (Some(cert), Some(key)) => CaSource::Files(CaFiles {
             cert: cert.clone(),
@@ -464,8 +484,8 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         }
         SourceArg::Kubernetes => {
             let client = kube_source::client(args.kubeconfig.as_deref()).await?;
-            let auth: Arc<dyn Authenticator> = match &args.node_tokens {
-                Some(t) => Arc::new(NodeTokens::load(t)?),
+            let auth: Arc<dyn Authenticator> = match node_tokens {
+                Some(t) => Arc::new(t),
                 None => {
                     let node_proxies = ReviewPolicy::parse_accounts(&args.node_proxy_accounts).map_err(anyhow::Error::msg)?;
                     let policy = ReviewPolicy { node_proxies, audiences: args.token_audiences.clone(), ..Default::default() };

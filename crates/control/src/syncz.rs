@@ -52,6 +52,9 @@ pub struct TypeSync {
     /// The reason the proxy gave for its last NACK.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub last_nack: String,
+    /// The generation of the response it refused last (0: none).
+    #[serde(default)]
+    pub last_nack_generation: u64,
     /// Everything sent was acknowledged.
     pub in_sync: bool,
 }

@@ -447,7 +447,9 @@ impl Object {
 /// Kinds stored but not acted on by the local cluster yet, with the note
 /// shown to the user when one is applied.
 pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
-    ("security.istio.io", "AuthorizationPolicy", "stored, NOT enforced in this version (no traffic is denied by it yet)"),
+    // Enforced at L4 by the node proxies (rules needing L7 attributes:
+    // docs/control-plane.md, "Authorization at L4").
+    ("security.istio.io", "AuthorizationPolicy", ""),
     ("security.istio.io", "PeerAuthentication", ""),
     ("networking.k8s.io", "NetworkPolicy", "stored, NOT enforced in this version (the eBPF datapath is not built yet)"),
     ("cilium.io", "CiliumNetworkPolicy", "stored, NOT enforced in this version (the eBPF datapath is not built yet)"),

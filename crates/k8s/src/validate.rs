@@ -386,11 +386,11 @@ spec:
     #[test]
     fn kept_kinds_load_with_a_note() {
         let v = load_str(
-            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny, namespace: demo}\nspec: {action: DENY}\n",
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: demo}\nspec: {podSelector: {}}\n",
             &Source("t.yaml".into()),
         )
         .unwrap();
-        assert!(v[0].warnings[0].contains("AuthorizationPolicy demo/deny: stored, NOT enforced"), "{:?}", v[0].warnings);
+        assert!(v[0].warnings[0].contains("NetworkPolicy demo/deny: stored, NOT enforced"), "{:?}", v[0].warnings);
     }
 
     #[test]

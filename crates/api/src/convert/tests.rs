@@ -129,6 +129,10 @@ fn refusals_name_the_field() {
     };
     assert_eq!(Authorization::try_from(wire).unwrap_err().field, "authorization.rules[0].clauses[0].matches[0].source_ips[0].length");
 
+    let mut w = workload::Workload::from(&workload());
+    w.waypoint = Some(workload::GatewayAddress { hbone_mtls_port: 15008, ..Default::default() });
+    assert_eq!(Workload::try_from(w).unwrap_err().field, "workload.waypoint");
+
     let wire = security::Authorization { action: 7, ..Default::default() };
     assert_eq!(Authorization::try_from(wire).unwrap_err().field, "authorization.action");
 

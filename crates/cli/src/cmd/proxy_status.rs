@@ -61,7 +61,8 @@ pub fn run(ctx: &Ctx, output: &str) -> anyhow::Result<()> {
 fn type_state(p: &ProxySync, ty: &str) -> String {
     match p.types.iter().find(|t| t.type_name == ty) {
         None => "NOT SENT".into(),
-        Some(t) if !t.last_nack.is_empty() && !t.in_sync => format!("NACKED ({})", t.last_nack),
+        // The last answer was this NACK (an ACK since would be newer).
+        Some(t) if !t.last_nack.is_empty() && t.last_nack_generation >= p.acked_generation => format!("NACKED ({})", t.last_nack),
         Some(t) if t.in_sync => format!("SYNCED ({})", t.resources),
         Some(t) => format!("STALE (sent {}, acked {})", t.sent_nonce, if t.acked_nonce.is_empty() { "none" } else { &t.acked_nonce }),
     }
@@ -115,6 +116,7 @@ mod tests {
             resources: 12,
             nacks: u64::from(!nack.is_empty()),
             last_nack: nack.into(),
+            last_nack_generation: 0,
             in_sync,
         };
         let s = Syncz {
@@ -165,7 +167,9 @@ pub fn ack_state(nodes: &[String], want: u64, replies: &[(String, Result<Syncz, 
                     why = format!("{n}: {replica} has not taken in the change yet (objects {} of {want})", s.objects_generation);
                     continue;
                 }
-                if let Some(t) = p.types.iter().find(|t| !t.in_sync && !t.last_nack.is_empty()) {
+                // A refusal of what this change produced (an older NACK,
+                // whose resources have changed since, is not this one's).
+                if let Some(t) = p.types.iter().find(|t| !t.last_nack.is_empty() && t.last_nack_generation >= s.generation) {
                     return (n.clone(), NodeAck::Refused(format!("{n} refused {} resources: {}", t.type_name, t.last_nack)));
                 }
                 if p.acked_generation >= s.generation {
@@ -264,9 +268,14 @@ mod ack_tests {
             type_name: "Address".into(),
             in_sync: false,
             last_nack: "workload x: addresses[0]: bad".into(),
+            last_nack_generation: 9,
             ..Default::default()
         };
-        let s = ack_state(&nodes, 5, &[("control1".into(), Ok(r))]);
+        let s = ack_state(&nodes, 5, &[("control1".into(), Ok(r.clone()))]);
         assert_eq!(s[1].1, NodeAck::Refused("node2 refused Address resources: workload x: addresses[0]: bad".into()));
+        // An older NACK (of resources changed since) is not this change's refusal.
+        r.proxies[1].types[0].last_nack_generation = 4;
+        let s = ack_state(&nodes, 5, &[("control1".into(), Ok(r))]);
+        assert_eq!(s[1].1, NodeAck::Acked);
     }
 }

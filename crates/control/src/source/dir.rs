@@ -3,16 +3,21 @@
 //! dot are skipped, so a writer's temporary files are never read half
 //! written), diffed per file into events.
 //!
-//! Watched by polling: each poll lists the tree and compares each file's
-//! inode, size, modification and change times with the last poll's, and
-//! reads only the files that differ. We chose polling over inotify because
-//! it needs no extra dependency, works on every file system (bind mounts,
-//! overlay, network), cannot miss an event (it is level-triggered: what is
-//! on disk is the truth at every poll), and at the local cluster's size
-//! (hundreds of files) a poll every 200 ms costs well under a millisecond
-//! of stat calls. Writers replace files by renaming a complete temporary
-//! file over them (the agent does), which changes the inode, so even a
-//! rewrite within one timestamp tick of the same size is seen.
+//! Watched by polling, woken by inotify. A poll lists files and compares
+//! each one's inode, size, modification and change times with the last
+//! poll's, and reads only the files that differ. Every interval the whole
+//! tree is listed; in between, as soon as inotify says something changed
+//! ([`wake`]; a burst of events settles first), only the directories the
+//! events name are, so a change costs the same in a tree of ten files or
+//! of ten thousand. The listing is the truth and the events only a reason
+//! to look now: it works on every file system (without inotify, at the
+//! interval), and cannot miss a change (it is level-triggered: a lost
+//! event costs one interval). Writers replace files by renaming a complete
+//! temporary file over them (the agent does), which changes the inode, so
+//! even a rewrite within one timestamp tick of the same size is seen.
+//!
+//! Each object is held once, in the file state; a poll compares only the
+//! objects of the files it read or lost, never the whole tree.
 //!
 //! A file is taken whole or not at all: if any document of it does not
 //! parse or validate, every error is logged (file, kind, namespace/name,
@@ -22,12 +27,16 @@
 
 use crate::index::ObjectEvent;
 use crate::objects::{parse_manifests, ClusterObject, ObjectError, ObjectRef};
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirEntryExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-/// How often `watch` polls.
+mod wake;
+
+/// How often `watch` lists the whole tree (changes wake it sooner).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Where an event came from.
@@ -56,19 +65,66 @@ struct FileState {
     stamp: Option<Stamp>,
     /// The objects this file holds (its last good version).
     objects: BTreeMap<ObjectRef, ClusterObject>,
+    /// The last poll that listed it.
+    listed: u64,
+}
+
+/// What the next poll lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Scope {
+    Everything,
+    /// These directories; each with its subdirectories (true) or alone.
+    Dirs(BTreeMap<PathBuf, bool>),
+}
+
+impl Scope {
+    /// Whether a listing of this scope would list `file`.
+    fn covers(&self, file: &Path) -> bool {
+        let Scope::Dirs(dirs) = self else { return true };
+        let file = file.as_os_str().as_bytes();
+        dirs.iter().any(|(dir, recursive)| {
+            let dir = dir.as_os_str().as_bytes();
+            file.len() > dir.len() + 1
+                && file.starts_with(dir)
+                && file[dir.len()] == b'/'
+                && (*recursive || !file[dir.len() + 1..].contains(&b'/'))
+        })
+    }
 }
 
 pub struct DirSource {
     root: PathBuf,
-    files: BTreeMap<PathBuf, FileState>,
-    /// What the events so far have said: each object and its file.
-    current: BTreeMap<ObjectRef, (ClusterObject, PathBuf)>,
+    files: HashMap<Arc<Path>, FileState>,
+    /// Every file that defines each object; the first in path order is
+    /// the one that counts.
+    owners: HashMap<ObjectRef, BTreeSet<Arc<Path>>>,
+    /// The file whose copy of each object the events so far have said.
+    sent: HashMap<ObjectRef, Arc<Path>>,
     errors: BTreeMap<PathBuf, Vec<ObjectError>>,
+    /// None when inotify is not available: polls at the interval only.
+    wake: Option<wake::Wake>,
+    next: Scope,
+    last_full: Option<Instant>,
+    polls: u64,
 }
 
 impl DirSource {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        DirSource { root: root.into(), files: BTreeMap::new(), current: BTreeMap::new(), errors: BTreeMap::new() }
+        let root = root.into();
+        let wake = wake::Wake::new()
+            .inspect_err(|e| tracing::warn!(dir = %root.display(), "inotify is not available ({e}): changes are seen at each poll only"))
+            .ok();
+        DirSource {
+            root,
+            files: HashMap::new(),
+            owners: HashMap::new(),
+            sent: HashMap::new(),
+            errors: BTreeMap::new(),
+            wake,
+            next: Scope::Everything,
+            last_full: None,
+            polls: 0,
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -81,25 +137,61 @@ impl DirSource {
     }
 
     /// One look at the directory: the events since the last poll (every
-    /// object, the first time); deletions first.
+    /// object, the first time); deletions first. Lists the whole tree,
+    /// unless the last [`wait`](Self::wait) was woken by events: then the
+    /// directories they named.
     pub fn poll(&mut self) -> Vec<(ObjectEvent, Origin)> {
-        let mut seen = BTreeMap::new();
-        if let Err(e) = list(&self.root, &mut seen) {
-            if e.kind() != std::io::ErrorKind::NotFound {
+        let scope = std::mem::replace(&mut self.next, Scope::Everything);
+        self.polls += 1;
+        let mut seen = Vec::new();
+        let mut dirs = HashSet::new();
+        let mut listing = Listing { files: &mut seen, dirs: &mut dirs, wake: self.wake.as_mut() };
+        let listed = match &scope {
+            Scope::Everything => std::fs::metadata(&self.root).and_then(|m| listing.dir(&self.root, m.ino(), true)),
+            Scope::Dirs(scoped) => scoped.iter().try_for_each(|(dir, recursive)| {
+                match std::fs::metadata(dir).and_then(|m| listing.dir(dir, m.ino(), *recursive)) {
+                    // Gone: the files it held are, too.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    other => other,
+                }
+            }),
+        };
+        match listed {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
                 tracing::warn!(dir = %self.root.display(), "cannot list the object directory: {e}");
                 // A transient error must not read as "every file is gone".
                 return Vec::new();
             }
         }
+        if scope == Scope::Everything {
+            self.last_full = Some(Instant::now());
+            if let Some(w) = &mut self.wake {
+                w.keep_only(&dirs);
+            }
+        }
+
         // Read what changed.
-        let mut parsed: BTreeMap<PathBuf, BTreeMap<ObjectRef, ClusterObject>> = BTreeMap::new();
-        for (path, stamp) in &seen {
-            let state = self.files.entry(path.clone()).or_default();
-            if state.stamp == Some(*stamp) {
+        let mut parsed: BTreeMap<Arc<Path>, BTreeMap<ObjectRef, ClusterObject>> = BTreeMap::new();
+        for (path, stamp) in seen {
+            let (key, state) = match self.files.get_key_value(path.as_path()) {
+                Some((k, _)) => {
+                    let k = k.clone();
+                    let state = self.files.get_mut(&k).expect("just found");
+                    (k, state)
+                }
+                None => {
+                    let k: Arc<Path> = path.as_path().into();
+                    (k.clone(), self.files.entry(k).or_default())
+                }
+            };
+            state.listed = self.polls;
+            if state.stamp == Some(stamp) {
                 continue;
             }
-            state.stamp = Some(*stamp);
-            let text = match std::fs::read_to_string(path) {
+            state.stamp = Some(stamp);
+            let text = match std::fs::read_to_string(&path) {
                 Ok(t) => t,
                 Err(e) => {
                     // Gone between listing and reading, or unreadable: seen again next poll.
@@ -110,8 +202,8 @@ impl DirSource {
             };
             match parse_file(&text) {
                 Ok(objects) => {
-                    self.errors.remove(path);
-                    parsed.insert(path.clone(), objects);
+                    self.errors.remove(&path);
+                    parsed.insert(key, objects);
                 }
                 Err(errors) => {
                     for e in &errors {
@@ -123,68 +215,108 @@ impl DirSource {
                             "refused, the file's previous objects stay in force: {e}"
                         );
                     }
-                    self.errors.insert(path.clone(), errors);
+                    self.errors.insert(path, errors);
                 }
             }
         }
-        let gone: Vec<PathBuf> = self.files.keys().filter(|p| !seen.contains_key(*p)).cloned().collect();
+        let polls = self.polls;
+        let gone: Vec<Arc<Path>> =
+            self.files.iter().filter(|(p, st)| st.listed != polls && scope.covers(p)).map(|(p, _)| p.clone()).collect();
         if parsed.is_empty() && gone.is_empty() {
             return Vec::new();
         }
+
+        // The versions these files held until now; the new ones go in
+        // place. Every object they held or hold is looked at again.
+        let mut before: HashMap<Arc<Path>, BTreeMap<ObjectRef, ClusterObject>> = HashMap::new();
+        let mut affected: BTreeSet<ObjectRef> = BTreeSet::new();
         for path in &gone {
-            self.errors.remove(path);
-            self.files.remove(path);
+            self.errors.remove(&path.to_path_buf());
+            if let Some(state) = self.files.remove(path) {
+                before.insert(path.clone(), state.objects);
+            }
         }
-        let parsed: std::collections::BTreeSet<PathBuf> = parsed
-            .into_iter()
-            .map(|(path, objects)| {
-                self.files.entry(path.clone()).or_default().objects = objects;
-                path
-            })
-            .collect();
-        // What the files hold now, each object from the first file (in
-        // path order) that defines it; then the difference with what was
-        // sent before.
-        let mut desired: BTreeMap<&ObjectRef, (&ClusterObject, &PathBuf)> = BTreeMap::new();
-        for (path, state) in &self.files {
-            for (r, o) in &state.objects {
-                match desired.get(r) {
-                    None => {
-                        desired.insert(r, (o, path));
+        for (path, objects) in &mut parsed {
+            if let Some(state) = self.files.get_mut(path) {
+                before.insert(path.clone(), std::mem::replace(&mut state.objects, std::mem::take(objects)));
+            }
+        }
+        for (path, old) in &before {
+            for r in old.keys() {
+                if let Some(owners) = self.owners.get_mut(r) {
+                    owners.remove(path);
+                    if owners.is_empty() {
+                        self.owners.remove(r);
                     }
-                    Some((_, first)) if parsed.contains(path) || parsed.contains(*first) => {
-                        tracing::error!(file = %path.display(), object = %r, "defined twice: {} holds it already; this copy is ignored", first.display());
+                }
+                affected.insert(r.clone());
+            }
+        }
+        for path in parsed.keys() {
+            for r in self.files[path].objects.keys() {
+                self.owners.entry(r.clone()).or_default().insert(path.clone());
+                affected.insert(r.clone());
+            }
+        }
+
+        // What the files say now about each of them, against what was sent.
+        let mut deletes = Vec::new();
+        let mut upserts = Vec::new();
+        for r in affected {
+            let owners = self.owners.get(&r);
+            let owner = owners.and_then(|o| o.first()).cloned();
+            if let (Some(owners), Some(first)) = (owners, &owner) {
+                for other in owners.iter().skip(1) {
+                    if parsed.contains_key(other) || parsed.contains_key(first) {
+                        tracing::error!(file = %other.display(), object = %r, "defined twice: {} holds it already; this copy is ignored", first.display());
                     }
-                    Some(_) => {}
+                }
+            }
+            let previous =
+                self.sent.get(&r).and_then(|p| before.get(p).or_else(|| self.files.get(p).map(|f| &f.objects))).and_then(|m| m.get(&r));
+            match owner {
+                None => {
+                    if let Some(from) = self.sent.remove(&r) {
+                        deletes.push((ObjectEvent::Delete(r), Origin { file: from.to_path_buf() }));
+                    }
+                }
+                Some(owner) => {
+                    let object = &self.files[&owner].objects[&r];
+                    if previous != Some(object) {
+                        upserts.push((ObjectEvent::Upsert(object.clone()), Origin { file: owner.to_path_buf() }));
+                    }
+                    self.sent.insert(r, owner);
                 }
             }
         }
-        let mut events = Vec::new();
-        let removed: Vec<(ObjectRef, PathBuf)> =
-            self.current.iter().filter(|(r, _)| !desired.contains_key(r)).map(|(r, (_, p))| (r.clone(), p.clone())).collect();
-        for (r, file) in removed {
-            self.current.remove(&r);
-            events.push((ObjectEvent::Delete(r), Origin { file }));
-        }
-        for (r, (o, path)) in desired {
-            match self.current.get_mut(r) {
-                Some((cur, from)) if cur == o => {
-                    if from != path {
-                        *from = path.clone();
-                    }
-                }
-                _ => {
-                    self.current.insert(r.clone(), (o.clone(), path.clone()));
-                    events.push((ObjectEvent::Upsert(o.clone()), Origin { file: path.clone() }));
-                }
-            }
-        }
-        events
+        deletes.extend(upserts);
+        deletes
     }
 
-    /// Polls every `interval` on a thread of its own (polling reads files,
-    /// which would block an async runtime) and sends each non-empty batch
-    /// of events; stops when the receiver is dropped.
+    /// Blocks until the next poll is due: something under the directory
+    /// changed (inotify; the burst settled), or `interval` passed since
+    /// the last whole listing. True when a change woke it; the next
+    /// [`poll`](Self::poll) then lists only what the change touched.
+    pub fn wait(&mut self, interval: Duration) -> bool {
+        let left = self.last_full.map_or(Duration::ZERO, |t| interval.saturating_sub(t.elapsed()));
+        let Some(w) = &mut self.wake else {
+            std::thread::sleep(left);
+            return false;
+        };
+        match w.wait(left) {
+            wake::Woken::Timeout => false,
+            wake::Woken::Everything => true,
+            wake::Woken::Dirs(dirs) => {
+                self.next = Scope::Dirs(dirs);
+                true
+            }
+        }
+    }
+
+    /// Polls on a thread of its own (polling reads files, which would
+    /// block an async runtime), when a change wakes it and at least every
+    /// `interval`, and sends each non-empty batch of events; stops when
+    /// the receiver is dropped.
     pub fn watch(mut self, interval: Duration) -> tokio::sync::mpsc::Receiver<Vec<(ObjectEvent, Origin)>> {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         std::thread::Builder::new()
@@ -197,7 +329,7 @@ impl DirSource {
                 if tx.is_closed() {
                     return;
                 }
-                std::thread::sleep(interval);
+                self.wait(interval);
             })
             .expect("spawning the directory source's thread");
         rx
@@ -227,33 +359,58 @@ fn is_manifest(name: &str) -> bool {
     !name.starts_with('.') && [".yaml", ".yml", ".json"].iter().any(|e| name.ends_with(e))
 }
 
-/// The manifests under `dir`, recursively (symbolic links to directories
-/// are not followed, so a loop cannot hang the poll).
-fn list(dir: &Path, out: &mut BTreeMap<PathBuf, Stamp>) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') {
-            continue;
+/// One listing.
+struct Listing<'a> {
+    /// Every manifest, with its stamp.
+    files: &'a mut Vec<(PathBuf, Stamp)>,
+    /// Every directory listed.
+    dirs: &'a mut HashSet<PathBuf>,
+    wake: Option<&'a mut wake::Wake>,
+}
+
+impl Listing<'_> {
+    /// The manifests in `dir` (inode `ino`), and with `recursive` in its
+    /// subdirectories; without, in those not watched yet (new ones).
+    /// Symbolic links to directories are not followed, so a loop cannot
+    /// hang the poll. Each directory is watched before it is read: what
+    /// is made in it afterwards wakes the next poll.
+    fn dir(&mut self, dir: &Path, ino: u64, recursive: bool) -> std::io::Result<()> {
+        if let Some(w) = self.wake.as_deref_mut() {
+            w.watch(dir, ino);
         }
-        let path = entry.path();
-        let ft = entry.file_type()?;
-        if ft.is_dir() {
-            match list(&path, out) {
-                // Removed while we looked: its files are gone, as they should read.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                other => other?,
+        self.dirs.insert(dir.to_path_buf());
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') {
+                continue;
             }
-        } else if is_manifest(name) {
-            if let Ok(m) = std::fs::metadata(&path) {
-                if m.is_file() {
-                    out.insert(path, Stamp::of(&m));
+            let path = entry.path();
+            let ft = entry.file_type()?;
+            if ft.is_dir() {
+                let ino = entry.ino();
+                if !recursive && self.wake.as_deref().is_some_and(|w| w.watches(&path, ino)) {
+                    continue;
+                }
+                match self.dir(&path, ino, true) {
+                    // Removed while we looked: its files are gone, as they should read.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    other => other?,
+                }
+            } else if is_manifest(name) {
+                // A regular file's stamp from the directory (no path
+                // walk); a symbolic link's from its target.
+                let m = if ft.is_symlink() { std::fs::metadata(&path) } else { entry.metadata() };
+                if let Ok(m) = m {
+                    if m.is_file() {
+                        self.files.push((path, Stamp::of(&m)));
+                    }
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -198,6 +198,9 @@ impl Agent {
                         }
                         self.store = store;
                         self.reconcile();
+                        // Written before the answer: the caller's next
+                        // `status` reports the generation that holds it.
+                        self.sync_objects();
                         Response::Done { lines }
                     }
                     Err(errors) => Response::Rejected { errors },
@@ -210,6 +213,7 @@ impl Agent {
                     }
                     self.store = store;
                     self.reconcile();
+                    self.sync_objects();
                     Response::Done { lines }
                 }
                 Err(errors) => Response::Rejected { errors },
