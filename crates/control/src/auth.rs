@@ -5,6 +5,10 @@
 //! per-node tokens ([`NodeTokens`]), and in Kubernetes ServiceAccount
 //! tokens checked with TokenReview.
 
+mod gate;
+
+pub use gate::{Gate, GateSettings};
+
 use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -8,10 +8,8 @@
 //! (its initial versions compared with an empty set), which is exactly
 //! what a control plane restart must never do.
 
-use crate::auth::{Authenticator, NodeTokens};
-use crate::ca::{
-    CaConfig, CaFiles, CaMaterial, CaService, CaSource, ResourcePlacement, ResourceSource, ReviewPolicy, TokenReviewAuthenticator,
-};
+use crate::auth::{Authenticator, Gate, GateSettings, NodeTokens};
+use crate::ca::{CaArgs, CaMaterial, CaService, ResourcePlacement, ResourceSource, TokenReviewAuthenticator};
 use crate::index::{Index, IndexSettings, ObjectEvent};
 use crate::monitor::{self, MonitorSource};
 use crate::objects::{self, Kind, ObjectRef};
@@ -74,6 +72,11 @@ pub struct ControlArgs {
     /// /ready, /debug/syncz, /debug/resources (keep it on loopback).
     #[arg(long, default_value = "127.0.0.1:15014")]
     pub monitor: SocketAddr,
+    /// Connections one address may hold open on --listen (0: no bound). A
+    /// node proxy holds one or two; raise it when node proxies reach the
+    /// control plane through one NAT address.
+    #[arg(long, default_value_t = ServeSettings::default().max_connections_per_peer)]
+    pub max_connections_per_peer: usize,
     /// Names in the serving certificate (clients verify the first by default).
     #[arg(long = "server-name", default_value = slipstream_api::DEFAULT_CONTROL_PLANE_SAN, value_delimiter = ',')]
     pub server_names: Vec<String>,
@@ -87,35 +90,14 @@ pub struct ControlArgs {
     /// Policies of this namespace apply mesh-wide.
     #[arg(long, default_value = slipstream_core::ROOT_NAMESPACE)]
     pub root_namespace: String,
-    /// The CA's signing certificate (PEM); with --ca-key. Without both, a
-    /// root is generated in --ca-dir on first start and kept.
-    #[arg(long, requires = "ca_key")]
-    pub ca_cert: Option<PathBuf>,
-    /// The private key of --ca-cert (PEM). It never leaves this process.
-    #[arg(long, requires = "ca_cert")]
-    pub ca_key: Option<PathBuf>,
-    /// Intermediates from --ca-cert up to the operator's root.
-    #[arg(long, requires = "ca_cert")]
-    pub ca_chain: Option<PathBuf>,
-    /// Every root proxies should trust (old and new during a rotation).
-    #[arg(long, requires = "ca_cert")]
-    pub root_bundle: Option<PathBuf>,
-    /// Where a generated root is kept.
-    #[arg(long, default_value = "/var/lib/slipstream/ca")]
-    pub ca_dir: PathBuf,
+    /// The certificate service: the CA material, lifetimes, and which
+    /// Kubernetes tokens are node proxies'.
+    #[command(flatten)]
+    pub ca: CaArgs,
     /// The local cluster's per-node tokens (JSON: node name to token).
     /// Without it, callers are checked with TokenReview (Kubernetes).
     #[arg(long)]
     pub node_tokens: Option<PathBuf>,
-    /// Service accounts (namespace/name) whose tokens are node proxies'.
-    #[arg(long = "node-proxy-account", default_value = "istio-system/ztunnel", value_delimiter = ',')]
-    pub node_proxy_accounts: Vec<String>,
-    /// Audiences a node proxy's token must carry (TokenReview).
-    #[arg(long = "token-audience", default_value = "istio-ca", value_delimiter = ',')]
-    pub token_audiences: Vec<String>,
-    /// Longest workload certificate lifetime issued.
-    #[arg(long, default_value = "24h", value_parser = parse_duration)]
-    pub max_cert_validity: Duration,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -462,16 +444,8 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         bail!("--source dir: needs --node-tokens (there is no API server to review tokens)");
     }
     let node_tokens = args.node_tokens.as_deref().map(NodeTokens::load).transpose()?;
-    let ca_source = match (&args.ca_cert, &args.ca_key) {
-        (Some(cert), Some(key)) => CaSource::Files(CaFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            chain: args.ca_chain.clone(),
-            root_bundle: args.root_bundle.clone(),
-        }),
-        _ => CaSource::Generated { dir: args.ca_dir.clone() },
-    };
-    let material = CaMaterial::load(&ca_source, &trust_domain, args.max_cert_validity)?;
+    let ca_source = args.ca.source()?;
+    let material = CaMaterial::load(&ca_source, &trust_domain, args.ca.max_cert_validity)?;
     let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
 
     let (mut batches, source_task, auth): (mpsc::Receiver<Batch>, Option<JoinHandle<()>>, Arc<dyn Authenticator>) = match &args.source {
@@ -486,17 +460,17 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
             let client = kube_source::client(args.kubeconfig.as_deref()).await?;
             let auth: Arc<dyn Authenticator> = match node_tokens {
                 Some(t) => Arc::new(t),
-                None => {
-                    let node_proxies = ReviewPolicy::parse_accounts(&args.node_proxy_accounts).map_err(anyhow::Error::msg)?;
-                    let policy = ReviewPolicy { node_proxies, audiences: args.token_audiences.clone(), ..Default::default() };
-                    Arc::new(TokenReviewAuthenticator::new(client.clone(), policy))
-                }
+                None => Arc::new(TokenReviewAuthenticator::new(client.clone(), args.ca.review_policy()?)),
             };
             tracing::info!("objects from the Kubernetes API");
             let (batches, task) = kube_batches(client);
             (batches, Some(task), auth)
         }
     };
+
+    // Both services authenticate through one gate: bounded, and a token
+    // refused a moment ago is refused again without asking.
+    let auth: Arc<dyn Authenticator> = Arc::new(Gate::new(auth, GateSettings::default()));
 
     let mut index = Index::new(IndexSettings {
         cluster_id: args.cluster_id.clone(),
@@ -544,15 +518,20 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let xds = XdsServer::new(store.clone(), auth.clone());
     *lock(&mon.xds) = Some(xds.clone());
     let placement = Arc::new(ResourcePlacement::new(StoreResources(store.clone())));
-    let ca_config = CaConfig { trust_domain: trust_domain.clone(), max_validity: args.max_cert_validity, ..Default::default() };
+    let ca_config = args.ca.config(trust_domain.clone());
     let ca = CaService::new(ca_config, auth, placement, material.clone());
-    let settings = ServeSettings { addr: args.listen, names: args.server_names.clone(), ..Default::default() };
-    let server = ControlServer::bind(settings, material.current()).await?;
+    let settings = ServeSettings {
+        addr: args.listen,
+        names: args.server_names.clone(),
+        max_connections_per_peer: args.max_connections_per_peer,
+        ..Default::default()
+    };
+    let server = ControlServer::bind(settings, material.clone()).await?;
     let addr = server.local_addr();
     tracing::info!(%addr, "serving delta xDS and the certificate service");
     let routes = serve::routes(&xds).add_service(ca.into_server());
     let (stop_server, server_stop) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(server.serve(routes, async move {
+    let mut serving = tokio::spawn(server.serve(routes, async move {
         let _ = server_stop.await;
     }));
     lock(&progress).serving = true;
@@ -575,6 +554,18 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
                     p.generation = generation;
                 }
                 _ = &mut stopped => break Ok(()),
+                // The port stopped serving on its own: nothing reaches
+                // the proxies any more, so the control plane ends (and
+                // its supervisor starts it again) rather than lingering.
+                r = &mut serving => {
+                    let why = match r {
+                        Ok(Ok(())) => anyhow::anyhow!("the control plane port stopped serving"),
+                        Ok(Err(e)) => e,
+                        Err(e) => anyhow::anyhow!("the control plane port's task failed: {e}"),
+                    };
+                    serving = tokio::spawn(async { Ok(()) });
+                    break Err(why);
+                }
             }
         };
         // The source stops (a kubernetes source's watchers end with it).

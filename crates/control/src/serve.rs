@@ -9,25 +9,28 @@
 //! `Routes::add_service`).
 //!
 //! What one client cannot do to the others: hold more than its share of
-//! connections (one bound on open connections, TLS handshakes included;
-//! over it, new connections are closed at once), stall in the handshake
-//! (a deadline), or speak something else (anything that is not TLS 1.3
-//! with ALPN h2 and then HTTP/2 is closed by rustls or hyper). Dead peers
-//! are found by HTTP/2 PINGs.
+//! connections (bounds on open connections, TLS handshakes included, in
+//! all and per peer address; over them, new connections are closed at
+//! once), stall in the handshake (a deadline), hold a connection without
+//! ever authenticating on it (closed at a second deadline unless a call on
+//! it authenticated), or speak something else (anything that is not TLS
+//! 1.3 with ALPN h2 and then HTTP/2 is closed by rustls or hyper). Dead
+//! peers are found by HTTP/2 PINGs. Authentication itself is bounded by
+//! the [`crate::auth::Gate`] in front of both services.
 
 mod cert;
 mod conn;
 
 pub use cert::ServingCert;
+pub use conn::{authenticated, peer_of, ConnInfo};
 
+use crate::ca::CaMaterial;
 use crate::xds::XdsServer;
 use anyhow::Context;
-use conn::{ConnGuard, TlsConn};
-use slipstream_identity::Ca;
+use conn::{ConnGuard, Full, Slots, TlsConn};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -46,7 +49,12 @@ pub struct ServeSettings {
     pub cert_validity: Duration,
     /// Open connections, TLS handshakes included.
     pub max_connections: usize,
+    /// Open connections from one address (0: no bound). A node proxy uses
+    /// one or two; several node proxies behind one NAT need more.
+    pub max_connections_per_peer: usize,
     pub handshake_timeout: Duration,
+    /// A connection on which no call has authenticated by then is closed.
+    pub auth_timeout: Duration,
     /// HTTP/2 streams per connection (a proxy uses one or two).
     pub max_streams_per_connection: u32,
     /// After shutdown: how long connections may take to finish.
@@ -60,7 +68,9 @@ impl Default for ServeSettings {
             names: vec![slipstream_api::DEFAULT_CONTROL_PLANE_SAN.to_string()],
             cert_validity: Duration::from_secs(24 * 3600),
             max_connections: 4096,
+            max_connections_per_peer: 64,
             handshake_timeout: Duration::from_secs(10),
+            auth_timeout: Duration::from_secs(30),
             max_streams_per_connection: 16,
             drain_timeout: Duration::from_secs(5),
         }
@@ -82,8 +92,10 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Issues the serving certificate and binds the port.
-    pub async fn bind(settings: ServeSettings, ca: Arc<Ca>) -> anyhow::Result<ControlServer> {
-        let cert = ServingCert::issue(ca, settings.names.clone(), settings.cert_validity)?;
+    /// `ca`: a [`CaMaterial`] (the certificate follows its rotations), or
+    /// a fixed `Arc<Ca>`.
+    pub async fn bind(settings: ServeSettings, ca: impl Into<CaMaterial>) -> anyhow::Result<ControlServer> {
+        let cert = ServingCert::issue(ca.into(), settings.names.clone(), settings.cert_validity)?;
         let listener =
             TcpListener::bind(settings.addr).await.with_context(|| format!("binding the control plane port {}", settings.addr))?;
         Ok(ControlServer { listener, cert, settings })
@@ -165,7 +177,7 @@ async fn accept_loop(
     killed: watch::Receiver<bool>,
     settings: ServeSettings,
 ) {
-    let open = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Mutex::new(Slots::default()));
     let mut refused_logged = tokio::time::Instant::now() - Duration::from_secs(60);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -180,20 +192,35 @@ async fn accept_loop(
             },
             _ = conns.closed() => return,
         };
-        let Some(guard) = ConnGuard::try_new(&open, settings.max_connections) else {
-            if refused_logged.elapsed() >= Duration::from_secs(10) {
-                tracing::warn!(%peer, max = settings.max_connections, "control plane port: connection limit reached, closing new connections");
-                refused_logged = tokio::time::Instant::now();
+        let guard = match ConnGuard::try_new(&slots, peer.ip(), settings.max_connections, settings.max_connections_per_peer) {
+            Ok(g) => g,
+            Err(full) => {
+                if refused_logged.elapsed() >= Duration::from_secs(10) {
+                    match full {
+                        Full::Total => tracing::warn!(
+                            %peer,
+                            max = settings.max_connections,
+                            "control plane port: connection limit reached, closing new connections"
+                        ),
+                        Full::Peer => tracing::warn!(
+                            %peer,
+                            max = settings.max_connections_per_peer,
+                            "control plane port: this address holds its most connections, closing its new ones"
+                        ),
+                    }
+                    refused_logged = tokio::time::Instant::now();
+                }
+                continue;
             }
-            continue;
         };
         let _ = tcp.set_nodelay(true);
         let local = tcp.local_addr().ok();
         let (acceptor, conns, killed, timeout) = (acceptor.clone(), conns.clone(), killed.clone(), settings.handshake_timeout);
+        let auth_timeout = settings.auth_timeout;
         tokio::spawn(async move {
             match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => {
-                    let _ = conns.send(Ok(TlsConn::new(tls, local, peer, guard, killed))).await;
+                    let _ = conns.send(Ok(TlsConn::new(tls, local, peer, guard, killed, auth_timeout))).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, "control plane port: TLS handshake failed: {e}"),
                 Err(_) => tracing::debug!(%peer, "control plane port: no TLS handshake within {timeout:?}"),

@@ -19,6 +19,7 @@ pub mod session;
 pub use registry::{AckReport, AckTimeout, ProxyRef, ProxyStatus, Registration, Registry, StreamInfo, TypeStatus};
 
 use crate::auth::Authenticator;
+use crate::ca::limits::{CallerLimits, Limits, LogDecision};
 use crate::store::{Published, Store};
 use session::Session;
 use slipstream_api::discovery::aggregated_discovery_service_server::{AggregatedDiscoveryService, AggregatedDiscoveryServiceServer};
@@ -51,6 +52,9 @@ struct Inner {
     settings: XdsSettings,
     /// true: every stream ends (the server is shutting down).
     closing: watch::Sender<bool>,
+    /// Refusal lines in the log, per peer address: a pod that retries in
+    /// a loop cannot flood it.
+    refusal_logs: Limits,
 }
 
 /// The delta ADS service; clones share streams and registry.
@@ -66,7 +70,17 @@ impl XdsServer {
 
     pub fn with_settings(store: Store, auth: Arc<dyn Authenticator>, settings: XdsSettings) -> XdsServer {
         let (closing, _) = watch::channel(false);
-        XdsServer { inner: Arc::new(Inner { store, auth, registry: Registry::new(), settings, closing }) }
+        let refusal_logs = Limits::new(CallerLimits::default());
+        XdsServer { inner: Arc::new(Inner { store, auth, registry: Registry::new(), settings, closing, refusal_logs }) }
+    }
+
+    /// Logs a refused stream, unless its peer has had its share of lines
+    /// lately; the lines left out are counted in the next.
+    fn log_refusal(&self, peer: Option<std::net::SocketAddr>, line: impl FnOnce() -> String) {
+        let key = peer.map(|p| p.ip().to_string()).unwrap_or_default();
+        if let LogDecision::Write { suppressed } = self.inner.refusal_logs.log_refusal(&key, std::time::Instant::now()) {
+            tracing::warn!(peer = ?peer, suppressed_since_last = suppressed, "{}", line());
+        }
     }
 
     /// The open streams (`proxy-status`, `apply`'s wait).
@@ -98,11 +112,12 @@ impl AggregatedDiscoveryService for XdsServer {
         &self,
         req: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let peer = req.remote_addr();
+        let peer = crate::serve::peer_of(&req);
         let caller = self.inner.auth.authenticate(req.metadata()).await.map_err(|e| {
-            tracing::warn!(peer = ?peer, "xDS stream refused: {e}");
+            self.log_refusal(peer, || format!("xDS stream refused: {e}"));
             Status::from(e)
         })?;
+        crate::serve::authenticated(&req);
         let mut inbound = req.into_inner();
         let first = match tokio::time::timeout(self.inner.settings.first_request_timeout, inbound.message()).await {
             Ok(Ok(Some(first))) => first,
@@ -113,7 +128,7 @@ impl AggregatedDiscoveryService for XdsServer {
             }
         };
         let proxy = node::check(&first, &caller).map_err(|e| {
-            tracing::warn!(peer = ?peer, caller = %caller.subject, "xDS stream refused: {e}");
+            self.log_refusal(peer, || format!("xDS stream of {} refused: {e}", caller.subject));
             Status::from(e)
         })?;
         let registration =

@@ -117,6 +117,11 @@ impl Server {
     }
 
     async fn channel(&self) -> Channel {
+        self.counted_channel(Arc::default()).await
+    }
+
+    /// A channel that counts the connections it makes in `made`.
+    async fn counted_channel(&self, made: Arc<std::sync::atomic::AtomicUsize>) -> Channel {
         let mut tls = rustls::ClientConfig::builder_with_provider(slipstream_identity::tls::provider())
             .with_protocol_versions(slipstream_identity::tls::PROTOCOL_VERSIONS)
             .unwrap()
@@ -129,6 +134,7 @@ impl Server {
             .unwrap()
             .connect_with_connector(tower::service_fn(move |_| {
                 let tls = tls.clone();
+                made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 async move {
                     let tcp = TcpStream::connect(addr).await?;
                     let s = tls.connect(rustls_pki_types::ServerName::try_from(SAN).unwrap(), tcp).await?;
@@ -481,6 +487,91 @@ async fn garbage_plaintext_and_silent_clients_are_closed_and_good_ones_still_ser
 
     let mut c = server.open(TOKEN1, "node1", both()).await.unwrap();
     assert_eq!(names(&c.initial().await[&TypeUrl::Address]), [uid("a"), uid("b")]);
+}
+
+/// A TLS connection to the server, verified as a proxy would, on which
+/// nothing is sent.
+async fn tls_only(server: &Server) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut tls = rustls::ClientConfig::builder_with_provider(slipstream_identity::tls::provider())
+        .with_protocol_versions(slipstream_identity::tls::PROTOCOL_VERSIONS)
+        .unwrap()
+        .with_root_certificates(server.ca.roots().root_store())
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(server.addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(tls)).connect(rustls_pki_types::ServerName::try_from(SAN).unwrap(), tcp).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_address_has_its_share_of_connections_and_unauthenticated_ones_are_closed() {
+    let (ws, ps) = fixture();
+    let mut index = Index::new(&ws, &ps);
+    let settings =
+        ServeSettings { max_connections: 16, max_connections_per_peer: 3, auth_timeout: Duration::from_millis(500), ..Default::default() };
+    let server = Server::start(index.store.clone(), settings).await;
+
+    // An authenticated stream first: it outlives the deadline.
+    let mut c = server.open(TOKEN1, "node1", both()).await.unwrap();
+    c.initial().await;
+
+    // 127.0.0.1 holds one (the stream's); two more, then it is full: its
+    // next connection is closed at once, while another address connects.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(TcpStream::connect(server.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut over = TcpStream::connect(server.addr).await.unwrap();
+    closed_by_server(&mut over, Duration::from_millis(400)).await;
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut from_other = other.connect(server.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut probe = [0u8; 1];
+    let still_open = tokio::time::timeout(Duration::from_millis(100), from_other.read(&mut probe)).await.is_err();
+    assert!(still_open, "another address is not bound by 127.0.0.1's share");
+    drop((held, from_other));
+
+    // A connection through TLS on which no call authenticates is closed at
+    // the deadline; one with a refused token too.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut idle = tls_only(&server).await;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(WAIT, async {
+        loop {
+            match idle.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "an unauthenticated connection is still open after {WAIT:?}");
+    assert!(started.elapsed() >= Duration::from_millis(400), "closed before its deadline: {:?}", started.elapsed());
+    // The same for a connection whose only call was refused: the channel
+    // has to make a new one for its next call.
+    let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut ads = AggregatedDiscoveryServiceClient::new(server.counted_channel(made.clone()).await);
+    let call = |token: &str| {
+        let mut req = tonic::Request::new(ReceiverStream::new(mpsc::channel(1).1));
+        req.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        req
+    };
+    let e = ads.delta_aggregated_resources(call("not-a-token-of-this-cluster")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // (Authenticated, then refused for ending before its first request.)
+    let e = ads.delta_aggregated_resources(call(TOKEN1)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 2, "the refused caller's connection was closed at its deadline");
+
+    // The authenticated stream, past the deadline three times over, still
+    // gets changes.
+    assert!(tokio::time::timeout(Duration::from_millis(100), c.rx.message()).await.is_err(), "nothing was pending");
+    index.upsert(&workload("a", [10, 0, 0, 9], "node1"));
+    assert_eq!(names(&c.recv().await), [uid("a")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

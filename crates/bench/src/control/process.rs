@@ -66,6 +66,8 @@ impl ControlProcess {
             .arg("--ca-dir")
             .arg(&files.ca_dir)
             .args(["--cluster-id", cluster_id])
+            // Every simulated proxy connects from 127.0.0.1.
+            .args(["--max-connections-per-peer", "0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

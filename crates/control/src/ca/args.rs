@@ -11,32 +11,35 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct CaArgs {
     /// The CA's signing certificate (PEM: a root, or an intermediate under
-    /// your root, optionally followed by its intermediates).
+    /// your root, optionally followed by its intermediates); with --ca-key.
+    /// Without both, a root is generated in --ca-dir on first start and kept.
     #[arg(long, requires = "ca_key")]
     pub ca_cert: Option<PathBuf>,
-    /// The signing certificate's private key (PEM).
+    /// The private key of --ca-cert (PEM). It never leaves this process.
     #[arg(long, requires = "ca_cert")]
     pub ca_key: Option<PathBuf>,
     /// Intermediates from the signing certificate's issuer up to your root
     /// (which may end the file).
     #[arg(long, requires = "ca_cert")]
     pub ca_chain: Option<PathBuf>,
-    /// Every root to trust, concatenated (old and new during a rotation).
+    /// Every root proxies should trust, concatenated (old and new during a
+    /// rotation).
     #[arg(long, requires = "ca_cert")]
     pub root_bundle: Option<PathBuf>,
-    /// Without --ca-cert: generate a root on first start and keep it here
-    /// (root-cert.pem, root-key.pem readable by its owner only).
-    #[arg(long, conflicts_with = "ca_cert")]
-    pub ca_dir: Option<PathBuf>,
-    /// The longest workload certificate issued (and the default).
+    /// Without --ca-cert: where a root generated on first start is kept
+    /// (root-cert.pem, and root-key.pem readable by its owner only).
+    #[arg(long, default_value = "/var/lib/slipstream/ca")]
+    pub ca_dir: PathBuf,
+    /// The longest workload certificate lifetime issued (and the default).
     #[arg(long, default_value = "24h", value_parser = parse_lifetime)]
-    pub max_cert_lifetime: Duration,
-    /// Kubernetes: a node proxies' service account (namespace/name) allowed
-    /// to request its pods' identities; repeatable.
-    #[arg(long = "ca-node-proxy-account", default_value = "istio-system/ztunnel")]
+    pub max_cert_validity: Duration,
+    /// Kubernetes: service accounts (namespace/name) whose pod-bound tokens
+    /// are node proxies' (TokenReview); repeatable or comma-separated.
+    #[arg(long = "node-proxy-account", default_value = "istio-system/ztunnel", value_delimiter = ',')]
     pub node_proxy_accounts: Vec<String>,
-    /// Kubernetes: the audience node proxies' tokens must be for; repeatable.
-    #[arg(long = "ca-token-audience", default_value = "istio-ca")]
+    /// Kubernetes: audiences a node proxy's token must carry (TokenReview);
+    /// repeatable or comma-separated.
+    #[arg(long = "token-audience", default_value = "istio-ca", value_delimiter = ',')]
     pub token_audiences: Vec<String>,
 }
 
@@ -51,25 +54,25 @@ fn parse_lifetime(s: &str) -> Result<Duration, String> {
 impl CaArgs {
     /// Where the CA material comes from.
     pub fn source(&self) -> anyhow::Result<CaSource> {
-        match (&self.ca_cert, &self.ca_key, &self.ca_dir) {
-            (Some(cert), Some(key), _) => Ok(CaSource::Files(CaFiles {
+        match (&self.ca_cert, &self.ca_key) {
+            (Some(cert), Some(key)) => Ok(CaSource::Files(CaFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 chain: self.ca_chain.clone(),
                 root_bundle: self.root_bundle.clone(),
             })),
-            (None, None, Some(dir)) => Ok(CaSource::Generated { dir: dir.clone() }),
-            _ => anyhow::bail!("the CA: give --ca-cert and --ca-key (your CA), or --ca-dir (a root generated and kept there)"),
+            (None, None) => Ok(CaSource::Generated { dir: self.ca_dir.clone() }),
+            _ => anyhow::bail!("the CA: give both --ca-cert and --ca-key (your CA), or neither (a root generated and kept in --ca-dir)"),
         }
     }
 
     pub fn config(&self, trust_domain: TrustDomain) -> CaConfig {
-        CaConfig { trust_domain, default_validity: self.max_cert_lifetime, max_validity: self.max_cert_lifetime, ..CaConfig::default() }
+        CaConfig { trust_domain, default_validity: self.max_cert_validity, max_validity: self.max_cert_validity, ..CaConfig::default() }
     }
 
     pub fn review_policy(&self) -> anyhow::Result<ReviewPolicy> {
         let node_proxies =
-            ReviewPolicy::parse_accounts(&self.node_proxy_accounts).map_err(|e| anyhow::anyhow!("--ca-node-proxy-account: {e}"))?;
+            ReviewPolicy::parse_accounts(&self.node_proxy_accounts).map_err(|e| anyhow::anyhow!("--node-proxy-account: {e}"))?;
         Ok(ReviewPolicy { node_proxies, audiences: self.token_audiences.clone(), ..ReviewPolicy::default() })
     }
 }
@@ -99,15 +102,19 @@ mod tests {
         assert_eq!(a.config(TrustDomain::default()).max_validity, Duration::from_secs(24 * 3600));
         assert_eq!(a.review_policy().unwrap(), ReviewPolicy::default());
 
-        let g = parse(&["--ca-dir", "/var/lib/slipstream/ca", "--max-cert-lifetime", "12h"]).unwrap();
+        let g = parse(&["--ca-dir", "/var/lib/slipstream/ca", "--max-cert-validity", "12h"]).unwrap();
         assert_eq!(g.source().unwrap(), CaSource::Generated { dir: "/var/lib/slipstream/ca".into() });
         assert_eq!(g.config(TrustDomain::default()).default_validity, Duration::from_secs(12 * 3600));
 
         assert!(parse(&["--ca-cert", "c.pem"]).is_err(), "a certificate needs its key");
-        assert!(parse(&["--ca-cert", "c.pem", "--ca-key", "k.pem", "--ca-dir", "d"]).is_err());
-        assert!(parse(&["--max-cert-lifetime", "10s"]).unwrap_err().contains("at least a minute"));
-        assert!(parse(&[]).unwrap().source().unwrap_err().to_string().contains("--ca-cert and --ca-key"));
-        let bad = parse(&["--ca-dir", "d", "--ca-node-proxy-account", "ztunnel"]).unwrap().review_policy().unwrap_err();
+        assert!(parse(&["--ca-key", "k.pem"]).is_err(), "a key needs its certificate");
+        assert!(parse(&["--max-cert-validity", "10s"]).unwrap_err().contains("at least a minute"));
+        assert_eq!(parse(&[]).unwrap().source().unwrap(), CaSource::Generated { dir: "/var/lib/slipstream/ca".into() });
+        let two = parse(&["--node-proxy-account", "a/b,c/d", "--token-audience", "x", "--token-audience", "y"]).unwrap();
+        let policy = two.review_policy().unwrap();
+        assert_eq!(policy.node_proxies, [("a".to_string(), "b".to_string()), ("c".to_string(), "d".to_string())]);
+        assert_eq!(policy.audiences, ["x", "y"]);
+        let bad = parse(&["--ca-dir", "d", "--node-proxy-account", "ztunnel"]).unwrap().review_policy().unwrap_err();
         assert!(bad.to_string().contains("not a service account as namespace/name"), "{bad}");
     }
 }

@@ -71,14 +71,32 @@ struct Reloader {
     /// How long the material must still be valid (the longest workload
     /// certificate the service issues).
     needed: Duration,
-    /// The contents last read, loaded or refused: the same bytes are not
-    /// tried (or complained about) twice.
-    last: Mutex<Vec<u8>>,
+    /// What the files held when last read.
+    last: Mutex<Seen>,
 }
+
+/// The files' contents last read, and whether they were refused (and
+/// when): refused bytes are not tried, nor complained about, again at
+/// every check, but on SIGHUP and every [`RETRY_REFUSED`] (a certificate
+/// that is not valid yet may become so).
+struct Seen {
+    bytes: Vec<u8>,
+    refused_at: Option<std::time::Instant>,
+}
+
+/// How often the same refused material is tried again without a SIGHUP.
+const RETRY_REFUSED: Duration = Duration::from_secs(300);
 
 impl std::fmt::Debug for CaMaterial {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CaMaterial").field("ca", &*self.current.load()).field("files", &self.reload.as_ref().map(|r| &r.files)).finish()
+    }
+}
+
+impl From<Arc<Ca>> for CaMaterial {
+    /// A CA that never changes.
+    fn from(ca: Arc<Ca>) -> CaMaterial {
+        CaMaterial { current: Arc::new(ArcSwap::new(ca)), reload: None }
     }
 }
 
@@ -99,7 +117,7 @@ impl CaMaterial {
         describe("CA loaded", &ca, &files);
         Ok(CaMaterial {
             current: Arc::new(ArcSwap::from_pointee(ca)),
-            reload: Some(Arc::new(Reloader { files, needed, last: Mutex::new(bytes) })),
+            reload: Some(Arc::new(Reloader { files, needed, last: Mutex::new(Seen { bytes, refused_at: None }) })),
         })
     }
 
@@ -114,23 +132,44 @@ impl CaMaterial {
     }
 
     /// Reads the files again. Ok(true): different material was loaded and
-    /// is in force; Ok(false): nothing changed; Err: the new contents were
-    /// refused and the previous material stays in force.
+    /// is in force; Ok(false): nothing changed (or the same contents were
+    /// refused a moment ago); Err: the new contents were refused and the
+    /// previous material stays in force.
     pub fn reload(&self) -> anyhow::Result<bool> {
+        self.reload_with(false)
+    }
+
+    /// As [`CaMaterial::reload`], and contents refused before are tried
+    /// again (the operator asked: SIGHUP).
+    pub fn reload_forced(&self) -> anyhow::Result<bool> {
+        self.reload_with(true)
+    }
+
+    fn reload_with(&self, force: bool) -> anyhow::Result<bool> {
         let Some(r) = &self.reload else { return Ok(false) };
         let bytes = read_all(&r.files)?;
-        {
-            let mut last = r.last.lock().unwrap_or_else(|e| e.into_inner());
-            if *last == bytes {
+        let now = std::time::Instant::now();
+        let mut last = r.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.bytes == bytes {
+            let retry = last.refused_at.is_some_and(|t| force || now.duration_since(t) >= RETRY_REFUSED);
+            if !retry {
                 return Ok(false);
             }
-            *last = bytes;
         }
-        let (_, ca) = read_and_load(&r.files, r.needed).context("the new CA material was refused; the previous one stays in force")?;
-        let before = self.current();
-        describe_change(&before, &ca);
-        self.current.store(Arc::new(ca));
-        Ok(true)
+        last.bytes = bytes;
+        match read_and_load(&r.files, r.needed) {
+            Ok((_, ca)) => {
+                last.refused_at = None;
+                let before = self.current();
+                describe_change(&before, &ca);
+                self.current.store(Arc::new(ca));
+                Ok(true)
+            }
+            Err(e) => {
+                last.refused_at = Some(now);
+                Err(e.context("the new CA material was refused; the previous one stays in force"))
+            }
+        }
     }
 
     /// Reloads on SIGHUP and when the files' contents change (checked every
@@ -150,13 +189,14 @@ impl CaMaterial {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut warned_at: Option<tokio::time::Instant> = None;
             loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
+                let forced = tokio::select! {
+                    _ = tick.tick() => false,
                     Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
                         tracing::info!("SIGHUP: reading the CA files again");
+                        true
                     }
-                }
-                match this.reload() {
+                };
+                match this.reload_with(forced) {
                     Ok(_) => {}
                     Err(e) => tracing::error!("{e:#}"),
                 }

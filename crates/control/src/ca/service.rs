@@ -31,9 +31,6 @@ pub struct CaConfig {
     /// get nothing at all).
     pub max_validity: Duration,
     pub limits: CallerLimits,
-    /// Authentications under way at once, over all callers: a flood of bad
-    /// tokens cannot turn into a flood of TokenReviews.
-    pub max_authentications: usize,
 }
 
 impl Default for CaConfig {
@@ -43,7 +40,6 @@ impl Default for CaConfig {
             default_validity: DEFAULT_WORKLOAD_VALIDITY,
             max_validity: DEFAULT_WORKLOAD_VALIDITY,
             limits: CallerLimits::default(),
-            max_authentications: 64,
         }
     }
 }
@@ -159,7 +155,6 @@ struct Inner {
     placement: Arc<dyn Placement>,
     material: CaMaterial,
     limits: Limits,
-    auth_slots: tokio::sync::Semaphore,
 }
 
 /// What is known of a request as it goes, for its log line.
@@ -185,8 +180,7 @@ impl Seen {
 impl CaService {
     pub fn new(config: CaConfig, auth: Arc<dyn Authenticator>, placement: Arc<dyn Placement>, material: CaMaterial) -> CaService {
         let limits = Limits::new(config.limits.clone());
-        let auth_slots = tokio::sync::Semaphore::new(config.max_authentications.max(1));
-        CaService { inner: Arc::new(Inner { config, auth, placement, material, limits, auth_slots }) }
+        CaService { inner: Arc::new(Inner { config, auth, placement, material, limits }) }
     }
 
     /// The tonic service, to mount next to xDS on the control plane's port.
@@ -225,10 +219,8 @@ impl CaService {
         // What the caller says it wants, for the log, before anything is
         // checked (a refused caller's ask is what an operator looks for).
         seen.identity = slipstream_api::struct_string(req.metadata.as_ref(), IMPERSONATED_IDENTITY).map(str::to_string);
-        let caller = {
-            let _slot = inner.auth_slots.acquire().await.map_err(|_| Refusal::Signing("shutting down".into()))?;
-            inner.auth.authenticate(md).await.map_err(Refusal::Auth)?
-        };
+        // Bounded and remembered for refusals by the auth::Gate in front.
+        let caller = inner.auth.authenticate(md).await.map_err(Refusal::Auth)?;
         seen.caller = Some(caller.clone());
         let _permit: Permit = inner.limits.admit(&format!("node:{}", caller.node), Instant::now()).map_err(Refusal::Limited)?;
         let csr = Csr::parse(&req.csr).map_err(Refusal::Csr)?;
@@ -296,9 +288,12 @@ impl IstioCertificateService for CaService {
         &self,
         request: tonic::Request<IstioCertificateRequest>,
     ) -> Result<tonic::Response<IstioCertificateResponse>, Status> {
-        let peer = request.remote_addr();
-        let (md, _, req) = request.into_parts();
-        match self.create(&md, peer, &req).await {
+        let peer = crate::serve::peer_of(&request);
+        let r = self.create(request.metadata(), peer, request.get_ref()).await;
+        if !matches!(r, Err(Refusal::Auth(_))) {
+            crate::serve::authenticated(&request);
+        }
+        match r {
             Ok(cert_chain) => Ok(tonic::Response::new(IstioCertificateResponse { cert_chain })),
             Err(refusal) => Err(refusal.status()),
         }

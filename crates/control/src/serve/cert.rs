@@ -1,8 +1,11 @@
 //! The serving certificate of the control plane port: issued by the mesh
 //! CA for DNS names (clients verify it against the mesh root and
-//! `istiod.istio-system.svc`), renewed at half-life, swapped in without a
-//! restart: each new TLS handshake takes the current one.
+//! `istiod.istio-system.svc`), renewed at half-life and as soon as the CA
+//! material changes (a rotation: the new root may be all clients trust
+//! after it), swapped in without a restart: each new TLS handshake takes
+//! the current one.
 
+use crate::ca::CaMaterial;
 use arc_swap::ArcSwap;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -12,9 +15,11 @@ use std::time::{Duration, SystemTime};
 
 /// After a failed renewal, try again this often (sooner if expiry is nearer).
 const RETRY: Duration = Duration::from_secs(60);
+/// How often the CA material is looked at for a change.
+const CA_CHECK: Duration = Duration::from_secs(2);
 
 pub struct ServingCert {
-    ca: Arc<Ca>,
+    ca: CaMaterial,
     names: Vec<String>,
     validity: Duration,
     current: ArcSwap<Issued>,
@@ -22,6 +27,8 @@ pub struct ServingCert {
 
 struct Issued {
     key: Arc<CertifiedKey>,
+    /// The CA that signed it.
+    by: Arc<Ca>,
     not_before: SystemTime,
     not_after: SystemTime,
 }
@@ -34,9 +41,9 @@ impl std::fmt::Debug for ServingCert {
 }
 
 impl ServingCert {
-    pub fn issue(ca: Arc<Ca>, names: Vec<String>, validity: Duration) -> anyhow::Result<Arc<ServingCert>> {
+    pub fn issue(ca: CaMaterial, names: Vec<String>, validity: Duration) -> anyhow::Result<Arc<ServingCert>> {
         anyhow::ensure!(!names.is_empty(), "the control plane's certificate needs at least one name");
-        let first = issue(&ca, &names, validity)?;
+        let first = issue(ca.current(), &names, validity)?;
         Ok(Arc::new(ServingCert { ca, names, validity, current: ArcSwap::from_pointee(first) }))
     }
 
@@ -53,21 +60,35 @@ impl ServingCert {
 
     /// Issues a new certificate now and serves it from the next handshake.
     pub fn renew(&self) -> anyhow::Result<()> {
-        self.current.store(Arc::new(issue(&self.ca, &self.names, self.validity)?));
+        self.current.store(Arc::new(issue(self.ca.current(), &self.names, self.validity)?));
         Ok(())
     }
 
-    /// Renews at half-life, forever.
+    /// Whether the certificate served was signed by the CA in force now.
+    fn signed_by_current_ca(&self) -> bool {
+        Arc::ptr_eq(&self.current.load().by, &self.ca.current())
+    }
+
+    /// Renews at half-life, and when the CA material changes, forever.
     pub async fn renew_loop(self: Arc<Self>) {
         loop {
             let (not_before, not_after) = self.validity();
             let half = not_after.duration_since(not_before).unwrap_or_default() / 2;
-            let wait = (not_before + half).duration_since(SystemTime::now()).unwrap_or_default();
-            tokio::time::sleep(wait).await;
+            let due = not_before + half;
+            let why = loop {
+                let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
+                if wait.is_zero() {
+                    break "half its lifetime has passed";
+                }
+                tokio::time::sleep(wait.min(CA_CHECK)).await;
+                if !self.signed_by_current_ca() {
+                    break "the CA material changed";
+                }
+            };
             loop {
                 match self.renew() {
                     Ok(()) => {
-                        tracing::info!(names = ?self.names, "renewed the control plane's serving certificate");
+                        tracing::info!(names = ?self.names, "renewed the control plane's serving certificate: {why}");
                         break;
                     }
                     Err(e) => {
@@ -81,14 +102,14 @@ impl ServingCert {
     }
 }
 
-fn issue(ca: &Ca, names: &[String], validity: Duration) -> anyhow::Result<Issued> {
+fn issue(ca: Arc<Ca>, names: &[String], validity: Duration) -> anyhow::Result<Issued> {
     use anyhow::Context;
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let (chain, key) = ca.issue_server_cert(&names, validity).context("issuing the control plane's serving certificate")?;
     let (not_before, not_after) = validity_of(&chain[0])?;
     let key = CertifiedKey::from_der(chain, key.to_der(), &slipstream_identity::tls::provider())
         .context("the control plane's serving certificate")?;
-    Ok(Issued { key: Arc::new(key), not_before, not_after })
+    Ok(Issued { key: Arc::new(key), by: ca, not_before, not_after })
 }
 
 fn validity_of(der: &[u8]) -> anyhow::Result<(SystemTime, SystemTime)> {

@@ -1,44 +1,107 @@
 //! One accepted connection after its TLS handshake, as tonic's server
-//! takes it: the peer address for `Request::remote_addr`, its slot among
-//! the open connections (given back when it closes), and a kill switch
-//! (a server that stops closes what its drain did not).
+//! takes it: the peer address (see [`peer_of`]), its slot among the open
+//! connections (given back when it closes), a deadline for its first
+//! authenticated call, and a kill switch (a server that stops closes what
+//! its drain did not).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// A slot among the open connections.
-pub struct ConnGuard(Arc<AtomicUsize>);
+/// Open connections, in all and per peer address.
+#[derive(Debug, Default)]
+pub struct Slots {
+    total: usize,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+/// Why a connection got no slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    Total,
+    Peer,
+}
+
+/// A slot among the open connections, given back on drop.
+pub struct ConnGuard {
+    slots: Arc<Mutex<Slots>>,
+    peer: IpAddr,
+}
 
 impl ConnGuard {
-    /// A slot, unless `max` are taken.
-    pub fn try_new(open: &Arc<AtomicUsize>, max: usize) -> Option<ConnGuard> {
-        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
-        Some(ConnGuard(open.clone()))
+    /// A slot, unless `max_total` are taken, or `max_per_peer` by `peer`
+    /// (0: no bound per peer).
+    pub fn try_new(slots: &Arc<Mutex<Slots>>, peer: IpAddr, max_total: usize, max_per_peer: usize) -> Result<ConnGuard, Full> {
+        let mut s = slots.lock().unwrap_or_else(|e| e.into_inner());
+        if s.total >= max_total {
+            return Err(Full::Total);
+        }
+        let mine = s.per_peer.entry(peer).or_default();
+        if max_per_peer > 0 && *mine >= max_per_peer {
+            return Err(Full::Peer);
+        }
+        *mine += 1;
+        s.total += 1;
+        Ok(ConnGuard { slots: slots.clone(), peer })
     }
 }
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        s.total -= 1;
+        if let Some(n) = s.per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                s.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// What tonic puts in every request's extensions for a connection of
+/// ours: its addresses, and the flag a service sets once a call on it
+/// has authenticated ([`authenticated`]).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub tcp: TcpConnectInfo,
+    authenticated: Arc<AtomicBool>,
+}
+
+/// The peer of a request: from our connections, or from tonic's own
+/// (`Request::remote_addr`) when the service is served some other way.
+pub fn peer_of<T>(req: &tonic::Request<T>) -> Option<SocketAddr> {
+    req.extensions().get::<ConnInfo>().and_then(|c| c.tcp.remote_addr).or_else(|| req.remote_addr())
+}
+
+/// Marks the request's connection as used by an authenticated caller: it
+/// is no longer closed at its authentication deadline.
+pub fn authenticated<T>(req: &tonic::Request<T>) {
+    if let Some(c) = req.extensions().get::<ConnInfo>() {
+        c.authenticated.store(true, Ordering::Release);
     }
 }
 
 pub struct TlsConn {
     io: tokio_rustls::server::TlsStream<TcpStream>,
-    info: TcpConnectInfo,
+    info: ConnInfo,
+    /// Until a call on it has authenticated: when the connection is closed
+    /// if none has (a pod that connects and waits holds no slot for long).
+    auth_deadline: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
     /// Completes when the server kills its connections (or is gone).
     killed: Pin<Box<dyn Future<Output = ()> + Send>>,
-    /// `killed` completed (it must not be polled again).
-    dead: bool,
+    /// Why it is closed, once it is (`killed` must not be polled again).
+    dead: Option<String>,
     _slot: ConnGuard,
 }
 
@@ -49,27 +112,42 @@ impl TlsConn {
         peer: SocketAddr,
         slot: ConnGuard,
         mut kill: watch::Receiver<bool>,
+        auth_timeout: Duration,
     ) -> TlsConn {
         let killed = Box::pin(async move {
             let _ = kill.wait_for(|k| *k).await;
         });
-        TlsConn { io, info: TcpConnectInfo { local_addr: local, remote_addr: Some(peer) }, killed, dead: false, _slot: slot }
+        let info = ConnInfo {
+            tcp: TcpConnectInfo { local_addr: local, remote_addr: Some(peer) },
+            authenticated: Arc::new(AtomicBool::new(false)),
+        };
+        let auth_deadline = Some((Box::pin(tokio::time::sleep(auth_timeout)), auth_timeout));
+        TlsConn { io, info, auth_deadline, killed, dead: None, _slot: slot }
     }
 
     fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        if !self.dead && self.killed.as_mut().poll(cx).is_ready() {
-            self.dead = true;
+        if self.dead.is_none() && self.killed.as_mut().poll(cx).is_ready() {
+            self.dead = Some("the control plane stopped serving".into());
         }
-        if self.dead {
-            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the control plane stopped serving"));
+        if self.info.authenticated.load(Ordering::Acquire) {
+            self.auth_deadline = None;
         }
-        Ok(())
+        if let Some((deadline, after)) = &mut self.auth_deadline {
+            if self.dead.is_none() && deadline.as_mut().poll(cx).is_ready() {
+                tracing::debug!(peer = ?self.info.tcp.remote_addr, "control plane port: closing a connection with no authenticated call after {after:?}");
+                self.dead = Some(format!("no authenticated call within {after:?}"));
+            }
+        }
+        match &self.dead {
+            Some(why) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, why.clone())),
+            None => Ok(()),
+        }
     }
 }
 
 impl Connected for TlsConn {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
         self.info.clone()
     }
 }

@@ -156,8 +156,13 @@ fn reload_takes_new_bundles_and_keeps_the_old_material_on_bad_input() {
     let e = format!("{:#}", m.reload().unwrap_err());
     assert!(e.starts_with("the new CA material was refused; the previous one stays in force"), "{e}");
     assert_eq!(m.roots().certs().len(), 2);
-    // The same bad bytes are not tried again.
+    // The same bad bytes are not tried again at every check, but are when
+    // the operator asks (SIGHUP), and still refused.
     assert!(!m.reload().unwrap());
+    let again = format!("{:#}", m.reload_forced().unwrap_err());
+    assert!(again.starts_with("the new CA material was refused"), "{again}");
+    assert!(!m.reload().unwrap());
+    assert_eq!(m.roots().certs().len(), 2);
     std::fs::write(&key, a_key.serialize_pem()).unwrap();
     assert!(m.reload().unwrap());
 }
