@@ -121,6 +121,12 @@ impl CaMaterial {
         })
     }
 
+    /// Puts `ca` in force, as a reload would (tests of what follows it).
+    #[cfg(test)]
+    pub(crate) fn replace(&self, ca: Ca) {
+        self.current.store(Arc::new(ca));
+    }
+
     /// The CA to sign with now.
     pub fn current(&self) -> Arc<Ca> {
         self.current.load_full()

@@ -125,3 +125,26 @@ impl ResolvesServerCert for ServingCert {
         Some(self.current.load().key.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slipstream_identity::TrustDomain;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_ca_gets_a_new_serving_certificate_within_seconds() {
+        let material = CaMaterial::fixed(Ca::generate(&TrustDomain::default()).unwrap());
+        let cert = ServingCert::issue(material.clone(), vec!["istiod.istio-system.svc".into()], Duration::from_secs(24 * 3600)).unwrap();
+        let first = cert.chain();
+        let task = tokio::spawn(cert.clone().renew_loop());
+        tokio::time::sleep(CA_CHECK * 5).await;
+        assert_eq!(cert.chain(), first, "same CA, far from half-life: not renewed");
+
+        material.replace(Ca::generate(&TrustDomain::default()).unwrap());
+        assert!(!cert.signed_by_current_ca());
+        tokio::time::sleep(CA_CHECK * 2).await;
+        assert_ne!(cert.chain(), first, "renewed after the CA changed");
+        assert!(cert.signed_by_current_ca(), "issued by the CA in force now");
+        task.abort();
+    }
+}
