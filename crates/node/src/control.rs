@@ -3,7 +3,9 @@
 //! the certificate client (`caclient`) share.
 //!
 //! The channel verifies the control plane's certificate against the mesh
-//! root and the name in [`ControlSettings::san`], and every call carries
+//! root and the name in [`ControlSettings::san`] (the root file is read
+//! again for each new connection, so a rotated root is picked up; a file
+//! that does not parse keeps the roots last read), and every call carries
 //! `authorization: Bearer <token>` (read from the token file at each call,
 //! so a rotated token is picked up) and `clusterid`. With several
 //! addresses (control plane replicas), each new connection tries them in
@@ -61,18 +63,11 @@ impl ControlChannel {
         if settings.addresses.is_empty() {
             return Err(ControlError::NoAddress);
         }
-        let roots = slipstream_identity::TrustBundle::from_pem_file(&settings.root_cert)
-            .map_err(|e| ControlError::Root { path: settings.root_cert.clone(), reason: e.to_string() })?;
-        let mut tls = rustls::ClientConfig::builder_with_provider(slipstream_identity::tls::provider())
-            .with_protocol_versions(slipstream_identity::tls::PROTOCOL_VERSIONS)
-            .map_err(|e| ControlError::Root { path: settings.root_cert.clone(), reason: e.to_string() })?
-            .with_root_certificates(roots.root_store())
-            .with_no_client_auth();
-        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let roots = Roots::load(&settings.root_cert)?;
         let server_name =
             rustls_pki_types::ServerName::try_from(settings.san.clone()).map_err(|_| ControlError::Name(settings.san.clone()))?;
         let connector = Connector {
-            tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
+            roots: Arc::new(std::sync::Mutex::new(roots)),
             server_name,
             addresses: Arc::new(settings.addresses.clone()),
             next: Arc::new(AtomicUsize::new(0)),
@@ -119,9 +114,61 @@ impl ControlChannel {
     }
 }
 
+/// The roots the control plane's certificate is checked against, as last
+/// read from their file, and the TLS connector built from them.
+struct Roots {
+    path: PathBuf,
+    pem: Vec<u8>,
+    tls: tokio_rustls::TlsConnector,
+}
+
+impl Roots {
+    fn load(path: &std::path::Path) -> Result<Roots, ControlError> {
+        let pem = std::fs::read(path).map_err(|e| ControlError::Root { path: path.into(), reason: e.to_string() })?;
+        let tls = Self::connector(&pem).map_err(|reason| ControlError::Root { path: path.into(), reason })?;
+        Ok(Roots { path: path.into(), pem, tls })
+    }
+
+    fn connector(pem: &[u8]) -> Result<tokio_rustls::TlsConnector, String> {
+        let roots = slipstream_identity::TrustBundle::from_pem(std::str::from_utf8(pem).map_err(|_| "not PEM text".to_string())?)
+            .map_err(|e| e.to_string())?;
+        let mut tls = rustls::ClientConfig::builder_with_provider(slipstream_identity::tls::provider())
+            .with_protocol_versions(slipstream_identity::tls::PROTOCOL_VERSIONS)
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots.root_store())
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(tokio_rustls::TlsConnector::from(Arc::new(tls)))
+    }
+
+    /// The connector for a new connection: from the file as it is now if
+    /// it changed and parses, else the last good one.
+    fn current(&mut self) -> tokio_rustls::TlsConnector {
+        match std::fs::read(&self.path) {
+            Ok(pem) if pem != self.pem => match Self::connector(&pem) {
+                Ok(tls) => {
+                    tracing::info!(path = %self.path.display(), "the control plane's root certificates changed; new connections use them");
+                    self.pem = pem;
+                    self.tls = tls;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), "the control plane's root certificates are unreadable ({e}); keeping those read before");
+                    // Complained about once per content.
+                    self.pem = pem;
+                }
+            },
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), "cannot read the control plane's root certificates ({e}); keeping those read before")
+            }
+        }
+        self.tls.clone()
+    }
+}
+
 #[derive(Clone)]
 struct Connector {
-    tls: tokio_rustls::TlsConnector,
+    roots: Arc<std::sync::Mutex<Roots>>,
     server_name: rustls_pki_types::ServerName<'static>,
     addresses: Arc<Vec<String>>,
     next: Arc<AtomicUsize>,
@@ -177,8 +224,9 @@ impl tower::Service<http::Uri> for Connector {
 
 impl Connector {
     async fn connect(&self, addr: &str) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let tls = self.roots.lock().unwrap_or_else(|e| e.into_inner()).current();
         let tcp = tokio::net::TcpStream::connect(addr).await?;
         let _ = tcp.set_nodelay(true);
-        self.tls.connect(self.server_name.clone(), tcp).await
+        tls.connect(self.server_name.clone(), tcp).await
     }
 }

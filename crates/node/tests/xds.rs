@@ -231,3 +231,75 @@ async fn a_node_proxy_follows_the_control_plane_keeps_its_configuration_without_
     wait_for("in sync with the new control plane", || reg2.proxies().first().is_some_and(|p| p.in_sync())).await;
     assert_eq!(reg2.proxies()[0].types[0].resources, 3, "two workloads and the service");
 }
+
+/// The root file is read again for each new connection: a control plane
+/// whose certificate chains to a root the file did not hold is refused,
+/// then reached once the file holds it; a file that does not parse keeps
+/// the roots read before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_root_file_is_read_again_for_each_new_connection() {
+    use slipstream_api::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use slipstream_api::discovery::DeltaDiscoveryRequest;
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("info").try_init();
+    let (old, new) = (Arc::new(Ca::generate(&TrustDomain::default()).unwrap()), Arc::new(Ca::generate(&TrustDomain::default()).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root.pem");
+    std::fs::write(&root, old.roots().to_pem()).unwrap();
+    std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).unwrap();
+    let index = Index::new(&[workload("a", [10, 0, 0, 1])]);
+    // The control plane's certificate is from the new CA only.
+    let (_xds, server, addr) = control_plane("127.0.0.1:0".parse().unwrap(), &new, index.store.clone()).await;
+    let channel = ControlChannel::new(ControlSettings {
+        addresses: vec![addr.to_string()],
+        san: slipstream_api::DEFAULT_CONTROL_PLANE_SAN.into(),
+        root_cert: root.clone(),
+        token_file: dir.path().join("token"),
+        cluster_id: "test".into(),
+        connect_timeout: Duration::from_secs(2),
+    })
+    .unwrap();
+    let node = NodeInfo {
+        node_name: "node1".into(),
+        cluster_id: "test".into(),
+        ip: "127.0.0.1".into(),
+        pod: "ztunnel-node1".into(),
+        namespace: "istio-system".into(),
+    };
+    // One stream: answered, or how it failed.
+    let open = || {
+        let channel = channel.clone();
+        let first = DeltaDiscoveryRequest { node: Some(node.node()), type_url: TypeUrl::Address.as_str().into(), ..Default::default() };
+        async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tx.send(first).await.unwrap();
+            let req = channel.request(tokio_stream::wrappers::ReceiverStream::new(rx)).unwrap();
+            let mut s = AggregatedDiscoveryServiceClient::new(channel.channel()).delta_aggregated_resources(req).await?.into_inner();
+            let r = tokio::time::timeout(Duration::from_secs(10), s.message()).await.expect("an answer in time")?;
+            drop(tx);
+            Ok::<_, tonic::Status>(r.is_some())
+        }
+    };
+    let e = open().await.expect_err("a certificate from a root the file does not hold");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+
+    // A broken file: still refused (the old root stays), nothing panics.
+    std::fs::write(&root, "-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n").unwrap();
+    assert!(open().await.is_err());
+
+    // Both roots, as during a rotation: the next connection is made.
+    std::fs::write(&root, format!("{}{}", old.roots().to_pem(), new.roots().to_pem())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match open().await {
+            Ok(answered) => {
+                assert!(answered, "the stream answered");
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "not connected with the new root in the file: {e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    server.abort();
+}
