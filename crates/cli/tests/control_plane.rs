@@ -97,7 +97,7 @@ fn proxies_keep_serving_without_the_control_plane_and_converge_when_it_returns()
     }
 
     // An established connection, held across the outage.
-    let mut held = hold_one(&c, 12);
+    let mut held = hold_one(&c, 15);
     let mut out = BufReader::new(held.stdout.take().unwrap()).lines();
     assert_eq!(out.next().unwrap().unwrap(), "open");
 
@@ -129,6 +129,24 @@ fn proxies_keep_serving_without_the_control_plane_and_converge_when_it_returns()
     // And `apply` now waits for and reports every acknowledgement.
     let o = c.ok(&["apply", "-f", &f]);
     assert!(o.contains("configuration acknowledged by 2 node proxies"), "{o}");
+
+    // Killed outright this time: new connections keep working, the agent
+    // starts it again, and a pod created while it was gone converges.
+    let pid = control_pid(&c, "control1");
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    assert!(curl_echo(&c), "a new connection failed with the control plane killed");
+    let f = write_manifest(&dir, "later.yaml", &EXTRA_POD.replace("late", "later"));
+    c.ok(&["apply", "-f", &f, "--no-wait"]);
+    wait_until("the control plane started again", Duration::from_secs(60), || {
+        let st = c.status();
+        st["control"][0]["process"]["pid"].as_i64().is_some_and(|p| p != pid as i64)
+    });
+    wait_until("the pod created while it was killed ready", Duration::from_secs(60), || {
+        c.pods("later").first().is_some_and(|p| p["ready"] == true)
+    });
+    let ip = c.pods("later")[0]["ip"].as_str().unwrap().to_string();
+    let (code, _) = c.exec("default", "deploy/client", &["curl", "-s", "--max-time", "5", &format!("http://{ip}:8081/healthz")]);
+    assert_eq!(code, 0, "the pod created while the control plane was killed is reachable once it is back");
 
     // The held connection never broke.
     let last = out.next().unwrap().unwrap();
