@@ -248,23 +248,33 @@ fn dir_source(root: PathBuf, every: Duration) -> mpsc::Receiver<Batch> {
     let mut dir = DirSource::new(root.clone());
     std::thread::Builder::new()
         .name("dir-source".into())
-        .spawn(move || loop {
-            // The marker first: every file written before it is then
-            // included in this poll.
-            let objects_generation = read_marker(&root);
-            let events = dir.poll().into_iter().map(|(e, _)| e).collect();
-            // A directory that is not there (a wrong path, not created yet)
-            // reads as empty: never as the whole truth, or proxies would be
-            // told that everything they hold was removed.
-            let synced = root.is_dir();
-            if !synced {
-                tracing::warn!(dir = %root.display(), "the object directory does not exist (yet); not serving until it does");
+        .spawn(move || {
+            let mut was_there = true;
+            loop {
+                // The marker first: every file written before it is then
+                // included in this poll.
+                let objects_generation = read_marker(&root);
+                let events = dir.poll().into_iter().map(|(e, _)| e).collect();
+                // A directory that is not there (a wrong path, not created
+                // yet, removed) says nothing: never that every object is
+                // gone, or proxies would be told that everything they hold
+                // was removed. Said once each time it goes or comes back.
+                let there = root.is_dir();
+                match (was_there, there) {
+                    (true, false) => tracing::warn!(
+                        dir = %root.display(),
+                        "the object directory does not exist; serving what was read before, if anything (not serving until it was read once)"
+                    ),
+                    (false, true) => tracing::info!(dir = %root.display(), "the object directory is there again"),
+                    _ => {}
+                }
+                was_there = there;
+                if tx.blocking_send(Batch { events, objects_generation, synced: there }).is_err() {
+                    return;
+                }
+                // Until a file changes (inotify), or `every` at the latest.
+                dir.wait(every);
             }
-            if tx.blocking_send(Batch { events, objects_generation, synced }).is_err() {
-                return;
-            }
-            // Until a file changes (inotify), or `every` at the latest.
-            dir.wait(every);
         })
         .expect("spawning the directory source");
     rx
@@ -445,8 +455,6 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     }
     let node_tokens = args.node_tokens.as_deref().map(NodeTokens::load).transpose()?;
     let ca_source = args.ca.source()?;
-    let material = CaMaterial::load(&ca_source, &trust_domain, args.ca.max_cert_validity)?;
-    let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
 
     let (mut batches, source_task, auth): (mpsc::Receiver<Batch>, Option<JoinHandle<()>>, Arc<dyn Authenticator>) = match &args.source {
         SourceArg::Dir(root) => {
@@ -467,6 +475,11 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
             (batches, Some(task), auth)
         }
     };
+
+    // The CA after the source: a control plane that cannot find its
+    // objects generates no root.
+    let material = CaMaterial::load(&ca_source, &trust_domain, args.ca.max_cert_validity)?;
+    let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
 
     // Both services authenticate through one gate: bounded, and a token
     // refused a moment ago is refused again without asking.

@@ -158,6 +158,13 @@ impl DirSource {
         };
         match listed {
             Ok(()) => {}
+            // The root itself is gone (removed, or not made yet): nothing
+            // is known, which is not the same as "every object was
+            // deleted". What was read stays until it is back.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && scope == Scope::Everything => {
+                self.next = Scope::Everything;
+                return Vec::new();
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
                 tracing::warn!(dir = %self.root.display(), "cannot list the object directory: {e}");

@@ -96,9 +96,22 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube
                 .await
                 .with_context(|| format!("using the kubeconfig {}", p.display()))?
         }
-        None => kube::Config::infer()
-            .await
-            .context("finding the Kubernetes API (no --kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster service account)")?,
+        None => match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) => {
+                let home_config = std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".kube/config"));
+                let something_given = std::env::var_os("KUBECONFIG").is_some()
+                    || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+                    || home_config.is_some_and(|p| p.exists());
+                if something_given {
+                    return Err(anyhow::Error::new(e).context("finding the Kubernetes API"));
+                }
+                anyhow::bail!(
+                    "no Kubernetes API to watch: not running in a pod, and no kubeconfig (--kubeconfig, KUBECONFIG or ~/.kube/config). \
+                     Give one, or take objects from a directory of manifests with --source dir:PATH"
+                )
+            }
+        },
     };
     kube::Client::try_from(config).context("building the Kubernetes client")
 }

@@ -107,12 +107,22 @@ fn an_object_in_two_files_is_taken_from_the_first() {
 }
 
 #[test]
-fn a_missing_directory_is_empty() {
+fn a_missing_directory_says_nothing_and_deletes_nothing() {
     let d = tempfile::tempdir().unwrap();
-    let mut src = DirSource::new(d.path().join("not-yet"));
+    let root = d.path().join("not-yet");
+    let mut src = DirSource::new(&root);
     assert!(src.poll().is_empty());
-    write(&d.path().join("not-yet"), "a.json", r#"{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}"#);
-    assert_eq!(src.poll().len(), 1);
+    write(&root, "a.json", r#"{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}"#);
+    assert_eq!(summary(&src.poll(), &root), ["upsert Namespace x (a.json)"]);
+    // The whole directory goes: not "every object was deleted".
+    std::fs::rename(&root, d.path().join("moved")).unwrap();
+    assert!(src.poll().is_empty());
+    assert!(src.poll().is_empty());
+    // Back without a.json, with b.json: now the difference is known.
+    write(&root, "b.json", r#"{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "y"}}"#);
+    let mut got = summary(&src.poll(), &root);
+    got.sort();
+    assert_eq!(got, ["delete Namespace x (a.json)", "upsert Namespace y (b.json)"]);
 }
 
 #[tokio::test]
