@@ -39,6 +39,10 @@ pub struct Versioned {
     /// reconnects (to this replica or another) is sent only what differs.
     pub version: Arc<str>,
     pub body: prost_types::Any,
+    /// The `Resource` message that carries it, less its name: version and
+    /// body, encoded once here and copied as they are into every response
+    /// that sends it (`xds::wire`).
+    pub encoded: prost::bytes::Bytes,
     /// Workloads: the node the pod runs on, and its SPIFFE ID (the CA signs
     /// an identity only for a caller on that node).
     pub node: Option<Arc<str>>,
@@ -47,7 +51,14 @@ pub struct Versioned {
 
 impl Versioned {
     pub fn new(body: prost_types::Any) -> Self {
-        Versioned { version: version_of(&body.value).into(), body, node: None, identity: None }
+        let version: Arc<str> = version_of(&body.value).into();
+        let encoded = prost::Message::encode_to_vec(&slipstream_api::discovery::Resource {
+            version: version.to_string(),
+            resource: Some(body.clone()),
+            ..Default::default()
+        })
+        .into();
+        Versioned { version, body, encoded, node: None, identity: None }
     }
 }
 

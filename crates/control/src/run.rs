@@ -19,7 +19,7 @@ use crate::source::dir::DirSource;
 use crate::source::kube::{self as kube_source, RawEvent};
 use crate::store::Store;
 use crate::syncz::{ProxySync, Syncz, TypeSync};
-use crate::xds::XdsServer;
+use crate::xds::{XdsServer, XdsSettings};
 use anyhow::{bail, Context};
 use slipstream_identity::TrustDomain;
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,6 +77,13 @@ pub struct ControlArgs {
     /// control plane through one NAT address.
     #[arg(long, default_value_t = ServeSettings::default().max_connections_per_peer)]
     pub max_connections_per_peer: usize,
+    /// Full pushes (responses of 256 KiB or more) in flight at once over
+    /// every xDS stream; the others wait their turn. Each holds its slot
+    /// until its proxy answers it (at most 5 s), so memory stays bounded
+    /// when every node proxy connects at once, e.g. after a restart of
+    /// the control plane (0: no bound).
+    #[arg(long, default_value_t = XdsSettings::default().large_responses_in_flight)]
+    pub full_pushes_in_flight: usize,
     /// Names in the serving certificate (clients verify the first by default).
     #[arg(long = "server-name", default_value = slipstream_api::DEFAULT_CONTROL_PLANE_SAN, value_delimiter = ',')]
     pub server_names: Vec<String>,
@@ -528,7 +535,8 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         "objects read"
     );
 
-    let xds = XdsServer::new(store.clone(), auth.clone());
+    let xds_settings = XdsSettings { large_responses_in_flight: args.full_pushes_in_flight, ..Default::default() };
+    let xds = XdsServer::with_settings(store.clone(), auth.clone(), xds_settings);
     *lock(&mon.xds) = Some(xds.clone());
     let placement = Arc::new(ResourcePlacement::new(StoreResources(store.clone())));
     let ca_config = args.ca.config(trust_domain.clone());

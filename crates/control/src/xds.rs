@@ -12,9 +12,11 @@
 //!   response: a proxy that reads slowly makes the task wait, and changes
 //!   published meanwhile coalesce in the session instead of queueing.
 
+pub mod grpc;
 pub mod node;
 pub mod registry;
 pub mod session;
+pub mod wire;
 
 pub use registry::{AckReport, AckTimeout, ProxyRef, ProxyStatus, Registration, Registry, StreamInfo, TypeStatus};
 
@@ -22,13 +24,13 @@ use crate::auth::Authenticator;
 use crate::ca::limits::{CallerLimits, Limits, LogDecision};
 use crate::store::{Published, Store};
 use session::Session;
-use slipstream_api::discovery::aggregated_discovery_service_server::{AggregatedDiscoveryService, AggregatedDiscoveryServiceServer};
-use slipstream_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use slipstream_api::discovery::DeltaDiscoveryRequest;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use wire::Outgoing;
 
 /// Limits of the xDS service.
 #[derive(Debug, Clone)]
@@ -37,11 +39,28 @@ pub struct XdsSettings {
     pub first_request_timeout: Duration,
     /// Largest request accepted (initial versions of a big mesh are a few MB).
     pub max_request_bytes: usize,
+    /// Large responses (a first push, a full comparison) in flight at
+    /// once, over every stream: each is a few MB of encoded bytes until
+    /// the proxy has read it, so a hundred proxies connecting together are
+    /// served a few at a time instead of all holding their copy at once.
+    /// 0: no bound.
+    pub large_responses_in_flight: usize,
+    /// A response of at least this many encoded bytes is large.
+    pub large_response_bytes: usize,
+    /// A large response holds its slot until the proxy answers it, or
+    /// this long: a proxy that never reads cannot keep the others waiting.
+    pub large_response_hold: Duration,
 }
 
 impl Default for XdsSettings {
     fn default() -> Self {
-        XdsSettings { first_request_timeout: Duration::from_secs(10), max_request_bytes: 16 << 20 }
+        XdsSettings {
+            first_request_timeout: Duration::from_secs(10),
+            max_request_bytes: 16 << 20,
+            large_responses_in_flight: 8,
+            large_response_bytes: 256 << 10,
+            large_response_hold: Duration::from_secs(5),
+        }
     }
 }
 
@@ -55,6 +74,8 @@ struct Inner {
     /// Refusal lines in the log, per peer address: a pod that retries in
     /// a loop cannot flood it.
     refusal_logs: Limits,
+    /// Slots for large responses (`XdsSettings::large_responses_in_flight`).
+    large: Option<Arc<Semaphore>>,
 }
 
 /// The delta ADS service; clones share streams and registry.
@@ -71,7 +92,8 @@ impl XdsServer {
     pub fn with_settings(store: Store, auth: Arc<dyn Authenticator>, settings: XdsSettings) -> XdsServer {
         let (closing, _) = watch::channel(false);
         let refusal_logs = Limits::new(CallerLimits::default());
-        XdsServer { inner: Arc::new(Inner { store, auth, registry: Registry::new(), settings, closing, refusal_logs }) }
+        let large = (settings.large_responses_in_flight > 0).then(|| Arc::new(Semaphore::new(settings.large_responses_in_flight)));
+        XdsServer { inner: Arc::new(Inner { store, auth, registry: Registry::new(), settings, closing, refusal_logs, large }) }
     }
 
     /// Logs a refused stream, unless its peer has had its share of lines
@@ -99,19 +121,16 @@ impl XdsServer {
     }
 
     /// The tonic service to route.
-    pub fn service(&self) -> AggregatedDiscoveryServiceServer<XdsServer> {
-        AggregatedDiscoveryServiceServer::new(self.clone()).max_decoding_message_size(self.inner.settings.max_request_bytes)
+    pub fn service(&self) -> grpc::AdsService {
+        grpc::AdsService::new(self.clone(), self.inner.settings.max_request_bytes)
     }
-}
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for XdsServer {
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
-
-    async fn delta_aggregated_resources(
+    /// One `DeltaAggregatedResources` call: authenticates it, reads and
+    /// checks the first request, and starts the stream's task.
+    async fn open(
         &self,
         req: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+    ) -> Result<Response<ReceiverStream<Result<Outgoing, Status>>>, Status> {
         let peer = crate::serve::peer_of(&req);
         let caller = self.inner.auth.authenticate(req.metadata()).await.map_err(|e| {
             self.log_refusal(peer, || format!("xDS stream refused: {e}"));
@@ -146,6 +165,10 @@ impl AggregatedDiscoveryService for XdsServer {
             inbound,
             tx,
             registration,
+            large: self.inner.large.clone(),
+            large_bytes: self.inner.settings.large_response_bytes,
+            large_hold: self.inner.settings.large_response_hold,
+            holding: None,
         };
         tokio::spawn(async move {
             let why = stream.run(first).await;
@@ -167,16 +190,45 @@ struct Stream {
     publications: watch::Receiver<Arc<Published>>,
     closing: watch::Receiver<bool>,
     inbound: Streaming<DeltaDiscoveryRequest>,
-    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    tx: mpsc::Sender<Result<Outgoing, Status>>,
     registration: Registration,
+    large: Option<Arc<Semaphore>>,
+    large_bytes: usize,
+    large_hold: Duration,
+    /// The slot of the large response in flight: released when the proxy
+    /// answers that nonce, or at the deadline.
+    holding: Option<Holding>,
+}
+
+struct Holding {
+    _permit: OwnedSemaphorePermit,
+    nonce: String,
+    until: tokio::time::Instant,
 }
 
 impl Stream {
     /// Runs until the proxy goes away or the server closes; says why.
     async fn run(mut self, first: DeltaDiscoveryRequest) -> String {
+        // A first request is a subscription, and its answer the proxy's
+        // first push: take a slot before building it, so that a crowd of
+        // proxies connecting at once waits with nothing built.
+        if !self.take_slot().await {
+            return self.close().await;
+        }
         let mut out = self.session.on_request(first);
         loop {
             for r in out.drain(..) {
+                if self.large.is_some() && prost::Message::encoded_len(&r) >= self.large_bytes {
+                    if !self.take_slot().await {
+                        return self.close().await;
+                    }
+                    if let Some(h) = &mut self.holding {
+                        h.nonce = r.nonce.clone();
+                    }
+                } else if self.holding.as_ref().is_some_and(|h| h.nonce.is_empty()) {
+                    // What was built under the first slot was small.
+                    self.holding = None;
+                }
                 let closing = tokio::select! {
                     sent = self.tx.send(Ok(r)) => if sent.is_err() { return "the proxy went away".into() } else { false },
                     _ = self.closing.wait_for(|c| *c) => true,
@@ -195,9 +247,18 @@ impl Stream {
                 changed = self.publications.changed() => if changed.is_ok() { Event::Published } else { Event::Closing },
                 _ = self.closing.wait_for(|c| *c) => Event::Closing,
                 _ = self.tx.closed() => return "the proxy went away".into(),
+                _ = sleep_until_some(self.holding.as_ref().map(|h| h.until)) => {
+                    self.holding = None;
+                    continue;
+                }
             };
             out = match event {
-                Event::Request(req) => self.session.on_request(*req),
+                Event::Request(req) => {
+                    if self.holding.as_ref().is_some_and(|h| h.nonce == req.response_nonce) {
+                        self.holding = None;
+                    }
+                    self.session.on_request(*req)
+                }
                 Event::Published => {
                     let p = self.publications.borrow_and_update().clone();
                     self.session.on_publication(p)
@@ -207,12 +268,38 @@ impl Stream {
         }
     }
 
+    /// Holds a slot for a large response (the one already held, if any,
+    /// with a new deadline). false: the server is closing.
+    async fn take_slot(&mut self) -> bool {
+        let Some(slots) = self.large.clone() else { return true };
+        let until = tokio::time::Instant::now() + self.large_hold;
+        if let Some(h) = &mut self.holding {
+            h.until = until;
+            return true;
+        }
+        let permit = tokio::select! {
+            p = slots.acquire_owned() => p.expect("the semaphore is never closed"),
+            _ = self.closing.wait_for(|c| *c) => return false,
+        };
+        self.holding = Some(Holding { _permit: permit, nonce: String::new(), until });
+        true
+    }
+
     async fn close(&mut self) -> String {
+        self.holding = None;
         let _ = tokio::time::timeout(
             Duration::from_secs(1),
             self.tx.send(Err(Status::unavailable("the control plane is shutting down: reconnect"))),
         )
         .await;
         "the control plane is shutting down".into()
+    }
+}
+
+/// Sleeps until `at`, or forever.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

@@ -11,7 +11,7 @@ use slipstream_control::auth::NodeTokens;
 use slipstream_control::resources::{Changes, ResourceKey, Resources, Versioned};
 use slipstream_control::serve::{routes, ControlServer, ServeSettings};
 use slipstream_control::store::Store;
-use slipstream_control::xds::XdsServer;
+use slipstream_control::xds::{XdsServer, XdsSettings};
 use slipstream_core::policy::{Action, Authorization, Scope};
 use slipstream_core::{TunnelProtocol, Workload};
 use slipstream_identity::{Ca, TrustDomain};
@@ -102,9 +102,13 @@ struct Server {
 
 impl Server {
     async fn start(store: Store, settings: ServeSettings) -> Server {
+        Server::start_with(store, settings, XdsSettings::default()).await
+    }
+
+    async fn start_with(store: Store, settings: ServeSettings, xds_settings: XdsSettings) -> Server {
         let ca = Arc::new(Ca::generate(&TrustDomain::default()).unwrap());
         let tokens = NodeTokens::new(BTreeMap::from([("node1".into(), TOKEN1.into()), ("node2".into(), TOKEN2.into())]));
-        let xds = XdsServer::new(store, Arc::new(tokens));
+        let xds = XdsServer::with_settings(store, Arc::new(tokens), xds_settings);
         let server = ControlServer::bind(ServeSettings { addr: "127.0.0.1:0".parse().unwrap(), ..settings }, ca.clone()).await.unwrap();
         let addr = server.local_addr();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -642,4 +646,40 @@ async fn shutting_down_ends_streams_with_unavailable() {
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     let reg = server.xds.registry().clone();
     wait_for("the stream unregistered", || reg.is_empty()).await;
+}
+
+/// Large responses take turns (a hundred proxies connecting together are
+/// not a hundred first pushes in memory at once). With one slot and every
+/// response counted large: a second proxy's first push waits while the
+/// first proxy has not answered its own and goes as soon as it has; a
+/// proxy that never answers holds the slot only for the hold time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_responses_take_turns_and_a_silent_proxy_holds_its_turn_only_so_long() {
+    let (ws, ps) = fixture();
+    let index = Index::new(&ws, &ps);
+    let hold = Duration::from_secs(2);
+    let xs = XdsSettings { large_responses_in_flight: 1, large_response_bytes: 1, large_response_hold: hold, ..Default::default() };
+    let server = Server::start_with(index.store.clone(), ServeSettings::default(), xs).await;
+
+    let mut c1 = server.open(TOKEN1, "node1", both()).await.unwrap();
+    let first1 = c1.initial().await;
+    assert_eq!(names(&first1[&TypeUrl::Address]).len(), 2);
+
+    // c1 holds the slot: c2 gets nothing yet.
+    let mut c2 = server.open(TOKEN2, "node2", both()).await.unwrap();
+    c2.quiet().await;
+    // c1 answers: c2's turn.
+    for r in first1.values() {
+        c1.ack(r).await;
+    }
+    let first2 = c2.initial().await;
+    assert_eq!(names(&first2[&TypeUrl::Address]).len(), 2);
+
+    // c2 never answers: c3 waits for the hold time, not forever.
+    let waiting = std::time::Instant::now();
+    let mut c3 = server.open(TOKEN1, "node1", both()).await.unwrap();
+    let first3 = c3.initial().await;
+    let waited = waiting.elapsed();
+    assert!(waited >= hold - Duration::from_millis(300), "c3 got its first push after {waited:?}, before c2's hold of {hold:?} ran out");
+    assert_eq!(first3[&TypeUrl::Address].resources, first2[&TypeUrl::Address].resources, "the same push");
 }

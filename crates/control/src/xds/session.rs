@@ -16,9 +16,10 @@
 //!   the proxy refused, the responses not answered yet (bounded), and the
 //!   counters humans read.
 
+use super::wire::Outgoing;
 use crate::resources::{ResourceKey, Resources};
 use crate::store::Published;
-use slipstream_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use slipstream_api::discovery::DeltaDiscoveryRequest;
 use slipstream_api::TypeUrl;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -147,7 +148,7 @@ impl Session {
     /// A request from the proxy: an answer to a response (ACK or NACK),
     /// a first subscription, or a change of subscription. Returns what to
     /// send now.
-    pub fn on_request(&mut self, req: DeltaDiscoveryRequest) -> Vec<DeltaDiscoveryResponse> {
+    pub fn on_request(&mut self, req: DeltaDiscoveryRequest) -> Vec<Outgoing> {
         let Some(t) = TypeUrl::parse(&req.type_url) else {
             if self.unknown_types.len() < MAX_UNKNOWN_TYPES && self.unknown_types.insert(req.type_url.clone()) {
                 tracing::warn!(proxy = %self.proxy, type_url = %req.type_url, "request for a type this control plane does not serve: not answered");
@@ -183,7 +184,7 @@ impl Session {
 
     /// A newer publication: what changed since the last one this session
     /// handled is due (or everything, if the log no longer reaches back).
-    pub fn on_publication(&mut self, p: Arc<Published>) -> Vec<DeltaDiscoveryResponse> {
+    pub fn on_publication(&mut self, p: Arc<Published>) -> Vec<Outgoing> {
         if p.generation <= self.current.generation {
             return Vec::new();
         }
@@ -359,7 +360,7 @@ impl Session {
     }
 
     /// Builds the responses that are due, one per type at most.
-    fn flush(&mut self) -> Vec<DeltaDiscoveryResponse> {
+    fn flush(&mut self) -> Vec<Outgoing> {
         let out: Vec<_> = TypeUrl::ALL.into_iter().filter_map(|t| self.flush_type(t)).collect();
         // In sync with everything by wildcard: share the published map.
         if self.types.iter().all(|ts| ts.subscribed && ts.wildcard && !ts.due()) {
@@ -371,7 +372,7 @@ impl Session {
         out
     }
 
-    fn flush_type(&mut self, t: TypeUrl) -> Option<DeltaDiscoveryResponse> {
+    fn flush_type(&mut self, t: TypeUrl) -> Option<Outgoing> {
         let generation = self.current.generation;
         let ts = &mut self.types[idx(t)];
         if !ts.subscribed {
@@ -412,12 +413,7 @@ impl Session {
                         continue;
                     }
                     ts.refused.remove(&name);
-                    resources.push(Resource {
-                        name: name.to_string(),
-                        version: v.version.to_string(),
-                        resource: Some(v.body.clone()),
-                        ..Default::default()
-                    });
+                    resources.push((name.clone(), v.clone()));
                     items.push((name, v.version.clone()));
                     if self.held.insert(key, v.clone()).is_none() {
                         ts.held += 1;
@@ -449,13 +445,7 @@ impl Session {
         if ts.unanswered.len() > MAX_UNANSWERED {
             ts.unanswered.pop_front();
         }
-        Some(DeltaDiscoveryResponse {
-            system_version_info: generation.to_string(),
-            resources,
-            type_url: t.as_str().to_string(),
-            nonce,
-            removed_resources: removed,
-        })
+        Some(Outgoing { system_version_info: generation.to_string(), type_url: t, nonce, resources, removed_resources: removed })
     }
 }
 
