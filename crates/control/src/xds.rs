@@ -28,7 +28,6 @@ use slipstream_api::discovery::DeltaDiscoveryRequest;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use wire::Outgoing;
 
@@ -130,7 +129,7 @@ impl XdsServer {
     async fn open(
         &self,
         req: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<ReceiverStream<Result<Outgoing, Status>>>, Status> {
+    ) -> Result<Response<mpsc::Receiver<Result<Outgoing, Status>>>, Status> {
         let peer = crate::serve::peer_of(&req);
         let caller = self.inner.auth.authenticate(req.metadata()).await.map_err(|e| {
             self.log_refusal(peer, || format!("xDS stream refused: {e}"));
@@ -174,7 +173,7 @@ impl XdsServer {
             let why = stream.run(first).await;
             tracing::info!(node = %proxy.node, peer = ?peer, "xDS stream closed: {why}");
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(rx))
     }
 }
 

@@ -16,7 +16,6 @@ use super::XdsServer;
 use hyper::body::Frame;
 use slipstream_api::discovery::DeltaDiscoveryRequest;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::Codec;
 use tonic::codegen::{http, Body, BoxFuture, Bytes, Context, Pin, Poll, Service, StdError};
 use tonic::server::NamedService;
@@ -101,8 +100,8 @@ struct ResponseBody {
 }
 
 impl ResponseBody {
-    fn new(rx: ReceiverStream<Result<Outgoing, Status>>) -> Self {
-        ResponseBody { rx: rx.into_inner(), current: None, done: false }
+    fn new(rx: mpsc::Receiver<Result<Outgoing, Status>>) -> Self {
+        ResponseBody { rx, current: None, done: false }
     }
 
     fn trailers(status: &Status) -> Frame<Bytes> {

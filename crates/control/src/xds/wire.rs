@@ -193,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn writes_the_generated_message_byte_for_byte_in_length_and_content() {
+    fn decodes_as_the_generated_message_and_has_its_length() {
         let a = resource(b"first body");
         let b = resource(&[7u8; 300]);
         let out = Outgoing {
