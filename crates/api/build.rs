@@ -3,7 +3,13 @@
 //! well-known types built in), so building needs no `protoc` on the machine.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/envoy/discovery.proto", "proto/istio/ca.proto", "proto/istio/workload.proto", "proto/istio/authorization.proto"];
+    let files = [
+        "proto/envoy/discovery.proto",
+        "proto/istio/ca.proto",
+        "proto/istio/workload.proto",
+        "proto/istio/authorization.proto",
+        "proto/slipstream/network_policy.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod convert;
+pub mod netpol;
 
 /// `envoy.service.discovery.v3`: the delta aggregated discovery service.
 pub mod discovery {
@@ -29,6 +30,12 @@ pub mod security {
     tonic::include_proto!("istio.security");
 }
 
+/// `slipstream.policy`: network-policy resources (our own type).
+pub mod netpolicy {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("slipstream.policy");
+}
+
 /// `istio.v1.auth`: the certificate service.
 pub mod ca {
     #![allow(clippy::all, missing_docs)]
@@ -42,20 +49,26 @@ pub const ADDRESS_TYPE_URL: &str = "type.googleapis.com/istio.workload.Address";
 /// Type URL of authorization resources.
 pub const AUTHORIZATION_TYPE_URL: &str = "type.googleapis.com/istio.security.Authorization";
 
-/// The two resource types of the workload API.
+/// Type URL of network-policy resources (Slipstream's own).
+pub const NETWORK_POLICY_TYPE_URL: &str = "type.googleapis.com/slipstream.policy.NetworkPolicy";
+
+/// The resource types served: the workload API's two, and the network
+/// policies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TypeUrl {
     Address,
     Authorization,
+    NetworkPolicy,
 }
 
 impl TypeUrl {
-    pub const ALL: [TypeUrl; 2] = [TypeUrl::Address, TypeUrl::Authorization];
+    pub const ALL: [TypeUrl; 3] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::NetworkPolicy];
 
     pub fn as_str(self) -> &'static str {
         match self {
             TypeUrl::Address => ADDRESS_TYPE_URL,
             TypeUrl::Authorization => AUTHORIZATION_TYPE_URL,
+            TypeUrl::NetworkPolicy => NETWORK_POLICY_TYPE_URL,
         }
     }
 
@@ -68,6 +81,7 @@ impl TypeUrl {
         match self {
             TypeUrl::Address => "Address",
             TypeUrl::Authorization => "Authorization",
+            TypeUrl::NetworkPolicy => "NetworkPolicy",
         }
     }
 }

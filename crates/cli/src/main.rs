@@ -197,6 +197,9 @@ enum Command {
         #[arg(short = 'o', long = "output", default_value = "table")]
         output: String,
     },
+    /// Ask the policy engine about a connection, without sending traffic.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Built-in sample applications (run inside pods).
     #[command(subcommand)]
     App(AppCommand),
@@ -220,6 +223,39 @@ enum Command {
         ca_key: Option<PathBuf>,
         #[arg(long, default_value_t = 1)]
         control_replicas: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// May pod FROM open a TCP connection to pod TO on PORT? Answers allow
+    /// or deny and names the deciding policy and rule of each layer: the
+    /// source's egress and the destination's ingress network policies
+    /// (NetworkPolicy, CiliumNetworkPolicy) and the destination's
+    /// AuthorizationPolicies and PeerAuthentication (meshed destinations).
+    ///
+    /// Decided by the node proxies' own engine over the state a node proxy
+    /// holds (or, with -f, the state the control plane would compute from
+    /// manifests). Exit code 0 for allow and for deny; non-zero when the
+    /// question cannot be answered (an unknown pod, a malformed argument).
+    /// See docs/authorization.md.
+    Check {
+        /// The client pod: NAMESPACE/POD.
+        #[arg(long)]
+        from: String,
+        /// The server pod and port: NAMESPACE/POD:PORT.
+        #[arg(long)]
+        to: String,
+        /// Answer from these manifests (files or directories; pods need
+        /// status.podIP) instead of the running cluster.
+        #[arg(short = 'f', long = "filename")]
+        filename: Vec<PathBuf>,
+        /// The node proxy whose state to use (default: the first node).
+        #[arg(long)]
+        node: Option<String>,
+        /// `table` or `json`.
+        #[arg(short = 'o', long = "output", default_value = "table")]
+        output: String,
     },
 }
 
@@ -252,6 +288,9 @@ fn main() {
             Command::Down => cmd::down::run(&ctx),
             Command::ProxyStatus { output } => cmd::proxy_status::run(&ctx, &output),
             Command::ProxyConfig { node, section, output } => cmd::proxy_config::run(&ctx, &node, section, &output),
+            Command::Policy(PolicyCommand::Check { from, to, filename, node, output }) => {
+                cmd::policy::check(&ctx, &from, &to, &filename, node.as_deref(), &output)
+            }
             Command::Status { output } => cmd::status::run(&ctx, &output),
             Command::Apply { files, no_wait, timeout, validate } => {
                 common::set_load_options("apply", validate);

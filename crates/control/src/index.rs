@@ -24,9 +24,11 @@
 use crate::objects::{ClusterObject, Kind, ObjectError, ObjectRef};
 use crate::resources::{Changes, ResourceKey, Resources, Versioned};
 use crate::translate::authorization::PolicyInput;
+use crate::translate::network_policy::{NetPolicyInput, PodView};
 use crate::translate::peer_authentication::{self, PeerAuthnInput};
 use crate::translate::{self, selector_matches, Input, Labels, NamespaceInput, PodInput, ServiceInput, SliceInput};
 use slipstream_api::convert::{authorization_any, to_any};
+use slipstream_api::netpol::net_policy_any;
 use slipstream_api::{workload as wl, TypeUrl};
 use slipstream_core::policy::Authorization;
 use slipstream_core::{MeshConfig, NetworkAddress, Port, Service, TunnelProtocol, Workload, WorkloadStatus};
@@ -77,6 +79,12 @@ impl ObjectEvent {
 pub struct Index {
     settings: IndexSettings,
     namespaces: HashMap<String, Ns>,
+    /// NetworkPolicies and CiliumNetworkPolicies by resource name
+    /// (`Kind/namespace/name`). Their selectors can reach any pod of any
+    /// namespace, so a change of a pod's labels, addresses, service
+    /// account or named ports, or of a namespace's labels, resolves them
+    /// all again (a resource whose bytes did not change is not pushed).
+    net_policies: BTreeMap<String, NetPolicyInput>,
     resources: Resources,
 }
 
@@ -221,7 +229,7 @@ impl Ns {
 
 impl Index {
     pub fn new(settings: IndexSettings) -> Self {
-        Index { settings, namespaces: HashMap::new(), resources: Resources::new() }
+        Index { settings, namespaces: HashMap::new(), net_policies: BTreeMap::new(), resources: Resources::new() }
     }
 
     pub fn settings(&self) -> &IndexSettings {
@@ -260,6 +268,7 @@ impl Index {
                 ns.namespace = Some(n);
                 if changed {
                     batch.pods.extend(ns.pods.keys().map(|p| (name.to_string(), p.clone())));
+                    batch.net_all = true;
                 }
             }
             Input::ServiceAccount => {
@@ -267,7 +276,8 @@ impl Index {
             }
             Input::Pod(p) => {
                 let ns = self.ns(ns_name);
-                ns.remove_pod(name);
+                let old = ns.remove_pod(name);
+                batch.net_all |= old.as_ref().is_none_or(|o| net_view_changed(o, &p));
                 ns.add_pod(p);
                 batch.pods.insert((ns_name.to_string(), name.to_string()));
             }
@@ -284,6 +294,11 @@ impl Index {
             }
             Input::AuthorizationPolicy(p) => self.set_policy(ns_name, name, Some(p), batch),
             Input::PeerAuthentication(p) => self.set_peer_authn(ns_name, name, Some(p), batch),
+            Input::NetworkPolicy(p) => {
+                let key = net_key(r);
+                self.net_policies.insert(key.clone(), p);
+                batch.net_policies.insert(key);
+            }
             Input::Opaque => {}
         }
     }
@@ -296,6 +311,7 @@ impl Index {
                     let had_labels = ns.namespace.take().is_some_and(|n| !n.labels.is_empty());
                     if had_labels {
                         batch.pods.extend(ns.pods.keys().map(|p| (name.to_string(), p.clone())));
+                        batch.net_all = true;
                     }
                 }
             }
@@ -308,6 +324,7 @@ impl Index {
                 if let Some(ns) = self.namespaces.get_mut(ns_name) {
                     if ns.remove_pod(name).is_some() {
                         batch.pods.insert((ns_name.to_string(), name.to_string()));
+                        batch.net_all = true;
                     }
                 }
             }
@@ -323,6 +340,12 @@ impl Index {
             }
             Kind::AuthorizationPolicy => self.set_policy(ns_name, name, None, batch),
             Kind::PeerAuthentication => self.set_peer_authn(ns_name, name, None, batch),
+            Kind::NetworkPolicy | Kind::CiliumNetworkPolicy => {
+                let key = net_key(r);
+                if self.net_policies.remove(&key).is_some() {
+                    batch.net_policies.insert(key);
+                }
+            }
             _ => {}
         }
         if self.namespaces.get(ns_name).is_some_and(Ns::is_empty) {
@@ -425,6 +448,7 @@ impl Index {
     /// Recomputes the pods of `batch`, then applies its resources,
     /// reporting only those whose bytes changed.
     fn flush(&mut self, mut batch: Batch) -> Changes {
+        self.resolve_net_policies(&mut batch);
         for (ns, pod) in std::mem::take(&mut batch.pods) {
             let uid = self.workload_uid(&ns, &pod);
             let policy_key = ResourceKey::new(TypeUrl::Authorization, &format!("{ns}/{}", peer_authentication::policy_name(&pod)));
@@ -452,6 +476,44 @@ impl Index {
             }
         }
         changes
+    }
+
+    /// Resolves the network policies the batch names (or all of them)
+    /// against the pods now held.
+    fn resolve_net_policies(&self, batch: &mut Batch) {
+        let keys: Vec<String> = if batch.net_all {
+            self.net_policies.keys().cloned().chain(std::mem::take(&mut batch.net_policies)).collect()
+        } else {
+            std::mem::take(&mut batch.net_policies).into_iter().collect()
+        };
+        if keys.is_empty() {
+            return;
+        }
+        let empty = Labels::new();
+        let mut views = Vec::new();
+        for (ns_name, ns) in &self.namespaces {
+            let ns_labels = ns.namespace.as_ref().map(|n| &n.labels).unwrap_or(&empty);
+            for p in ns.pods.values() {
+                if p.ips.is_empty() || p.terminal || p.host_network {
+                    continue;
+                }
+                views.push(PodView {
+                    uid: self.workload_uid(ns_name, &p.name),
+                    namespace: ns_name,
+                    namespace_labels: ns_labels,
+                    service_account: &p.service_account,
+                    labels: &p.labels,
+                    ips: &p.ips,
+                    named_ports: p.container_ports.iter().filter_map(|c| Some((c.name.as_deref()?, c.port))).collect(),
+                });
+            }
+        }
+        views.sort_by(|a, b| a.uid.cmp(&b.uid));
+        for key in keys {
+            let rk = ResourceKey::new(TypeUrl::NetworkPolicy, &key);
+            let v = self.net_policies.get(&key).map(|p| Versioned::new(net_policy_any(&p.resolve(&views))));
+            batch.set(rk, v);
+        }
     }
 
     pub fn hostname(&self, name: &str, ns: &str) -> String {
@@ -562,6 +624,26 @@ impl Index {
     }
 }
 
+/// The mesh model of a set of manifests, as node proxies would receive it
+/// from this control plane: for offline questions (`slipstream policy check
+/// -f`) and tests. Pods count only with an address (`status.podIP`). Every
+/// invalid object is reported; none is applied then.
+pub fn mesh_from_manifests(text: &str, settings: IndexSettings) -> Result<MeshConfig, Vec<ObjectError>> {
+    let objects = crate::objects::parse_manifests(text)?;
+    let mut index = Index::new(settings);
+    let mut errors = Vec::new();
+    for o in objects {
+        if let Err(e) = index.apply(ObjectEvent::Upsert(o)) {
+            errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        Ok(index.mesh_config())
+    } else {
+        Err(errors)
+    }
+}
+
 /// Decodes resources into the mesh model; a resource that does not decode
 /// (which the index never produces) is skipped.
 pub fn decode(resources: &Resources) -> MeshConfig {
@@ -575,12 +657,29 @@ pub fn decode(resources: &Resources) -> MeshConfig {
                 Err(_) => {}
             },
             TypeUrl::Authorization => cfg.policies.extend(authorization_from_any(&v.body).ok()),
+            TypeUrl::NetworkPolicy => cfg.net_policies.extend(slipstream_api::netpol::net_policy_from_any(&v.body).ok()),
         }
     }
     cfg.workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
     cfg.services.sort_by_key(|s| s.key());
     cfg.policies.sort_by_key(|p| p.key());
+    cfg.net_policies.sort_by_key(|p| p.key());
     cfg
+}
+
+/// The resource name of a network policy: `Kind/namespace/name`.
+fn net_key(r: &ObjectRef) -> String {
+    format!("{}/{}/{}", r.kind, r.namespace, r.name)
+}
+
+/// Whether a pod changed in what network policies select or resolve.
+fn net_view_changed(old: &PodInput, new: &PodInput) -> bool {
+    old.labels != new.labels
+        || old.ips != new.ips
+        || old.service_account != new.service_account
+        || old.container_ports != new.container_ports
+        || old.host_network != new.host_network
+        || old.terminal != new.terminal
 }
 
 /// The first of `keys` the labels have.
@@ -626,6 +725,10 @@ fn slice_ports(ns: &Ns, s: &ServiceInput, pod: &PodInput) -> Option<Vec<Port>> {
 struct Batch {
     pods: BTreeSet<(String, String)>,
     resources: BTreeMap<ResourceKey, Option<Versioned>>,
+    /// Network policies to resolve again (by resource name).
+    net_policies: BTreeSet<String>,
+    /// Every network policy: a pod or namespace they may select changed.
+    net_all: bool,
 }
 
 impl Batch {

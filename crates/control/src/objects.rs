@@ -10,8 +10,12 @@
 //! it reaches the index. Every error names the kind, the namespace/name and
 //! the field ([`ObjectError`]).
 
+pub mod cilium;
+
+pub use cilium::CiliumNetworkPolicy;
 use k8s_openapi::api::core::v1 as core_v1;
 use k8s_openapi::api::discovery::v1 as discovery_v1;
+use k8s_openapi::api::networking::v1 as networking_v1;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -361,6 +365,8 @@ pub enum ClusterObject {
     EndpointSlice(Box<discovery_v1::EndpointSlice>),
     AuthorizationPolicy(Box<AuthorizationPolicy>),
     PeerAuthentication(Box<PeerAuthentication>),
+    NetworkPolicy(Box<networking_v1::NetworkPolicy>),
+    CiliumNetworkPolicy(Box<CiliumNetworkPolicy>),
     Opaque(Box<OpaqueObject>),
 }
 
@@ -374,6 +380,8 @@ impl ClusterObject {
             ClusterObject::EndpointSlice(_) => Kind::EndpointSlice,
             ClusterObject::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             ClusterObject::PeerAuthentication(_) => Kind::PeerAuthentication,
+            ClusterObject::NetworkPolicy(_) => Kind::NetworkPolicy,
+            ClusterObject::CiliumNetworkPolicy(_) => Kind::CiliumNetworkPolicy,
             ClusterObject::Opaque(o) => o.kind,
         }
     }
@@ -387,6 +395,8 @@ impl ClusterObject {
             ClusterObject::EndpointSlice(o) => &o.metadata,
             ClusterObject::AuthorizationPolicy(o) => &o.metadata,
             ClusterObject::PeerAuthentication(o) => &o.metadata,
+            ClusterObject::NetworkPolicy(o) => &o.metadata,
+            ClusterObject::CiliumNetworkPolicy(o) => &o.metadata,
             ClusterObject::Opaque(o) => &o.metadata,
         }
     }
@@ -520,6 +530,8 @@ pub fn parse_value(mut value: serde_json::Value) -> Result<Option<ClusterObject>
         Kind::Service => ClusterObject::Service(typed(value, &err)?),
         Kind::EndpointSlice => ClusterObject::EndpointSlice(typed(value, &err)?),
         Kind::AuthorizationPolicy => ClusterObject::AuthorizationPolicy(typed(value, &err)?),
+        Kind::NetworkPolicy => ClusterObject::NetworkPolicy(typed(value, &err)?),
+        Kind::CiliumNetworkPolicy => ClusterObject::CiliumNetworkPolicy(typed(value, &err)?),
         Kind::PeerAuthentication => {
             // The local cluster's checks of the spec (port keys, selector),
             // with the same messages `slipstream apply` gives.

@@ -56,13 +56,14 @@ pub struct Published {
     log: imbl::Vector<Arc<LogEntry>>,
     log_keys: usize,
     /// Resources of each type, kept as changes arrive.
-    counts: [usize; 2],
+    counts: [usize; 3],
 }
 
 fn type_index(t: TypeUrl) -> usize {
     match t {
         TypeUrl::Address => 0,
         TypeUrl::Authorization => 1,
+        TypeUrl::NetworkPolicy => 2,
     }
 }
 
@@ -110,7 +111,7 @@ impl Store {
     }
 
     pub fn with_limits(resources: Resources, limits: LogLimits) -> Store {
-        let mut counts = [0; 2];
+        let mut counts = [0; 3];
         for k in resources.keys() {
             counts[type_index(k.type_url)] += 1;
         }

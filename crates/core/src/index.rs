@@ -25,6 +25,7 @@
 //! claimant leaves the newer one's entry alone, and removing the newer one
 //! hands the address back to the older, which still lists it.
 
+use crate::policy::network::NetPolicy;
 use crate::policy::Authorization;
 use crate::spiffe::{SpiffeId, SpiffeIdError};
 use crate::state::{Claims, MeshService, MeshState, MeshWorkload};
@@ -62,6 +63,7 @@ pub enum ResourceKind {
     Workload,
     Service,
     Policy,
+    NetPolicy,
 }
 
 impl fmt::Display for ResourceKind {
@@ -70,6 +72,7 @@ impl fmt::Display for ResourceKind {
             ResourceKind::Workload => "workload",
             ResourceKind::Service => "service",
             ResourceKind::Policy => "policy",
+            ResourceKind::NetPolicy => "network policy",
         })
     }
 }
@@ -276,6 +279,39 @@ impl MeshIndex {
         Change::Removed
     }
 
+    /// Adds or replaces the network policy named by `p.key()`.
+    pub fn upsert_net_policy(&mut self, p: NetPolicy) -> Result<Change, ResourceError> {
+        let key: Arc<str> = p.key().into();
+        let held = self.state.net_policies.get(&key).cloned();
+        if held.as_ref().is_some_and(|h| **h == p) {
+            return Ok(Change::Unchanged);
+        }
+        validate_net_policy(&p)?;
+        let st = &mut self.state;
+        if let Some(old) = &held {
+            for uid in &old.selected {
+                leave(&mut st.net_by_workload, uid, &key);
+            }
+        }
+        for uid in &p.selected {
+            join(&mut st.net_by_workload, uid, &key);
+        }
+        st.net_policies.insert(key, Arc::new(p));
+        Ok(if held.is_some() { Change::Updated } else { Change::Added })
+    }
+
+    /// Removes a network policy (by `Kind/namespace/name`).
+    pub fn remove_net_policy(&mut self, key: &str) -> Change {
+        let st = &mut self.state;
+        let Some(old) = st.net_policies.remove(key) else {
+            return Change::Absent;
+        };
+        for uid in &old.selected {
+            leave(&mut st.net_by_workload, uid, key);
+        }
+        Change::Removed
+    }
+
     /// State-of-the-world input (a whole `MeshConfig`, e.g. the local
     /// cluster's file): computes the difference against what is held and
     /// applies only that, through the same upserts and removals an
@@ -305,6 +341,11 @@ impl MeshIndex {
         let gone: Vec<Arc<str>> = self.state.policies.keys().filter(|k| !policy_keys.contains(&***k)).cloned().collect();
         for key in gone {
             report.count(self.remove_policy(&key));
+        }
+        let net_keys: HashSet<String> = cfg.net_policies.iter().map(NetPolicy::key).collect();
+        let gone: Vec<Arc<str>> = self.state.net_policies.keys().filter(|k| !net_keys.contains(&***k)).cloned().collect();
+        for key in gone {
+            report.count(self.remove_net_policy(&key));
         }
 
         let mut seen = HashSet::new();
@@ -337,6 +378,15 @@ impl MeshIndex {
                 report.count(Change::Unchanged);
             } else {
                 report.record(self.upsert_policy(p.clone()));
+            }
+        }
+        let mut seen = HashSet::new();
+        for p in &cfg.net_policies {
+            let key = p.key();
+            if !seen.insert(key.clone()) {
+                report.errors.push(duplicate(ResourceKind::NetPolicy, key, "name"));
+            } else {
+                report.record(self.upsert_net_policy(p.clone()));
             }
         }
         report
@@ -456,6 +506,41 @@ fn validate_service(s: Service) -> Result<MeshService, ResourceError> {
     Ok(MeshService::new(s, sans))
 }
 
+fn validate_net_policy(p: &NetPolicy) -> Result<(), ResourceError> {
+    let err = |field: &str, message: &str| ResourceError {
+        kind: ResourceKind::NetPolicy,
+        name: p.key(),
+        field: field.into(),
+        message: message.into(),
+    };
+    if p.name.is_empty() {
+        return Err(err("name", "is empty"));
+    }
+    if p.namespace.is_empty() {
+        return Err(err("namespace", "is empty"));
+    }
+    let all = [("ingress", &p.ingress), ("egress", &p.egress), ("ingress_deny", &p.ingress_deny), ("egress_deny", &p.egress_deny)];
+    for (field, rules) in all {
+        for (i, r) in rules.iter().enumerate() {
+            for (j, port) in r.ports.iter().flatten().enumerate() {
+                if let crate::policy::network::PortSpec::Range { port, end } = port.port {
+                    if end < port {
+                        return Err(err(&format!("{field}[{i}].ports[{j}].end"), "is below the port"));
+                    }
+                }
+            }
+            for (j, peer) in r.peers.iter().flatten().enumerate() {
+                if let crate::policy::network::NetPeer::Addresses(a) = peer {
+                    if !a.is_sorted() {
+                        return Err(err(&format!("{field}[{i}].peers[{j}]"), "addresses are not sorted"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn validate_policy(p: &Authorization) -> Result<(), ResourceError> {
     let err = |field: &str| ResourceError { kind: ResourceKind::Policy, name: p.key(), field: field.into(), message: "is empty".into() };
     if p.name.is_empty() {
@@ -481,7 +566,8 @@ mod tests {
 
     fn index_with(w: &[Workload], s: &[Service], p: &[Authorization]) -> MeshIndex {
         let mut ix = MeshIndex::default();
-        let report = ix.apply_config(&MeshConfig { workloads: w.to_vec(), services: s.to_vec(), policies: p.to_vec() });
+        let report =
+            ix.apply_config(&MeshConfig { workloads: w.to_vec(), services: s.to_vec(), policies: p.to_vec(), net_policies: vec![] });
         assert_eq!(report.errors, vec![]);
         ix
     }
@@ -772,7 +858,12 @@ mod tests {
         // a changes, b goes, c comes, the service stays, the policy goes.
         let mut a = v1.workloads[0].clone();
         a.capacity = 5;
-        let v2 = MeshConfig { workloads: vec![a.clone(), wl("c", "10.0.0.3")], services: vec![echo.clone()], policies: vec![] };
+        let v2 = MeshConfig {
+            workloads: vec![a.clone(), wl("c", "10.0.0.3")],
+            services: vec![echo.clone()],
+            policies: vec![],
+            net_policies: vec![],
+        };
         let r = ix.apply_config(&v2);
         assert_eq!((r.added, r.updated, r.removed, r.unchanged, r.errors.len()), (1, 1, 2, 1, 0));
         let s = ix.snapshot();
@@ -791,7 +882,12 @@ mod tests {
         bad_d.service_account = "x y".into();
         let mut c2 = wl("c", "10.0.0.33");
         c2.capacity = 9;
-        let v3 = MeshConfig { workloads: vec![bad_a, bad_d, wl("c", "10.0.0.3"), c2], services: vec![echo.clone()], policies: vec![] };
+        let v3 = MeshConfig {
+            workloads: vec![bad_a, bad_d, wl("c", "10.0.0.3"), c2],
+            services: vec![echo.clone()],
+            policies: vec![],
+            net_policies: vec![],
+        };
         let r = ix.apply_config(&v3);
         assert_eq!((r.added, r.updated, r.removed, r.unchanged), (0, 0, 0, 2));
         let refused: Vec<(ResourceKind, &str, &str)> = r.errors.iter().map(|e| (e.kind, e.name.as_str(), e.field.as_str())).collect();

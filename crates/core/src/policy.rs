@@ -1,10 +1,133 @@
-//! Authorization as the ambient workload API carries it
-//! (`istio.security.Authorization`, shared/PROTOCOLS.md section 4), and its
-//! evaluation. Pure: the node proxy calls `check` on every inbound
-//! connection; the kernel datapath may only deny what this denies.
+//! The policy engine: pure, no I/O. Two layers decide a connection and
+//! both must allow it (docs/authorization.md):
+//!
+//! - the network-policy layer ([`network`]): Kubernetes NetworkPolicy and
+//!   CiliumNetworkPolicy, for every pod, at both ends (egress of the source,
+//!   ingress of the destination);
+//! - the Istio layer (this module): AuthorizationPolicy and the policies
+//!   converted from PeerAuthentication, in the ambient workload API's shape
+//!   (`istio.security.Authorization`, shared/PROTOCOLS.md section 4), for
+//!   meshed destinations only.
+//!
+//! Every answer names what decided it (kind, namespace/name, rule). The
+//! node proxy, `slipstream policy check` and the kernel datapath (which may
+//! only deny what this denies) all ask this module.
+
+pub mod engine;
+pub mod network;
 
 use serde::{Deserialize, Serialize};
+use std::fmt;
 use std::net::IpAddr;
+
+/// The kinds of policy a decision can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PolicyKind {
+    AuthorizationPolicy,
+    PeerAuthentication,
+    NetworkPolicy,
+    CiliumNetworkPolicy,
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::AuthorizationPolicy => "AuthorizationPolicy",
+            PolicyKind::PeerAuthentication => "PeerAuthentication",
+            PolicyKind::NetworkPolicy => "NetworkPolicy",
+            PolicyKind::CiliumNetworkPolicy => "CiliumNetworkPolicy",
+        }
+    }
+}
+
+/// A policy, and the rule of it that decided (`spec.rules[2]`,
+/// `spec.ingress[0]`, `spec.ingressDeny[1]`); no rule when the policy
+/// decided as a whole (an ALLOW policy none of whose rules matched).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PolicyRule {
+    pub kind: PolicyKind,
+    pub namespace: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+impl PolicyRule {
+    pub fn new(kind: PolicyKind, namespace: &str, name: &str, rule: Option<String>) -> PolicyRule {
+        PolicyRule { kind, namespace: namespace.to_string(), name: name.to_string(), rule }
+    }
+}
+
+impl fmt::Display for PolicyRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)?;
+        if let Some(r) = &self.rule {
+            write!(f, " {r}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a layer answered as it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// No policy of this layer applies: allowed.
+    NoPolicy,
+    /// The layer does not govern this connection (the Istio layer and a
+    /// destination outside the mesh): allowed.
+    NotApplicable,
+    /// An allow rule matched.
+    AllowRule,
+    /// Only DENY policies apply and none matched: allowed.
+    NoRuleMatched,
+    /// A deny rule matched.
+    DenyRule,
+    /// Allow policies apply (or the pod is isolated) and none matched.
+    NoAllowMatched,
+}
+
+/// One layer's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerVerdict {
+    pub allowed: bool,
+    pub reason: Reason,
+    /// The rule that decided, for `AllowRule` and `DenyRule`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<PolicyRule>,
+    /// For `NoAllowMatched`: the policies that required an allow.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub candidates: Vec<PolicyRule>,
+}
+
+impl LayerVerdict {
+    pub fn no_policy() -> LayerVerdict {
+        LayerVerdict { allowed: true, reason: Reason::NoPolicy, by: None, candidates: Vec::new() }
+    }
+    pub fn not_applicable() -> LayerVerdict {
+        LayerVerdict { allowed: true, reason: Reason::NotApplicable, by: None, candidates: Vec::new() }
+    }
+    pub fn decided(allowed: bool, reason: Reason, by: PolicyRule) -> LayerVerdict {
+        LayerVerdict { allowed, reason, by: Some(by), candidates: Vec::new() }
+    }
+
+    /// One line for logs: `denied by AuthorizationPolicy prod/deny-legacy
+    /// spec.rules[0]`, `no ALLOW matched (NetworkPolicy prod/a, ...)`.
+    pub fn explain(&self) -> String {
+        match (&self.reason, &self.by) {
+            (Reason::NoPolicy, _) => "no policy applies".into(),
+            (Reason::NoRuleMatched, _) => "no DENY rule matched and no ALLOW policy applies".into(),
+            (Reason::NotApplicable, _) => "not governed (destination outside the mesh)".into(),
+            (Reason::AllowRule, Some(by)) => format!("allowed by {by}"),
+            (Reason::DenyRule, Some(by)) => format!("denied by {by}"),
+            (Reason::NoAllowMatched, _) => {
+                let names: Vec<String> = self.candidates.iter().map(|c| c.to_string()).collect();
+                format!("no allow rule matched ({})", names.join(", "))
+            }
+            (r, None) => format!("{r:?}"),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -102,6 +225,19 @@ pub struct Rule {
     pub clauses: Vec<Clause>,
 }
 
+impl Rule {
+    /// A rule that matches no connection: it holds the place of a rule of
+    /// the manifest that cannot apply here (an ALLOW rule that needs L7,
+    /// `ipBlocks` and `remoteIpBlocks` that do not meet), so that the rules
+    /// that follow keep their index (`spec.rules[i]`) in explanations. In
+    /// the workload API's own terms (any source address, and none), so any
+    /// consumer of it reads it the same way.
+    pub fn never() -> Rule {
+        let all = vec![Cidr { address: IpAddr::from([0u8; 4]), length: 0 }, Cidr { address: IpAddr::from([0u8; 16]), length: 0 }];
+        Rule { clauses: vec![Clause { matches: vec![Match { source_ips: all.clone(), not_source_ips: all, ..Default::default() }] }] }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Authorization {
     pub name: String,
@@ -133,6 +269,25 @@ pub struct ConnAttrs<'a> {
     pub source_ip: IpAddr,
     pub destination_ip: IpAddr,
     pub destination_port: u16,
+    /// What a request adds, where there is one (the waypoint). None at L4:
+    /// the translation has already settled every rule that needs it
+    /// (docs/authorization.md, "L7 fields at L4").
+    pub request: Option<&'a RequestAttrs>,
+}
+
+/// The L7 attributes of one request, for the waypoint's rules (methods,
+/// paths, hosts, request principals, `request.*` conditions). Designed now
+/// so the engine's input does not change shape then; nothing at L4 reads
+/// it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestAttrs {
+    pub method: String,
+    pub host: String,
+    pub path: String,
+    /// `iss/sub` of a validated JWT.
+    pub request_principal: Option<String>,
+    /// Lower-case names.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Match {
@@ -170,40 +325,65 @@ impl Authorization {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    Allow,
-    /// Denied, naming the policy that decided (or the missing ALLOW).
-    Deny(String),
+/// The prefix of the policies converted from PeerAuthentication.
+pub const CONVERTED_PEER_AUTHN_PREFIX: &str = "istio_converted_";
+
+impl Authorization {
+    fn kind(&self) -> PolicyKind {
+        if self.name.starts_with(CONVERTED_PEER_AUTHN_PREFIX) {
+            PolicyKind::PeerAuthentication
+        } else {
+            PolicyKind::AuthorizationPolicy
+        }
+    }
+
+    fn rule_ref(&self, rule: Option<usize>) -> PolicyRule {
+        PolicyRule::new(self.kind(), &self.namespace, &self.name, rule.map(|i| format!("spec.rules[{i}]")))
+    }
+
+    /// The index of the first rule that matches.
+    fn matching_rule(&self, c: &ConnAttrs) -> Option<usize> {
+        self.rules.iter().position(|r| r.clauses.iter().all(|cl| cl.matches(c)))
+    }
 }
 
-/// Evaluates the applicable policies: denied if any DENY matches; else, if
-/// any ALLOW applies, one must match; with none, allowed. Dry-run policies
-/// are reported through `dry_run_hits` and never decide.
-pub fn check<'p>(policies: impl IntoIterator<Item = &'p Authorization>, c: &ConnAttrs, dry_run_hits: &mut Vec<String>) -> Decision {
-    let mut allows = 0;
-    let mut allowed = false;
-    for p in policies {
-        let m = p.matches(c);
+/// The Istio layer: denied if a DENY policy matches; else, if any ALLOW
+/// policy applies, one must match; with none, allowed. Dry-run policies
+/// never decide; those that would have matched go to `dry_run_hits`.
+pub fn evaluate<'p>(
+    policies: impl IntoIterator<Item = &'p Authorization>,
+    c: &ConnAttrs,
+    dry_run_hits: &mut Vec<PolicyRule>,
+) -> LayerVerdict {
+    let mut ps: Vec<&Authorization> = policies.into_iter().collect();
+    ps.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut allows = Vec::new();
+    let mut allowed_by = None;
+    let mut any = false;
+    for p in ps {
+        let m = p.matching_rule(c);
         if p.dry_run {
-            if m {
-                dry_run_hits.push(p.key());
+            if let Some(i) = m {
+                dry_run_hits.push(p.rule_ref(Some(i)));
             }
             continue;
         }
-        match p.action {
-            Action::Deny if m => return Decision::Deny(format!("denied by {}", p.key())),
-            Action::Deny => {}
-            Action::Allow => {
-                allows += 1;
-                allowed |= m;
+        any = true;
+        match (p.action, m) {
+            (Action::Deny, Some(i)) => return LayerVerdict::decided(false, Reason::DenyRule, p.rule_ref(Some(i))),
+            (Action::Deny, None) => {}
+            (Action::Allow, Some(i)) => {
+                allowed_by.get_or_insert_with(|| p.rule_ref(Some(i)));
             }
+            (Action::Allow, None) => allows.push(p.rule_ref(None)),
         }
     }
-    if allows > 0 && !allowed {
-        return Decision::Deny("no ALLOW policy matched".into());
+    match allowed_by {
+        Some(by) => LayerVerdict::decided(true, Reason::AllowRule, by),
+        None if !allows.is_empty() => LayerVerdict { allowed: false, reason: Reason::NoAllowMatched, by: None, candidates: allows },
+        None if any => LayerVerdict { allowed: true, reason: Reason::NoRuleMatched, by: None, candidates: Vec::new() },
+        None => LayerVerdict::no_policy(),
     }
-    Decision::Allow
 }
 
 #[cfg(test)]
@@ -217,6 +397,7 @@ mod tests {
             source_ip: "10.244.1.2".parse().unwrap(),
             destination_ip: "10.244.2.2".parse().unwrap(),
             destination_port: port,
+            request: None,
         }
     }
 
@@ -237,8 +418,10 @@ mod tests {
     #[test]
     fn strict_mtls_denies_plaintext_only() {
         let mut d = vec![];
-        assert!(matches!(check([&strict()], &conn(None, 8080), &mut d), Decision::Deny(_)));
-        assert_eq!(check([&strict()], &conn(Some("cluster.local/ns/default/sa/client"), 8080), &mut d), Decision::Allow);
+        let v = evaluate([&strict()], &conn(None, 8080), &mut d);
+        assert_eq!((v.allowed, v.reason), (false, Reason::DenyRule));
+        assert_eq!(v.by.unwrap().to_string(), "AuthorizationPolicy default/p spec.rules[0]");
+        assert!(evaluate([&strict()], &conn(Some("cluster.local/ns/default/sa/client"), 8080), &mut d).allowed);
     }
 
     #[test]
@@ -246,8 +429,8 @@ mod tests {
         let mut p = strict();
         p.rules[0].clauses[0].matches[0].not_destination_ports = vec![9000];
         let mut d = vec![];
-        assert!(matches!(check([&p], &conn(None, 8080), &mut d), Decision::Deny(_)));
-        assert_eq!(check([&p], &conn(None, 9000), &mut d), Decision::Allow);
+        assert!(!evaluate([&p], &conn(None, 8080), &mut d).allowed);
+        assert!(evaluate([&p], &conn(None, 9000), &mut d).allowed);
     }
 
     #[test]
@@ -257,19 +440,18 @@ mod tests {
             Match { principals: vec![StringMatch::Exact("cluster.local/ns/default/sa/client".into())], ..Default::default() },
         );
         let mut d = vec![];
-        assert_eq!(check([&allow_client], &conn(Some("cluster.local/ns/default/sa/client"), 1), &mut d), Decision::Allow);
-        assert_eq!(
-            check([&allow_client], &conn(Some("cluster.local/ns/default/sa/other"), 1), &mut d),
-            Decision::Deny("no ALLOW policy matched".into())
-        );
+        assert_eq!(evaluate([&allow_client], &conn(Some("cluster.local/ns/default/sa/client"), 1), &mut d).reason, Reason::AllowRule);
+        let v = evaluate([&allow_client], &conn(Some("cluster.local/ns/default/sa/other"), 1), &mut d);
+        assert_eq!((v.allowed, v.reason), (false, Reason::NoAllowMatched));
+        assert_eq!(v.explain(), "no allow rule matched (AuthorizationPolicy default/p)");
         // No rules: an ALLOW policy that matches nothing denies all.
         let empty = Authorization { action: Action::Allow, ..Default::default() };
-        assert!(matches!(check([&empty], &conn(Some("x"), 1), &mut d), Decision::Deny(_)));
+        assert!(!evaluate([&empty], &conn(Some("x"), 1), &mut d).allowed);
         // An empty rule (no clauses) matches everything.
         let all = Authorization { action: Action::Allow, rules: vec![Rule::default()], ..Default::default() };
-        assert_eq!(check([&all], &conn(None, 1), &mut d), Decision::Allow);
+        assert!(evaluate([&all], &conn(None, 1), &mut d).allowed);
         // No policy: allowed.
-        assert_eq!(check([], &conn(None, 1), &mut d), Decision::Allow);
+        assert_eq!(evaluate([], &conn(None, 1), &mut d), LayerVerdict::no_policy());
     }
 
     #[test]
@@ -281,9 +463,9 @@ mod tests {
         };
         let deny = policy(Action::Deny, m);
         let mut d = vec![];
-        assert!(matches!(check([&deny], &conn(Some("cluster.local/ns/prod/sa/a"), 8080), &mut d), Decision::Deny(_)));
-        assert_eq!(check([&deny], &conn(Some("cluster.local/ns/prod/sa/a"), 9090), &mut d), Decision::Allow, "fields are ANDed");
-        assert_eq!(check([&deny], &conn(Some("cluster.local/ns/dev/sa/a"), 8080), &mut d), Decision::Allow);
+        assert!(!evaluate([&deny], &conn(Some("cluster.local/ns/prod/sa/a"), 8080), &mut d).allowed);
+        assert!(evaluate([&deny], &conn(Some("cluster.local/ns/prod/sa/a"), 9090), &mut d).allowed, "fields are ANDed");
+        assert!(evaluate([&deny], &conn(Some("cluster.local/ns/dev/sa/a"), 8080), &mut d).allowed);
     }
 
     #[test]
@@ -291,8 +473,8 @@ mod tests {
         let mut p = strict();
         p.dry_run = true;
         let mut d = vec![];
-        assert_eq!(check([&p], &conn(None, 1), &mut d), Decision::Allow);
-        assert_eq!(d, vec!["default/p"]);
+        assert!(evaluate([&p], &conn(None, 1), &mut d).allowed);
+        assert_eq!(d, vec![PolicyRule::new(PolicyKind::AuthorizationPolicy, "default", "p", Some("spec.rules[0]".into()))]);
     }
 
     #[test]

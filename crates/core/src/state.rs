@@ -12,7 +12,7 @@
 //! resource; see `index.rs` for how they are kept.
 
 use crate::index::{MeshIndex, ResourceError};
-use crate::policy::{Authorization, Scope};
+use crate::policy::{network::NetPolicy, Authorization, Scope};
 use crate::spiffe::SpiffeId;
 use crate::workload::*;
 use imbl::{HashMap, OrdMap, OrdSet};
@@ -206,6 +206,10 @@ pub struct MeshState {
     pub(crate) policies: OrdMap<Arc<str>, Arc<Authorization>>,
     /// Namespace -> keys of its policies.
     pub(crate) policies_by_namespace: HashMap<Arc<str>, OrdSet<Arc<str>>>,
+    /// Network policies by `Kind/namespace/name`.
+    pub(crate) net_policies: OrdMap<Arc<str>, Arc<NetPolicy>>,
+    /// Workload uid -> keys of the network policies selecting it.
+    pub(crate) net_by_workload: HashMap<Arc<str>, OrdSet<Arc<str>>>,
 }
 
 impl MeshState {
@@ -275,6 +279,15 @@ impl MeshState {
             }
         }
         found.into_values().cloned().collect()
+    }
+
+    /// The network policies that select a workload (by uid).
+    pub fn net_policies_for(&self, uid: &str) -> Vec<Arc<NetPolicy>> {
+        self.net_by_workload.get(uid).into_iter().flatten().filter_map(|k| self.net_policies.get(k).cloned()).collect()
+    }
+
+    pub fn net_policies(&self) -> impl Iterator<Item = &Arc<NetPolicy>> {
+        self.net_policies.values()
     }
 
     /// The endpoints of a service port: its healthy members, in uid order

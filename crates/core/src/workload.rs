@@ -148,6 +148,8 @@ pub struct MeshConfig {
     pub services: Vec<Service>,
     #[serde(default)]
     pub policies: Vec<crate::policy::Authorization>,
+    #[serde(default)]
+    pub net_policies: Vec<crate::policy::network::NetPolicy>,
 }
 
 /// A pod of this node and the network namespace it lives in: what the CNI

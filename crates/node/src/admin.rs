@@ -210,12 +210,15 @@ fn admin(s: &Shared, path: &str, client: IpAddr) -> Response<Full<Bytes>> {
             services.sort_by(|a, b| (&a.namespace, &a.hostname).cmp(&(&b.namespace, &b.hostname)));
             let mut policies: Vec<&slipstream_core::policy::Authorization> = snap.policies().map(|p| p.as_ref()).collect();
             policies.sort_by_key(|p| p.key());
+            let mut net_policies: Vec<&slipstream_core::policy::network::NetPolicy> = snap.net_policies().map(|p| p.as_ref()).collect();
+            net_policies.sort_by_key(|p| p.key());
             let body = serde_json::json!({
                 "config": s.config,
                 "readiness": s.ready().err().unwrap_or_default(),
                 "workloads": workloads,
                 "services": services,
                 "policies": policies,
+                "networkPolicies": net_policies,
                 "localPods": local,
                 "certificates": certs,
                 "pool": pool,

@@ -10,6 +10,8 @@ use crate::state::{LocalPod, Shared};
 use crate::telemetry::{AppSide, ConnInfo, ConnRecord, Metered, Reporter, SrcIdentity};
 use futures_util::future::{self, Either, FutureExt};
 use slipstream_core::abi::hbone_addr;
+use slipstream_core::policy::engine::{self, Connection};
+use slipstream_core::policy::network::{Direction, L4Protocol};
 use slipstream_core::{Destination, MeshState, MeshWorkload, WorkloadType};
 use slipstream_hbone::headers::{Baggage, Forwarded, WorkloadKind};
 use slipstream_hbone::{ConnectRequest, PoolKey};
@@ -80,6 +82,19 @@ pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
         Destination::Workload(w) => (Some((w, req.dst)), None),
         Destination::Unknown => (None, None),
     };
+    // The source's egress rules (network-policy layer), on the address and
+    // port the connection really goes to: a service's chosen endpoint.
+    if let Some(src) = &req.src {
+        let (dst_ip, dst_port) = match &target {
+            Some((_, addr)) => (addr.ip(), addr.port()),
+            None => (req.dst.ip(), req.dst.port()),
+        };
+        let c = Connection { protocol: L4Protocol::Tcp, src_ip: req.src_addr.ip(), peer: None, dst_ip, dst_port };
+        let v = engine::network(state, src, Direction::Egress, &c);
+        if !v.allowed {
+            return Err(ProxyError::Denied(crate::authz::denial_text(&v, true).into()));
+        }
+    }
     let info = |dst_addr, hbone_addr, dst: Option<Arc<MeshWorkload>>, mutual_tls: bool| ConnInfo {
         reporter: Reporter::Source,
         src_addr: req.src_addr,

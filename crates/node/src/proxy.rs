@@ -155,6 +155,7 @@ impl NodeProxy {
                     c => c,
                 },
                 TypeUrl::Authorization => self.index.remove_policy(name),
+                TypeUrl::NetworkPolicy => self.index.remove_net_policy(name),
             });
         }
         let mut errors = Vec::new();
@@ -163,6 +164,7 @@ impl NodeProxy {
                 xds::Upsert::Workload(w) => self.index.upsert_workload(w),
                 xds::Upsert::Service(s) => self.index.upsert_service(s),
                 xds::Upsert::Policy(p) => self.index.upsert_policy(p),
+                xds::Upsert::NetPolicy(p) => self.index.upsert_net_policy(p),
             };
             match r {
                 Ok(c) => count(c),
@@ -218,8 +220,9 @@ impl NodeProxy {
         let snap = self.shared.snapshot();
         let mut closed = 0;
         for pod in self.shared.pods.all() {
-            let policies = authz::Policies::of_uid(&snap, &pod.uid);
-            closed += pod.conns.revoke(|k| policies.check(authz::Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result);
+            closed += pod
+                .conns
+                .revoke(|k| authz::authorize_uid(&snap, &pod.uid, authz::Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result);
         }
         if closed > 0 {
             tracing::info!(closed, "open connections closed after a policy change");

@@ -21,7 +21,9 @@ use crate::control::ControlChannel;
 use slipstream_api::convert::{address_from_any, authorization_from_any, AddressResource};
 use slipstream_api::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use slipstream_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status};
+use slipstream_api::netpol::net_policy_from_any;
 use slipstream_api::{string_struct, TypeUrl, NODE_NAME};
+use slipstream_core::policy::network::NetPolicy;
 use slipstream_core::policy::Authorization;
 use slipstream_core::{Service, Workload};
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,6 +66,7 @@ pub enum Upsert {
     Workload(Workload),
     Service(Service),
     Policy(Authorization),
+    NetPolicy(NetPolicy),
 }
 
 /// One response, converted.
@@ -354,6 +357,7 @@ fn convert(t: TypeUrl, resp: &DeltaDiscoveryResponse) -> Converted {
                 AddressResource::Service(s) => (s.key(), Upsert::Service(s)),
             }),
             TypeUrl::Authorization => authorization_from_any(any).map(|p| (p.key(), Upsert::Policy(p))),
+            TypeUrl::NetworkPolicy => net_policy_from_any(any).map(|p| (p.key(), Upsert::NetPolicy(p))),
         };
         match converted {
             Err(e) => out.refused.push(refuse(e.to_string())),

@@ -388,7 +388,8 @@ async fn readiness_says_why_until_configuration_listeners_and_certificates_are_t
     let (admin, _, ready) = p.admin_addrs();
     assert_eq!(get(ready, "/healthz/ready").await, (503, "the mesh configuration has not arrived yet\n".to_string()));
     let ip: IpAddr = "127.84.1.1".parse().unwrap();
-    let cfg = MeshConfig { workloads: vec![workload("client", ip, "node1", None)], services: vec![], policies: vec![] };
+    let cfg =
+        MeshConfig { workloads: vec![workload("client", ip, "node1", None)], services: vec![], policies: vec![], net_policies: vec![] };
     p.apply_pods(NodePods { pods: vec![PodRegistration { uid: "test//Pod/default/ghost".into(), netns: String::new() }] });
     p.apply_mesh(&cfg);
     p.reconcile().await;

@@ -170,7 +170,12 @@ impl Mesh {
         let (a, b) = (IpAddr::from([127, net, 1, 1]), IpAddr::from([127, net, 2, 1]));
         let sockets = LoopbackFactory::default();
         let (mut node1, mut node2) = (proxy("node1", control, &sockets).await, proxy("node2", control, &sockets).await);
-        let mesh = MeshConfig { workloads: vec![workload("a", a, "node1"), workload("b", b, "node2")], services: vec![], policies: vec![] };
+        let mesh = MeshConfig {
+            workloads: vec![workload("a", a, "node1"), workload("b", b, "node2")],
+            services: vec![],
+            policies: vec![],
+            net_policies: vec![],
+        };
         for ip in [a, b] {
             tokio::spawn(echo(TcpListener::bind(SocketAddr::new(ip, APP_PORT)).await.unwrap()));
         }

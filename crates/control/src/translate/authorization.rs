@@ -11,7 +11,8 @@
 //!   sent; CUSTOM (external authorization) is refused with an error.
 //! - a rule that needs L7 attributes (request principals, hosts, methods,
 //!   paths, `request.*` conditions): in an ALLOW policy the rule is
-//!   dropped (it can only allow less); in a DENY policy it is kept with its
+//!   dropped (it can only allow less; [`Rule::never`] keeps its place, so
+//!   denials name rules by their index in the manifest); in a DENY policy it is kept with its
 //!   L7 parts taken as matching (it can only deny more: fail closed).
 //! - `remoteIpBlocks` and `remote.ip` are the peer address, like `ipBlocks`
 //!   and `source.ip` (no forwarded header is trusted at L4).
@@ -75,9 +76,7 @@ pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -
     // rather than when someone switches AUDIT to DENY.
     let mut rules = Vec::new();
     for (i, rule) in spec.rules.iter().enumerate() {
-        if let Some(rule) = translate_rule(rule, &format!("spec.rules[{i}]"), action.unwrap_or(Action::Allow), r)? {
-            rules.push(rule);
-        }
+        rules.push(translate_rule(rule, &format!("spec.rules[{i}]"), action.unwrap_or(Action::Allow), r)?);
     }
     let selector = spec.selector.as_ref().map(|s| s.match_labels.clone()).filter(|l| !l.is_empty());
     let (Some(action), false) = (action, targeted) else {
@@ -93,9 +92,9 @@ pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -
     Ok(PolicyInput { selector, policy: Some(policy) })
 }
 
-/// One rule, or None when it is dropped (an ALLOW rule needing L7) or can
-/// never match.
-fn translate_rule(rule: &RuleSpec, path: &str, action: Action, r: &ObjectRef) -> Result<Option<Rule>, ObjectError> {
+/// One rule; [`Rule::never`] in its place when it is dropped (an ALLOW
+/// rule needing L7) or can never match, so later rules keep their index.
+fn translate_rule(rule: &RuleSpec, path: &str, action: Action, r: &ObjectRef) -> Result<Rule, ObjectError> {
     let mut l7 = false;
     let mut clauses = Vec::new();
     let mut never = false;
@@ -122,9 +121,9 @@ fn translate_rule(rule: &RuleSpec, path: &str, action: Action, r: &ObjectRef) ->
         push_or_clause(vec![part], &mut clauses, &mut never);
     }
     if never || (l7 && action == Action::Allow) {
-        return Ok(None);
+        return Ok(Rule::never());
     }
-    Ok(Some(Rule { clauses }))
+    Ok(Rule { clauses })
 }
 
 /// Adds the clause that ORs `parts`: none if one of them always holds; a

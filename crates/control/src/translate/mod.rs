@@ -13,6 +13,7 @@
 //! to change.
 
 pub mod authorization;
+pub mod network_policy;
 pub mod peer_authentication;
 
 use crate::objects::{ClusterObject, ObjectError, ObjectRef};
@@ -60,6 +61,7 @@ pub enum Input {
     EndpointSlice(SliceInput),
     AuthorizationPolicy(authorization::PolicyInput),
     PeerAuthentication(peer_authentication::PeerAuthnInput),
+    NetworkPolicy(network_policy::NetPolicyInput),
     /// A kind kept for later work; it changes no resource yet.
     Opaque,
 }
@@ -197,6 +199,8 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str) -> Result<Input,
         ClusterObject::EndpointSlice(s) => Input::EndpointSlice(slice(s, &r)?),
         ClusterObject::AuthorizationPolicy(p) => Input::AuthorizationPolicy(authorization::translate(p, &r, root_namespace)?),
         ClusterObject::PeerAuthentication(p) => Input::PeerAuthentication(peer_authentication::input(p)),
+        ClusterObject::NetworkPolicy(p) => Input::NetworkPolicy(network_policy::network_policy(p, &r)?),
+        ClusterObject::CiliumNetworkPolicy(p) => Input::NetworkPolicy(network_policy::cilium_network_policy(p, &r)?),
         ClusterObject::Opaque(_) => Input::Opaque,
     })
 }

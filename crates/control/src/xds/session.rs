@@ -115,6 +115,7 @@ fn idx(t: TypeUrl) -> usize {
     match t {
         TypeUrl::Address => 0,
         TypeUrl::Authorization => 1,
+        TypeUrl::NetworkPolicy => 2,
     }
 }
 
@@ -123,7 +124,7 @@ pub struct Session {
     proxy: Arc<str>,
     current: Arc<Published>,
     held: Resources,
-    types: [TypeState; 2],
+    types: [TypeState; 3],
     next_nonce: u64,
     unknown_types: BTreeSet<String>,
 }

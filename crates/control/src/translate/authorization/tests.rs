@@ -23,6 +23,8 @@ fn rules(json: serde_json::Value) -> Vec<Rule> {
 #[test]
 fn rules_at_l4() {
     use serde_json::json;
+    // A rule that cannot apply keeps its place, so later ones keep their index.
+    let never = serde_json::to_value(Rule::never()).unwrap();
     let cases: Vec<(&str, serde_json::Value)> = vec![
         // No rules: an ALLOW policy that matches nothing (denies all).
         ("{}", json!([])),
@@ -51,8 +53,8 @@ fn rules_at_l4() {
                 "not_source_ips": [{"address": "10.1.3.4", "length": 32}, {"address": "10.1.2.0", "length": 24}]
             }]}]}]),
         ),
-        // Disjoint: that source never matches; the rule with it alone is dropped.
-        ("{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8], remoteIpBlocks: [192.168.0.0/16]}}]}, {}]}", json!([{"clauses": []}])),
+        // Disjoint: that source never matches; the rule with it alone never does.
+        ("{rules: [{from: [{source: {ipBlocks: [10.0.0.0/8], remoteIpBlocks: [192.168.0.0/16]}}]}, {}]}", json!([never, {"clauses": []}])),
         (
             "{rules: [{when: [{key: source.ip, values: [10.0.0.1]}, {key: remote.ip, notValues: [10.0.0.2]}, {key: destination.port, values: ['80']}, {key: source.namespace, values: [demo]}, {key: source.principal, notValues: ['*/sa/x']}, {key: destination.ip, values: [10.96.0.10]}]}]}",
             json!([{"clauses": [
@@ -65,9 +67,9 @@ fn rules_at_l4() {
             ]}]),
         ),
         // ALLOW rules needing L7 are dropped (can only allow less) ...
-        ("{rules: [{to: [{operation: {methods: [GET]}}]}, {from: [{source: {namespaces: [a]}}]}]}", json!([{"clauses": [{"matches": [{"namespaces": [{"exact": "a"}]}]}]}])),
-        ("{rules: [{from: [{source: {requestPrincipals: ['*']}}]}]}", json!([])),
-        ("{rules: [{when: [{key: 'request.headers[x-user]', values: [admin]}]}]}", json!([])),
+        ("{rules: [{to: [{operation: {methods: [GET]}}]}, {from: [{source: {namespaces: [a]}}]}]}", json!([never, {"clauses": [{"matches": [{"namespaces": [{"exact": "a"}]}]}]}])),
+        ("{rules: [{from: [{source: {requestPrincipals: ['*']}}]}]}", json!([never])),
+        ("{rules: [{when: [{key: 'request.headers[x-user]', values: [admin]}]}]}", json!([never])),
         // ... DENY rules keep their L4 parts, the L7 parts taken as matching.
         (
             "{action: DENY, rules: [{from: [{source: {namespaces: [a], requestPrincipals: ['*']}}], to: [{operation: {methods: [GET], ports: ['80']}}], when: [{key: 'request.auth.claims[iss]', values: [x]}]}]}",

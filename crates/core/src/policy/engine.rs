@@ -1,0 +1,212 @@
+//! One connection, both layers, both ends: what the node proxies enforce
+//! and what `slipstream policy check` answers, from one mesh snapshot.
+//!
+//! - egress, network layer: the policies selecting the source workload;
+//! - ingress, network layer: the policies selecting the destination
+//!   workload;
+//! - ingress, Istio layer: the AuthorizationPolicies (and converted
+//!   PeerAuthentications) of the destination, if it is meshed; they see
+//!   the source's verified identity, which exists only when both ends are
+//!   meshed (the connection then travels in HBONE).
+//!
+//! The connection is allowed when all three allow. Each part is also
+//! exposed alone: the source's node proxy decides egress, the
+//! destination's node proxy ingress.
+
+use super::network::{self, Direction, Flow, L4Protocol};
+use super::{ConnAttrs, LayerVerdict, PolicyRule};
+use crate::spiffe::SpiffeId;
+use crate::state::{MeshState, MeshWorkload};
+use serde::Serialize;
+use std::net::IpAddr;
+
+/// A connection's facts as policy sees them.
+#[derive(Debug, Clone, Copy)]
+pub struct Connection<'a> {
+    pub protocol: L4Protocol,
+    pub src_ip: IpAddr,
+    /// The verified identity of the source (mTLS), None for plaintext.
+    pub peer: Option<&'a SpiffeId>,
+    pub dst_ip: IpAddr,
+    pub dst_port: u16,
+}
+
+impl Connection<'_> {
+    fn flow(&self, direction: Direction) -> Flow {
+        let peer_ip = match direction {
+            Direction::Ingress => self.src_ip,
+            Direction::Egress => self.dst_ip,
+        };
+        Flow { protocol: self.protocol, peer_ip, destination_ip: self.dst_ip, destination_port: self.dst_port }
+    }
+}
+
+/// The network layer for one end: `w` is the source for egress, the
+/// destination for ingress. A workload no policy selects is not isolated.
+pub fn network(state: &MeshState, w: &MeshWorkload, direction: Direction, c: &Connection) -> LayerVerdict {
+    let ps = state.net_policies_for(&w.uid);
+    network::evaluate(ps.iter().map(|p| p.as_ref()), direction, &c.flow(direction))
+}
+
+/// The Istio layer at the destination: not applicable to a destination
+/// outside the mesh.
+pub fn istio(state: &MeshState, dst: &MeshWorkload, c: &Connection, dry_run: &mut Vec<PolicyRule>) -> LayerVerdict {
+    if !dst.meshed() {
+        return LayerVerdict::not_applicable();
+    }
+    let ps = state.policies_for(dst);
+    let principal = c.peer.map(SpiffeId::principal);
+    let attrs = ConnAttrs {
+        principal: principal.as_deref(),
+        namespace: c.peer.map(SpiffeId::namespace),
+        source_ip: c.src_ip,
+        destination_ip: c.dst_ip,
+        destination_port: c.dst_port,
+        request: None,
+    };
+    super::evaluate(ps.iter().map(|p| p.as_ref()), &attrs, dry_run)
+}
+
+/// Everything the destination decides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IngressVerdict {
+    pub network: LayerVerdict,
+    pub istio: LayerVerdict,
+    /// Dry-run AuthorizationPolicies that would have matched.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dry_run: Vec<PolicyRule>,
+}
+
+impl IngressVerdict {
+    pub fn allowed(&self) -> bool {
+        self.network.allowed && self.istio.allowed
+    }
+
+    /// The layer that denied, network first.
+    pub fn denial(&self) -> Option<&LayerVerdict> {
+        [&self.network, &self.istio].into_iter().find(|l| !l.allowed)
+    }
+}
+
+pub fn ingress(state: &MeshState, dst: &MeshWorkload, c: &Connection) -> IngressVerdict {
+    let mut dry_run = Vec::new();
+    let network = network(state, dst, Direction::Ingress, c);
+    let istio = istio(state, dst, c, &mut dry_run);
+    IngressVerdict { network, istio, dry_run }
+}
+
+/// A whole connection between two known workloads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// The source's egress (network layer).
+    pub egress: LayerVerdict,
+    /// The destination's ingress (network and Istio layers).
+    pub ingress: IngressVerdict,
+}
+
+impl Verdict {
+    /// The layer that denied: egress first, as the packet would meet it.
+    pub fn denial(&self) -> Option<&LayerVerdict> {
+        if !self.egress.allowed {
+            return Some(&self.egress);
+        }
+        self.ingress.denial()
+    }
+}
+
+/// Decides a connection from `src` to `dst` on `port`, as the mesh would
+/// carry it: with the source's identity when both ends are meshed (HBONE),
+/// as plaintext otherwise.
+pub fn connection(state: &MeshState, src: &MeshWorkload, dst: &MeshWorkload, protocol: L4Protocol, port: u16) -> Verdict {
+    let peer = (src.meshed() && dst.meshed()).then(|| src.identity());
+    let c = Connection { protocol, src_ip: src.address(), peer, dst_ip: dst.address(), dst_port: port };
+    let egress = network(state, src, Direction::Egress, &c);
+    let ingress = ingress(state, dst, &c);
+    Verdict { allowed: egress.allowed && ingress.allowed(), egress, ingress }
+}
+
+/// A question `slipstream policy check` answers: may pod `from` open a
+/// connection to pod `to` on `port`?
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Question {
+    pub from: PodName,
+    pub to: PodName,
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct PodName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PodName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl std::str::FromStr for PodName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(PodName { namespace: ns.to_string(), name: name.to_string() })
+            }
+            _ => Err(format!("{s:?}: expected NAMESPACE/POD")),
+        }
+    }
+}
+
+/// The answer, with what it was decided on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Answer {
+    pub from: PodName,
+    pub to: PodName,
+    pub port: u16,
+    /// "allow" or "deny".
+    pub verdict: &'static str,
+    /// Whether the connection travels in HBONE (both ends meshed), with the
+    /// source's identity; plaintext otherwise.
+    pub mtls: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_identity: Option<String>,
+    #[serde(flatten)]
+    pub detail: Verdict,
+}
+
+/// A question the state cannot answer: a pod it does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuestionError {
+    #[error("no pod {0} in the mesh state (pods are known once they have an address)")]
+    UnknownPod(PodName),
+    #[error("port 0 is not a port (1-65535)")]
+    BadPort,
+}
+
+/// Answers a question from one snapshot.
+pub fn check(state: &MeshState, q: &Question) -> Result<Answer, QuestionError> {
+    if q.port == 0 {
+        return Err(QuestionError::BadPort);
+    }
+    let find = |p: &PodName| {
+        state
+            .workloads()
+            .find(|w| w.namespace == p.namespace && w.name == p.name)
+            .cloned()
+            .ok_or_else(|| QuestionError::UnknownPod(p.clone()))
+    };
+    let (src, dst) = (find(&q.from)?, find(&q.to)?);
+    let detail = connection(state, &src, &dst, L4Protocol::Tcp, q.port);
+    let mtls = src.meshed() && dst.meshed();
+    Ok(Answer {
+        from: q.from.clone(),
+        to: q.to.clone(),
+        port: q.port,
+        verdict: if detail.allowed { "allow" } else { "deny" },
+        mtls,
+        source_identity: mtls.then(|| src.identity().to_string()),
+        detail,
+    })
+}
