@@ -6,7 +6,7 @@
 //! change.
 
 use slipstream_core::policy::engine::{self, Connection};
-use slipstream_core::policy::network::L4Protocol;
+use slipstream_core::policy::network::{Direction, L4Protocol};
 use slipstream_core::policy::LayerVerdict;
 use slipstream_core::{MeshState, MeshWorkload, SpiffeId};
 use std::net::SocketAddr;
@@ -52,5 +52,38 @@ pub fn authorize_uid(state: &MeshState, dst_uid: &str, c: Conn<'_>) -> Verdict {
     match state.workload(dst_uid) {
         Some(w) => authorize(state, &w, c),
         None => Verdict { result: Err(format!("workload {dst_uid} is not in the mesh configuration").into()), dry_run: Vec::new() },
+    }
+}
+
+/// The network-policy decision of an outbound connection of `src` to
+/// `dst`: the source's egress rules and, for a destination outside the
+/// mesh (whose node proxy never sees the connection), the destination's
+/// ingress rules. A meshed destination's node proxy decides its own
+/// ingress, with the verified identity.
+pub fn outbound(state: &MeshState, src: &MeshWorkload, src_addr: SocketAddr, dst: SocketAddr) -> Result<(), Arc<str>> {
+    let c = Connection { protocol: L4Protocol::Tcp, src_ip: src_addr.ip(), peer: None, dst_ip: dst.ip(), dst_port: dst.port() };
+    let v = engine::network(state, src, Direction::Egress, &c);
+    if !v.allowed {
+        return Err(denial_text(&v, true).into());
+    }
+    if let Some(w) = state.workload_by_ip(dst.ip()).filter(|w| !w.meshed()) {
+        let v = engine::network(state, &w, Direction::Ingress, &c);
+        if !v.allowed {
+            return Err(denial_text(&v, true).into());
+        }
+    }
+    Ok(())
+}
+
+/// Decides an open connection of the pod `uid` again after a change.
+pub fn recheck(state: &MeshState, uid: &str, k: &crate::conns::AuthzKey) -> Result<(), Arc<str>> {
+    if !k.outbound {
+        return authorize_uid(state, uid, Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result;
+    }
+    match state.workload(uid) {
+        Some(w) => outbound(state, &w, k.src, k.dst),
+        // The pod left the mesh configuration: its own policies no longer
+        // say anything, and the pod's connections are drained elsewhere.
+        None => Ok(()),
     }
 }

@@ -57,20 +57,22 @@ impl CancelCell {
     }
 }
 
-/// What authorization needs to decide an open inbound connection again.
+/// What authorization needs to decide an open connection again.
 #[derive(Debug, Clone)]
 pub struct AuthzKey {
-    /// The verified peer identity; None for plaintext.
+    /// The verified peer identity; None for plaintext (and outbound).
     pub peer: Option<SpiffeId>,
     pub src: SocketAddr,
     pub dst: SocketAddr,
+    /// An outbound connection of the pod (decided by its egress rules),
+    /// rather than one it accepts.
+    pub outbound: bool,
 }
 
 #[derive(Debug)]
 struct Entry {
     cell: Arc<CancelCell>,
-    /// Inbound connections only: outbound ones are not subject to the
-    /// destination's policies here.
+    /// None: nothing to decide again (a connection no policy governs).
     authz: Option<AuthzKey>,
 }
 
@@ -154,7 +156,12 @@ mod tests {
     use super::*;
 
     fn key(port: u16) -> AuthzKey {
-        AuthzKey { peer: None, src: "10.0.0.1:4000".parse().unwrap(), dst: SocketAddr::new("10.0.0.2".parse().unwrap(), port) }
+        AuthzKey {
+            peer: None,
+            src: "10.0.0.1:4000".parse().unwrap(),
+            dst: SocketAddr::new("10.0.0.2".parse().unwrap(), port),
+            outbound: false,
+        }
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub fn decide(state: &MeshState, req: &Request<'_>, dst: Option<&Arc<MeshWorkloa
         Ok(()) => Ok(Target {
             app: req.dst,
             src_ip: req.src_addr.ip(),
-            authz: AuthzKey { peer: req.peer.cloned(), src: req.src_addr, dst: req.dst },
+            authz: AuthzKey { peer: req.peer.cloned(), src: req.src_addr, dst: req.dst, outbound: false },
         }),
         Err(why) if req.peer.is_some() => Err(ProxyError::Denied(why)),
         Err(why) => Err(ProxyError::Denied(format!("plaintext refused: {why}").into())),

@@ -2,6 +2,7 @@
 //! the pod. [`plan`] decides, once, over one mesh snapshot (pure: table
 //! tests, no sockets); [`handle`] carries the plan out.
 
+use crate::conns::AuthzKey;
 use crate::error::ProxyError;
 use crate::limits::{Kind, SlotGuard, Taken};
 use crate::selfcall::{self_call_in, Side};
@@ -10,8 +11,6 @@ use crate::state::{LocalPod, Shared};
 use crate::telemetry::{AppSide, ConnInfo, ConnRecord, Metered, Reporter, SrcIdentity};
 use futures_util::future::{self, Either, FutureExt};
 use slipstream_core::abi::hbone_addr;
-use slipstream_core::policy::engine::{self, Connection};
-use slipstream_core::policy::network::{Direction, L4Protocol};
 use slipstream_core::{Destination, MeshState, MeshWorkload, WorkloadType};
 use slipstream_hbone::headers::{Baggage, Forwarded, WorkloadKind};
 use slipstream_hbone::{ConnectRequest, PoolKey};
@@ -82,18 +81,12 @@ pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
         Destination::Workload(w) => (Some((w, req.dst)), None),
         Destination::Unknown => (None, None),
     };
-    // The source's egress rules (network-policy layer), on the address and
-    // port the connection really goes to: a service's chosen endpoint.
+    // The network-policy layer on the address and port the connection
+    // really goes to (a service's chosen endpoint): the source's egress
+    // rules, and a destination outside the mesh's ingress rules.
     if let Some(src) = &req.src {
-        let (dst_ip, dst_port) = match &target {
-            Some((_, addr)) => (addr.ip(), addr.port()),
-            None => (req.dst.ip(), req.dst.port()),
-        };
-        let c = Connection { protocol: L4Protocol::Tcp, src_ip: req.src_addr.ip(), peer: None, dst_ip, dst_port };
-        let v = engine::network(state, src, Direction::Egress, &c);
-        if !v.allowed {
-            return Err(ProxyError::Denied(crate::authz::denial_text(&v, true).into()));
-        }
+        let dst = target.as_ref().map_or(req.dst, |(_, addr)| *addr);
+        crate::authz::outbound(state, src, req.src_addr, dst).map_err(ProxyError::Denied)?;
     }
     let info = |dst_addr, hbone_addr, dst: Option<Arc<MeshWorkload>>, mutual_tls: bool| ConnInfo {
         reporter: Reporter::Source,
@@ -217,7 +210,13 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             return None;
         }
     };
-    let registration = pod.conns.register(None);
+    // Registered with what its egress decision was made on, so a policy
+    // change decides it again (and closes it if now denied).
+    let final_dst = match &route {
+        Route::Hbone { authority, .. } => *authority,
+        Route::Passthrough { addr } => *addr,
+    };
+    let registration = pod.conns.register(Some(AuthzKey { peer: None, src: req.src_addr, dst: final_dst, outbound: true }));
     let record = ConnRecord::open(info, shared.telemetry.clone()).holding(held).registered(registration);
     match route {
         Route::Passthrough { addr } => {
