@@ -269,6 +269,7 @@ struct Held {
     workloads: BTreeMap<String, Workload>,
     services: BTreeMap<String, MeshService>,
     policies: BTreeMap<String, Authorization>,
+    net_policies: BTreeMap<String, slipstream_core::policy::network::NetPolicy>,
 }
 
 impl Held {
@@ -282,6 +283,9 @@ impl Held {
                 TypeUrl::Authorization => {
                     self.policies.remove(name);
                 }
+                TypeUrl::NetworkPolicy => {
+                    self.net_policies.remove(name);
+                }
             }
         }
         for u in &d.upserts {
@@ -294,6 +298,9 @@ impl Held {
                 }
                 Upsert::Policy(p) => {
                     self.policies.insert(p.key(), p.clone());
+                }
+                Upsert::NetPolicy(p) => {
+                    self.net_policies.insert(p.key(), p.clone());
                 }
             }
         }
@@ -317,6 +324,7 @@ fn names(d: &Delta) -> Vec<String> {
             Upsert::Workload(w) => w.uid.clone(),
             Upsert::Service(s) => s.key(),
             Upsert::Policy(p) => p.key(),
+            Upsert::NetPolicy(p) => p.key(),
         })
         .chain(d.removals.iter().cloned())
         .collect();

@@ -843,6 +843,7 @@ mod tests {
             workloads: vec![member(wl("a", "10.0.0.1"), ECHO, 80, 8080), wl("b", "10.0.0.2")],
             services: vec![echo.clone()],
             policies: vec![allow.clone()],
+            net_policies: vec![],
         };
         let mut ix = MeshIndex::default();
         let r = ix.apply_config(&v1);

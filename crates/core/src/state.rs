@@ -386,6 +386,7 @@ mod tests {
             ],
             services: vec![svc("echo", "default", "10.96.0.10")],
             policies: vec![],
+            net_policies: vec![],
         }
     }
 

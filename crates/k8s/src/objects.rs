@@ -451,8 +451,9 @@ pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     // docs/control-plane.md, "Authorization at L4").
     ("security.istio.io", "AuthorizationPolicy", ""),
     ("security.istio.io", "PeerAuthentication", ""),
-    ("networking.k8s.io", "NetworkPolicy", "stored, NOT enforced in this version (the eBPF datapath is not built yet)"),
-    ("cilium.io", "CiliumNetworkPolicy", "stored, NOT enforced in this version (the eBPF datapath is not built yet)"),
+    // Enforced by the node proxies (docs/authorization.md).
+    ("networking.k8s.io", "NetworkPolicy", ""),
+    ("cilium.io", "CiliumNetworkPolicy", ""),
     ("gateway.networking.k8s.io", "Gateway", "stored; waypoints are not available in this version"),
     ("gateway.networking.k8s.io", "HTTPRoute", "stored; waypoints are not available in this version"),
     ("networking.istio.io", "VirtualService", "stored; waypoints are not available in this version"),

@@ -108,6 +108,7 @@ impl Mesh {
                 subject_alt_names: vec![],
             }],
             policies: vec![],
+            net_policies: vec![],
         };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let app = TcpListener::bind(SocketAddr::new(echo_ip, ECHO_PORT)).await.unwrap();

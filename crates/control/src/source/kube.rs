@@ -49,6 +49,8 @@ pub const KINDS: &[Kind] = &[
     Kind { group: "discovery.k8s.io", version: "v1", kind: "EndpointSlice", plural: "endpointslices", custom: false },
     Kind { group: "security.istio.io", version: "v1", kind: "AuthorizationPolicy", plural: "authorizationpolicies", custom: true },
     Kind { group: "security.istio.io", version: "v1", kind: "PeerAuthentication", plural: "peerauthentications", custom: true },
+    Kind { group: "networking.k8s.io", version: "v1", kind: "NetworkPolicy", plural: "networkpolicies", custom: false },
+    Kind { group: "cilium.io", version: "v2", kind: "CiliumNetworkPolicy", plural: "ciliumnetworkpolicies", custom: true },
 ];
 
 impl Kind {

@@ -363,8 +363,15 @@ impl Session {
     /// Builds the responses that are due, one per type at most.
     fn flush(&mut self) -> Vec<Outgoing> {
         let out: Vec<_> = TypeUrl::ALL.into_iter().filter_map(|t| self.flush_type(t)).collect();
-        // In sync with everything by wildcard: share the published map.
-        if self.types.iter().all(|ts| ts.subscribed && ts.wildcard && !ts.due()) {
+        // In sync with everything by wildcard: share the published map. A
+        // type the proxy never asked for (Istio's own proxies do not know
+        // the network-policy type) may stay unsubscribed while it is empty.
+        let current = &self.current;
+        let shared = TypeUrl::ALL.into_iter().all(|t| {
+            let ts = &self.types[idx(t)];
+            (ts.subscribed && ts.wildcard && !ts.due()) || (!ts.subscribed && current.count(t) == 0)
+        });
+        if shared {
             self.held = self.current.resources.clone();
             for t in TypeUrl::ALL {
                 self.types[idx(t)].held = self.current.count(t);

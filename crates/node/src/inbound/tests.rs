@@ -101,6 +101,7 @@ fn state() -> Arc<MeshState> {
                 )
             },
         ],
+        net_policies: vec![],
     };
     let (s, errors) = MeshState::from_config(&cfg);
     assert!(errors.is_empty(), "{errors:?}");
@@ -206,7 +207,7 @@ fn the_plan_carries_identities_addresses_and_the_service() {
     assert_eq!(p.info.service.as_ref().unwrap().name, "echo", "the service from the forwarded header");
     // A dry-run match is reported for the log.
     let p = plan(&s, &Request { dst: "10.244.2.2:8081".parse().unwrap(), ..req });
-    assert_eq!(p.dry_run, vec!["default/dry".to_string()]);
+    assert_eq!(p.dry_run, vec!["AuthorizationPolicy default/dry spec.rules[0]".to_string()]);
     // Plaintext: the original destination is dst.addr, no hbone_addr.
     let p = plan(&s, &Request { peer: None, tunnel_local: None, forwarded: None, ..req });
     assert_eq!((p.info.dst_addr.to_string(), p.info.hbone_addr), ("10.244.2.2:8080".to_string(), None));

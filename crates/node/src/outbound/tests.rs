@@ -70,6 +70,7 @@ fn state() -> Arc<MeshState> {
             svc("empty", "10.96.0.12", &[]),
         ],
         policies: vec![],
+        net_policies: vec![],
     };
     let mut cfg = cfg;
     // legacy's only endpoint is the unmeshed pod.

@@ -41,7 +41,7 @@ fn refusals_name_the_field() {
         ("CiliumNetworkPolicy", "{endpointSelector: {}, ingress: [{toEndpoints: [{}]}]}", "spec.ingress[0].toEndpoints"),
         ("CiliumNetworkPolicy", "{endpointSelector: {}, ingress: [{fromEntities: [host]}]}", "spec.ingress[0].fromEntities[0]"),
         ("CiliumNetworkPolicy", "{ingress: [{}]}", "spec.endpointSelector"),
-        ("CiliumNetworkPolicy", "{endpointSelector: {}, ingress: [{fromWhatever: [{}]}]}", "spec.ingress[0]"),
+        ("CiliumNetworkPolicy", "{endpointSelector: {}, ingress: [{fromWhatever: [{}]}]}", "spec.ingress[0].fromWhatever"),
     ];
     for (kind, spec, field) in cases {
         let e = input(kind, spec).expect_err(spec);
