@@ -240,10 +240,12 @@ enum PolicyCommand {
     /// question cannot be answered (an unknown pod, a malformed argument).
     /// See docs/authorization.md.
     Check {
-        /// The client pod: NAMESPACE/POD.
+        /// The client pod: NAMESPACE/POD, or NAMESPACE/deploy/NAME for the
+        /// first pod of a Deployment.
         #[arg(long)]
         from: String,
-        /// The server pod and port: NAMESPACE/POD:PORT.
+        /// The server pod and port: NAMESPACE/POD:PORT (or
+        /// NAMESPACE/deploy/NAME:PORT).
         #[arg(long)]
         to: String,
         /// Answer from these manifests (files or directories; pods need

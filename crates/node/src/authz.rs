@@ -5,6 +5,7 @@
 //! connection arrives and again, for every open connection, after a policy
 //! change.
 
+use crate::error::Denial;
 use slipstream_core::policy::engine::{self, Connection};
 use slipstream_core::policy::network::{Direction, L4Protocol};
 use slipstream_core::policy::LayerVerdict;
@@ -26,7 +27,7 @@ pub struct Conn<'a> {
 /// deciding policy and rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
-    pub result: Result<(), Arc<str>>,
+    pub result: Result<(), Arc<Denial>>,
     pub dry_run: Vec<String>,
 }
 
@@ -35,15 +36,18 @@ pub fn authorize(state: &MeshState, dst: &MeshWorkload, c: Conn<'_>) -> Verdict 
     let v = engine::ingress(state, dst, &conn);
     let result = match v.denial() {
         None => Ok(()),
-        Some(l) => Err(denial_text(l, std::ptr::eq(l, &v.network)).into()),
+        Some(l) => Err(denial(l, std::ptr::eq(l, &v.network))),
     };
     Verdict { result, dry_run: v.dry_run.iter().map(|p| p.to_string()).collect() }
 }
 
-/// `network policy: denied by NetworkPolicy ns/name spec.ingress[0]` or
-/// `authorization: no allow rule matched (AuthorizationPolicy ns/name)`.
-pub fn denial_text(l: &LayerVerdict, network: bool) -> String {
-    format!("{}: {}", if network { "network policy" } else { "authorization" }, l.explain())
+/// The refusal of a layer that denied: its text is `network policy:
+/// denied by NetworkPolicy ns/name spec.ingress[0]` or `authorization: no
+/// allow rule matched (AuthorizationPolicy ns/name)`.
+pub fn denial(l: &LayerVerdict, network: bool) -> Arc<Denial> {
+    let (layer, label) = if network { ("network_policy", "network policy") } else { ("authorization", "authorization") };
+    let by = l.by.clone().or_else(|| l.candidates.first().cloned());
+    Arc::new(Denial { text: format!("{label}: {}", l.explain()).into(), layer, by })
 }
 
 /// [`authorize`] for a connection to the workload `dst_uid`; a destination
@@ -51,7 +55,7 @@ pub fn denial_text(l: &LayerVerdict, network: bool) -> String {
 pub fn authorize_uid(state: &MeshState, dst_uid: &str, c: Conn<'_>) -> Verdict {
     match state.workload(dst_uid) {
         Some(w) => authorize(state, &w, c),
-        None => Verdict { result: Err(format!("workload {dst_uid} is not in the mesh configuration").into()), dry_run: Vec::new() },
+        None => Verdict { result: Err(Denial::other(format!("workload {dst_uid} is not in the mesh configuration"))), dry_run: Vec::new() },
     }
 }
 
@@ -60,23 +64,23 @@ pub fn authorize_uid(state: &MeshState, dst_uid: &str, c: Conn<'_>) -> Verdict {
 /// mesh (whose node proxy never sees the connection), the destination's
 /// ingress rules. A meshed destination's node proxy decides its own
 /// ingress, with the verified identity.
-pub fn outbound(state: &MeshState, src: &MeshWorkload, src_addr: SocketAddr, dst: SocketAddr) -> Result<(), Arc<str>> {
+pub fn outbound(state: &MeshState, src: &MeshWorkload, src_addr: SocketAddr, dst: SocketAddr) -> Result<(), Arc<Denial>> {
     let c = Connection { protocol: L4Protocol::Tcp, src_ip: src_addr.ip(), peer: None, dst_ip: dst.ip(), dst_port: dst.port() };
     let v = engine::network(state, src, Direction::Egress, &c);
     if !v.allowed {
-        return Err(denial_text(&v, true).into());
+        return Err(denial(&v, true));
     }
     if let Some(w) = state.workload_by_ip(dst.ip()).filter(|w| !w.meshed()) {
         let v = engine::network(state, &w, Direction::Ingress, &c);
         if !v.allowed {
-            return Err(denial_text(&v, true).into());
+            return Err(denial(&v, true));
         }
     }
     Ok(())
 }
 
 /// Decides an open connection of the pod `uid` again after a change.
-pub fn recheck(state: &MeshState, uid: &str, k: &crate::conns::AuthzKey) -> Result<(), Arc<str>> {
+pub fn recheck(state: &MeshState, uid: &str, k: &crate::conns::AuthzKey) -> Result<(), Arc<Denial>> {
     if !k.outbound {
         return authorize_uid(state, uid, Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result;
     }

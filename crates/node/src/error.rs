@@ -15,6 +15,32 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+/// A policy's refusal: its text (for logs and the HBONE answer), the layer
+/// and the policy and rule that decided, for the denial metric.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    /// `network policy: denied by NetworkPolicy ns/name spec.ingress[0]`.
+    pub text: Arc<str>,
+    /// `network_policy` or `authorization`.
+    pub layer: &'static str,
+    /// The deciding policy: the rule that denied, or the first policy
+    /// that required an allow; None when no policy decided (a destination
+    /// unknown to the mesh configuration).
+    pub by: Option<slipstream_core::policy::PolicyRule>,
+}
+
+impl Denial {
+    pub fn other(text: impl Into<Arc<str>>) -> Arc<Denial> {
+        Arc::new(Denial { text: text.into(), layer: "authorization", by: None })
+    }
+}
+
+impl std::fmt::Display for Denial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProxyError {
     /// The connection would loop back into the proxy (see `selfcall`).
@@ -38,9 +64,10 @@ pub enum ProxyError {
     /// Inbound: the destination is not a workload this proxy serves.
     #[error("no local workload has address {0}")]
     NoWorkload(SocketAddr),
-    /// Authorization refused it (a policy, or STRICT mTLS for plaintext).
-    #[error("denied by authorization policy: {0}")]
-    Denied(Arc<str>),
+    /// A policy refused it (network policy, authorization policy, or
+    /// STRICT mTLS for plaintext).
+    #[error("denied by {0}")]
+    Denied(Arc<Denial>),
     /// TCP connect to the next hop failed (or timed out).
     #[error("connect to {addr}: {source}")]
     Connect { addr: SocketAddr, source: Arc<io::Error> },
@@ -116,7 +143,8 @@ impl ProxyError {
     pub fn into_hbone(self, peer: IpAddr) -> HboneError {
         match self {
             Self::Hbone(e) => e,
-            Self::Denied(why) | Self::Revoked(why) => HboneError::Denied(why),
+            Self::Denied(d) => HboneError::Denied(d.text.clone()),
+            Self::Revoked(why) => HboneError::Denied(why),
             Self::SourceLimit { what, limit } => HboneError::SourceLimit { peer, what, limit },
             Self::Overload(n) => HboneError::Overloaded(n),
             Self::NoWorkload(a) => HboneError::NoWorkload(a),
@@ -159,7 +187,7 @@ mod tests {
             (ProxyError::NoEndpoints { service: "echo".into(), port: 80 }, "CONNECT", 503, Fault::Upstream, false),
             (ProxyError::NoWorkload(addr), "CONNECT", 503, Fault::Downstream, false),
             (ProxyError::UnknownSource(addr), "IDENTITY_ERROR", 503, Fault::Local, false),
-            (ProxyError::Denied("no ALLOW policy matched".into()), "DENY", 401, Fault::Downstream, false),
+            (ProxyError::Denied(Denial::other("no ALLOW policy matched")), "DENY", 401, Fault::Downstream, false),
             (ProxyError::connect(addr, io()), "CONNECT", 503, Fault::Upstream, false),
             (ProxyError::Hbone(HboneError::Status(StatusCode::UNAUTHORIZED)), "DENY", 401, Fault::Upstream, false),
             (ProxyError::terminated(io()), "CONNECTION_TERMINATED", 503, Fault::Upstream, false),
@@ -185,6 +213,9 @@ mod tests {
         assert_eq!((h.flag(), h.response_code()), (ResponseFlag::SourceLimit, StatusCode::SERVICE_UNAVAILABLE));
         let budget = crate::limits::OverLimit { flag: ResponseFlag::Overload, what: "", limit: 9 };
         assert_eq!(ProxyError::from(budget).flag(), ResponseFlag::Overload);
-        assert_eq!(ProxyError::Denied("x".into()).into_hbone("10.0.0.1".parse().unwrap()).response_code(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            ProxyError::Denied(Denial::other("x")).into_hbone("10.0.0.1".parse().unwrap()).response_code(),
+            StatusCode::UNAUTHORIZED
+        );
     }
 }

@@ -103,7 +103,10 @@ pub fn decide(state: &MeshState, req: &Request<'_>, dst: Option<&Arc<MeshWorkloa
             authz: AuthzKey { peer: req.peer.cloned(), src: req.src_addr, dst: req.dst, outbound: false },
         }),
         Err(why) if req.peer.is_some() => Err(ProxyError::Denied(why)),
-        Err(why) => Err(ProxyError::Denied(format!("plaintext refused: {why}").into())),
+        Err(why) => Err(ProxyError::Denied(Arc::new(crate::error::Denial {
+            text: format!("plaintext refused: {}", why.text).into(),
+            ..(*why).clone()
+        }))),
     };
     (target, verdict.dry_run)
 }

@@ -220,9 +220,7 @@ impl NodeProxy {
         let snap = self.shared.snapshot();
         let mut closed = 0;
         for pod in self.shared.pods.all() {
-            closed += pod
-                .conns
-                .revoke(|k| authz::authorize_uid(&snap, &pod.uid, authz::Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result);
+            closed += pod.conns.revoke(|k| authz::recheck(&snap, &pod.uid, k).map_err(|d| d.text.clone()));
         }
         if closed > 0 {
             tracing::info!(closed, "open connections closed after a policy change");

@@ -147,16 +147,36 @@ impl std::fmt::Display for PodName {
     }
 }
 
+/// `NAMESPACE/POD`, or `NAMESPACE/deploy/NAME` for a Deployment's pod (as
+/// kubectl names it: `deploy`, `deployment`, `deployments`).
 impl std::str::FromStr for PodName {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(PodName { namespace: ns.to_string(), name: name.to_string() })
+        let bad = || format!("{s:?}: expected NAMESPACE/POD or NAMESPACE/deploy/NAME");
+        let (ns, rest) = s.split_once('/').ok_or_else(bad)?;
+        let ok = |n: &str| !n.is_empty() && !n.contains('/');
+        match rest.split_once('/') {
+            None if ok(ns) && ok(rest) => Ok(PodName { namespace: ns.to_string(), name: rest.to_string() }),
+            Some((kind, name)) if ok(ns) && ok(name) && DEPLOYMENT_WORDS.contains(&kind) => {
+                Ok(PodName { namespace: ns.to_string(), name: format!("deploy/{name}") })
             }
-            _ => Err(format!("{s:?}: expected NAMESPACE/POD")),
+            _ => Err(bad()),
         }
     }
+}
+
+const DEPLOYMENT_WORDS: &[&str] = &["deploy", "deployment", "deployments", "deployment.apps"];
+
+/// The pod a name means: the pod itself, or a Deployment's first pod by
+/// name.
+fn find(state: &MeshState, p: &PodName) -> Result<std::sync::Arc<MeshWorkload>, QuestionError> {
+    let found = match p.name.strip_prefix("deploy/") {
+        Some(d) => {
+            state.workloads().filter(|w| w.namespace == p.namespace && w.workload_name == d).min_by(|a, b| a.name.cmp(&b.name)).cloned()
+        }
+        None => state.workloads().find(|w| w.namespace == p.namespace && w.name == p.name).cloned(),
+    };
+    found.ok_or_else(|| QuestionError::UnknownPod(p.clone()))
 }
 
 /// The answer, with what it was decided on.
@@ -190,19 +210,13 @@ pub fn check(state: &MeshState, q: &Question) -> Result<Answer, QuestionError> {
     if q.port == 0 {
         return Err(QuestionError::BadPort);
     }
-    let find = |p: &PodName| {
-        state
-            .workloads()
-            .find(|w| w.namespace == p.namespace && w.name == p.name)
-            .cloned()
-            .ok_or_else(|| QuestionError::UnknownPod(p.clone()))
-    };
-    let (src, dst) = (find(&q.from)?, find(&q.to)?);
+    let (src, dst) = (find(state, &q.from)?, find(state, &q.to)?);
     let detail = connection(state, &src, &dst, L4Protocol::Tcp, q.port);
     let mtls = src.meshed() && dst.meshed();
+    let pod = |w: &MeshWorkload| PodName { namespace: w.namespace.clone(), name: w.name.clone() };
     Ok(Answer {
-        from: q.from.clone(),
-        to: q.to.clone(),
+        from: pod(&src),
+        to: pod(&dst),
         port: q.port,
         verdict: if detail.allowed { "allow" } else { "deny" },
         mtls,

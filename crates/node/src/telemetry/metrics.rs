@@ -137,6 +137,22 @@ pub struct RejectedLabels {
     pub reason: &'static str,
 }
 
+/// Connections a policy refused, by the policy and rule that decided.
+/// Bounded by the policies of the mesh (label values come from them, not
+/// from connections).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DenialLabels {
+    pub reporter: Reporter,
+    /// `network_policy` or `authorization`.
+    pub layer: &'static str,
+    pub policy_kind: &'static str,
+    pub policy_namespace: String,
+    pub policy_name: String,
+    /// `spec.rules[0]`, `spec.ingress[1]`; empty when no single rule
+    /// decided (allow policies applied and none matched).
+    pub policy_rule: String,
+}
+
 /// The node proxy's metrics, registered once.
 pub struct Metrics {
     registry: Registry,
@@ -145,6 +161,7 @@ pub struct Metrics {
     received: Family<TcpLabels, Counter>,
     sent: Family<TcpLabels, Counter>,
     rejected: Family<RejectedLabels, Counter>,
+    denials: Family<DenialLabels, Counter>,
     /// Time from capture to the first byte being able to flow (outbound:
     /// plan, connect, HBONE handshake and CONNECT answer), by how it ended.
     setup_seconds: Family<SetupLabels, Histogram>,
@@ -166,6 +183,7 @@ impl Default for Metrics {
         let mut registry = Registry::default();
         let (opened, closed, received, sent) = (Family::default(), Family::default(), Family::default(), Family::default());
         let rejected = Family::default();
+        let denials = Family::default();
         let setup_seconds =
             Family::<SetupLabels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 2.0, 16)) as Histogram);
         // prometheus-client adds `_total` to counters.
@@ -175,12 +193,17 @@ impl Default for Metrics {
         registry.register("istio_tcp_sent_bytes", "Bytes sent to the client (server to client)", sent.clone());
         registry.register("slipstream_rejected_connections", "Connections refused before a workload could be named", rejected.clone());
         registry.register(
+            "slipstream_policy_denials",
+            "Connections a policy refused, by the deciding policy and rule (with response_flags=DENY in istio_tcp_connections_closed_total)",
+            denials.clone(),
+        );
+        registry.register(
             "slipstream_connection_setup_seconds",
             "Time to set a connection up, until bytes can flow or it is refused",
             setup_seconds.clone(),
         );
         registry.register_collector(Box::new(HboneCollector(hbone.clone())));
-        Metrics { registry, opened, closed, received, sent, rejected, setup_seconds, hbone, closed_total: AtomicU64::new(0) }
+        Metrics { registry, opened, closed, received, sent, rejected, denials, setup_seconds, hbone, closed_total: AtomicU64::new(0) }
     }
 }
 
@@ -205,6 +228,17 @@ impl Metrics {
     /// Connections closed since start.
     pub fn closed_total(&self) -> u64 {
         self.closed_total.load(Ordering::Relaxed)
+    }
+
+    /// A connection a policy refused.
+    pub fn denied(&self, reporter: Reporter, d: &crate::error::Denial) {
+        let (kind, namespace, name, rule) = match &d.by {
+            Some(p) => (p.kind.as_str(), p.namespace.clone(), p.name.clone(), p.rule.clone().unwrap_or_default()),
+            None => ("", String::new(), String::new(), String::new()),
+        };
+        let l =
+            DenialLabels { reporter, layer: d.layer, policy_kind: kind, policy_namespace: namespace, policy_name: name, policy_rule: rule };
+        self.denials.get_or_create(&l).inc();
     }
 
     /// A refusal with its reason, a label value from a fixed set.

@@ -229,7 +229,7 @@ impl ConnRecord {
 
     fn finish(&mut self) {
         let result = match (self.cancelled(), self.outcome.take()) {
-            (Some(Cancelled::Revoked), _) => Err(ProxyError::Revoked("the destination's policies no longer allow it".into())),
+            (Some(Cancelled::Revoked), _) => Err(ProxyError::Revoked("a policy change no longer allows it".into())),
             (Some(Cancelled::Drained), _) => Err(ProxyError::Drained),
             (None, Some(r)) => r.map_err(|e| *e),
             (None, None) => Err(ProxyError::Aborted),
@@ -237,6 +237,9 @@ impl ConnRecord {
         let flag = result.as_ref().err().map_or(ResponseFlag::None, ProxyError::flag);
         let m = &self.telemetry.metrics;
         m.closed(&self.info.labels(flag), self.received, self.sent);
+        if let Err(ProxyError::Denied(d)) = &result {
+            m.denied(self.info.reporter, d);
+        }
         if !self.established {
             m.setup(self.info.reporter, flag, self.start.elapsed().as_secs_f64());
         }
