@@ -52,6 +52,13 @@ pub struct NodeArgs {
     /// Workload certificate lifetime, in hours (renewed at half-life).
     #[arg(long, default_value_t = 24)]
     pub cert_hours: u64,
+    /// Also enforce NetworkPolicy and CiliumNetworkPolicy for this node's
+    /// pods outside the mesh, in the node's kernel forward path (an
+    /// nftables table, `inet slipstream_netpol`, in the proxy's network
+    /// namespace: run it in the node's). Meshed pods are always decided by
+    /// the proxy itself. `slipstream up` turns it on.
+    #[arg(long, env = "SLIPSTREAM_NODE_NETPOL_KERNEL")]
+    pub netpol_kernel: bool,
     /// Runtime threads. 1 runs everything on one thread (fewest context
     /// switches, at most one core); more spread connections over threads.
     #[arg(long, env = "SLIPSTREAM_NODE_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -307,6 +314,9 @@ pub struct Config {
     pub limits: Limits,
     /// The control plane; None: files and a local CA (`ca_dir`).
     pub control: Option<crate::control::ControlSettings>,
+    /// Enforce the network policies of this node's pods outside the mesh
+    /// in the node's forward path (nftables table `slipstream_netpol`).
+    pub netpol_kernel: bool,
 }
 
 /// The open-file limit the proxy will run with: raised to the hard limit
@@ -334,6 +344,7 @@ impl Config {
             });
         }
         c.json_access_log = a.log_format == "json";
+        c.netpol_kernel = a.netpol_kernel;
         c.admin_addr = a.admin_addr;
         c.stats_addr = a.stats_addr;
         c.readiness_addr = a.readiness_addr;
@@ -355,6 +366,7 @@ impl Config {
             ca_dir: PathBuf::new(),
             trust_domain: slipstream_core::DEFAULT_TRUST_DOMAIN.to_string(),
             json_access_log: false,
+            netpol_kernel: false,
             admin_addr: "127.0.0.1:15000".parse().expect("literal"),
             stats_addr: "0.0.0.0:15020".parse().expect("literal"),
             readiness_addr: "0.0.0.0:15021".parse().expect("literal"),

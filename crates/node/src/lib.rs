@@ -19,6 +19,7 @@ pub mod control;
 pub mod error;
 pub mod limits;
 pub mod memtrim;
+pub mod netpol;
 pub mod ready;
 pub mod relay;
 pub mod selfcall;

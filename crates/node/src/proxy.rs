@@ -44,6 +44,9 @@ pub struct NodeProxy {
     admin: Option<admin::Listeners>,
     addrs: (SocketAddr, SocketAddr, SocketAddr),
     trust: SharedTrust,
+    /// The node's kernel path for the pods outside the mesh (None: not
+    /// this proxy's job, `--netpol-kernel` off).
+    netpol: Option<crate::netpol::Kernel>,
 }
 
 impl NodeProxy {
@@ -74,7 +77,8 @@ impl NodeProxy {
             readiness: Default::default(),
         });
         let inpod = InPod::new(shared.clone(), deps.report_served);
-        Ok(NodeProxy { shared, index: MeshIndex::default(), pods: NodePods::default(), inpod, admin: Some(admin), addrs, trust })
+        let netpol = shared.config.netpol_kernel.then(crate::netpol::Kernel::default);
+        Ok(NodeProxy { shared, index: MeshIndex::default(), pods: NodePods::default(), inpod, admin: Some(admin), addrs, trust, netpol })
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -128,6 +132,7 @@ impl NodeProxy {
             self.shared.mesh.store(self.index.snapshot());
             self.shared.readiness.lock().expect("readiness lock").config_loaded = true;
             self.revoke();
+            self.apply_kernel_netpol();
         }
         report
     }
@@ -197,6 +202,7 @@ impl NodeProxy {
             self.shared.mesh.store(self.index.snapshot());
             self.shared.readiness.lock().expect("readiness lock").config_loaded = true;
             self.revoke();
+            self.apply_kernel_netpol();
         }
         report
     }
@@ -212,6 +218,14 @@ impl NodeProxy {
         u.done(refused);
         if report.changed() || complete {
             self.reconcile().await;
+        }
+    }
+
+    /// The network policies of this node's pods outside the mesh, into the
+    /// node's kernel path.
+    fn apply_kernel_netpol(&mut self) {
+        if let Some(k) = &mut self.netpol {
+            k.apply(crate::netpol::plan(&self.index.snapshot(), &self.shared.config.node));
         }
     }
 

@@ -165,6 +165,8 @@ pub fn node_proxy_spec(paths: &Paths, node: &Node, control_replicas: usize) -> P
             paths.ca_dir().join("root-cert.pem").display().to_string(),
             "--token-file".into(),
             paths.node_token_file(&node.name).display().to_string(),
+            // The CNI's part: the network policies of pods outside the mesh.
+            "--netpol-kernel".into(),
         ],
         env_prefix: "SLIPSTREAM_NODE_",
         // What a ztunnel pod learns from the downward API: its xDS node id
