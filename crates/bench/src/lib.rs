@@ -23,6 +23,7 @@ pub mod manifests;
 pub mod mesh;
 pub mod parse;
 pub mod plan;
+pub mod policy;
 pub mod preflight;
 pub mod report;
 pub mod results;

@@ -53,7 +53,9 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "denied",
         description: "cost of refusing unauthorized connections (kernel drop vs. proxy drop)",
-        setup: Setup::NotAvailable { reason: "authorization policies are not enforced yet" },
+        setup: Setup::NotAvailable {
+            reason: "a refused connection has no throughput to compare: `slipstream bench-policy` measures it (time to the refusal, by a node proxy and by the kernel path)",
+        },
         l4_targets: false,
     },
 ];

@@ -165,6 +165,13 @@ enum Command {
     Bench(slipstream_bench::BenchArgs),
     #[command(name = "bench-control")]
     BenchControl(slipstream_bench::control::ControlBenchArgs),
+    /// Benchmark authorization: the policy engine's cost per decision with
+    /// 1 000 policies of 10 rules applying to one workload (in process),
+    /// and the `denied` scenario of BENCHMARKS.md in a local cluster (how
+    /// long a refused client waits, refused by a node proxy and by the
+    /// node's kernel path). Writes policy.json and policy.md into --out.
+    #[command(name = "bench-policy")]
+    BenchPolicy(slipstream_bench::policy::PolicyBenchArgs),
     /// Data-path debugging: HBONE as any identity, raw TCP, many held
     /// connections (see docs/node-proxy.md, "Debugging").
     #[command(subcommand, hide = true)]
@@ -278,6 +285,7 @@ fn main() {
         Command::App(AppCommand::Echo(a)) => slipstream_apps::run_echo(a),
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
         Command::BenchControl(args) => slipstream_bench::control::run(args),
+        Command::BenchPolicy(args) => slipstream_bench::policy::run(args),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
             Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas } => {
                 common::set_load_options("up", validate);
@@ -307,7 +315,7 @@ fn main() {
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
             Command::Agent { nodes, ca_cert, ca_key, control_replicas } => cmd::agent::run(&ctx, nodes, control_replicas, ca_cert, ca_key),
-            Command::App(_) | Command::PodInit { .. } | Command::BenchControl(_) => unreachable!("handled above"),
+            Command::App(_) | Command::PodInit { .. } | Command::BenchControl(_) | Command::BenchPolicy(_) => unreachable!("handled above"),
         }),
     };
     if let Err(e) = result {

@@ -95,20 +95,36 @@ pub struct LayerVerdict {
     /// The rule that decided, for `AllowRule` and `DenyRule`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<PolicyRule>,
-    /// For `NoAllowMatched`: the policies that required an allow.
+    /// For `NoAllowMatched`: the policies that required an allow (the
+    /// first [`MAX_CANDIDATES`]; `more_candidates` counts the rest).
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub candidates: Vec<PolicyRule>,
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub more_candidates: usize,
+}
+
+/// How many policies a denial for want of an allow names.
+pub const MAX_CANDIDATES: usize = 8;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl LayerVerdict {
     pub fn no_policy() -> LayerVerdict {
-        LayerVerdict { allowed: true, reason: Reason::NoPolicy, by: None, candidates: Vec::new() }
+        LayerVerdict { allowed: true, reason: Reason::NoPolicy, by: None, candidates: Vec::new(), more_candidates: 0 }
     }
     pub fn not_applicable() -> LayerVerdict {
-        LayerVerdict { allowed: true, reason: Reason::NotApplicable, by: None, candidates: Vec::new() }
+        LayerVerdict { allowed: true, reason: Reason::NotApplicable, by: None, candidates: Vec::new(), more_candidates: 0 }
     }
     pub fn decided(allowed: bool, reason: Reason, by: PolicyRule) -> LayerVerdict {
-        LayerVerdict { allowed, reason, by: Some(by), candidates: Vec::new() }
+        LayerVerdict { allowed, reason, by: Some(by), candidates: Vec::new(), more_candidates: 0 }
+    }
+    /// Denied: policies required an allow and none matched.
+    pub fn no_allow_matched(total: usize, first: impl Iterator<Item = PolicyRule>) -> LayerVerdict {
+        let candidates: Vec<PolicyRule> = first.take(MAX_CANDIDATES).collect();
+        let more_candidates = total - candidates.len();
+        LayerVerdict { allowed: false, reason: Reason::NoAllowMatched, by: None, candidates, more_candidates }
     }
 
     /// One line for logs: `denied by AuthorizationPolicy prod/deny-legacy
@@ -121,7 +137,10 @@ impl LayerVerdict {
             (Reason::AllowRule, Some(by)) => format!("allowed by {by}"),
             (Reason::DenyRule, Some(by)) => format!("denied by {by}"),
             (Reason::NoAllowMatched, _) => {
-                let names: Vec<String> = self.candidates.iter().map(|c| c.to_string()).collect();
+                let mut names: Vec<String> = self.candidates.iter().map(|c| c.to_string()).collect();
+                if self.more_candidates > 0 {
+                    names.push(format!("and {} more", self.more_candidates));
+                }
                 format!("no allow rule matched ({})", names.join(", "))
             }
             (r, None) => format!("{r:?}"),
@@ -292,7 +311,16 @@ pub struct RequestAttrs {
 
 impl Match {
     fn is_empty(&self) -> bool {
-        *self == Match::default()
+        self.namespaces.is_empty()
+            && self.not_namespaces.is_empty()
+            && self.principals.is_empty()
+            && self.not_principals.is_empty()
+            && self.source_ips.is_empty()
+            && self.not_source_ips.is_empty()
+            && self.destination_ips.is_empty()
+            && self.not_destination_ips.is_empty()
+            && self.destination_ports.is_empty()
+            && self.not_destination_ports.is_empty()
     }
 
     fn matches(&self, c: &ConnAttrs) -> bool {
@@ -312,9 +340,19 @@ impl Match {
 }
 
 impl Clause {
+    /// Any of its matches; a clause whose matches are all empty holds.
     fn matches(&self, c: &ConnAttrs) -> bool {
-        let set: Vec<&Match> = self.matches.iter().filter(|m| !m.is_empty()).collect();
-        set.is_empty() || set.iter().any(|m| m.matches(c))
+        let mut any_set = false;
+        for m in &self.matches {
+            if m.is_empty() {
+                continue;
+            }
+            if m.matches(c) {
+                return true;
+            }
+            any_set = true;
+        }
+        !any_set
     }
 }
 
@@ -349,18 +387,18 @@ impl Authorization {
 
 /// The Istio layer: denied if a DENY policy matches; else, if any ALLOW
 /// policy applies, one must match; with none, allowed. Dry-run policies
-/// never decide; those that would have matched go to `dry_run_hits`.
+/// never decide; those that would have matched go to `dry_run_hits`. When
+/// several rules could decide, the answer names the first in the order
+/// given (`MeshState::policies_for` gives them by key).
 pub fn evaluate<'p>(
     policies: impl IntoIterator<Item = &'p Authorization>,
     c: &ConnAttrs,
     dry_run_hits: &mut Vec<PolicyRule>,
 ) -> LayerVerdict {
-    let mut ps: Vec<&Authorization> = policies.into_iter().collect();
-    ps.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    let mut allows = Vec::new();
+    let mut allows: Vec<&Authorization> = Vec::new();
     let mut allowed_by = None;
     let mut any = false;
-    for p in ps {
+    for p in policies {
         let m = p.matching_rule(c);
         if p.dry_run {
             if let Some(i) = m {
@@ -375,13 +413,13 @@ pub fn evaluate<'p>(
             (Action::Allow, Some(i)) => {
                 allowed_by.get_or_insert_with(|| p.rule_ref(Some(i)));
             }
-            (Action::Allow, None) => allows.push(p.rule_ref(None)),
+            (Action::Allow, None) => allows.push(p),
         }
     }
     match allowed_by {
         Some(by) => LayerVerdict::decided(true, Reason::AllowRule, by),
-        None if !allows.is_empty() => LayerVerdict { allowed: false, reason: Reason::NoAllowMatched, by: None, candidates: allows },
-        None if any => LayerVerdict { allowed: true, reason: Reason::NoRuleMatched, by: None, candidates: Vec::new() },
+        None if !allows.is_empty() => LayerVerdict::no_allow_matched(allows.len(), allows.iter().map(|p| p.rule_ref(None))),
+        None if any => LayerVerdict { reason: Reason::NoRuleMatched, ..LayerVerdict::no_policy() },
         None => LayerVerdict::no_policy(),
     }
 }

@@ -16,7 +16,6 @@ use crate::policy::{network::NetPolicy, Authorization, Scope};
 use crate::spiffe::SpiffeId;
 use crate::workload::*;
 use imbl::{HashMap, OrdMap, OrdSet};
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -265,20 +264,22 @@ impl MeshState {
     /// WORKLOAD_SELECTOR ones it lists in `authorization_policies`. Reads the
     /// two namespaces' policies and the listed keys only.
     pub fn policies_for(&self, w: &MeshWorkload) -> Vec<Arc<Authorization>> {
-        let mut found: BTreeMap<&str, &Arc<Authorization>> = BTreeMap::new();
+        let mut found: Vec<(&str, &Arc<Authorization>)> = Vec::with_capacity(w.authorization_policies.len());
         for (namespace, scope) in [(ROOT_NAMESPACE, Scope::Global), (w.namespace.as_str(), Scope::Namespace)] {
             for key in self.policies_by_namespace.get(namespace).into_iter().flatten() {
                 if let Some(p) = self.policies.get(key).filter(|p| p.scope == scope) {
-                    found.insert(key, p);
+                    found.push((key, p));
                 }
             }
         }
         for key in &w.authorization_policies {
             if let Some(p) = self.policies.get(key.as_str()).filter(|p| p.scope == Scope::WorkloadSelector) {
-                found.insert(key, p);
+                found.push((key, p));
             }
         }
-        found.into_values().cloned().collect()
+        found.sort_unstable_by_key(|(k, _)| *k);
+        found.dedup_by_key(|(k, _)| *k);
+        found.into_iter().map(|(_, p)| p.clone()).collect()
     }
 
     /// The network policies that select a workload (by uid).

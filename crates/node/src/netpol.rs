@@ -11,9 +11,10 @@
 //!
 //! Semantics, per pod of this node outside the mesh, as the policy engine
 //! decides ([`slipstream_core::policy::network`]): its egress chain sees
-//! packets it sends, its ingress chain packets sent to it; deny rules drop,
-//! allow rules return (on to the other end's chain), an isolated direction
-//! drops what no rule allowed. Replies of an accepted connection pass
+//! packets it sends, its ingress chain packets sent to it; deny rules
+//! refuse, allow rules return (on to the other end's chain), an isolated
+//! direction refuses what no rule allowed (TCP with a reset, so a client
+//! fails at once instead of at its connect timeout). Replies of an accepted connection pass
 //! (conntrack), as Kubernetes' connection-oriented semantics say; a policy
 //! change applies to new connections of these pods (the proxy, not the
 //! kernel path, closes open meshed ones).
@@ -95,7 +96,7 @@ fn chain(ps: &[&NetPolicy], dir: Dir, w: &MeshWorkload) -> Option<String> {
     let mut out = String::new();
     for (p, r) in &denies {
         for m in matches(p, r, dir, w) {
-            let _ = writeln!(out, "    {m}drop comment \"{}\"", comment(p, r));
+            refuse(&mut out, &m, &comment(p, r));
         }
     }
     if isolated {
@@ -106,9 +107,17 @@ fn chain(ps: &[&NetPolicy], dir: Dir, w: &MeshWorkload) -> Option<String> {
                 }
             }
         }
-        let _ = writeln!(out, "    drop comment \"isolated for {}\"", if dir == Dir::Egress { "egress" } else { "ingress" });
+        refuse(&mut out, "", &format!("isolated for {}", if dir == Dir::Egress { "egress" } else { "ingress" }));
     }
     Some(out)
+}
+
+/// Refuses what `m` matches at once rather than dropping it silently, so
+/// a client fails in a round trip instead of waiting for its connect
+/// timeout: TCP with a reset, anything else with an ICMP unreachable.
+fn refuse(out: &mut String, m: &str, why: &str) {
+    let _ = writeln!(out, "    {m}meta l4proto tcp reject with tcp reset comment \"{why}\"");
+    let _ = writeln!(out, "    {m}reject comment \"{why}\"");
 }
 
 fn comment(p: &NetPolicy, r: &NetRule) -> String {
@@ -218,7 +227,7 @@ impl Kernel {
             Ok(()) => {
                 tracing::info!(
                     table = TABLE,
-                    rules = script.lines().filter(|l| l.contains(" return ") || l.contains("drop ")).count(),
+                    rules = script.lines().filter(|l| l.contains(" return ") || l.contains(" reject ")).count(),
                     "network policies of the pods outside the mesh applied to the node's kernel path"
                 );
                 self.last = Some(script);
@@ -307,7 +316,12 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("ip saddr 10.0.0.0/8 ip saddr != { 10.244.1.0/24 } meta l4proto tcp th dport 8080-8090 return"), "{s}");
-        assert!(s.contains("drop comment \"isolated for ingress\""), "{s}");
+        assert!(
+            s.contains(
+                "    meta l4proto tcp reject with tcp reset comment \"isolated for ingress\"\n    reject comment \"isolated for ingress\""
+            ),
+            "{s}"
+        );
         assert!(!s.contains("jump eg0"), "egress is not isolated: {s}");
         // No pod of this node with a policy: an empty table.
         let s = plan(&state, "node3");

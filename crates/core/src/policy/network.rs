@@ -179,12 +179,11 @@ impl NetRule {
 }
 
 /// Decides one direction of a flow for the workload the policies select.
-/// `policies` are those that select it, in any order; when several rules
-/// could decide, the answer names the first in (kind, namespace, name,
-/// rule) order.
+/// `policies` are those that select it; when several rules could decide,
+/// the answer names the first in the order given (`MeshState::
+/// net_policies_for` gives them by key, `Kind/namespace/name`).
 pub fn evaluate<'p>(policies: impl IntoIterator<Item = &'p NetPolicy>, direction: Direction, f: &Flow) -> LayerVerdict {
-    let mut ps: Vec<&NetPolicy> = policies.into_iter().collect();
-    ps.sort_by(|a, b| (a.kind as u8, &a.namespace, &a.name).cmp(&(b.kind as u8, &b.namespace, &b.name)));
+    let ps: Vec<&NetPolicy> = policies.into_iter().collect();
     let rule_ref = |p: &NetPolicy, r: &NetRule| PolicyRule::new(p.kind.policy_kind(), &p.namespace, &p.name, Some(r.path.clone()));
     for p in &ps {
         let (_, _, deny) = p.rules(direction);
@@ -192,9 +191,8 @@ pub fn evaluate<'p>(policies: impl IntoIterator<Item = &'p NetPolicy>, direction
             return LayerVerdict::decided(false, Reason::DenyRule, rule_ref(p, r));
         }
     }
-    let isolating: Vec<PolicyRule> =
-        ps.iter().filter(|p| p.rules(direction).0).map(|p| PolicyRule::new(p.kind.policy_kind(), &p.namespace, &p.name, None)).collect();
-    if isolating.is_empty() {
+    let isolates = |p: &&&NetPolicy| p.rules(direction).0;
+    if !ps.iter().any(|p| isolates(&p)) {
         return LayerVerdict::no_policy();
     }
     for p in &ps {
@@ -203,5 +201,9 @@ pub fn evaluate<'p>(policies: impl IntoIterator<Item = &'p NetPolicy>, direction
             return LayerVerdict::decided(true, Reason::AllowRule, rule_ref(p, r));
         }
     }
-    LayerVerdict { allowed: false, reason: Reason::NoAllowMatched, by: None, candidates: isolating }
+    let total = ps.iter().filter(isolates).count();
+    LayerVerdict::no_allow_matched(
+        total,
+        ps.iter().filter(isolates).map(|p| PolicyRule::new(p.kind.policy_kind(), &p.namespace, &p.name, None)),
+    )
 }
