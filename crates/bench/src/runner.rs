@@ -390,12 +390,26 @@ fn write_outputs(results: &Results, out: &Path, docs: Option<&Path>) -> anyhow::
                     .into(),
             ),
         };
-        std::fs::write(docs.join("benchmarks.md"), report::markdown(results, &page))?;
+        // The figures of the other benchmarks (bench-control, bench-policy)
+        // are kept from the marker on.
+        let kept = std::fs::read_to_string(docs.join("benchmarks.md"))
+            .ok()
+            .and_then(|old| old.find(KEPT_MARKER).map(|i| old[i..].to_string()))
+            .unwrap_or_default();
+        let mut md = report::markdown(results, &page);
+        if !kept.is_empty() {
+            md = format!("{}\n\n{kept}", md.trim_end());
+        }
+        std::fs::write(docs.join("benchmarks.md"), md)?;
         std::fs::write(docs.join("benchmarks.svg"), report::svg(results))?;
         std::fs::write(docs.join("benchmarks.json"), serde_json::to_string_pretty(results)? + "\n")?;
     }
     Ok(())
 }
+
+/// Where docs/benchmarks.md stops being this run's: the sections after it
+/// (other benchmarks' figures) survive `--update-docs`.
+pub const KEPT_MARKER: &str = "<!-- kept by slipstream bench --update-docs: the figures below come from other benchmarks -->";
 
 /// `docs/` of the repository around the current directory.
 fn docs_dir() -> anyhow::Result<PathBuf> {
