@@ -184,7 +184,10 @@ async fn a_node_proxy_follows_the_control_plane_keeps_its_configuration_without_
     assert!(snap.service("default/echo.default.svc.cluster.local").is_some());
     assert!(snap.policy("default/deny-all").is_some());
     let reg1 = xds1.registry().clone();
-    wait_for("the proxy ACKed the first push", || reg1.proxies().first().is_some_and(|p| p.in_sync() && p.types.len() == 2)).await;
+    wait_for("the proxy ACKed the first push", || {
+        reg1.proxies().first().is_some_and(|p| p.in_sync() && p.types.len() == TypeUrl::ALL.len())
+    })
+    .await;
     let p = &reg1.proxies()[0];
     assert_eq!(p.node, "node1");
     assert_eq!(p.id, "ztunnel~0.0.0.0~ztunnel-node1.istio-system~istio-system.svc.cluster.local");
