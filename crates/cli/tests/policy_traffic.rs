@@ -12,27 +12,10 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-const WORLD: &str = include_str!("../../control/tests/data/policy-world.yaml");
-const CASES: &str = include_str!("../../control/tests/data/policy-cases.yaml");
-
-#[derive(Deserialize)]
-struct Cases {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    id: String,
-    objects: String,
-    checks: Vec<Check>,
-}
-
-#[derive(Deserialize)]
-struct Check {
-    from: String,
-    to: String,
-    expect: String,
-}
+#[path = "../../control/tests/data/cases.rs"]
+#[allow(dead_code)]
+mod cases;
+use cases::WORLD;
 
 /// Sends a line and waits for its echo: `allow` if it came back, `deny` if
 /// the connection was refused, reset or closed first.
@@ -125,7 +108,7 @@ fn map_addresses(text: &str, map: &[(String, String)]) -> String {
 
 #[test]
 fn semantic_cases_as_real_traffic() {
-    let cases: Cases = serde_yaml::from_str(CASES).unwrap();
+    let cases = cases::load();
     let dir = tempfile::tempdir().unwrap();
     let (world, world_ips) = cluster_world();
     let world_file = write_manifest(&dir, "world.yaml", &world);

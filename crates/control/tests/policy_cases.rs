@@ -5,39 +5,14 @@
 //! check -f` does. The same cases run as real traffic in the local
 //! cluster (crates/cli/tests/policy_traffic.rs).
 
-use serde::Deserialize;
 use slipstream_control::index::{mesh_from_manifests, IndexSettings};
 use slipstream_core::policy::engine::{self, Answer, Question};
 use slipstream_core::MeshState;
 
-#[derive(Deserialize)]
-struct Cases {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    id: String,
-    title: String,
-    source: String,
-    objects: String,
-    checks: Vec<Check>,
-}
-
-#[derive(Deserialize)]
-struct Check {
-    from: String,
-    to: String,
-    expect: String,
-    #[serde(default)]
-    by: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    note: Option<String>,
-}
-
-const WORLD: &str = include_str!("data/policy-world.yaml");
-const CASES: &str = include_str!("data/policy-cases.yaml");
+#[path = "data/cases.rs"]
+#[allow(dead_code)]
+mod cases;
+use cases::WORLD;
 
 /// `Kind ns/name` of every policy an answer names as deciding: for a
 /// denial the denying layer's rule or the policies that required an
@@ -53,7 +28,7 @@ fn deciders(a: &Answer) -> Vec<String> {
 
 #[test]
 fn semantic_cases_through_the_engine() {
-    let cases: Cases = serde_yaml::from_str(CASES).expect("policy-cases.yaml parses");
+    let cases = cases::load();
     assert!(cases.cases.len() >= 80, "the table must hold at least 80 cases, has {}", cases.cases.len());
     let mut failures = Vec::new();
     let mut checks = 0;
