@@ -70,6 +70,13 @@ enum Command {
         /// over from one to the next; 2 lets you kill one and watch.
         #[arg(long, default_value_t = 1)]
         control_replicas: usize,
+        /// How pods' traffic reaches the node proxies: `ebpf` (programs on
+        /// each pod's connect() and inbound on its interface, policy in the kernel),
+        /// `nftables` (redirect rules in each pod's namespace), or `auto`:
+        /// eBPF when the kernel can run it, else nftables, saying why in
+        /// the agent's log. `slipstream status` shows which one runs.
+        #[arg(long, env = "SLIPSTREAM_DATAPATH", default_value = "auto", value_name = "auto|ebpf|nftables")]
+        datapath: slipstream_testbed::agent::datapath::Mode,
     },
     /// Remove everything `up` made: processes, namespaces, veths, routes,
     /// nftables rules, cgroups, state. Safe to run twice, and after a crash.
@@ -230,6 +237,8 @@ enum Command {
         ca_key: Option<PathBuf>,
         #[arg(long, default_value_t = 1)]
         control_replicas: usize,
+        #[arg(long, default_value = "auto")]
+        datapath: slipstream_testbed::agent::datapath::Mode,
     },
 }
 
@@ -287,9 +296,9 @@ fn main() {
         Command::BenchControl(args) => slipstream_bench::control::run(args),
         Command::BenchPolicy(args) => slipstream_bench::policy::run(args),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
-            Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas } => {
+            Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas, datapath } => {
                 common::set_load_options("up", validate);
-                cmd::up::run(&ctx, &files, cmd::up::Shape { nodes, control_replicas }, timeout, ca_cert, ca_key)
+                cmd::up::run(&ctx, &files, cmd::up::Shape { nodes, control_replicas, datapath }, timeout, ca_cert, ca_key)
             }
             Command::Node(args) => cmd::node::run(&ctx, args),
             Command::Control(args) => cmd::control::run(&ctx, args),
@@ -314,7 +323,9 @@ fn main() {
                 cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), privileged, &command).map(|code| std::process::exit(code))
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
-            Command::Agent { nodes, ca_cert, ca_key, control_replicas } => cmd::agent::run(&ctx, nodes, control_replicas, ca_cert, ca_key),
+            Command::Agent { nodes, ca_cert, ca_key, control_replicas, datapath } => {
+                cmd::agent::run(&ctx, nodes, control_replicas, datapath, ca_cert, ca_key)
+            }
             Command::App(_) | Command::PodInit { .. } | Command::BenchControl(_) | Command::BenchPolicy(_) => unreachable!("handled above"),
         }),
     };

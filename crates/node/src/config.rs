@@ -59,6 +59,20 @@ pub struct NodeArgs {
     /// the proxy itself. `slipstream up` turns it on.
     #[arg(long, env = "SLIPSTREAM_NODE_NETPOL_KERNEL")]
     pub netpol_kernel: bool,
+    /// How pods' traffic reaches this proxy: `nftables` (rules in each
+    /// pod's namespace; the original destination from conntrack) or `ebpf`
+    /// (the programs the CNI attached: the original destination and the
+    /// inbound listener in the pinned maps of --bpf-dir, and the policy
+    /// map filled from this proxy's engine). `slipstream up` chooses.
+    #[arg(long, env = "SLIPSTREAM_NODE_DATAPATH", default_value = "nftables", value_parser = ["nftables", "ebpf"])]
+    pub datapath: String,
+    /// The cluster's bpffs directory, with `--datapath ebpf` (default
+    /// `/sys/fs/bpf/slipstream/<cluster>`).
+    #[arg(long, env = "SLIPSTREAM_NODE_BPF_DIR")]
+    pub bpf_dir: Option<PathBuf>,
+    /// This node's index in the datapath's per-node counters (0-63).
+    #[arg(long, env = "SLIPSTREAM_NODE_DATAPATH_INDEX", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..64))]
+    pub datapath_index: u16,
     /// Runtime threads. 1 runs everything on one thread (fewest context
     /// switches, at most one core); more spread connections over threads.
     #[arg(long, env = "SLIPSTREAM_NODE_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -317,6 +331,15 @@ pub struct Config {
     /// Enforce the network policies of this node's pods outside the mesh
     /// in the node's forward path (nftables table `slipstream_netpol`).
     pub netpol_kernel: bool,
+    /// `Some` with `--datapath ebpf`: the pinned maps' directory and this
+    /// node's counter index.
+    pub ebpf: Option<EbpfSettings>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct EbpfSettings {
+    pub bpf_dir: PathBuf,
+    pub node_index: u16,
 }
 
 /// The open-file limit the proxy will run with: raised to the hard limit
@@ -345,6 +368,10 @@ impl Config {
         }
         c.json_access_log = a.log_format == "json";
         c.netpol_kernel = a.netpol_kernel;
+        c.ebpf = (a.datapath == "ebpf").then(|| EbpfSettings {
+            bpf_dir: a.bpf_dir.clone().unwrap_or_else(|| PathBuf::from("/sys/fs/bpf/slipstream").join(cluster)),
+            node_index: a.datapath_index,
+        });
         c.admin_addr = a.admin_addr;
         c.stats_addr = a.stats_addr;
         c.readiness_addr = a.readiness_addr;
@@ -367,6 +394,7 @@ impl Config {
             trust_domain: slipstream_core::DEFAULT_TRUST_DOMAIN.to_string(),
             json_access_log: false,
             netpol_kernel: false,
+            ebpf: None,
             admin_addr: "127.0.0.1:15000".parse().expect("literal"),
             stats_addr: "0.0.0.0:15020".parse().expect("literal"),
             readiness_addr: "0.0.0.0:15021".parse().expect("literal"),

@@ -189,6 +189,9 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
     };
     let snap = shared.snapshot();
     let loopback_is_local = pod.sockets.loopback_is_local();
+    // Steered at connect() (eBPF), the app dialed 127.0.0.1 from
+    // 127.0.0.1: it is still the pod speaking, from its own address.
+    let peer = if loopback_is_local && peer.ip().is_loopback() { SocketAddr::new(pod.ip, peer.port()) } else { peer };
     let req = Request { src: snap.workload(&pod.uid), src_addr: peer, pod_ip: pod.ip, dst, draw: rand::random(), loopback_is_local };
     let refuse = |info: ConnInfo, e: ProxyError| {
         reset(&app);

@@ -47,6 +47,8 @@ pub struct NodeProxy {
     /// The node's kernel path for the pods outside the mesh (None: not
     /// this proxy's job, `--netpol-kernel` off).
     netpol: Option<crate::netpol::Kernel>,
+    /// The eBPF datapath's maps (None: nftables capture).
+    datapath: Option<Arc<slipstream_ebpf::NodeMaps>>,
 }
 
 impl NodeProxy {
@@ -78,7 +80,17 @@ impl NodeProxy {
         });
         let inpod = InPod::new(shared.clone(), deps.report_served);
         let netpol = shared.config.netpol_kernel.then(crate::netpol::Kernel::default);
-        Ok(NodeProxy { shared, index: MeshIndex::default(), pods: NodePods::default(), inpod, admin: Some(admin), addrs, trust, netpol })
+        Ok(NodeProxy {
+            shared,
+            index: MeshIndex::default(),
+            pods: NodePods::default(),
+            inpod,
+            admin: Some(admin),
+            addrs,
+            trust,
+            netpol,
+            datapath: None,
+        })
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -227,6 +239,44 @@ impl NodeProxy {
         if let Some(k) = &mut self.netpol {
             k.apply(crate::netpol::plan(&self.index.snapshot(), &self.shared.config.node));
         }
+        self.apply_kernel_policy();
+    }
+
+    /// Uses the eBPF datapath's maps: its policy map is kept equal to what
+    /// the engine compiles for this node's pods, and its drop counters are
+    /// exported.
+    pub fn use_datapath(&mut self, maps: Arc<slipstream_ebpf::NodeMaps>) {
+        let _ = self.shared.telemetry.metrics.datapath.set(maps.clone());
+        self.datapath = Some(maps);
+        self.apply_kernel_policy();
+    }
+
+    /// The kernel's share of policy: what the engine decides for this
+    /// node's pods as sources, written to the policy map (docs/datapath.md).
+    fn apply_kernel_policy(&mut self) {
+        let Some(maps) = &self.datapath else { return };
+        let snap = self.index.snapshot();
+        let node = &self.shared.config.node;
+        let compiled = slipstream_ebpf::policy::compile(&snap, node);
+        let sources: Vec<std::net::Ipv4Addr> = snap
+            .workloads()
+            .filter(|w| &w.node == node)
+            .filter_map(|w| match w.address() {
+                std::net::IpAddr::V4(a) => Some(a),
+                std::net::IpAddr::V6(_) => None,
+            })
+            .collect();
+        match maps.sync_policy(&compiled, &sources) {
+            Ok(s) if s.written + s.removed > 0 => tracing::info!(
+                entries = s.total,
+                written = s.written,
+                removed = s.removed,
+                left_to_the_proxy = compiled.skipped_pairs,
+                "kernel policy map updated"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::error!("kernel policy map not updated (the node proxy still decides every connection): {e}"),
+        }
     }
 
     /// Policy changes apply to open connections too.
@@ -285,8 +335,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         _ => None,
     };
     let every = config.timeouts.poll_interval;
-    let deps = Deps { sockets: Arc::new(NetnsFactory), ca, sink: Sink::Stdout, report_served: true };
+    let datapath = match &config.ebpf {
+        Some(e) => {
+            let maps = slipstream_ebpf::NodeMaps::open(&e.bpf_dir, e.node_index).with_context(|| {
+                format!("--datapath ebpf: the datapath's maps under {} (does the CNI, `slipstream up`, run it?)", e.bpf_dir.display())
+            })?;
+            tracing::info!(dir = %e.bpf_dir.display(), node_index = e.node_index, "eBPF datapath: capture by the connect4/sockops/tc programs the CNI attached, kernel policy map kept by this proxy");
+            Some(Arc::new(maps))
+        }
+        None => None,
+    };
+    let deps = Deps { sockets: Arc::new(NetnsFactory { ebpf: datapath.clone() }), ca, sink: Sink::Stdout, report_served: true };
     let mut proxy = NodeProxy::new(config, deps).await?;
+    if let Some(maps) = datapath {
+        proxy.use_datapath(maps);
+    }
     proxy.serve();
     let l = &proxy.shared.config.limits;
     // Raised to the hard limit when the configuration was built.

@@ -51,12 +51,16 @@ pub trait SocketFactory: Send + Sync + 'static {
 }
 
 /// Sockets inside pods' network namespaces (in-pod mode, as ztunnel's).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NetnsFactory;
+/// With the eBPF datapath, `ebpf` holds its maps: where captured
+/// connections were going, and where inbound capture finds the listener.
+#[derive(Debug, Clone, Default)]
+pub struct NetnsFactory {
+    pub ebpf: Option<Arc<slipstream_ebpf::NodeMaps>>,
+}
 
 impl SocketFactory for NetnsFactory {
     fn for_pod(&self, netns: &Path, ip: IpAddr) -> io::Result<Arc<dyn PodSockets>> {
-        Ok(Arc::new(NetnsSockets { netns: Netns::open(netns)?, ip }))
+        Ok(Arc::new(NetnsSockets { netns: Netns::open(netns)?, ip, ebpf: self.ebpf.clone() }))
     }
 }
 
@@ -64,6 +68,7 @@ impl SocketFactory for NetnsFactory {
 pub struct NetnsSockets {
     netns: Netns,
     ip: IpAddr,
+    ebpf: Option<Arc<slipstream_ebpf::NodeMaps>>,
 }
 
 impl NetnsSockets {
@@ -82,7 +87,13 @@ impl PodSockets for NetnsSockets {
             Listener::Plaintext => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), INBOUND_PLAINTEXT_PORT),
             Listener::Hbone => SocketAddr::new(self.ip, HBONE_PORT),
         };
-        listen_on(self.socket(&addr)?, addr)
+        let l = listen_on(self.socket(&addr)?, addr)?;
+        if let (Some(maps), Listener::Plaintext, IpAddr::V4(ip)) = (&self.ebpf, which, self.ip) {
+            // Inbound capture (tc ingress, bpf_sk_assign) finds this listener by the pod's
+            // address; until it is registered, SYNs wait (dropped, retried).
+            maps.register_listener(ip, &l).map_err(|e| io::Error::other(format!("registering the plaintext listener of {ip}: {e}")))?;
+        }
+        Ok(l)
     }
 
     fn connect_marked(&self, dst: SocketAddr, timeout: Duration) -> BoxFuture<'static, io::Result<TcpStream>> {
@@ -112,10 +123,34 @@ impl PodSockets for NetnsSockets {
     }
 
     fn original_dst(&self, s: &TcpStream) -> io::Result<SocketAddr> {
-        let sock = socket2::SockRef::from(s);
-        let a = if s.local_addr()?.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
-        a.as_socket().ok_or_else(|| io::Error::other("original destination is not an IP address"))
+        if let Some(maps) = &self.ebpf {
+            let local = s.local_addr()?;
+            if local.port() == OUTBOUND_PORT && local.ip().is_loopback() {
+                // Steered at connect(): filed under (namespace, client port).
+                let cookie = slipstream_ebpf::sys::netns_cookie(std::os::fd::AsFd::as_fd(s))?;
+                if let Some(d) = maps.take_original_dst(cookie, s.peer_addr()?.port()) {
+                    return Ok(d.into());
+                }
+            } else if local.port() != INBOUND_PLAINTEXT_PORT {
+                // Assigned to the listener at tc ingress: the accepted socket keeps the
+                // address the client dialed.
+                return Ok(local);
+            } else if let Ok(d) = conntrack_original_dst(s) {
+                return Ok(d);
+            } else {
+                // Dialed 15006 itself (the self-call check refuses it).
+                return Ok(local);
+            }
+        }
+        conntrack_original_dst(s)
     }
+}
+
+/// The destination nftables' redirect rewrote (SO_ORIGINAL_DST).
+fn conntrack_original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
+    let sock = socket2::SockRef::from(s);
+    let a = if s.local_addr()?.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
+    a.as_socket().ok_or_else(|| io::Error::other("original destination is not an IP address"))
 }
 
 /// Binds and listens with TCP_NODELAY inherited by accepted connections.

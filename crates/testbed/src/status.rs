@@ -48,6 +48,21 @@ pub struct NodeStatus {
     pub pod_cidr: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyStatus>,
+    /// How the node's pods reach its proxy (absent in state files of older
+    /// agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath: Option<DatapathStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DatapathStatus {
+    /// `ebpf` or `nftables`.
+    pub mode: String,
+    /// Why eBPF was not used, when it was asked for (`--datapath auto`)
+    /// and the kernel could not run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

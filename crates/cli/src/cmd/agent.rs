@@ -6,6 +6,7 @@ pub fn run(
     ctx: &Ctx,
     nodes: usize,
     control_replicas: usize,
+    datapath: slipstream_testbed::agent::datapath::Mode,
     ca_cert: Option<std::path::PathBuf>,
     ca_key: Option<std::path::PathBuf>,
 ) -> anyhow::Result<()> {
@@ -21,5 +22,6 @@ pub fn run(
         ca_cert,
         ca_key,
         control_replicas,
+        datapath,
     })
 }

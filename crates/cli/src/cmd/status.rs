@@ -68,13 +68,18 @@ pub fn table(st: &ClusterStatus) -> String {
         s.push_str(&columns(&rows));
         s.push('\n');
     }
-    let mut rows = vec![["NODE", "IP", "POD CIDR", "NETNS", "NODE PROXY"].map(String::from).to_vec()];
+    let mut rows = vec![["NODE", "IP", "POD CIDR", "NETNS", "DATAPATH", "NODE PROXY"].map(String::from).to_vec()];
     for n in &st.nodes {
         let proxy = match &n.proxy {
             Some(p) => format!("{}, serving {} pod(s), {} restart(s)", process_state(p), p.serving, p.restarts),
             None => "-".into(),
         };
-        rows.push(vec![n.name.clone(), n.ip.clone(), n.pod_cidr.clone(), n.netns.clone(), proxy]);
+        let datapath = match &n.datapath {
+            Some(d) if d.fallback.is_some() => format!("{} (eBPF unavailable: see agent.log)", d.mode),
+            Some(d) => d.mode.clone(),
+            None => "-".into(),
+        };
+        rows.push(vec![n.name.clone(), n.ip.clone(), n.pod_cidr.clone(), n.netns.clone(), datapath, proxy]);
     }
     s.push_str(&columns(&rows));
     let mut rows =

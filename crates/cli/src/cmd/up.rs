@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub struct Shape {
     pub nodes: usize,
     pub control_replicas: usize,
+    pub datapath: slipstream_testbed::agent::datapath::Mode,
 }
 
 pub fn run(
@@ -24,7 +25,7 @@ pub fn run(
     ca_key: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     common::require_root("up")?;
-    let Shape { nodes, control_replicas } = shape;
+    let Shape { nodes, control_replicas, datapath } = shape;
     if !(1..=plan::MAX_NODES).contains(&nodes) {
         bail!("--nodes must be between 1 and {}", plan::MAX_NODES);
     }
@@ -98,6 +99,8 @@ pub fn run(
         nodes.to_string(),
         "--control-replicas".into(),
         control_replicas.to_string(),
+        "--datapath".into(),
+        datapath.as_str().into(),
     ];
     for (flag, p) in [("--ca-cert", &ca_cert), ("--ca-key", &ca_key)] {
         if let Some(p) = p {

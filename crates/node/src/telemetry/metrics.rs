@@ -169,6 +169,9 @@ pub struct Metrics {
     pub hbone: Arc<ServerStats>,
     /// Connections closed since start, all labels together (for memtrim).
     closed_total: AtomicU64,
+    /// The eBPF datapath's maps, once the proxy has opened them: its drop
+    /// counters are read at each scrape.
+    pub datapath: Arc<std::sync::OnceLock<Arc<slipstream_ebpf::NodeMaps>>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -203,7 +206,21 @@ impl Default for Metrics {
             setup_seconds.clone(),
         );
         registry.register_collector(Box::new(HboneCollector(hbone.clone())));
-        Metrics { registry, opened, closed, received, sent, rejected, denials, setup_seconds, hbone, closed_total: AtomicU64::new(0) }
+        let datapath = Arc::new(std::sync::OnceLock::new());
+        registry.register_collector(Box::new(DatapathCollector(datapath.clone())));
+        Metrics {
+            registry,
+            opened,
+            closed,
+            received,
+            sent,
+            rejected,
+            denials,
+            setup_seconds,
+            hbone,
+            closed_total: AtomicU64::new(0),
+            datapath,
+        }
     }
 }
 
@@ -325,6 +342,29 @@ impl Collector for HboneCollector {
                 let labels = [(label, value)];
                 ConstCounter::new(n).encode(metric.encode_family(&labels)?)?;
             }
+        }
+        Ok(())
+    }
+}
+
+/// `slipstream_datapath_drops_total{reason}`: connections this node's
+/// kernel datapath refused, by reason (absent without the eBPF datapath).
+#[derive(Debug)]
+struct DatapathCollector(Arc<std::sync::OnceLock<Arc<slipstream_ebpf::NodeMaps>>>);
+
+impl Collector for DatapathCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(maps) = self.0.get() else { return Ok(()) };
+        let kind = ConstCounter::new(0u64).metric_type();
+        let mut metric = encoder.encode_descriptor(
+            "slipstream_datapath_drops",
+            "Connections the kernel datapath dropped on this node, by reason (POLICY_DENIED at the source's connect(), NO_PROXY at the destination while its node proxy is away)",
+            None,
+            kind,
+        )?;
+        for (reason, n) in maps.drops() {
+            let labels = [("reason", reason.as_str())];
+            ConstCounter::new(n).encode(metric.encode_family(&labels)?)?;
         }
         Ok(())
     }

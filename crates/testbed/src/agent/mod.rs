@@ -2,6 +2,7 @@
 //! objects and makes the machine match them, level-triggered: every tick
 //! compares what should run with what runs.
 
+pub mod datapath;
 pub mod mesh;
 pub mod nodeproxy;
 pub mod objects;
@@ -37,6 +38,8 @@ pub struct AgentConfig {
     pub ca_key: Option<std::path::PathBuf>,
     /// Control plane replicas (1 to plan::MAX_CONTROL_REPLICAS).
     pub control_replicas: usize,
+    /// eBPF or nftables capture (`auto`: eBPF when the kernel can).
+    pub datapath: datapath::Mode,
 }
 
 pub struct Agent {
@@ -63,6 +66,8 @@ pub struct Agent {
     objects_generation: u64,
     /// Pods that could not be placed, reported once each (not every tick).
     unplaceable: BTreeSet<(String, String)>,
+    /// How pods reach their node proxy (docs/datapath.md).
+    capture: datapath::Capture,
 }
 
 /// Runs the agent until SIGTERM or a Shutdown request; removes the cluster
@@ -92,8 +97,17 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         last_objects: None,
         objects_generation: 0,
         unplaceable: BTreeSet::new(),
+        capture: datapath::Capture::Nftables { fallback: None },
         paths,
     };
+    match datapath::Capture::choose(cfg.datapath, &agent.paths) {
+        Ok(c) => agent.capture = c,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            agent.teardown();
+            return Err(e);
+        }
+    }
     if let Err(e) = ensure_ca(&agent.paths, cfg.ca_cert.as_deref(), cfg.ca_key.as_deref()) {
         tracing::error!("cannot set up the mesh CA: {e:#}");
         agent.teardown();
@@ -155,7 +169,8 @@ impl Agent {
             net::create_node(&fabric, &netns, &name, plan::node_ip(i))?;
             net::apply_nft(&netns, &plan::nft_ruleset(&[]))?;
             let node = Node { name, index: i, netns, ip: plan::node_ip(i) };
-            self.proxies.push(nodeproxy::NodeProxy::new(nodeproxy::node_proxy_spec(&self.paths, &node, control_replicas)));
+            let ebpf = self.capture.is_ebpf();
+            self.proxies.push(nodeproxy::NodeProxy::new(nodeproxy::node_proxy_spec(&self.paths, &node, control_replicas, ebpf)));
             self.nodes.push(node);
         }
         for a in &self.nodes {
@@ -260,7 +275,7 @@ impl Agent {
             };
             self.unplaceable.remove(&key);
             let meshed = mesh::is_meshed(&mesh::namespace_labels(&self.store, &inst.namespace), &inst.labels);
-            let pod = PodRuntime::create(&self.paths, inst, node, ip, meshed);
+            let pod = PodRuntime::create(&self.paths, inst, node, ip, meshed, &mut self.capture);
             self.pods.insert(key, pod);
         }
         self.sync_services();
@@ -284,7 +299,7 @@ impl Agent {
             changed |= p.tick(&self.paths, &self.nodes, may_start);
         }
         let before = self.stopping.len();
-        self.stopping.retain_mut(|p| !p.progress_stop());
+        self.progress_stopping();
         if changed || before != self.stopping.len() {
             self.sync_services();
         }
@@ -440,6 +455,10 @@ impl Agent {
                         ready: Some(proxy.ready()),
                         reason: if proxy.ready() { String::new() } else { proxy.reason() },
                     }),
+                    datapath: Some(crate::status::DatapathStatus {
+                        mode: self.capture.name().into(),
+                        fallback: self.capture.fallback().map(str::to_string),
+                    }),
                 })
                 .collect(),
             pods: pod_status,
@@ -477,7 +496,7 @@ impl Agent {
         }
         let deadline = Instant::now() + MAX_GRACE + Duration::from_secs(5);
         while !self.stopping.is_empty() && Instant::now() < deadline {
-            self.stopping.retain_mut(|p| !p.progress_stop());
+            self.progress_stopping();
             std::thread::sleep(Duration::from_millis(50));
         }
         for n in &self.nodes {
@@ -488,7 +507,23 @@ impl Agent {
         }
         let _ = net::del_netns(&self.paths.fabric_netns());
         let _ = cgroup::remove_tree(&self.paths.cgroup_root.join("pods"));
+        // Every program, link and map of the cluster goes with its pins.
+        if let Err(e) = slipstream_ebpf::remove_all(&self.paths.bpf_dir) {
+            tracing::warn!("cannot remove {}: {e}", self.paths.bpf_dir.display());
+        }
         tracing::info!("cluster {} removed", self.paths.cluster);
+    }
+
+    /// Drives stopping pods; the ones fully gone leave the datapath.
+    fn progress_stopping(&mut self) {
+        let capture = &mut self.capture;
+        self.stopping.retain_mut(|p| {
+            let gone = p.progress_stop();
+            if gone {
+                capture.withdraw(&p.datapath_key(), p.ip);
+            }
+            !gone
+        });
     }
 }
 

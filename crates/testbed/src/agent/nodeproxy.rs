@@ -144,8 +144,20 @@ fn exe() -> String {
 
 /// A node's proxy: its pods come from the agent's files (the CNI role), its
 /// mesh and certificates from the control plane.
-pub fn node_proxy_spec(paths: &Paths, node: &Node, control_replicas: usize) -> ProcSpec {
+pub fn node_proxy_spec(paths: &Paths, node: &Node, control_replicas: usize, ebpf: bool) -> ProcSpec {
     let control: Vec<String> = (1..=control_replicas).map(|r| crate::plan::control_addr(r).to_string()).collect();
+    let datapath: Vec<String> = if ebpf {
+        vec![
+            "--datapath".into(),
+            "ebpf".into(),
+            "--bpf-dir".into(),
+            paths.bpf_dir.display().to_string(),
+            "--datapath-index".into(),
+            node.index.to_string(),
+        ]
+    } else {
+        Vec::new()
+    };
     ProcSpec {
         what: "node proxy",
         name: node.name.clone(),
@@ -167,7 +179,10 @@ pub fn node_proxy_spec(paths: &Paths, node: &Node, control_replicas: usize) -> P
             paths.node_token_file(&node.name).display().to_string(),
             // The CNI's part: the network policies of pods outside the mesh.
             "--netpol-kernel".into(),
-        ],
+        ]
+        .into_iter()
+        .chain(datapath)
+        .collect(),
         env_prefix: "SLIPSTREAM_NODE_",
         // What a ztunnel pod learns from the downward API: its xDS node id
         // is `ztunnel~<ip>~<pod>.<namespace>~...`.

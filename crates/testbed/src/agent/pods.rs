@@ -98,7 +98,14 @@ impl ContainerRuntime {
 impl PodRuntime {
     /// Creates the sandbox. On error the partial sandbox is removed and the
     /// error kept, so the pod shows as Failed with the reason.
-    pub fn create(paths: &Paths, inst: PodInstance, node: &Node, ip: Ipv4Addr, meshed: bool) -> PodRuntime {
+    pub fn create(
+        paths: &Paths,
+        inst: PodInstance,
+        node: &Node,
+        ip: Ipv4Addr,
+        meshed: bool,
+        capture: &mut super::datapath::Capture,
+    ) -> PodRuntime {
         let netns_name = paths.pod_netns(&inst.namespace, &inst.name);
         let mut pod = PodRuntime {
             cgroup: paths.pod_cgroup(&inst.namespace, &inst.name),
@@ -112,8 +119,9 @@ impl PodRuntime {
             sandbox_error: None,
             meshed,
         };
-        if let Err(e) = pod.create_sandbox(node) {
+        if let Err(e) = pod.create_sandbox(node, capture) {
             tracing::error!(pod = %pod.key(), "sandbox failed: {e}");
+            capture.withdraw(&pod.datapath_key(), pod.ip);
             let _ = net::del_netns(&pod.netns);
             let _ = cgroup::remove_tree(&pod.cgroup);
             pod.sandbox_error = Some(e);
@@ -123,7 +131,7 @@ impl PodRuntime {
         pod
     }
 
-    fn create_sandbox(&self, node: &Node) -> Result<(), String> {
+    fn create_sandbox(&self, node: &Node, capture: &mut super::datapath::Capture) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
         cgroup::create(&self.cgroup).map_err(|e| format!("cannot create cgroup {}: {e}", self.cgroup.display()))?;
         for c in &self.containers {
@@ -132,12 +140,15 @@ impl PodRuntime {
             std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         }
         net::create_pod_network(&node.netns, &self.netns, self.ip).map_err(|e| e.to_string())?;
-        if self.meshed {
-            // Before any container runs: a meshed app never sends a byte
-            // outside the mesh (if the proxy is not there, it fails closed).
-            crate::sys::capture::enable(&self.netns).map_err(|e| format!("capture: {e}"))?;
-        }
-        Ok(())
+        // Before any container runs: a meshed app never sends a byte
+        // outside the mesh (if the proxy is not there, it fails closed),
+        // and on the eBPF datapath every pod's connect() meets policy.
+        capture.enrol(&self.datapath_key(), &self.cgroup, &self.netns, self.ip, node, self.meshed)
+    }
+
+    /// The pod's name on the datapath (its pinned links' directory).
+    pub fn datapath_key(&self) -> String {
+        super::datapath::pod_key(&self.inst.namespace, &self.inst.name)
     }
 
     pub fn key(&self) -> String {

@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * cgroup/connect4, attached to each pod's cgroup: the first thing a pod's
+ * TCP connect() meets. It refuses what the policy maps deny (the app's
+ * connect() fails with EPERM at once) and steers a meshed pod's connection
+ * to its node proxy's outbound listener (127.0.0.1:15001 in the pod),
+ * recording where it was going for the proxy (ss_connect_v1 by socket
+ * cookie, moved to ss_origdst_v1 by sockops.c once the port is known).
+ */
+#include "include/ss_lib.h"
+
+SEC("cgroup/connect4")
+int ss_connect4(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != 1 /* SOCK_STREAM */)
+		return 1;
+	__u64 cg = bpf_get_current_cgroup_id();
+	struct ss_pod *pod = bpf_map_lookup_elem(&ss_pods_v1, &cg);
+	if (!pod)
+		return 1;
+	__u32 dst = ctx->user_ip4;
+	__u16 port = bpf_ntohs((__u16)ctx->user_port);
+	/* Loopback and the pod's own address stay inside the pod. */
+	if (ss_is_loopback(dst) || dst == pod->ip || dst == 0)
+		return 1;
+
+	struct ss_policy_value *v = ss_policy_lookup(pod->ip, dst, port);
+	if (v && v->verdict == SS_POLICY_DENY) {
+		ss_count_drop(pod->node, SS_DROP_POLICY_DENIED);
+		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_DROPPED, SS_DROP_POLICY_DENIED, SS_POINT_CONNECT, v->rule,
+			pod->node);
+		return 0;
+	}
+	if (!(pod->flags & SS_POD_MESHED)) {
+		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
+		return 1;
+	}
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct ss_origdst od = { .ip = dst, .port = port };
+	if (bpf_map_update_elem(&ss_connect_v1, &cookie, &od, BPF_ANY))
+		return 0; /* never send a meshed pod's connection around the proxy */
+	ctx->user_ip4 = bpf_htonl(0x7f000001);
+	ctx->user_port = bpf_htons(SS_OUTBOUND_PORT);
+	ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_REDIRECTED, 0, SS_POINT_CONNECT, 0, pod->node);
+	return 1;
+}

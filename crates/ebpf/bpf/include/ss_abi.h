@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The datapath ABI: every map, struct, verdict and drop reason that the BPF
+ * programs and the Rust side (crates/ebpf/src/abi.rs) share. The Rust
+ * mirror of each struct has a layout test; change one side, change both.
+ *
+ * Rules (docs/datapath.md, "The ABI"):
+ * - A map's layout never changes under its name: a new layout is a new
+ *   name (the _v1 suffix), so a program and a node proxy of different
+ *   versions never read each other's bytes wrongly.
+ * - Explicit padding, no implicit holes: every struct is a multiple of 8
+ *   bytes and every field sits at its natural alignment.
+ * - Verdicts and drop reasons are never renumbered; new ones are appended.
+ * - Addresses are in network byte order (as the kernel hands them over),
+ *   ports in host byte order.
+ */
+#ifndef SS_ABI_H
+#define SS_ABI_H
+
+#include <linux/types.h>
+
+#define SS_ABI_VERSION 1
+
+/* The numbers shared with the node proxy and nftables capture
+ * (crates/core/src/abi.rs). */
+#define SS_OUTBOUND_PORT 15001
+#define SS_INBOUND_PLAINTEXT_PORT 15006
+#define SS_HBONE_PORT 15008
+
+/* How many nodes the per-node counters can tell apart (one kernel may
+ * host several nodes of the local cluster). */
+#define SS_MAX_NODES 64
+
+/* A pod whose sockets the connect hook sees, by cgroup id
+ * (map ss_pods_v1). Written by the agent when the pod starts. */
+struct ss_pod {
+	__u32 ip;    /* the pod's IPv4 address, network order */
+	__u16 node;  /* index of the pod's node, < SS_MAX_NODES */
+	__u16 flags; /* SS_POD_* */
+};
+
+/* The pod's outbound connections go to its node proxy. */
+#define SS_POD_MESHED 1
+
+/* A local pod by address (map ss_local_v1), for the programs that see
+ * packets rather than processes. */
+struct ss_local {
+	__u16 node;
+	__u16 flags; /* SS_POD_* */
+	__u32 pad;
+};
+
+/* Where a captured connection was going (maps ss_connect_v1, keyed by
+ * the socket cookie, and ss_origdst_v1, keyed by ss_origdst_key). */
+struct ss_origdst {
+	__u32 ip;   /* network order */
+	__u16 port; /* host order */
+	__u16 pad;
+};
+
+/* A captured connection as the node proxy sees it when it accepts: the
+ * pod's network namespace and the client's port. */
+struct ss_origdst_key {
+	__u64 netns; /* network namespace cookie (SO_NETNS_COOKIE) */
+	__u16 port;  /* the app socket's local port, host order */
+	__u16 pad[3];
+};
+
+/* One policy decision (map ss_policy_v1). dst_port 0 means every port of
+ * this source and destination that has no entry of its own. */
+struct ss_policy_key {
+	__u32 src_ip; /* network order */
+	__u32 dst_ip; /* network order */
+	__u16 dst_port;
+	__u8 proto;   /* IPPROTO_TCP */
+	__u8 pad;
+};
+
+struct ss_policy_value {
+	__u8 verdict; /* SS_POLICY_* */
+	__u8 pad[3];
+	__u32 rule;   /* the node proxy's reference to the deciding rule */
+};
+
+#define SS_POLICY_ALLOW 1
+#define SS_POLICY_DENY 2
+
+/* Verdicts of flow events. Never renumbered. */
+#define SS_VERDICT_FORWARDED 1  /* passed on untouched (not meshed) */
+#define SS_VERDICT_REDIRECTED 2 /* steered to the node proxy */
+#define SS_VERDICT_DROPPED 3
+
+/* Drop reasons. Never renumbered; 0 is not a reason. */
+#define SS_DROP_POLICY_DENIED 1 /* the policy maps deny it */
+#define SS_DROP_NO_PROXY 2      /* a meshed pod's node proxy is not listening */
+#define SS_DROP_MAX 8           /* counters per node */
+
+/* Where the verdict was taken. */
+#define SS_POINT_CONNECT 1   /* the source's connect() */
+#define SS_POINT_TC_INGRESS 2 /* the destination pod's eth0, inbound */
+
+/* One flow event (ring buffer ss_events_v1). */
+struct ss_event {
+	__u64 time_ns; /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
+	__u64 cgroup;  /* source cgroup id, 0 when not known */
+	__u32 src_ip;  /* network order; 0 when not known yet (connect) */
+	__u32 dst_ip;  /* network order */
+	__u16 src_port;
+	__u16 dst_port;
+	__u8 proto;
+	__u8 verdict;  /* SS_VERDICT_* */
+	__u8 reason;   /* SS_DROP_* for drops, else 0 */
+	__u8 point;    /* SS_POINT_* */
+	__u32 rule;
+	__u16 node;
+	__u16 pad;
+};
+
+#endif

@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Maps and helpers shared by every program. Logic lives here in small
+ * always-inline functions; the .c files only say where they attach. */
+#ifndef SS_LIB_H
+#define SS_LIB_H
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "ss_abi.h"
+
+/* Load-time constant: 0 turns flow events off (counters stay). */
+volatile const __u32 ss_events_enabled = 1;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct ss_pod);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_pods_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct ss_local);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_local_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct ss_origdst);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_connect_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ss_origdst_key);
+	__type(value, struct ss_origdst);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_origdst_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct ss_policy_key);
+	__type(value, struct ss_policy_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_policy_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u32); /* a socket's fd when written, as aya writes it */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_listeners_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SS_MAX_NODES * SS_DROP_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_drops_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_events_v1 SEC(".maps");
+
+static __always_inline int ss_is_loopback(__u32 ip_be)
+{
+	return (bpf_ntohl(ip_be) >> 24) == 127;
+}
+
+static __always_inline void ss_count_drop(__u16 node, __u8 reason)
+{
+	__u32 k = (__u32)(node % SS_MAX_NODES) * SS_DROP_MAX + reason;
+	__u64 *c = bpf_map_lookup_elem(&ss_drops_v1, &k);
+	if (c)
+		*c += 1;
+}
+
+static __always_inline void ss_emit(__u64 cgroup, __u32 src_ip, __u16 src_port, __u32 dst_ip, __u16 dst_port,
+				    __u8 verdict, __u8 reason, __u8 point, __u32 rule, __u16 node)
+{
+	if (!ss_events_enabled)
+		return;
+	struct ss_event *e = bpf_ringbuf_reserve(&ss_events_v1, sizeof(*e), 0);
+	if (!e)
+		return; /* full: the reader is behind; counters still count */
+	e->time_ns = bpf_ktime_get_ns();
+	e->cgroup = cgroup;
+	e->src_ip = src_ip;
+	e->dst_ip = dst_ip;
+	e->src_port = src_port;
+	e->dst_port = dst_port;
+	e->proto = IPPROTO_TCP;
+	e->verdict = verdict;
+	e->reason = reason;
+	e->point = point;
+	e->rule = rule;
+	e->node = node;
+	e->pad = 0;
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* The policy entry for a connection: the port's own, else the one for
+ * every other port of the pair; NULL when the kernel has no say. */
+static __always_inline struct ss_policy_value *ss_policy_lookup(__u32 src_ip, __u32 dst_ip, __u16 dst_port)
+{
+	struct ss_policy_key k = { .src_ip = src_ip, .dst_ip = dst_ip, .dst_port = dst_port, .proto = IPPROTO_TCP };
+	struct ss_policy_value *v = bpf_map_lookup_elem(&ss_policy_v1, &k);
+	if (v)
+		return v;
+	k.dst_port = 0;
+	return bpf_map_lookup_elem(&ss_policy_v1, &k);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#endif

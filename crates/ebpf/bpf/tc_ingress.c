@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * tcx ingress of a meshed pod's eth0, in the pod's network namespace:
+ * inbound TCP to the pod's address on any port but HBONE's goes to the
+ * node proxy's plaintext listener (0.0.0.0:15006 in the pod, registered by
+ * the proxy in ss_listeners_v1 under the pod's address), by assigning the
+ * listener to the packet (bpf_sk_assign). The accepted socket keeps the
+ * original destination as its local address. Packets of connections that
+ * already have a socket (the proxy's accepted ones, HBONE) go their way.
+ * Traffic on loopback, the proxy's own connection to the app among it,
+ * never passes here. When no listener is registered (the proxy is
+ * restarting) the SYN is dropped, so the client retries instead of
+ * reaching the app around the proxy.
+ */
+#include "include/ss_lib.h"
+#include "include/ss_parse.h"
+
+#define TC_ACT_OK 0
+#define TC_ACT_SHOT 2
+
+SEC("classifier")
+int ss_tc_ingress(struct __sk_buff *skb)
+{
+	struct ss_tcp4 t;
+	if (ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, &t))
+		return TC_ACT_OK;
+	if (t.dport == SS_HBONE_PORT)
+		return TC_ACT_OK;
+	struct ss_local *local = bpf_map_lookup_elem(&ss_local_v1, &t.daddr);
+	if (!local || !(local->flags & SS_POD_MESHED))
+		return TC_ACT_OK;
+
+	struct bpf_sock_tuple tuple = {};
+	tuple.ipv4.saddr = t.saddr;
+	tuple.ipv4.daddr = t.daddr;
+	tuple.ipv4.sport = bpf_htons(t.sport);
+	tuple.ipv4.dport = bpf_htons(t.dport);
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &tuple, sizeof(tuple.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (sk) {
+		int listening = sk->state == BPF_TCP_LISTEN;
+		bpf_sk_release(sk);
+		if (!listening)
+			return TC_ACT_OK; /* an existing connection (or handshake) */
+	}
+	/* No socket, or only the app's listener: every new connection to the
+	 * pod is the proxy's (a handshake's last ACK under SYN cookies too). */
+	__u32 ip = t.daddr;
+	struct bpf_sock *l = bpf_map_lookup_elem(&ss_listeners_v1, &ip);
+	if (!l) {
+		if (!t.syn || t.ack)
+			return TC_ACT_SHOT;
+		ss_count_drop(local->node, SS_DROP_NO_PROXY);
+		ss_emit(0, t.saddr, t.sport, t.daddr, t.dport, SS_VERDICT_DROPPED, SS_DROP_NO_PROXY, SS_POINT_TC_INGRESS, 0,
+			local->node);
+		return TC_ACT_SHOT;
+	}
+	long err = bpf_sk_assign(skb, l, 0);
+	bpf_sk_release(l);
+	if (err) {
+		ss_count_drop(local->node, SS_DROP_NO_PROXY);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
+}

@@ -1,0 +1,317 @@
+//! The Rust mirror of `bpf/include/ss_abi.h`: the maps' key and value
+//! structs, verdicts and drop reasons. The layout tests below hold each
+//! struct to the C one (size and every offset), and the constant test reads
+//! the header itself, so a change on one side alone fails the build's tests.
+#![allow(unsafe_code)]
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+pub const ABI_VERSION: u32 = 1;
+pub const MAX_NODES: u16 = 64;
+pub const DROP_MAX: u32 = 8;
+
+/// Map names, versioned: a new layout is a new name.
+pub mod maps {
+    pub const PODS: &str = "ss_pods_v1";
+    pub const LOCAL: &str = "ss_local_v1";
+    pub const CONNECT: &str = "ss_connect_v1";
+    pub const ORIGDST: &str = "ss_origdst_v1";
+    pub const POLICY: &str = "ss_policy_v1";
+    pub const LISTENERS: &str = "ss_listeners_v1";
+    pub const DROPS: &str = "ss_drops_v1";
+    pub const EVENTS: &str = "ss_events_v1";
+    pub const ALL: [&str; 8] = [PODS, LOCAL, CONNECT, ORIGDST, POLICY, LISTENERS, DROPS, EVENTS];
+}
+
+pub const POD_MESHED: u16 = 1;
+pub const POLICY_ALLOW: u8 = 1;
+pub const POLICY_DENY: u8 = 2;
+pub const IPPROTO_TCP: u8 = 6;
+
+/// A flow's verdict. Numbers are fixed forever (append only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Verdict {
+    Forwarded = 1,
+    Redirected = 2,
+    Dropped = 3,
+}
+
+/// Why the kernel dropped a connection. Numbers are fixed forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DropReason {
+    PolicyDenied = 1,
+    NoProxy = 2,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 2] = [DropReason::PolicyDenied, DropReason::NoProxy];
+
+    /// The metric label and `observe` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::PolicyDenied => "POLICY_DENIED",
+            DropReason::NoProxy => "NO_PROXY",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| *r as u8 == v)
+    }
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Forwarded => "FORWARDED",
+            Verdict::Redirected => "REDIRECTED",
+            Verdict::Dropped => "DROPPED",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<Self> {
+        [Verdict::Forwarded, Verdict::Redirected, Verdict::Dropped].into_iter().find(|x| *x as u8 == v)
+    }
+}
+
+/// Where a verdict was taken.
+pub const POINT_CONNECT: u8 = 1;
+pub const POINT_TC_INGRESS: u8 = 2;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pod {
+    pub ip: u32,
+    pub node: u16,
+    pub flags: u16,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Local {
+    pub node: u16,
+    pub flags: u16,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OrigDst {
+    pub ip: u32,
+    pub port: u16,
+    pub pad: u16,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct OrigDstKey {
+    pub netns: u64,
+    pub port: u16,
+    pub pad: [u16; 3],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
+pub struct PolicyKey {
+    pub src_ip: u32,
+    pub dst_ip: u32,
+    pub dst_port: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PolicyValue {
+    pub verdict: u8,
+    pub pad: [u8; 3],
+    pub rule: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Event {
+    pub time_ns: u64,
+    pub cgroup: u64,
+    pub src_ip: u32,
+    pub dst_ip: u32,
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub proto: u8,
+    pub verdict: u8,
+    pub reason: u8,
+    pub point: u8,
+    pub rule: u32,
+    pub node: u16,
+    pub pad: u16,
+}
+
+/// An address as the maps hold it: network byte order in a native u32.
+pub fn ip_key(ip: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+pub fn ip_from_key(v: u32) -> Ipv4Addr {
+    Ipv4Addr::from(v.to_ne_bytes())
+}
+
+impl PolicyKey {
+    pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Self {
+        PolicyKey { src_ip: ip_key(src), dst_ip: ip_key(dst), dst_port: port, proto: IPPROTO_TCP, pad: 0 }
+    }
+}
+
+impl OrigDst {
+    pub fn addr(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(ip_from_key(self.ip), self.port)
+    }
+}
+
+impl Event {
+    /// Reads an event from a ring buffer record (None if it is short).
+    pub fn parse(b: &[u8]) -> Option<Event> {
+        if b.len() < std::mem::size_of::<Event>() {
+            return None;
+        }
+        let u16_at = |o: usize| u16::from_ne_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        Some(Event {
+            time_ns: u64_at(0),
+            cgroup: u64_at(8),
+            src_ip: u32_at(16),
+            dst_ip: u32_at(20),
+            src_port: u16_at(24),
+            dst_port: u16_at(26),
+            proto: b[28],
+            verdict: b[29],
+            reason: b[30],
+            point: b[31],
+            rule: u32_at(32),
+            node: u16_at(36),
+            pad: u16_at(38),
+        })
+    }
+}
+
+// SAFETY: each is repr(C), made of integers only, with explicit padding
+// fields and no implicit holes (the layout tests check sizes and offsets),
+// so every bit pattern is a valid value and none leaks uninitialised bytes.
+unsafe impl aya::Pod for Pod {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Local {}
+// SAFETY: as above.
+unsafe impl aya::Pod for OrigDst {}
+// SAFETY: as above.
+unsafe impl aya::Pod for OrigDstKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PolicyKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PolicyValue {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    // The C side's sizes and offsets (bpf/include/ss_abi.h), written out
+    // from the header: natural alignment, explicit padding.
+    #[test]
+    fn layouts_match_the_c_header() {
+        assert_eq!(size_of::<Pod>(), 8);
+        assert_eq!((offset_of!(Pod, ip), offset_of!(Pod, node), offset_of!(Pod, flags)), (0, 4, 6));
+        assert_eq!(size_of::<Local>(), 8);
+        assert_eq!((offset_of!(Local, node), offset_of!(Local, flags), offset_of!(Local, pad)), (0, 2, 4));
+        assert_eq!(size_of::<OrigDst>(), 8);
+        assert_eq!((offset_of!(OrigDst, ip), offset_of!(OrigDst, port), offset_of!(OrigDst, pad)), (0, 4, 6));
+        assert_eq!(size_of::<OrigDstKey>(), 16);
+        assert_eq!((offset_of!(OrigDstKey, netns), offset_of!(OrigDstKey, port), offset_of!(OrigDstKey, pad)), (0, 8, 10));
+        assert_eq!(size_of::<PolicyKey>(), 12);
+        assert_eq!(
+            (offset_of!(PolicyKey, src_ip), offset_of!(PolicyKey, dst_ip), offset_of!(PolicyKey, dst_port), offset_of!(PolicyKey, proto)),
+            (0, 4, 8, 10)
+        );
+        assert_eq!(size_of::<PolicyValue>(), 8);
+        assert_eq!((offset_of!(PolicyValue, verdict), offset_of!(PolicyValue, rule)), (0, 4));
+        assert_eq!(size_of::<Event>(), 40);
+        assert_eq!(
+            [
+                offset_of!(Event, cgroup),
+                offset_of!(Event, src_ip),
+                offset_of!(Event, dst_ip),
+                offset_of!(Event, src_port),
+                offset_of!(Event, dst_port),
+                offset_of!(Event, proto),
+                offset_of!(Event, verdict),
+                offset_of!(Event, reason),
+                offset_of!(Event, point),
+                offset_of!(Event, rule),
+                offset_of!(Event, node)
+            ],
+            [8, 16, 20, 24, 26, 28, 29, 30, 31, 32, 36]
+        );
+    }
+
+    fn header() -> String {
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/include/ss_abi.h")).expect("ss_abi.h")
+    }
+
+    fn define(h: &str, name: &str) -> u64 {
+        let line = h
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name) && l.starts_with("#define"))
+            .unwrap_or_else(|| panic!("{name} is not defined in ss_abi.h"));
+        line.split_whitespace().nth(2).expect("value").parse().unwrap_or_else(|_| panic!("{name}: not a number"))
+    }
+
+    #[test]
+    fn constants_match_the_c_header() {
+        let h = header();
+        assert_eq!(define(&h, "SS_ABI_VERSION"), ABI_VERSION as u64);
+        assert_eq!(define(&h, "SS_MAX_NODES"), MAX_NODES as u64);
+        assert_eq!(define(&h, "SS_DROP_MAX"), DROP_MAX as u64);
+        assert_eq!(define(&h, "SS_POD_MESHED"), POD_MESHED as u64);
+        assert_eq!(define(&h, "SS_POLICY_ALLOW"), POLICY_ALLOW as u64);
+        assert_eq!(define(&h, "SS_POLICY_DENY"), POLICY_DENY as u64);
+        assert_eq!(define(&h, "SS_VERDICT_FORWARDED"), Verdict::Forwarded as u64);
+        assert_eq!(define(&h, "SS_VERDICT_REDIRECTED"), Verdict::Redirected as u64);
+        assert_eq!(define(&h, "SS_VERDICT_DROPPED"), Verdict::Dropped as u64);
+        assert_eq!(define(&h, "SS_DROP_POLICY_DENIED"), DropReason::PolicyDenied as u64);
+        assert_eq!(define(&h, "SS_DROP_NO_PROXY"), DropReason::NoProxy as u64);
+        assert_eq!(define(&h, "SS_POINT_CONNECT"), POINT_CONNECT as u64);
+        assert_eq!(define(&h, "SS_POINT_TC_INGRESS"), POINT_TC_INGRESS as u64);
+        assert_eq!(define(&h, "SS_OUTBOUND_PORT"), slipstream_core::abi::OUTBOUND_PORT as u64);
+        assert_eq!(define(&h, "SS_INBOUND_PLAINTEXT_PORT"), slipstream_core::abi::INBOUND_PLAINTEXT_PORT as u64);
+        assert_eq!(define(&h, "SS_HBONE_PORT"), slipstream_core::abi::HBONE_PORT as u64);
+        assert!((DropReason::ALL.len() as u32) < DROP_MAX);
+    }
+
+    #[test]
+    fn every_map_name_is_declared_in_the_c_maps() {
+        let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/include/ss_lib.h")).expect("ss_lib.h");
+        for m in maps::ALL {
+            assert!(lib.contains(&format!("}} {m} SEC(\".maps\");")), "{m} missing from ss_lib.h");
+        }
+        assert_eq!(lib.matches("SEC(\".maps\")").count(), maps::ALL.len(), "a map of ss_lib.h has no Rust name");
+    }
+
+    #[test]
+    fn events_parse_at_the_c_offsets() {
+        let mut b = vec![0u8; 40];
+        b[0..8].copy_from_slice(&7u64.to_ne_bytes());
+        b[20..24].copy_from_slice(&[10, 0, 0, 9]);
+        b[26..28].copy_from_slice(&8080u16.to_ne_bytes());
+        b[29] = 3;
+        b[30] = 1;
+        b[36..38].copy_from_slice(&5u16.to_ne_bytes());
+        let e = Event::parse(&b).unwrap();
+        assert_eq!(
+            (e.time_ns, ip_from_key(e.dst_ip), e.dst_port, e.verdict, e.reason, e.node),
+            (7, Ipv4Addr::new(10, 0, 0, 9), 8080, 3, 1, 5)
+        );
+        assert_eq!(Verdict::from_u8(e.verdict), Some(Verdict::Dropped));
+        assert_eq!(DropReason::from_u8(e.reason), Some(DropReason::PolicyDenied));
+        assert!(Event::parse(&b[..39]).is_none());
+    }
+}

@@ -1,0 +1,263 @@
+//! Loading the programs and attaching them to pods: the CNI's part of the
+//! datapath (in the local cluster, the agent's), done once per pod before
+//! its first process starts, as nftables capture was.
+//!
+//! Layout under the cluster's bpffs directory:
+//!
+//! ```text
+//! /sys/fs/bpf/slipstream/<cluster>/maps/ss_*_v1        the shared maps
+//! /sys/fs/bpf/slipstream/<cluster>/links/<pod>/<prog>  one pinned link per hook
+//! ```
+//!
+//! Links are pinned, so the datapath does not depend on the process that
+//! attached it: the agent or a node proxy can restart and the kernel keeps
+//! steering and refusing. A new binary replaces each program in place
+//! ([`Datapath::load`] updates every pinned link), without a moment
+//! without a program and without touching open connections.
+
+use crate::abi::{self, Local, Pod};
+use crate::sys;
+use aya::maps::HashMap;
+use aya::programs::{CgroupSockAddr, SchedClassifier, SockOps};
+use aya::{Ebpf, EbpfLoader};
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+static CONNECT4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/connect4.o"));
+static SOCKOPS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockops.o"));
+static TC_INGRESS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc_ingress.o"));
+
+/// The pod's interface, in its own network namespace.
+pub const POD_DEVICE: &str = "eth0";
+
+/// One hook of the datapath.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    Connect4,
+    SockOps,
+    TcIngress,
+}
+
+impl Hook {
+    pub const ALL: [Hook; 3] = [Hook::Connect4, Hook::SockOps, Hook::TcIngress];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Connect4 => "connect4",
+            Hook::SockOps => "sockops",
+            Hook::TcIngress => "tc_ingress",
+        }
+    }
+
+    fn program(self) -> &'static str {
+        match self {
+            Hook::Connect4 => "ss_connect4",
+            Hook::SockOps => "ss_sockops",
+            Hook::TcIngress => "ss_tc_ingress",
+        }
+    }
+
+    fn attach_type(self) -> u32 {
+        match self {
+            Hook::Connect4 => sys::ATTACH_CGROUP_INET4_CONNECT,
+            Hook::SockOps => sys::ATTACH_CGROUP_SOCK_OPS,
+            Hook::TcIngress => sys::ATTACH_TCX_INGRESS,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {error}")]
+    Io { what: String, error: std::io::Error },
+    #[error("loading the {hook} program: {error}")]
+    Load { hook: &'static str, error: Box<dyn std::error::Error + Send + Sync> },
+    #[error("map {map}: {error}")]
+    Map { map: &'static str, error: aya::maps::MapError },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |error| Error::Io { what, error }
+}
+
+/// A pod as the datapath needs to know it.
+#[derive(Debug, Clone)]
+pub struct PodAttach<'a> {
+    /// Unique per pod and usable as a bpffs file name (no dot).
+    pub key: &'a str,
+    pub cgroup: &'a Path,
+    pub netns: &'a Path,
+    pub ip: Ipv4Addr,
+    pub node: u16,
+    pub meshed: bool,
+}
+
+/// The loaded programs and the shared maps of one cluster.
+pub struct Datapath {
+    dir: PathBuf,
+    objects: Vec<(Hook, Ebpf)>,
+}
+
+impl std::fmt::Debug for Datapath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Datapath").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+impl Datapath {
+    /// Loads every program into the kernel (creating or reusing the pinned
+    /// maps under `dir/maps`) and moves every link already pinned under
+    /// `dir/links` to the new programs. An error here means the kernel
+    /// cannot run this datapath; the message says which part failed.
+    pub fn load(dir: &Path) -> Result<Self, Error> {
+        let maps = dir.join("maps");
+        std::fs::create_dir_all(&maps).map_err(io(format!("creating {}", maps.display())))?;
+        std::fs::create_dir_all(dir.join("links")).map_err(io(format!("creating {}", dir.join("links").display())))?;
+        let mut objects = Vec::new();
+        for (hook, bytes) in [(Hook::Connect4, CONNECT4), (Hook::SockOps, SOCKOPS), (Hook::TcIngress, TC_INGRESS)] {
+            let load_err = |e: Box<dyn std::error::Error + Send + Sync>| Error::Load { hook: hook.name(), error: e };
+            let mut obj = EbpfLoader::new().map_pin_path(&maps).load(bytes).map_err(|e| load_err(e.into()))?;
+            let prog = obj.program_mut(hook.program()).ok_or_else(|| load_err("program missing from its object".into()))?;
+            match hook {
+                Hook::Connect4 => {
+                    let p: &mut CgroupSockAddr = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
+                    p.load().map_err(|e| load_err(e.into()))?;
+                }
+                Hook::SockOps => {
+                    let p: &mut SockOps = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
+                    p.load().map_err(|e| load_err(e.into()))?;
+                }
+                Hook::TcIngress => {
+                    let p: &mut SchedClassifier = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
+                    p.load().map_err(|e| load_err(e.into()))?;
+                }
+            }
+            objects.push((hook, obj));
+        }
+        let dp = Datapath { dir: dir.to_path_buf(), objects };
+        dp.upgrade_links()?;
+        Ok(dp)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn prog_fd(&self, hook: Hook) -> std::os::fd::BorrowedFd<'_> {
+        let obj = &self.objects.iter().find(|(h, _)| *h == hook).expect("every hook is loaded").1;
+        let prog = obj.program(hook.program()).expect("loaded above");
+        let fd = match hook {
+            Hook::Connect4 => <&CgroupSockAddr>::try_from(prog).expect("type checked at load").fd(),
+            Hook::SockOps => <&SockOps>::try_from(prog).expect("type checked at load").fd(),
+            Hook::TcIngress => <&SchedClassifier>::try_from(prog).expect("type checked at load").fd(),
+        };
+        fd.expect("loaded above").as_fd()
+    }
+
+    /// Moves every pinned link to the programs just loaded (an upgrade).
+    fn upgrade_links(&self) -> Result<(), Error> {
+        let links = self.dir.join("links");
+        let Ok(pods) = std::fs::read_dir(&links) else { return Ok(()) };
+        let mut moved = 0;
+        for pod in pods.flatten() {
+            for hook in Hook::ALL {
+                let pin = pod.path().join(hook.name());
+                let Ok(link) = sys::obj_get(&pin) else { continue };
+                sys::link_update(link.as_fd(), self.prog_fd(hook)).map_err(io(format!("replacing the program of {}", pin.display())))?;
+                moved += 1;
+            }
+        }
+        if moved > 0 {
+            tracing::info!(links = moved, "datapath programs replaced in place; open connections are untouched");
+        }
+        Ok(())
+    }
+
+    fn pods_map(&mut self) -> Result<HashMap<&mut aya::maps::MapData, u64, Pod>, Error> {
+        let obj = &mut self.objects.iter_mut().find(|(h, _)| *h == Hook::Connect4).expect("loaded").1;
+        let m = obj
+            .map_mut(abi::maps::PODS)
+            .ok_or(Error::Map { map: abi::maps::PODS, error: aya::maps::MapError::InvalidName { name: abi::maps::PODS.into() } })?;
+        HashMap::try_from(m).map_err(|error| Error::Map { map: abi::maps::PODS, error })
+    }
+
+    fn local_map(&mut self) -> Result<HashMap<&mut aya::maps::MapData, u32, Local>, Error> {
+        let obj = &mut self.objects.iter_mut().find(|(h, _)| *h == Hook::TcIngress).expect("loaded").1;
+        let m = obj
+            .map_mut(abi::maps::LOCAL)
+            .ok_or(Error::Map { map: abi::maps::LOCAL, error: aya::maps::MapError::InvalidName { name: abi::maps::LOCAL.into() } })?;
+        HashMap::try_from(m).map_err(|error| Error::Map { map: abi::maps::LOCAL, error })
+    }
+
+    /// Attaches the datapath to a pod: its connect() hook always (policy),
+    /// and for a meshed pod the capture hooks too. Nothing is left behind
+    /// when a step fails.
+    pub fn enrol(&mut self, p: &PodAttach) -> Result<(), Error> {
+        let r = self.try_enrol(p);
+        if r.is_err() {
+            let _ = self.withdraw(p.key, p.ip);
+        }
+        r
+    }
+
+    fn try_enrol(&mut self, p: &PodAttach) -> Result<(), Error> {
+        let cgroup = File::open(p.cgroup).map_err(io(format!("opening cgroup {}", p.cgroup.display())))?;
+        let cgroup_id = cgroup.metadata().map_err(io(format!("stat {}", p.cgroup.display())))?.ino();
+        let flags = if p.meshed { abi::POD_MESHED } else { 0 };
+        let ip = abi::ip_key(p.ip);
+        self.pods_map()?
+            .insert(cgroup_id, Pod { ip, node: p.node, flags }, 0)
+            .map_err(|error| Error::Map { map: abi::maps::PODS, error })?;
+        self.local_map()?
+            .insert(ip, Local { node: p.node, flags, pad: 0 }, 0)
+            .map_err(|error| Error::Map { map: abi::maps::LOCAL, error })?;
+        let links = self.dir.join("links").join(p.key);
+        std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
+        let mut hooks = vec![Hook::Connect4];
+        if p.meshed {
+            hooks.extend([Hook::SockOps, Hook::TcIngress]);
+        }
+        for hook in hooks {
+            let what = format!("attaching {} to pod {}", hook.name(), p.key);
+            let prog = self.prog_fd(hook);
+            let link = match hook {
+                Hook::TcIngress => sys::in_netns(p.netns, || sys::link_create_ifindex(prog, sys::ifindex(POD_DEVICE)?, hook.attach_type())),
+                _ => sys::link_create(prog, cgroup.as_fd(), hook.attach_type()),
+            }
+            .map_err(io(what))?;
+            let pin = links.join(hook.name());
+            let _ = std::fs::remove_file(&pin);
+            sys::obj_pin(link.as_fd(), &pin).map_err(io(format!("pinning {}", pin.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Detaches the datapath from a pod and forgets it. Idempotent.
+    pub fn withdraw(&mut self, key: &str, ip: Ipv4Addr) -> Result<(), Error> {
+        let links = self.dir.join("links").join(key);
+        if links.exists() {
+            // A link detaches when its last reference (the pin) goes.
+            std::fs::remove_dir_all(&links).map_err(io(format!("removing {}", links.display())))?;
+        }
+        let ipk = abi::ip_key(ip);
+        let _ = self.local_map()?.remove(&ipk);
+        let mut pods = self.pods_map()?;
+        let stale: Vec<u64> = pods.iter().flatten().filter(|(_, v)| v.ip == ipk).map(|(k, _)| k).collect();
+        for k in stale {
+            let _ = pods.remove(&k);
+        }
+        Ok(())
+    }
+}
+
+/// Removes every program, link and map of a cluster (`slipstream down`).
+pub fn remove_all(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}

@@ -1,0 +1,132 @@
+//! The node proxy's side of the datapath: the pinned maps it reads and
+//! writes. It finds where a captured connection was going, registers its
+//! plaintext listeners for inbound capture, keeps the policy map equal to
+//! what the engine compiles for its pods, and reads the drop counters.
+
+use crate::abi::{self, DropReason, OrigDst, OrigDstKey, PolicyKey, PolicyValue};
+use crate::policy::Compiled;
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
+use std::sync::Mutex;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("opening the pinned map {path}: {error}")]
+    Open { path: String, error: aya::maps::MapError },
+    #[error("map {map}: {error}")]
+    Map { map: &'static str, error: aya::maps::MapError },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn open(dir: &Path, name: &'static str) -> Result<MapData, Error> {
+    let path = dir.join("maps").join(name);
+    MapData::from_pin(&path).map_err(|error| Error::Open { path: path.display().to_string(), error })
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
+    move |error| Error::Map { map, error }
+}
+
+pub struct NodeMaps {
+    node: u16,
+    origdst: Mutex<HashMap<MapData, OrigDstKey, OrigDst>>,
+    listeners: Mutex<SockHash<MapData, u32>>,
+    policy: Mutex<HashMap<MapData, PolicyKey, PolicyValue>>,
+    /// What the policy map holds for this node's pods; None until the
+    /// first sync adopts what a previous run of the proxy left there.
+    written: Mutex<Option<BTreeMap<PolicyKey, PolicyValue>>>,
+    drops: PerCpuArray<MapData, u64>,
+}
+
+impl std::fmt::Debug for NodeMaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeMaps").field("node", &self.node).finish_non_exhaustive()
+    }
+}
+
+/// What one policy sync changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sync {
+    pub written: usize,
+    pub removed: usize,
+    pub total: usize,
+}
+
+impl NodeMaps {
+    /// Opens the maps the agent pinned under `dir/maps`.
+    pub fn open(dir: &Path, node: u16) -> Result<Self, Error> {
+        let origdst = HashMap::try_from(Map::LruHashMap(open(dir, abi::maps::ORIGDST)?)).map_err(map_err(abi::maps::ORIGDST))?;
+        let listeners = SockHash::try_from(Map::SockHash(open(dir, abi::maps::LISTENERS)?)).map_err(map_err(abi::maps::LISTENERS))?;
+        let policy = HashMap::try_from(Map::HashMap(open(dir, abi::maps::POLICY)?)).map_err(map_err(abi::maps::POLICY))?;
+        let drops = PerCpuArray::try_from(Map::PerCpuArray(open(dir, abi::maps::DROPS)?)).map_err(map_err(abi::maps::DROPS))?;
+        Ok(NodeMaps {
+            node,
+            origdst: Mutex::new(origdst),
+            listeners: Mutex::new(listeners),
+            policy: Mutex::new(policy),
+            written: Mutex::new(None),
+            drops,
+        })
+    }
+
+    /// Where a connection accepted on a pod's outbound listener was going:
+    /// `netns` is the listener's network namespace cookie, `port` the
+    /// client's port. The entry is consumed.
+    pub fn take_original_dst(&self, netns: u64, port: u16) -> Option<SocketAddrV4> {
+        let key = OrigDstKey { netns, port, pad: [0; 3] };
+        let mut m = self.origdst.lock().expect("origdst lock");
+        let v = m.get(&key, 0).ok()?;
+        let _ = m.remove(&key);
+        Some(v.addr())
+    }
+
+    /// Registers a pod's plaintext listener for inbound capture.
+    pub fn register_listener<F: AsFd>(&self, pod_ip: Ipv4Addr, listener: &F) -> Result<(), Error> {
+        let fd = listener.as_fd().as_raw_fd();
+        self.listeners.lock().expect("listeners lock").insert(abi::ip_key(pod_ip), fd, 0).map_err(map_err(abi::maps::LISTENERS))
+    }
+
+    /// Makes the policy map hold `c.entries` for the sources `c` covers:
+    /// new and changed entries first, then the ones no longer wanted, so a
+    /// verdict never disappears before its replacement is there.
+    pub fn sync_policy(&self, c: &Compiled, sources: &[Ipv4Addr]) -> Result<Sync, Error> {
+        let mut guard = self.written.lock().expect("written lock");
+        let mut map = self.policy.lock().expect("policy lock");
+        let written = guard.get_or_insert_with(|| {
+            let ours: Vec<u32> = sources.iter().map(|s| abi::ip_key(*s)).collect();
+            map.iter().flatten().filter(|(k, _)| ours.contains(&k.src_ip)).collect()
+        });
+        let mut s = Sync::default();
+        for (k, v) in &c.entries {
+            if written.get(k) != Some(v) {
+                map.insert(*k, *v, 0).map_err(map_err(abi::maps::POLICY))?;
+                written.insert(*k, *v);
+                s.written += 1;
+            }
+        }
+        let stale: Vec<PolicyKey> = written.keys().filter(|k| !c.entries.contains_key(k)).copied().collect();
+        for k in stale {
+            let _ = map.remove(&k);
+            written.remove(&k);
+            s.removed += 1;
+        }
+        s.total = written.len();
+        Ok(s)
+    }
+
+    /// Drops of this node by reason, summed over CPUs.
+    pub fn drops(&self) -> Vec<(DropReason, u64)> {
+        DropReason::ALL
+            .into_iter()
+            .map(|r| {
+                let idx = u32::from(self.node) * abi::DROP_MAX + r as u32;
+                let n = self.drops.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0);
+                (r, n)
+            })
+            .collect()
+    }
+}

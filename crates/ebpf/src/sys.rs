@@ -1,0 +1,142 @@
+//! The few bpf(2) commands aya 0.13 does not offer for our programs: a
+//! link created for a cgroup hook cannot be turned into a pinnable link
+//! there, and links are what let the datapath outlive the process that
+//! attached it (pinned under the cluster's bpffs directory) and be
+//! replaced in place (BPF_LINK_UPDATE) by a newer binary.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+pub const ATTACH_CGROUP_SOCK_OPS: u32 = 3;
+pub const ATTACH_CGROUP_INET4_CONNECT: u32 = 10;
+/// tcx (Linux 6.6): a link on a device's ingress, no qdisc needed.
+pub const ATTACH_TCX_INGRESS: u32 = 46;
+
+/// `union bpf_attr`, as large as any command here needs; unused bytes zero.
+#[repr(C, align(8))]
+struct Attr([u32; 32]);
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: attr is a valid, writable, 8-aligned buffer of the size
+    // passed; the kernel reads (and for some commands writes) only within it.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, std::mem::size_of::<Attr>()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn owned(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the kernel just returned this descriptor to us; nobody else
+    // owns it.
+    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// BPF_LINK_CREATE: attaches `prog` to `target` (a cgroup or a network
+/// namespace) and returns the link.
+pub fn link_create(prog: BorrowedFd<'_>, target: BorrowedFd<'_>, attach_type: u32) -> io::Result<OwnedFd> {
+    let mut a = Attr([0; 32]);
+    a.0[0] = prog.as_raw_fd() as u32;
+    a.0[1] = target.as_raw_fd() as u32;
+    a.0[2] = attach_type;
+    bpf(BPF_LINK_CREATE, &mut a).map(owned)
+}
+
+/// BPF_LINK_CREATE on a network device (tcx), by its index in the
+/// calling thread's network namespace.
+pub fn link_create_ifindex(prog: BorrowedFd<'_>, ifindex: u32, attach_type: u32) -> io::Result<OwnedFd> {
+    let mut a = Attr([0; 32]);
+    a.0[0] = prog.as_raw_fd() as u32;
+    a.0[1] = ifindex;
+    a.0[2] = attach_type;
+    bpf(BPF_LINK_CREATE, &mut a).map(owned)
+}
+
+/// Runs `f` on a thread that has entered the network namespace at
+/// `netns` (device indexes and names are per namespace).
+pub fn in_netns<T: Send>(netns: &Path, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
+    let ns = std::fs::File::open(netns)?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on this thread only (a fresh one that ends with
+            // the scope); the descriptor is a valid open namespace file.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            f()
+        })
+        .join()
+        .map_err(|_| io::Error::other("namespace thread panicked"))?
+    })
+}
+
+/// The index of a device in the calling thread's network namespace.
+pub fn ifindex(name: &str) -> io::Result<u32> {
+    let c = CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
+    // SAFETY: c is a valid NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if i == 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(i)
+    }
+}
+
+/// BPF_LINK_UPDATE: swaps the program of a link, atomically; the hook
+/// never runs without one.
+pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    let mut a = Attr([0; 32]);
+    a.0[0] = link.as_raw_fd() as u32;
+    a.0[1] = prog.as_raw_fd() as u32;
+    bpf(BPF_LINK_UPDATE, &mut a).map(|_| ())
+}
+
+fn path_c(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+/// BPF_OBJ_PIN: makes `fd` (a link, map or program) outlive us at `path`.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let p = path_c(path)?;
+    let mut a = Attr([0; 32]);
+    let ptr = p.as_ptr() as u64;
+    a.0[0] = ptr as u32;
+    a.0[1] = (ptr >> 32) as u32;
+    a.0[2] = fd.as_raw_fd() as u32;
+    bpf(BPF_OBJ_PIN, &mut a).map(|_| ())
+}
+
+/// BPF_OBJ_GET: opens a pinned object.
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let p = path_c(path)?;
+    let mut a = Attr([0; 32]);
+    let ptr = p.as_ptr() as u64;
+    a.0[0] = ptr as u32;
+    a.0[1] = (ptr >> 32) as u32;
+    bpf(BPF_OBJ_GET, &mut a).map(owned)
+}
+
+/// The cookie of the network namespace a socket lives in
+/// (SO_NETNS_COOKIE), the key sockops.c files original destinations under.
+pub fn netns_cookie(sock: BorrowedFd<'_>) -> io::Result<u64> {
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let mut v: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: v and len are valid for writes of the sizes given.
+    let r =
+        unsafe { libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, SO_NETNS_COOKIE, &mut v as *mut u64 as *mut libc::c_void, &mut len) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(v)
+    }
+}

@@ -1,0 +1,142 @@
+//! How the cluster's pods reach their node proxy (the CNI's choice): the
+//! eBPF datapath when the kernel can run it, nftables capture otherwise.
+//! `--datapath auto` (the default) tries eBPF and says in the log why it
+//! fell back; `ebpf` fails instead of falling back; `nftables` never tries.
+
+use super::pods::Node;
+use crate::names::Paths;
+use serde::Serialize;
+use slipstream_ebpf::{Datapath, PodAttach};
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Auto,
+    Ebpf,
+    Nftables,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Auto => "auto",
+            Mode::Ebpf => "ebpf",
+            Mode::Nftables => "nftables",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Mode::Auto),
+            "ebpf" => Ok(Mode::Ebpf),
+            "nftables" => Ok(Mode::Nftables),
+            other => Err(format!("unknown datapath {other:?}: auto, ebpf or nftables")),
+        }
+    }
+}
+
+/// The datapath that runs.
+pub enum Capture {
+    Ebpf(Datapath),
+    /// With the reason when eBPF was wanted but could not run.
+    Nftables {
+        fallback: Option<String>,
+    },
+}
+
+impl Capture {
+    /// Chooses and, for eBPF, loads the programs (pinning the shared maps
+    /// the node proxies open): before any node proxy starts.
+    pub fn choose(mode: Mode, paths: &Paths) -> anyhow::Result<Capture> {
+        if mode == Mode::Nftables {
+            tracing::info!("datapath: nftables capture (--datapath nftables)");
+            return Ok(Capture::Nftables { fallback: None });
+        }
+        match Datapath::load(&paths.bpf_dir) {
+            Ok(dp) => {
+                tracing::info!(dir = %paths.bpf_dir.display(), "datapath: eBPF (cgroup connect4 + sockops capture, tc ingress inbound, kernel policy at connect())");
+                Ok(Capture::Ebpf(dp))
+            }
+            Err(e) if mode == Mode::Auto => {
+                let _ = slipstream_ebpf::remove_all(&paths.bpf_dir);
+                let why = format!("the kernel cannot run the eBPF datapath: {e}");
+                tracing::warn!("datapath: nftables capture, because {why}");
+                Ok(Capture::Nftables { fallback: Some(why) })
+            }
+            Err(e) => {
+                let _ = slipstream_ebpf::remove_all(&paths.bpf_dir);
+                anyhow::bail!("--datapath ebpf: the kernel cannot run the eBPF datapath: {e}")
+            }
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Capture::Ebpf(_) => "ebpf",
+            Capture::Nftables { .. } => "nftables",
+        }
+    }
+
+    pub fn fallback(&self) -> Option<&str> {
+        match self {
+            Capture::Ebpf(_) => None,
+            Capture::Nftables { fallback } => fallback.as_deref(),
+        }
+    }
+
+    pub fn is_ebpf(&self) -> bool {
+        matches!(self, Capture::Ebpf(_))
+    }
+
+    /// Puts a new pod's sandbox on the datapath, before its first process.
+    pub fn enrol(&mut self, key: &str, cgroup: &Path, netns: &str, ip: Ipv4Addr, node: &Node, meshed: bool) -> Result<(), String> {
+        match self {
+            Capture::Nftables { .. } => {
+                if meshed {
+                    crate::sys::capture::enable(netns).map_err(|e| format!("capture: {e}"))?;
+                }
+                Ok(())
+            }
+            Capture::Ebpf(dp) => {
+                if meshed {
+                    crate::sys::capture::enable_ebpf_support(netns).map_err(|e| format!("capture: {e}"))?;
+                }
+                let netns_path = crate::names::netns_path(netns);
+                let p = PodAttach { key, cgroup, netns: &netns_path, ip, node: node.index as u16, meshed };
+                dp.enrol(&p).map_err(|e| format!("eBPF datapath: {e}"))
+            }
+        }
+    }
+
+    /// Takes a deleted pod off the datapath.
+    pub fn withdraw(&mut self, key: &str, ip: Ipv4Addr) {
+        if let Capture::Ebpf(dp) = self {
+            if let Err(e) = dp.withdraw(key, ip) {
+                tracing::warn!(pod = key, "eBPF datapath: {e}");
+            }
+        }
+    }
+}
+
+/// The key of a pod on the datapath: the name of its links' directory.
+/// bpffs refuses names with a dot; namespaces have none and neither
+/// namespaces nor pod names can hold `_`, so this is unique.
+pub fn pod_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}_{}", name.replace('.', "_"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pod_keys_have_no_dot_and_stay_unique() {
+        assert_eq!(super::pod_key("default", "web-0"), "default_web-0");
+        assert_eq!(super::pod_key("prod", "a.b"), "prod_a_b");
+        assert_ne!(super::pod_key("a", "b-c"), super::pod_key("a-b", "c"));
+    }
+}
