@@ -214,6 +214,13 @@ enum Command {
     /// Ask the policy engine about a connection, without sending traffic.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Flows seen by the eBPF datapath (like `hubble observe`): each
+    /// connect() a pod makes (REDIRECTED to its node proxy, FORWARDED when
+    /// not meshed) and every drop with its reason and, for a policy drop,
+    /// the deciding policy and rule (from the source node proxy's state).
+    ///
+    ///   slipstream observe --from-pod production/legacy-service --type drop -f
+    Observe(cmd::observe::ObserveArgs),
     /// Built-in sample applications (run inside pods).
     #[command(subcommand)]
     App(AppCommand),
@@ -306,6 +313,7 @@ fn main() {
             Command::Debug(d) => cmd::debug::run(&ctx, d),
             Command::Down => cmd::down::run(&ctx),
             Command::ProxyStatus { output } => cmd::proxy_status::run(&ctx, &output),
+            Command::Observe(args) => cmd::observe::run(&ctx, &args),
             Command::ProxyConfig { node, section, output } => cmd::proxy_config::run(&ctx, &node, section, &output),
             Command::Policy(PolicyCommand::Check { from, to, filename, node, output }) => {
                 cmd::policy::check(&ctx, &from, &to, &filename, node.as_deref(), &output)

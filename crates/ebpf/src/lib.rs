@@ -6,10 +6,12 @@
 //! ([`policy`]).
 
 pub mod abi;
+pub mod flows;
 pub mod loader;
 pub mod node;
 pub mod policy;
 pub mod sys;
 
+pub use flows::FlowReader;
 pub use loader::{remove_all, Datapath, Hook, PodAttach};
 pub use node::NodeMaps;

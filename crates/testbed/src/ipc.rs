@@ -25,6 +25,10 @@ pub enum Request {
     Status,
     /// Stop every pod gracefully, remove the network, exit.
     Shutdown,
+    /// The datapath's flows after sequence number `after` (0: all kept).
+    Flows {
+        after: u64,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -40,6 +44,11 @@ pub enum Response {
     /// Nothing was changed.
     Rejected {
         errors: Vec<String>,
+    },
+    Flows {
+        flows: Vec<crate::agent::flows::Flow>,
+        /// The datapath that runs (`ebpf`; `nftables` records no flows).
+        datapath: String,
     },
 }
 

@@ -6,6 +6,7 @@ pub mod down;
 pub mod exec;
 pub mod logs;
 pub mod node;
+pub mod observe;
 pub mod policy;
 pub mod proxy_config;
 pub mod proxy_status;

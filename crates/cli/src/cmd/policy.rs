@@ -25,6 +25,11 @@ pub fn parse_target(s: &str) -> anyhow::Result<(PodName, u16)> {
 }
 
 /// The mesh as one node proxy holds it.
+/// What a node proxy holds, as a mesh configuration (its config dump).
+pub fn node_state(ctx: &Ctx, node: &str) -> anyhow::Result<MeshConfig> {
+    state_of_node(ctx, Some(node))
+}
+
 fn state_of_node(ctx: &Ctx, node: Option<&str>) -> anyhow::Result<MeshConfig> {
     let node = match node {
         Some(n) => n.to_string(),

@@ -3,6 +3,7 @@
 //! compares what should run with what runs.
 
 pub mod datapath;
+pub mod flows;
 pub mod mesh;
 pub mod nodeproxy;
 pub mod objects;
@@ -68,6 +69,8 @@ pub struct Agent {
     unplaceable: BTreeSet<(String, String)>,
     /// How pods reach their node proxy (docs/datapath.md).
     capture: datapath::Capture,
+    /// The datapath's flow events, named (empty with nftables).
+    flows: flows::FlowLog,
 }
 
 /// Runs the agent until SIGTERM or a Shutdown request; removes the cluster
@@ -98,10 +101,19 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         objects_generation: 0,
         unplaceable: BTreeSet::new(),
         capture: datapath::Capture::Nftables { fallback: None },
+        flows: flows::FlowLog::default(),
         paths,
     };
     match datapath::Capture::choose(cfg.datapath, &agent.paths) {
-        Ok(c) => agent.capture = c,
+        Ok(c) => {
+            if c.is_ebpf() {
+                match flows::FlowLog::start(&agent.paths.bpf_dir) {
+                    Ok(f) => agent.flows = f,
+                    Err(e) => tracing::warn!("flow events will not be recorded (`slipstream observe` shows none): {e}"),
+                }
+            }
+            agent.capture = c;
+        }
         Err(e) => {
             tracing::error!("{e:#}");
             agent.teardown();
@@ -199,6 +211,10 @@ impl Agent {
     fn handle(&mut self, req: Request) -> Response {
         match req {
             Request::Status => Response::Status { status: Box::new(self.status()) },
+            Request::Flows { after } => {
+                self.drain_flows();
+                Response::Flows { flows: self.flows.after(after), datapath: self.capture.name().into() }
+            }
             Request::Shutdown => {
                 self.shutdown = true;
                 Response::Done { lines: vec![format!("cluster {} stopping", self.paths.cluster)] }
@@ -282,6 +298,7 @@ impl Agent {
     }
 
     fn tick(&mut self) {
+        self.drain_flows();
         self.reconcile();
         for c in &mut self.controls {
             c.tick();
@@ -512,6 +529,36 @@ impl Agent {
             tracing::warn!("cannot remove {}: {e}", self.paths.bpf_dir.display());
         }
         tracing::info!("cluster {} removed", self.paths.cluster);
+    }
+
+    /// Names the flow events read since the last call from the pods now
+    /// known (so a pod deleted later still shows by name).
+    fn drain_flows(&mut self) {
+        if !self.flows.running() {
+            return;
+        }
+        let pods: Vec<flows::PodName> = self
+            .pods
+            .values()
+            .chain(self.stopping.iter())
+            .map(|p| flows::PodName {
+                ip: p.ip,
+                namespace: p.inst.namespace.clone(),
+                name: p.inst.name.clone(),
+                identity: if p.meshed {
+                    format!(
+                        "spiffe://{}/ns/{}/sa/{}",
+                        slipstream_core::DEFAULT_TRUST_DOMAIN,
+                        p.inst.namespace,
+                        p.inst.spec.service_account()
+                    )
+                } else {
+                    String::new()
+                },
+            })
+            .collect();
+        let nodes: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        self.flows.drain(&pods, &nodes);
     }
 
     /// Drives stopping pods; the ones fully gone leave the datapath.
