@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const PROGRAMS: [&str; 3] = ["connect4", "sockops", "tc_ingress"];
+// test_policy is embedded by the tests only.
+const PROGRAMS: [&str; 4] = ["connect4", "sockops", "tc_ingress", "test_policy"];
 
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));

@@ -221,6 +221,14 @@ fn measure(cluster: &Cluster, paths: &Paths, manifest_file: &Path, job: &Job, re
 
 fn target(status: &ClusterStatus, s: &Scenario) -> anyhow::Result<Target> {
     let ns = s.namespace().expect("measured scenarios have a namespace");
+    if s.name == "l4-ebpf" {
+        // The cluster runs --datapath auto: it must really be eBPF, or the
+        // figures would be nftables' under another name.
+        if let Some(n) = status.nodes.iter().find(|n| n.datapath.as_ref().map_or(true, |d| d.mode != "ebpf")) {
+            let why = n.datapath.as_ref().and_then(|d| d.fallback.clone()).unwrap_or_else(|| "the eBPF datapath is not running".into());
+            bail!("scenario l4-ebpf: node {} runs without the eBPF datapath ({why}); leave it out with --scenarios", n.name);
+        }
+    }
     let client = status.pod(ns, CLIENT).ok_or_else(|| anyhow!("pod {ns}/{CLIENT} is missing from the bench cluster"))?;
     let svc = status
         .services

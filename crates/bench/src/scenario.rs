@@ -35,13 +35,16 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "l4-nft",
         description: "L4 mesh: node proxies carry the connection in mTLS (HBONE), capture by nftables",
-        setup: Setup::Namespace { namespace: "bench-l4", labels: &[("istio.io/dataplane-mode", "ambient")] },
+        setup: Setup::Namespace {
+            namespace: "bench-l4",
+            labels: &[("istio.io/dataplane-mode", "ambient"), ("slipstream.io/datapath", "nftables")],
+        },
         l4_targets: true,
     },
     Scenario {
         name: "l4-ebpf",
-        description: "L4 mesh with eBPF capture instead of nftables",
-        setup: Setup::NotAvailable { reason: "the eBPF datapath is not built yet" },
+        description: "L4 mesh with eBPF capture (connect4 + sockops out, tc ingress in) instead of nftables",
+        setup: Setup::Namespace { namespace: "bench-l4e", labels: &[("istio.io/dataplane-mode", "ambient")] },
         l4_targets: true,
     },
     Scenario {

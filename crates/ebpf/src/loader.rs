@@ -147,7 +147,8 @@ impl Datapath {
         &self.dir
     }
 
-    fn prog_fd(&self, hook: Hook) -> std::os::fd::BorrowedFd<'_> {
+    /// The loaded program of a hook (tests run it with BPF_PROG_TEST_RUN).
+    pub fn prog_fd(&self, hook: Hook) -> std::os::fd::BorrowedFd<'_> {
         let obj = &self.objects.iter().find(|(h, _)| *h == hook).expect("every hook is loaded").1;
         let prog = obj.program(hook.program()).expect("loaded above");
         let fd = match hook {

@@ -12,6 +12,7 @@ use std::path::Path;
 
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
@@ -123,6 +124,24 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     a.0[0] = ptr as u32;
     a.0[1] = (ptr >> 32) as u32;
     bpf(BPF_OBJ_GET, &mut a).map(owned)
+}
+
+/// BPF_PROG_TEST_RUN: runs `prog` once on `packet` (a whole frame) in
+/// the calling thread's network namespace; returns the program's verdict.
+pub fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8]) -> io::Result<u32> {
+    let mut out = vec![0u8; packet.len() + 256];
+    let mut a = Attr([0; 32]);
+    let (pin, pout) = (packet.as_ptr() as u64, out.as_mut_ptr() as u64);
+    a.0[0] = prog.as_raw_fd() as u32;
+    a.0[2] = packet.len() as u32;
+    a.0[3] = out.len() as u32;
+    a.0[4] = pin as u32;
+    a.0[5] = (pin >> 32) as u32;
+    a.0[6] = pout as u32;
+    a.0[7] = (pout >> 32) as u32;
+    a.0[8] = 1;
+    bpf(BPF_PROG_TEST_RUN, &mut a)?;
+    Ok(a.0[1])
 }
 
 /// The cookie of the network namespace a socket lives in

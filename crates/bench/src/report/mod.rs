@@ -481,7 +481,7 @@ pub(crate) mod tests {
         assert_eq!(line(&md, "| L1 p50 ≤"), "| L1 p50 ≤ none + 1.5 ms | +3.00 ms: **missed** |");
         assert_eq!(line(&md, "| node proxy RSS idle"), "| node proxy RSS idle ≤ 15 MB | 14.2 MB: met |");
         assert_eq!(line(&md, "| node proxy RSS with 10k"), "| node proxy RSS with 10k open connections ≤ 40 MB | 38.0 MB: met |");
-        for name in ["l4-ebpf", "l7", "denied"] {
+        for name in ["l7", "denied"] {
             assert!(line(&md, &format!("- `{name}`")).contains("**not available in this version"), "{name}");
         }
         assert!(md.contains("/var/tmp/slipstream-target/release/slipstream bench --update-docs"));

@@ -95,7 +95,20 @@ impl Capture {
     }
 
     /// Puts a new pod's sandbox on the datapath, before its first process.
-    pub fn enrol(&mut self, key: &str, cgroup: &Path, netns: &str, ip: Ipv4Addr, node: &Node, meshed: bool) -> Result<(), String> {
+    /// `nftables`: a meshed pod that asked for nftables capture
+    /// (`slipstream.io/datapath: nftables`); on the eBPF datapath it still
+    /// gets the connect hook, for policy, but not the capture hooks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enrol(
+        &mut self,
+        key: &str,
+        cgroup: &Path,
+        netns: &str,
+        ip: Ipv4Addr,
+        node: &Node,
+        meshed: bool,
+        nftables: bool,
+    ) -> Result<(), String> {
         match self {
             Capture::Nftables { .. } => {
                 if meshed {
@@ -104,11 +117,14 @@ impl Capture {
                 Ok(())
             }
             Capture::Ebpf(dp) => {
-                if meshed {
+                let ebpf_capture = meshed && !nftables;
+                if ebpf_capture {
                     crate::sys::capture::enable_ebpf_support(netns).map_err(|e| format!("capture: {e}"))?;
+                } else if meshed {
+                    crate::sys::capture::enable(netns).map_err(|e| format!("capture: {e}"))?;
                 }
                 let netns_path = crate::names::netns_path(netns);
-                let p = PodAttach { key, cgroup, netns: &netns_path, ip, node: node.index as u16, meshed };
+                let p = PodAttach { key, cgroup, netns: &netns_path, ip, node: node.index as u16, meshed: ebpf_capture };
                 dp.enrol(&p).map_err(|e| format!("eBPF datapath: {e}"))
             }
         }

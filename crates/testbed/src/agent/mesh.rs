@@ -22,6 +22,17 @@ pub fn is_meshed(namespace_labels: &Labels, pod_labels: &Labels) -> bool {
     }
 }
 
+/// Our label, on a namespace or a pod: `nftables` captures its meshed pods
+/// with nftables even on a node running the eBPF datapath (to compare the
+/// two side by side, as `slipstream bench` does, or to keep a workload on
+/// the older path). Read when the pod is created.
+pub const DATAPATH_LABEL: &str = "slipstream.io/datapath";
+
+/// Whether a meshed pod stays on nftables capture (pod label first).
+pub fn wants_nftables(namespace_labels: &Labels, pod_labels: &Labels) -> bool {
+    pod_labels.get(DATAPATH_LABEL).or_else(|| namespace_labels.get(DATAPATH_LABEL)).map(String::as_str) == Some("nftables")
+}
+
 pub fn namespace_labels(store: &Store, ns: &str) -> Labels {
     let key = ObjectKey { kind: "Namespace".into(), namespace: String::new(), name: ns.into() };
     store.get(&key).map(|o: &Object| o.metadata().labels.clone()).unwrap_or_default()

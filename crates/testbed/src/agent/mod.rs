@@ -290,8 +290,10 @@ impl Agent {
                 continue;
             };
             self.unplaceable.remove(&key);
-            let meshed = mesh::is_meshed(&mesh::namespace_labels(&self.store, &inst.namespace), &inst.labels);
-            let pod = PodRuntime::create(&self.paths, inst, node, ip, meshed, &mut self.capture);
+            let ns_labels = mesh::namespace_labels(&self.store, &inst.namespace);
+            let meshed = mesh::is_meshed(&ns_labels, &inst.labels);
+            let nft = mesh::wants_nftables(&ns_labels, &inst.labels);
+            let pod = PodRuntime::create(&self.paths, inst, node, ip, meshed, nft, &mut self.capture);
             self.pods.insert(key, pod);
         }
         self.sync_services();

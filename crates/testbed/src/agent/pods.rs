@@ -104,6 +104,7 @@ impl PodRuntime {
         node: &Node,
         ip: Ipv4Addr,
         meshed: bool,
+        nftables: bool,
         capture: &mut super::datapath::Capture,
     ) -> PodRuntime {
         let netns_name = paths.pod_netns(&inst.namespace, &inst.name);
@@ -119,7 +120,7 @@ impl PodRuntime {
             sandbox_error: None,
             meshed,
         };
-        if let Err(e) = pod.create_sandbox(node, capture) {
+        if let Err(e) = pod.create_sandbox(node, nftables, capture) {
             tracing::error!(pod = %pod.key(), "sandbox failed: {e}");
             capture.withdraw(&pod.datapath_key(), pod.ip);
             let _ = net::del_netns(&pod.netns);
@@ -131,7 +132,7 @@ impl PodRuntime {
         pod
     }
 
-    fn create_sandbox(&self, node: &Node, capture: &mut super::datapath::Capture) -> Result<(), String> {
+    fn create_sandbox(&self, node: &Node, nftables: bool, capture: &mut super::datapath::Capture) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
         cgroup::create(&self.cgroup).map_err(|e| format!("cannot create cgroup {}: {e}", self.cgroup.display()))?;
         for c in &self.containers {
@@ -143,7 +144,7 @@ impl PodRuntime {
         // Before any container runs: a meshed app never sends a byte
         // outside the mesh (if the proxy is not there, it fails closed),
         // and on the eBPF datapath every pod's connect() meets policy.
-        capture.enrol(&self.datapath_key(), &self.cgroup, &self.netns, self.ip, node, self.meshed)
+        capture.enrol(&self.datapath_key(), &self.cgroup, &self.netns, self.ip, node, self.meshed, nftables)
     }
 
     /// The pod's name on the datapath (its pinned links' directory).

@@ -1,0 +1,228 @@
+//! The eBPF datapath in the local cluster (docs/datapath.md): programs
+//! loaded, attached and pinned; meshed pods captured with no nftables
+//! capture rule; a denied pod's connect() refused by the kernel at once,
+//! costing the node proxy nothing, and shown by `observe` with its policy;
+//! allowed traffic carried in mTLS; plaintext inbound steered to the proxy;
+//! the kernel's refusals holding while a node proxy is away; the nftables
+//! fallback; nothing pinned after `down`.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+/// Connects `n` times to ADDR:PORT from inside a pod; prints one line per
+/// try: the errno name (or `connected`) and the time connect() took, µs.
+const CONNECT: &str = r#"
+import errno, socket, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for _ in range(n):
+    s = socket.socket()
+    t = time.perf_counter()
+    try:
+        s.connect((host, port)); r = "connected"
+    except OSError as e:
+        r = errno.errorcode.get(e.errno, str(e.errno))
+    print(r, int((time.perf_counter() - t) * 1e6), flush=True)
+    s.close()
+"#;
+
+/// A namespace outside the mesh with one client, and a meshed one with an
+/// echo server and no policy: for plaintext inbound.
+const EXTRA: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: plain}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: open, labels: {istio.io/dataplane-mode: ambient}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: outsider, namespace: plain}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: outsider}}
+  template:
+    metadata: {labels: {app: outsider}}
+    spec:
+      nodeName: node1
+      containers:
+      - {name: c, image: curl, command: ["sleep", "infinity"], securityContext: {runAsUser: 65532, runAsGroup: 65532}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo, namespace: open}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: echo}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      nodeName: node2
+      containers:
+      - name: echo
+        image: slipstream
+        command: ["slipstream", "app", "echo"]
+        securityContext: {runAsUser: 65532, runAsGroup: 65532}
+        ports: [{name: http, containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /healthz, port: http}}
+"#;
+
+fn pod_ip(c: &Cluster, prefix: &str) -> String {
+    c.pods(prefix)[0]["ip"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_kernel_captures_refuses_and_explains() {
+    let name = "t-ebpf";
+    let tmp = tempfile::tempdir().unwrap();
+    let extra = write_manifest(&tmp, "extra.yaml", EXTRA);
+    let billing = repo().join("examples/policies/billing").display().to_string();
+    let c = Cluster::up(name, &["--datapath", "ebpf", "-f", &billing, "-f", &extra]);
+    let st = c.status();
+    for n in st["nodes"].as_array().unwrap() {
+        assert_eq!(n["datapath"]["mode"], "ebpf", "{n}");
+    }
+    let table = c.ok(&["status"]);
+    assert!(table.contains("DATAPATH") && table.contains("ebpf"), "{table}");
+
+    // Loaded and pinned: the maps, and one link per hook of each pod.
+    let dir = Path::new("/sys/fs/bpf/slipstream").join(name);
+    for m in ["ss_pods_v1", "ss_policy_v1", "ss_origdst_v1", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
+        assert!(dir.join("maps").join(m).exists(), "{m} not pinned");
+    }
+    for p in st["pods"].as_array().unwrap() {
+        let key = format!("{}_{}", p["namespace"].as_str().unwrap(), p["name"].as_str().unwrap().replace('.', "_"));
+        let links = dir.join("links").join(&key);
+        let want: &[&str] = if p["meshed"] == true { &["connect4", "sockops", "tc_ingress"] } else { &["connect4"] };
+        for l in want {
+            assert!(links.join(l).exists(), "{key}: no {l} link");
+        }
+        // No capture rule in any pod: a meshed pod holds the IPv6 guard only.
+        let netns = p["netns"].as_str().unwrap();
+        let o = std::process::Command::new("ip").args(["netns", "exec", netns, "nft", "list", "ruleset"]).output().unwrap();
+        let rules = String::from_utf8_lossy(&o.stdout);
+        assert!(!rules.contains("redirect") && !rules.contains("slipstream_mesh"), "{key} has nftables capture:\n{rules}");
+    }
+
+    let billing_ip = pod_ip(&c, "billing-service");
+    let node1 = Proxy::of(&c, "node1");
+    let before = node1.metrics();
+
+    // Allowed: frontend reaches billing, captured at connect() and carried
+    // in mTLS by both node proxies (as an unprivileged user in the pod).
+    let (code, out) =
+        c.exec("production", "deploy/frontend", &["curl", "-sS", "--max-time", "3", &format!("http://{billing_ip}:8080/headers")]);
+    assert_eq!(code, 0, "{out}");
+    let after_ok = node1.metrics();
+    let opened =
+        |m: &Metrics| m.sum("istio_tcp_connections_opened_total", &["reporter=\"source\"", "connection_security_policy=\"mutual_tls\""]);
+    assert_eq!(opened(&after_ok), opened(&before) + 1, "the allowed connection went through node1's proxy in mTLS");
+
+    // Denied: legacy's connect() fails with EPERM in the kernel, at once,
+    // twenty times, without the node proxy seeing any of it.
+    let denials = |m: &Metrics| m.sum("slipstream_policy_denials_total", &[]);
+    let log_at = node1.log_len();
+    let (code, out) = c.exec("production", "deploy/legacy-service", &["python3", "-c", CONNECT, &billing_ip, "8080", "20"]);
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<(&str, u64)> = out.lines().map(|l| l.split_once(' ').map(|(r, t)| (r, t.parse().unwrap())).unwrap()).collect();
+    assert_eq!(lines.len(), 20, "{out}");
+    assert!(lines.iter().all(|(r, _)| *r == "EPERM"), "the kernel refuses at connect(): {out}");
+    let mut times: Vec<u64> = lines.iter().map(|(_, t)| *t).collect();
+    times.sort_unstable();
+    assert!(times[10] < 1000, "a refused connect() takes well under a millisecond (median {} µs): {out}", times[10]);
+    let m = node1.metrics();
+    assert_eq!(m.sum("slipstream_datapath_drops_total", &["reason=\"POLICY_DENIED\""]), 20, "every refusal counted once");
+    assert_eq!(denials(&m), denials(&after_ok), "the node proxy did no work for them");
+    assert!(!node1.log_since(log_at).contains("legacy-service"), "no access-log line: the proxy never saw them");
+
+    // observe names both ends, the reason and the deciding policy.
+    let o = c.ok(&[
+        "observe",
+        "--from-pod",
+        "pod:production/legacy-service",
+        "--to-pod",
+        "production/billing-service",
+        "--type",
+        "drop",
+        "--last",
+        "0",
+        "-o",
+        "json",
+    ]);
+    let flows: Vec<serde_json::Value> = o.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(flows.len(), 20, "{o}");
+    let f = &flows[0];
+    assert_eq!(
+        (f["verdict"].as_str(), f["dropReason"].as_str(), f["point"].as_str()),
+        (Some("DROPPED"), Some("POLICY_DENIED"), Some("connect")),
+        "{f}"
+    );
+    assert_eq!(f["source"]["identity"], "spiffe://cluster.local/ns/production/sa/legacy-sa", "{f}");
+    assert_eq!(f["destination"]["port"], 8080, "{f}");
+    assert!(f["policy"].as_str().unwrap().contains("CiliumNetworkPolicy production/billing-l4"), "{f}");
+    let line = c.ok(&["observe", "--from-pod", "production/legacy-service", "--verdict", "DROPPED", "--last", "1"]);
+    assert!(line.contains("DROPPED POLICY_DENIED at connect") && line.contains("production/billing-service"), "{line}");
+    let redirected = c.ok(&["observe", "--from-pod", "production/frontend", "--verdict", "REDIRECTED", "--last", "0"]);
+    assert!(redirected.contains("production/billing-service"), "{redirected}");
+
+    // Plaintext inbound: a pod outside the mesh reaches a meshed server;
+    // tc ingress hands the connection to the destination's node proxy.
+    let node2 = Proxy::of(&c, "node2");
+    let plain = |m: &Metrics| {
+        m.sum(
+            "istio_tcp_connections_opened_total",
+            &["reporter=\"destination\"", "source_workload=\"outsider\"", "source_principal=\"unknown\""],
+        )
+    };
+    let p0 = plain(&node2.metrics());
+    let echo_ip = pod_ip(&c, "echo");
+    let (code, out) = c.exec("plain", "deploy/outsider", &["curl", "-sS", "--max-time", "3", &format!("http://{echo_ip}:8080/headers")]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(plain(&node2.metrics()), p0 + 1, "the plaintext connection went through node2's proxy");
+
+    // A node proxy away: the kernel alone keeps refusing, at once.
+    let pid = node1.pid;
+    unsafe_kill(pid);
+    let (code, out) = c.exec("production", "deploy/legacy-service", &["python3", "-c", CONNECT, &billing_ip, "8080", "3"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.lines().all(|l| l.starts_with("EPERM ")), "refused while the proxy is away: {out}");
+    wait_until("node1's proxy to be back", Duration::from_secs(30), || {
+        c.status()["nodes"][0]["proxy"]["ready"] == true && c.status()["nodes"][0]["proxy"]["pid"].as_i64() != Some(pid as i64)
+    });
+    wait_until("frontend to reach billing again", Duration::from_secs(20), || {
+        c.exec("production", "deploy/frontend", &["curl", "-sS", "--max-time", "3", &format!("http://{billing_ip}:8080/headers")]).0 == 0
+    });
+
+    c.down();
+    assert!(!dir.exists(), "pins left after down");
+}
+
+fn unsafe_kill(pid: i32) {
+    let o = std::process::Command::new("kill").args(["-9", &pid.to_string()]).output().unwrap();
+    assert!(o.status.success(), "kill {pid}: {}", text(&o));
+}
+
+#[test]
+fn nftables_when_asked_and_no_flows_to_observe() {
+    let name = "t-ebpf-off";
+    let c = Cluster::up(name, &["--datapath", "nftables"]);
+    let st = c.status();
+    assert_eq!(st["nodes"][0]["datapath"]["mode"], "nftables", "{st}");
+    assert!(st["nodes"][0]["datapath"]["fallback"].is_null(), "asked for, not a fallback: {st}");
+    assert!(!Path::new("/sys/fs/bpf/slipstream").join(name).exists(), "nothing is loaded with --datapath nftables");
+    let client = &c.pods("client")[0];
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", client["netns"].as_str().unwrap(), "nft", "list", "ruleset"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("table inet slipstream_mesh"), "nftables capture in the pod");
+    let (code, out) = c.exec("default", "deploy/client", &["curl", "-sS", "--max-time", "3", "http://echo.default:8080/headers"]);
+    assert_eq!(code, 0, "{out}");
+    let o = c.run(&["observe"]);
+    assert!(!o.status.success(), "observe has nothing to read");
+    assert!(text(&o).contains("nftables datapath, which records no flows"), "{}", text(&o));
+    c.down();
+}

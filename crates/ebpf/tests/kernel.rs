@@ -1,0 +1,158 @@
+//! The programs in the real kernel: loaded, pinned, removed, and run on
+//! crafted packets with BPF_PROG_TEST_RUN (packet parsing, the inbound
+//! steering decision, the policy lookup of the connect hook). Needs root
+//! and bpffs, as the datapath itself: these fail loudly without them.
+
+use aya::maps::{HashMap, Map, MapData, PerCpuArray};
+use slipstream_ebpf::abi::{self, DropReason, Local, PolicyKey, PolicyValue, Verdict};
+use slipstream_ebpf::{sys, Datapath, FlowReader, Hook};
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let uid = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(
+            uid.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")),
+            "these tests load BPF programs: run them as root (make test does)"
+        );
+        assert!(
+            std::fs::read_to_string("/proc/mounts").unwrap().contains(" /sys/fs/bpf bpf "),
+            "bpffs is not mounted at /sys/fs/bpf: mount -t bpf bpf /sys/fs/bpf (scripts/test.sh does)"
+        );
+        let d = PathBuf::from(format!("/sys/fs/bpf/slipstream-test/{name}-{}", std::process::id()));
+        let _ = slipstream_ebpf::remove_all(&d);
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = slipstream_ebpf::remove_all(&self.0);
+        let _ = std::fs::remove_dir(self.0.parent().unwrap());
+    }
+}
+
+fn map(dir: &Path, name: &str) -> MapData {
+    MapData::from_pin(dir.join("maps").join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// An Ethernet + IPv4 + TCP frame (no options, no payload).
+fn tcp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, syn: bool, ack: bool) -> Vec<u8> {
+    let mut p = vec![0u8; 14 + 20 + 20];
+    p[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip = &mut p[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 6;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let t = &mut p[34..54];
+    t[0..2].copy_from_slice(&sport.to_be_bytes());
+    t[2..4].copy_from_slice(&dport.to_be_bytes());
+    t[12] = 5 << 4;
+    t[13] = (if syn { 0x02 } else { 0 }) | (if ack { 0x10 } else { 0 });
+    p
+}
+
+fn udp(src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
+    let mut p = tcp(src, dst, 1000, dport, false, false);
+    p[14 + 9] = 17;
+    p
+}
+
+const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 7);
+const PEER: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 9);
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+
+#[test]
+fn loading_pins_every_map_and_remove_all_leaves_nothing() {
+    let d = Dir::new("load");
+    let dp = Datapath::load(&d.0).expect("the kernel loads every program");
+    for m in abi::maps::ALL {
+        assert!(d.0.join("maps").join(m).exists(), "{m} is not pinned");
+    }
+    // A second load (a new binary) reuses the same maps.
+    let again = Datapath::load(&d.0).expect("a second load reuses the pinned maps");
+    drop((dp, again));
+    slipstream_ebpf::remove_all(&d.0).unwrap();
+    assert!(!d.0.exists(), "nothing is left pinned");
+}
+
+#[test]
+fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_proxy_listens() {
+    let d = Dir::new("tc");
+    let dp = Datapath::load(&d.0).unwrap();
+    let mut local: HashMap<MapData, u32, Local> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::LOCAL))).unwrap();
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: abi::POD_MESHED, pad: 0 }, 0).unwrap();
+    let unmeshed = Ipv4Addr::new(10, 244, 1, 8);
+    local.insert(abi::ip_key(unmeshed), Local { node: 3, flags: 0, pad: 0 }, 0).unwrap();
+    let mut events = FlowReader::open(&d.0).unwrap();
+    let run = |p: &[u8]| sys::prog_test_run(dp.prog_fd(Hook::TcIngress), p).expect("BPF_PROG_TEST_RUN");
+
+    // Not for this program: left to the stack.
+    assert_eq!(run(&tcp(PEER, POD, 40000, 15008, true, false)), TC_ACT_OK, "HBONE goes to the proxy's own listener");
+    assert_eq!(run(&udp(PEER, POD, 8080)), TC_ACT_OK, "UDP is not captured");
+    assert_eq!(run(&tcp(PEER, unmeshed, 40000, 8080, true, false)), TC_ACT_OK, "a pod outside the mesh");
+    assert_eq!(run(&tcp(PEER, Ipv4Addr::new(10, 9, 9, 9), 40000, 8080, true, false)), TC_ACT_OK, "no local pod");
+    let mut v6 = tcp(PEER, POD, 40000, 8080, true, false);
+    v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    assert_eq!(run(&v6), TC_ACT_OK, "IPv6 is the guard's (nftables), not this program's");
+    assert_eq!(run(&tcp(PEER, POD, 40000, 8080, true, false)[..40]), TC_ACT_OK, "a truncated header is not parsed");
+    assert!(events.read(Duration::from_millis(10)).is_empty(), "nothing above is a flow");
+
+    // A new connection to the meshed pod while its proxy has no listener:
+    // dropped (the client retries), counted once, recorded once.
+    assert_eq!(run(&tcp(PEER, POD, 40001, 8080, true, false)), TC_ACT_SHOT);
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let count = |node: u32, r: DropReason| -> u64 { drops.get(&(node * abi::DROP_MAX + r as u32), 0).unwrap().iter().sum() };
+    assert_eq!(count(3, DropReason::NoProxy), 1);
+    assert_eq!(count(3, DropReason::PolicyDenied), 0);
+    let ev = events.read(Duration::from_secs(1));
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    let e = ev[0];
+    assert_eq!((abi::ip_from_key(e.src_ip), e.src_port, abi::ip_from_key(e.dst_ip), e.dst_port, e.node), (PEER, 40001, POD, 8080, 3));
+    assert_eq!(
+        (Verdict::from_u8(e.verdict), DropReason::from_u8(e.reason), e.point),
+        (Some(Verdict::Dropped), Some(DropReason::NoProxy), abi::POINT_TC_INGRESS)
+    );
+    // A stray segment of no connection is dropped too, but is no new flow.
+    assert_eq!(run(&tcp(PEER, POD, 40002, 8080, false, true)), TC_ACT_SHOT);
+    assert_eq!(count(3, DropReason::NoProxy), 1);
+}
+
+#[test]
+fn the_policy_lookup_takes_the_ports_own_entry_then_the_pairs_default() {
+    static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/test_policy.o"));
+    let d = Dir::new("policy");
+    std::fs::create_dir_all(d.0.join("maps")).unwrap();
+    let mut obj = aya::EbpfLoader::new().map_pin_path(d.0.join("maps")).load(OBJ).unwrap();
+    let prog: &mut aya::programs::SchedClassifier = obj.program_mut("ss_test_policy").unwrap().try_into().unwrap();
+    prog.load().unwrap();
+    let fd = prog.fd().unwrap();
+    let mut policy: HashMap<MapData, PolicyKey, PolicyValue> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::POLICY))).unwrap();
+    let other = Ipv4Addr::new(10, 244, 3, 3);
+    let deny = PolicyValue { verdict: abi::POLICY_DENY, pad: [0; 3], rule: 1 };
+    let allow = PolicyValue { verdict: abi::POLICY_ALLOW, pad: [0; 3], rule: 0 };
+    policy.insert(PolicyKey::tcp(POD, PEER, 0), deny, 0).unwrap();
+    policy.insert(PolicyKey::tcp(POD, PEER, 8080), allow, 0).unwrap();
+    policy.insert(PolicyKey::tcp(POD, other, 9000), deny, 0).unwrap();
+    let verdict = |src, dst, port| sys::prog_test_run(fd.as_fd(), &tcp(src, dst, 40000, port, true, false)).unwrap();
+    let cases = [
+        (POD, PEER, 8080, abi::POLICY_ALLOW as u32, "the port's own entry wins over the pair's default"),
+        (POD, PEER, 9090, abi::POLICY_DENY as u32, "every other port of the pair: its default"),
+        (POD, other, 9000, abi::POLICY_DENY as u32, "a port's own entry"),
+        (POD, other, 8080, 0, "no entry: the kernel has no say"),
+        (PEER, POD, 8080, 0, "entries are per direction"),
+    ];
+    for (src, dst, port, want, why) in cases {
+        assert_eq!(verdict(src, dst, port), want, "{src} -> {dst}:{port}: {why}");
+    }
+    assert_eq!(sys::prog_test_run(fd.as_fd(), &udp(POD, PEER, 8080)).unwrap(), 255, "not TCP: not parsed");
+}
