@@ -109,13 +109,17 @@ mod tests {
     fn one_namespace_per_measurable_scenario_with_its_labels() {
         let all: Vec<&Scenario> = SCENARIOS.iter().collect();
         let y = render(&all);
-        assert_eq!(y.matches("kind: Namespace").count(), 2);
-        assert_eq!(y.matches("kind: Pod").count(), 4);
-        assert_eq!(y.matches("kind: Service").count(), 2);
+        assert_eq!(y.matches("kind: Namespace").count(), 3);
+        assert_eq!(y.matches("kind: Pod").count(), 6);
+        assert_eq!(y.matches("kind: Service").count(), 3);
         assert!(y.contains("  name: bench-none\n---"), "the baseline namespace has no labels:\n{y}");
-        assert!(y.contains("  name: bench-l4\n  labels:\n    istio.io/dataplane-mode: ambient\n"));
-        assert_eq!(y.matches("nodeName: node2").count(), 2);
-        assert_eq!(y.matches("nodeName: node1").count(), 2);
+        assert!(
+            y.contains("  name: bench-l4\n  labels:\n    istio.io/dataplane-mode: ambient\n    slipstream.io/datapath: nftables\n"),
+            "{y}"
+        );
+        assert!(y.contains("  name: bench-l4e\n  labels:\n    istio.io/dataplane-mode: ambient\n---"), "{y}");
+        assert_eq!(y.matches("nodeName: node2").count(), 3);
+        assert_eq!(y.matches("nodeName: node1").count(), 3);
     }
 
     #[test]
@@ -123,7 +127,7 @@ mod tests {
         let all: Vec<&Scenario> = SCENARIOS.iter().collect();
         let loaded =
             slipstream_k8s::load_str(&render(&all), &slipstream_k8s::Source("bench.yaml".into())).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(loaded.len(), 8);
+        assert_eq!(loaded.len(), 12);
         assert!(loaded.iter().all(|l| l.warnings.is_empty()), "no warnings");
     }
 

@@ -6,10 +6,13 @@
 //!    rule matches (every rule is evaluated) and when the very last rule
 //!    does.
 //! 2. The `denied` scenario of BENCHMARKS.md, in a local cluster: how long
-//!    a client waits for its refusal, refused by the destination's node
-//!    proxy (meshed pods: HBONE answered 401, the client's connection
-//!    reset) and by the node's kernel path (pods outside the mesh: nftables
-//!    rejects the SYN; no proxy sees it), next to an allowed exchange.
+//!    a client waits for its refusal, and what it costs the node proxies
+//!    (their CPU time over the attempts): refused at the source's
+//!    `connect()` by the eBPF datapath (no packet, no proxy), by the
+//!    destination's node proxy (a meshed pod on nftables capture: HBONE
+//!    answered 401, the client's connection reset) and by the node's
+//!    nftables forward path (a pod outside the mesh on nftables), next to
+//!    allowed exchanges.
 //!
 //! Writes `policy.json` and `policy.md` into --out.
 
@@ -63,6 +66,8 @@ pub struct DeniedCase {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// CPU time both node proxies spent while the attempts ran.
+    pub proxy_cpu_ms: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -211,7 +216,11 @@ metadata: {name: bench-denied, labels: {istio.io/dataplane-mode: ambient}}
 ---
 apiVersion: v1
 kind: Namespace
-metadata: {name: bench-denied-plain}
+metadata: {name: bench-denied-nft, labels: {istio.io/dataplane-mode: ambient, slipstream.io/datapath: nftables}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: bench-denied-plain, labels: {slipstream.io/datapath: nftables}}
 ---
 apiVersion: v1
 kind: ServiceAccount
@@ -220,17 +229,27 @@ metadata: {name: client, namespace: bench-denied}
 apiVersion: v1
 kind: ServiceAccount
 metadata: {name: server, namespace: bench-denied}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: client, namespace: bench-denied-nft}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: server, namespace: bench-denied-nft}
 "#;
 
+const NAMESPACES: [&str; 3] = ["bench-denied", "bench-denied-nft", "bench-denied-plain"];
+
 fn pod(ns: &str, name: &str, node: &str, server: bool) -> String {
-    let sa = if ns == "bench-denied" { format!("serviceAccountName: {name}, ") } else { String::new() };
+    let sa = if ns != "bench-denied-plain" { format!("serviceAccountName: {name}, ") } else { String::new() };
     let cmd = if server { "[slipstream, app, echo]" } else { "[sleep, infinity]" };
     format!(
         "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{app: {name}}}}}\nspec: {{{sa}nodeName: {node}, containers: [{{name: c, image: slipstream, command: {cmd}, securityContext: {{runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}}}]}}\n"
     )
 }
 
-/// The policies of the denied scenario: the meshed server refuses the
+/// The policies of the denied scenario: each meshed server refuses its
 /// client's identity on 9000 (its TCP echo), allows 8080; the plain server
 /// is isolated for ingress on 9000.
 const POLICIES: &str = r#"
@@ -241,6 +260,14 @@ spec:
   selector: {matchLabels: {app: server}}
   action: DENY
   rules: [{from: [{source: {principals: [cluster.local/ns/bench-denied/sa/client]}}], to: [{operation: {ports: ["9000"]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-client-9000, namespace: bench-denied-nft}
+spec:
+  selector: {matchLabels: {app: server}}
+  action: DENY
+  rules: [{from: [{source: {principals: [cluster.local/ns/bench-denied-nft/sa/client]}}], to: [{operation: {ports: ["9000"]}}]}]
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -282,7 +309,7 @@ fn denied(args: &PolicyBenchArgs, out: &std::path::Path) -> anyhow::Result<Vec<D
     let exe = std::env::current_exe().context("finding the slipstream binary")?;
     let cluster = Cluster::new(exe, "bench-policy", out.join("cluster.log"));
     let mut world = MANIFESTS.to_string();
-    for ns in ["bench-denied", "bench-denied-plain"] {
+    for ns in NAMESPACES {
         world.push_str(&pod(ns, "client", "node1", false));
         world.push_str(&pod(ns, "server", "node2", true));
     }
@@ -295,12 +322,37 @@ fn denied(args: &PolicyBenchArgs, out: &std::path::Path) -> anyhow::Result<Vec<D
     let teardown = Teardown::new(&cluster);
     let st = cluster.status()?;
     let ip = |ns: &str| st.pods.iter().find(|p| p.namespace == ns && p.name == "server").map(|p| p.ip.clone()).context("the server pod");
-    let cases = [
+    let ebpf = st.nodes.iter().all(|n| n.datapath.as_ref().is_some_and(|d| d.mode == "ebpf"));
+    let proxies: Vec<i32> = st.nodes.iter().filter_map(|n| n.proxy.as_ref().and_then(|p| p.pid)).collect();
+    let mut cases = vec![
         ("meshed, allowed (reference: connect and one echo)", "bench-denied", "8080", "ok"),
-        ("meshed, refused by the destination's node proxy (AuthorizationPolicy DENY)", "bench-denied", "9000", "refused"),
+        (
+            "meshed on nftables capture, refused by the destination's node proxy (AuthorizationPolicy DENY: HBONE 401, reset)",
+            "bench-denied-nft",
+            "9000",
+            "refused",
+        ),
         ("outside the mesh, allowed (reference)", "bench-denied-plain", "8080", "ok"),
-        ("outside the mesh, refused in the node's kernel path (NetworkPolicy)", "bench-denied-plain", "9000", "refused"),
+        (
+            "outside the mesh on nftables, refused in the node's nftables forward path (NetworkPolicy)",
+            "bench-denied-plain",
+            "9000",
+            "refused",
+        ),
     ];
+    if ebpf {
+        cases.insert(
+            1,
+            (
+                "meshed, refused at the source's connect() by the eBPF datapath (the same DENY, compiled into the kernel)",
+                "bench-denied",
+                "9000",
+                "refused",
+            ),
+        );
+    } else {
+        println!("  the cluster runs without the eBPF datapath (see `slipstream --cluster bench-policy status`): no kernel connect() case");
+    }
     let mut results = Vec::new();
     for (case, ns, port, expect) in cases {
         let server = ip(ns)?;
@@ -312,8 +364,10 @@ fn denied(args: &PolicyBenchArgs, out: &std::path::Path) -> anyhow::Result<Vec<D
         let argv: Vec<String> =
             ["python3", "-c", &script, &server, port, &args.connects.to_string()].iter().map(|s| s.to_string()).collect();
         let (so, se) = (out.join(format!("{}-{port}.out", ns)), out.join(format!("{}-{port}.err", ns)));
+        let cpu0 = proxy_cpu_ms(&proxies);
         let code = cluster.exec(ns, "client", &argv, &so, &se, Duration::from_secs(60 + u64::from(args.connects) * 5))?;
         anyhow::ensure!(code == 0, "the probe failed in {ns}/client: {}", std::fs::read_to_string(&se).unwrap_or_default());
+        let cpu_ms = proxy_cpu_ms(&proxies) - cpu0;
         let text = std::fs::read_to_string(&so)?;
         let mut times = Vec::new();
         let mut matched = 0;
@@ -334,10 +388,26 @@ fn denied(args: &PolicyBenchArgs, out: &std::path::Path) -> anyhow::Result<Vec<D
             p50_ms: percentile(&times, 50.0),
             p99_ms: percentile(&times, 99.0),
             max_ms: times.last().copied().unwrap_or(f64::NAN),
+            proxy_cpu_ms: cpu_ms,
         });
     }
     teardown.finish()?;
     Ok(results)
+}
+
+/// User and system CPU time of these processes, in ms (/proc/PID/stat;
+/// clock ticks of 10 ms, so a figure under 10 ms reads as 0 or 10).
+fn proxy_cpu_ms(pids: &[i32]) -> f64 {
+    let tick_ms = 1000.0 / 100.0;
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .filter_map(|s| {
+            // Fields after the command (which may hold spaces) in parentheses.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) * tick_ms)
+        })
+        .sum()
 }
 
 pub fn report(r: &PolicyResults) -> String {
@@ -349,11 +419,11 @@ pub fn report(r: &PolicyResults) -> String {
         s.push_str(&format!("| {} | {} | {:.0} |\n", m.case, m.verdict, m.ns_per_decision));
     }
     if !r.denied.is_empty() {
-        s.push_str("\n## Denied scenario: time until the client knows\n\n| case | attempts | as expected | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|\n");
+        s.push_str("\n## Denied scenario: time until the client knows, and what it cost the node proxies\n\n| case | attempts | as expected | p50 ms | p99 ms | max ms | node proxy CPU ms |\n|---|---|---|---|---|---|---|\n");
         for d in &r.denied {
             s.push_str(&format!(
-                "| {} | {} | {} ({}) | {:.3} | {:.3} | {:.3} |\n",
-                d.case, d.attempts, d.refused_or_ok, d.expect, d.p50_ms, d.p99_ms, d.max_ms
+                "| {} | {} | {} ({}) | {:.3} | {:.3} | {:.3} | {:.0} |\n",
+                d.case, d.attempts, d.refused_or_ok, d.expect, d.p50_ms, d.p99_ms, d.max_ms, d.proxy_cpu_ms
             ));
         }
     }

@@ -3,7 +3,8 @@
 //! capture rule; a denied pod's connect() refused by the kernel at once,
 //! costing the node proxy nothing, and shown by `observe` with its policy;
 //! allowed traffic carried in mTLS; plaintext inbound steered to the proxy;
-//! the kernel's refusals holding while a node proxy is away; the nftables
+//! the programs replaced in place under an open connection; the kernel's
+//! refusals holding while a node proxy is away; the nftables
 //! fallback; nothing pinned after `down`.
 
 mod common;
@@ -25,6 +26,23 @@ for _ in range(n):
         r = errno.errorcode.get(e.errno, str(e.errno))
     print(r, int((time.perf_counter() - t) * 1e6), flush=True)
     s.close()
+"#;
+
+/// Holds one HTTP/1.1 connection to ADDR:8080: a request now and one per
+/// line read from stdin, printing `answer N` for each answer.
+const HOLD: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], 8080), timeout=5)
+n = 0
+def ask():
+    global n
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: billing\r\n\r\n")
+    if not s.recv(65536):
+        print("closed", flush=True); sys.exit(1)
+    print("answer", n, flush=True); n += 1
+ask()
+for _ in sys.stdin:
+    ask()
 "#;
 
 /// A namespace outside the mesh with one client, and a meshed one with an
@@ -138,6 +156,12 @@ fn the_kernel_captures_refuses_and_explains() {
     assert_eq!(denials(&m), denials(&after_ok), "the node proxy did no work for them");
     assert!(!node1.log_since(log_at).contains("legacy-service"), "no access-log line: the proxy never saw them");
 
+    // Through the service too: every endpoint of billing-service:8080
+    // refuses legacy, so its address does at connect().
+    let (code, out) = c.exec("production", "deploy/legacy-service", &["python3", "-c", CONNECT, "billing-service.production", "8080", "1"]);
+    assert_eq!((code, out.split(' ').next()), (0, Some("EPERM")), "{out}");
+    assert_eq!(node1.metrics().sum("slipstream_datapath_drops_total", &["reason=\"POLICY_DENIED\""]), 21);
+
     // observe names both ends, the reason and the deciding policy.
     let o = c.ok(&[
         "observe",
@@ -182,6 +206,40 @@ fn the_kernel_captures_refuses_and_explains() {
     let (code, out) = c.exec("plain", "deploy/outsider", &["curl", "-sS", "--max-time", "3", &format!("http://{echo_ip}:8080/headers")]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(plain(&node2.metrics()), p0 + 1, "the plaintext connection went through node2's proxy");
+
+    // A new binary replaces the programs in place (what the CNI does when
+    // it starts): every pinned link gets a new program, an open connection
+    // keeps working, new ones are still captured.
+    let link = dir
+        .join("links")
+        .join(c.pods("frontend")[0]["namespace"].as_str().unwrap().to_string() + "_" + c.pods("frontend")[0]["name"].as_str().unwrap())
+        .join("connect4");
+    let prog_id = || -> u64 {
+        let o = std::process::Command::new("bpftool").args(["-j", "link", "show", "pinned"]).arg(&link).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("bpftool: {}", text(&o)));
+        v["prog_id"].as_u64().unwrap()
+    };
+    let mut held = std::process::Command::new(bin())
+        .args(["--cluster", name, "exec", "-n", "production", "deploy/frontend", "--", "python3", "-c", HOLD, &billing_ip])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_hold = held.stdin.take().unwrap();
+    let from_hold = Collected::new(held.stdout.take().unwrap());
+    wait_until("the held connection to answer", Duration::from_secs(10), || from_hold.text().contains("answer 0"));
+    let before = prog_id();
+    let upgraded = slipstream_ebpf::Datapath::load(&dir).expect("a second load replaces the programs");
+    assert_ne!(prog_id(), before, "the link runs the new program");
+    drop(upgraded);
+    use std::io::Write;
+    writeln!(to_hold, "again").unwrap();
+    wait_until("the held connection to answer after the upgrade", Duration::from_secs(10), || from_hold.text().contains("answer 1"));
+    drop(to_hold);
+    let _ = held.wait();
+    let (code, out) =
+        c.exec("production", "deploy/frontend", &["curl", "-sS", "--max-time", "3", &format!("http://{billing_ip}:8080/headers")]);
+    assert_eq!(code, 0, "new connections after the upgrade: {out}");
 
     // A node proxy away: the kernel alone keeps refusing, at once.
     let pid = node1.pid;

@@ -59,9 +59,13 @@ fn link_local(pod_netns: &str) -> String {
     addr.split('/').next().unwrap().to_string()
 }
 
-/// Packets the pod's IPv6 guard refused so far (both chains, both rules).
+/// Packets the pod's IPv6 guard refused so far (both chains, both rules):
+/// in the capture table on the nftables datapath, in the guard table on
+/// the eBPF one.
 fn guard_hits(pod_netns: &str, chain: &str) -> u64 {
-    let (code, out) = sh(pod_netns, &["nft", "list", "chain", "inet", "slipstream_mesh", chain]);
+    let (_, tables) = sh(pod_netns, &["nft", "list", "tables"]);
+    let table = if tables.contains("slipstream_guard") { "slipstream_guard" } else { "slipstream_mesh" };
+    let (code, out) = sh(pod_netns, &["nft", "list", "chain", "inet", table, chain]);
     assert_eq!(code, 0, "{out}");
     out.lines().filter_map(|l| l.split_whitespace().skip_while(|w| *w != "packets").nth(1)?.parse::<u64>().ok()).sum()
 }

@@ -254,10 +254,13 @@ fn a_killed_node_proxy_is_restarted_and_meshed_traffic_fails_closed_meanwhile() 
     c.down();
 }
 
+/// The stranger stays on the nftables path (no connect hook): this test is
+/// about the destination node proxy's refusal. On the eBPF datapath the
+/// source's kernel refuses first (crates/cli/tests/ebpf_datapath.rs).
 const OUTSIDE: &str = r#"
 apiVersion: v1
 kind: Namespace
-metadata: {name: outside}
+metadata: {name: outside, labels: {slipstream.io/datapath: nftables}}
 ---
 apiVersion: v1
 kind: Pod

@@ -490,8 +490,14 @@ fn half_close_both_ways_and_a_reader_that_stops() {
 /// Receive and send queue of each established connection from the pod of
 /// `netns` to `to`, as the app's socket has them (the pod's capture is
 /// transparent to it).
+/// The queues of the sockets in `netns` connected to `to`, or, on the eBPF
+/// datapath (which steers at connect(): the app's socket is connected to
+/// the proxy's listener), to 127.0.0.1:15001.
 fn socket_queues(netns: &str, to: &str) -> Vec<(u64, u64)> {
-    let o = Command::new("ip").args(["netns", "exec", netns, "ss", "-tnH", "state", "established", "dst", to]).output().unwrap();
+    let o = Command::new("ip")
+        .args(["netns", "exec", netns, "ss", "-tnH", "state", "established", "(", "dst", to, "or", "dst", "127.0.0.1:15001", ")"])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "ss in {netns}: {}", text(&o));
     String::from_utf8_lossy(&o.stdout)
         .lines()

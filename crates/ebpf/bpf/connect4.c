@@ -18,6 +18,11 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 	struct ss_pod *pod = bpf_map_lookup_elem(&ss_pods_v1, &cg);
 	if (!pod)
 		return 1;
+	/* The capture bypass of the operator's tools (SO_MARK needs
+	 * CAP_NET_ADMIN, which pods do not have), as with nftables. */
+	struct bpf_sock *sk = ctx->sk;
+	if (sk && (sk->mark & SS_MARK_MASK) == SS_PROXY_MARK)
+		return 1;
 	__u32 dst = ctx->user_ip4;
 	__u16 port = bpf_ntohs((__u16)ctx->user_port);
 	/* Loopback and the pod's own address stay inside the pod. */

@@ -284,6 +284,8 @@ mod tests {
         assert_eq!(define(&h, "SS_OUTBOUND_PORT"), slipstream_core::abi::OUTBOUND_PORT as u64);
         assert_eq!(define(&h, "SS_INBOUND_PLAINTEXT_PORT"), slipstream_core::abi::INBOUND_PLAINTEXT_PORT as u64);
         assert_eq!(define(&h, "SS_HBONE_PORT"), slipstream_core::abi::HBONE_PORT as u64);
+        assert_eq!(define(&h, "SS_PROXY_MARK"), slipstream_core::abi::PROXY_MARK as u64);
+        assert_eq!(define(&h, "SS_MARK_MASK"), slipstream_core::abi::MARK_MASK as u64);
         assert!((DropReason::ALL.len() as u32) < DROP_MAX);
     }
 

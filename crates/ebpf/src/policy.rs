@@ -4,6 +4,9 @@
 //! verdict of [`engine::connection`] on every port a policy singles out,
 //! and on one port none does (standing for all the others).
 //!
+//! A service address gets an entry for a declared port when every ready
+//! endpoint of that port is denied to the source.
+//!
 //! Only what the engine decides is written, so the kernel never denies
 //! what the proxy would allow: no entry means "no say" and the connection
 //! goes on to the proxy (or, outside the mesh, to the destination). Pairs
@@ -138,6 +141,27 @@ pub fn compile(state: &MeshState, node: &str) -> Compiled {
                 }
                 let (verdict, rule) = if v.allowed { (POLICY_ALLOW, 0) } else { (POLICY_DENY, rules.id(&v)) };
                 out.entries.insert(PolicyKey::tcp(src_ip, dst_ip, p), PolicyValue { verdict, pad: [0; 3], rule });
+            }
+        }
+    }
+    // A service address: refused at connect() when every ready endpoint
+    // of that port would refuse (the proxy, whichever it picks, would
+    // too). No endpoint: the proxy's answer, not the kernel's.
+    for src in all.iter().filter(|w| w.node == node) {
+        let src_ip = v4(src.address()).expect("filtered");
+        for svc in state.services() {
+            for vip in svc.addresses.iter().filter_map(|a| v4(a.address)) {
+                for port in &svc.ports {
+                    let eps = state.endpoints(svc, port.service_port);
+                    let verdicts: Vec<engine::Verdict> =
+                        eps.iter().map(|e| engine::connection(state, src, &e.workload, L4Protocol::Tcp, e.target_port)).collect();
+                    if verdicts.is_empty() || verdicts.iter().any(|v| v.allowed) {
+                        continue;
+                    }
+                    let rule = rules.id(&verdicts[0]);
+                    out.entries
+                        .insert(PolicyKey::tcp(src_ip, vip, port.service_port), PolicyValue { verdict: POLICY_DENY, pad: [0; 3], rule });
+                }
             }
         }
     }

@@ -125,22 +125,25 @@ impl PodSockets for NetnsSockets {
     fn original_dst(&self, s: &TcpStream) -> io::Result<SocketAddr> {
         if let Some(maps) = &self.ebpf {
             let local = s.local_addr()?;
-            if local.port() == OUTBOUND_PORT && local.ip().is_loopback() {
+            return Ok(if local.port() == OUTBOUND_PORT && local.ip().is_loopback() {
                 // Steered at connect(): filed under (namespace, client port).
                 let cookie = slipstream_ebpf::sys::netns_cookie(std::os::fd::AsFd::as_fd(s))?;
-                if let Some(d) = maps.take_original_dst(cookie, s.peer_addr()?.port()) {
-                    return Ok(d.into());
+                match maps.take_original_dst(cookie, s.peer_addr()?.port()) {
+                    Some(d) => d.into(),
+                    // Not steered: the app dialed the listener itself (the
+                    // self-call check refuses it), unless conntrack knows
+                    // better (a pod on nftables capture).
+                    None => conntrack_original_dst(s).unwrap_or(local),
                 }
             } else if local.port() != INBOUND_PLAINTEXT_PORT {
-                // Assigned to the listener at tc ingress: the accepted socket keeps the
-                // address the client dialed.
-                return Ok(local);
-            } else if let Ok(d) = conntrack_original_dst(s) {
-                return Ok(d);
+                // Assigned to the listener at tc ingress: the accepted
+                // socket keeps the address the client dialed.
+                local
             } else {
-                // Dialed 15006 itself (the self-call check refuses it).
-                return Ok(local);
-            }
+                // Redirected by nftables (a pod on nftables capture), or
+                // 15006 dialed itself (the self-call check refuses it).
+                conntrack_original_dst(s).unwrap_or(local)
+            });
         }
         conntrack_original_dst(s)
     }

@@ -117,6 +117,7 @@ pub fn markdown(r: &Results, page: &Page) -> String {
     main_table(&mut s, &v);
     resources_table(&mut s, &v);
     targets_table(&mut s, &v);
+    ebpf_targets(&mut s, &v);
     failures(&mut s, r);
     scenarios(&mut s, r);
     experiments(&mut s, r);
@@ -131,6 +132,7 @@ pub fn summary(r: &Results) -> String {
     main_table(&mut s, &v);
     resources_table(&mut s, &v);
     targets_table(&mut s, &v);
+    ebpf_targets(&mut s, &v);
     s.trim_end().to_string()
 }
 
@@ -264,6 +266,46 @@ fn targets_table(s: &mut String, v: &View) {
     s.push('\n');
 }
 
+/// The eBPF datapath's own targets (BENCHMARKS.md): against `none` and
+/// against `l4-nft` of the same run.
+fn ebpf_targets(s: &mut String, v: &View) {
+    let available = |n: &str| v.r.scenarios.iter().any(|x| x.name == n && x.not_available.is_none());
+    if !available("l4-ebpf") {
+        return;
+    }
+    let get = |sc: &str, e: ExperimentId, f: &str| v.get(sc, &figure_id(e, f));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+    let cell = |r: Option<f64>, min: f64| match r {
+        Some(r) => format!("{r:.2}×: {}", verdict(r >= min)),
+        None => "not measured".into(),
+    };
+    let e = "l4-ebpf";
+    let (t1, q1, l1) = (ExperimentId::T1, ExperimentId::Q1, ExperimentId::L1);
+    let _ = writeln!(
+        s,
+        "## Targets for the eBPF datapath
+
+For reference only: the benchmark measures, it never fails on a target.
+"
+    );
+    let _ = writeln!(s, "| target | l4-ebpf |\n|---|---|");
+    let _ = writeln!(s, "| T1 throughput ≥ 0.55 × none | {} |", cell(ratio(get(e, t1, "gbps"), get(BASELINE, t1, "gbps")), 0.55));
+    let _ = writeln!(s, "| Q1 requests/s ≥ 0.60 × none | {} |", cell(ratio(get(e, q1, "rps"), get(BASELINE, q1, "rps")), 0.60));
+    let nft = available("l4-nft");
+    let q1_nft = if nft { cell(ratio(get(e, q1, "rps"), get("l4-nft", q1, "rps")), 1.2) } else { "not measured (no l4-nft)".into() };
+    let _ = writeln!(s, "| Q1 requests/s ≥ 1.2 × l4-nft | {q1_nft} |");
+    let p99 = match (get(e, l1, "p99_ms"), get("l4-nft", l1, "p99_ms")) {
+        (Some(a), Some(b)) => format!("{a:.3} ms vs {b:.3} ms: {}", verdict(a < b)),
+        _ => "not measured".into(),
+    };
+    let _ = writeln!(s, "| L1 p99 below l4-nft | {p99} |");
+    s.push('\n');
+}
+
 fn failures(s: &mut String, r: &Results) {
     let failed: Vec<_> = r.runs.iter().filter(|x| !x.ok()).collect();
     if !failed.is_empty() {
@@ -383,11 +425,11 @@ pub(crate) mod tests {
         }
     }
 
-    /// A plausible complete run: none and l4-nft measured, the others not
-    /// available.
+    /// A plausible complete run: none, l4-nft and l4-ebpf measured, the
+    /// others not available.
     pub fn sample() -> Results {
         let mut runs = Vec::new();
-        for (sc, k, cpu) in [("none", 1.0, 0.0), ("l4-nft", 0.25, 4.0)] {
+        for (sc, k, cpu) in [("none", 1.0, 0.0), ("l4-nft", 0.25, 4.0), ("l4-ebpf", 0.5, 3.0)] {
             let lat = 1.0 / k;
             runs.push(run(sc, ExperimentId::T1, 1, &[("gbps", 12.0 * k)], cpu));
             runs.push(run(sc, ExperimentId::T2, 1, &[("gbps", 14.0 * k)], cpu));
@@ -452,17 +494,17 @@ pub(crate) mod tests {
     #[test]
     fn table_has_every_ratio_figure_with_its_ratio() {
         let md = markdown(&sample(), &page());
-        assert_eq!(line(&md, "| experiment |"), "| experiment | figure | none | l4-nft |");
-        assert_eq!(line(&md, "| T1 "), "| T1 single-connection throughput | throughput (Gb/s) | 12.00 | 3.00 (0.25×) |");
+        assert_eq!(line(&md, "| experiment |"), "| experiment | figure | none | l4-nft | l4-ebpf |");
+        assert_eq!(line(&md, "| T1 "), "| T1 single-connection throughput | throughput (Gb/s) | 12.00 | 3.00 (0.25×) | 6.00 (0.50×) |");
         assert_eq!(
             line(&md, "| L1 latency at fixed load | p99 (ms)"),
-            "| L1 latency at fixed load | p99 (ms) | 3.00 | 12.00 (4.00×, +9.00 ms) |"
+            "| L1 latency at fixed load | p99 (ms) | 3.00 | 12.00 (4.00×, +9.00 ms) | 6.00 (2.00×, +3.00 ms) |"
         );
         assert_eq!(
             line(&md, "| Q1 maximum request rate | requests/s"),
-            "| Q1 maximum request rate | requests/s (req/s) | 20000 | 5000 (0.25×) |"
+            "| Q1 maximum request rate | requests/s (req/s) | 20000 | 5000 (0.25×) | 10000 (0.50×) |"
         );
-        assert_eq!(line(&md, "| C1 "), "| C1 new connections per second | connections/s (conn/s) | 4000 | 1000 (0.25×) |");
+        assert_eq!(line(&md, "| C1 "), "| C1 new connections per second | connections/s (conn/s) | 4000 | 1000 (0.25×) | 2000 (0.50×) |");
         let section = &md[md.find("## Results").unwrap()..md.find("## R1").unwrap()];
         let rows = section.lines().filter(|l| l.starts_with("| ")).count() - 1;
         let ratio_figures: usize = EXPERIMENTS.iter().map(|e| e.figures().iter().filter(|f| f.ratio).count()).sum();
@@ -474,13 +516,21 @@ pub(crate) mod tests {
     fn resources_targets_and_scenarios() {
         let md = markdown(&sample(), &page());
         assert!(md.contains("node proxy node1 13.9 MB, node proxy node2 14.2 MB"));
-        assert_eq!(line(&md, "| CPU seconds during T1"), "| CPU seconds during T1, all node proxies | 0.00 | 8.00 |");
-        assert_eq!(line(&md, "| peak RSS during Q1"), "| peak RSS during Q1, largest node proxy (MB) | 18.00 | 18.00 |");
-        assert_eq!(line(&md, "| RSS with 10000"), "| RSS with 10000 connections open, largest node proxy (MB) | 15.00 | 38.00 |");
-        assert_eq!(line(&md, "| T1 throughput ≥"), "| T1 throughput ≥ 0.50 × none | 0.25×: **missed** |");
-        assert_eq!(line(&md, "| L1 p50 ≤"), "| L1 p50 ≤ none + 1.5 ms | +3.00 ms: **missed** |");
-        assert_eq!(line(&md, "| node proxy RSS idle"), "| node proxy RSS idle ≤ 15 MB | 14.2 MB: met |");
-        assert_eq!(line(&md, "| node proxy RSS with 10k"), "| node proxy RSS with 10k open connections ≤ 40 MB | 38.0 MB: met |");
+        assert_eq!(line(&md, "| CPU seconds during T1"), "| CPU seconds during T1, all node proxies | 0.00 | 8.00 | 6.00 |");
+        assert_eq!(line(&md, "| peak RSS during Q1"), "| peak RSS during Q1, largest node proxy (MB) | 18.00 | 18.00 | 18.00 |");
+        assert_eq!(line(&md, "| RSS with 10000"), "| RSS with 10000 connections open, largest node proxy (MB) | 15.00 | 38.00 | 38.00 |");
+        assert_eq!(line(&md, "| T1 throughput ≥"), "| T1 throughput ≥ 0.50 × none | 0.25×: **missed** | 0.50×: met |");
+        assert_eq!(line(&md, "| L1 p50 ≤"), "| L1 p50 ≤ none + 1.5 ms | +3.00 ms: **missed** | +1.00 ms: met |");
+        assert_eq!(line(&md, "| node proxy RSS idle"), "| node proxy RSS idle ≤ 15 MB | 14.2 MB: met | 14.2 MB: met |");
+        assert_eq!(
+            line(&md, "| node proxy RSS with 10k"),
+            "| node proxy RSS with 10k open connections ≤ 40 MB | 38.0 MB: met | 38.0 MB: met |"
+        );
+        // The eBPF datapath's own targets, against none and l4-nft.
+        assert_eq!(line(&md, "| T1 throughput ≥ 0.55"), "| T1 throughput ≥ 0.55 × none | 0.50×: **missed** |");
+        assert_eq!(line(&md, "| Q1 requests/s ≥ 0.60"), "| Q1 requests/s ≥ 0.60 × none | 0.50×: **missed** |");
+        assert_eq!(line(&md, "| Q1 requests/s ≥ 1.2"), "| Q1 requests/s ≥ 1.2 × l4-nft | 2.00×: met |");
+        assert_eq!(line(&md, "| L1 p99 below l4-nft"), "| L1 p99 below l4-nft | 6.000 ms vs 12.000 ms: met |");
         for name in ["l7", "denied"] {
             assert!(line(&md, &format!("- `{name}`")).contains("**not available in this version"), "{name}");
         }
@@ -507,8 +557,8 @@ pub(crate) mod tests {
         r.runs.retain(|x| !(x.scenario == "l4-nft" && x.experiment == ExperimentId::C1));
         r.complete = false;
         let md = markdown(&r, &page());
-        assert!(line(&md, "| Q1 maximum request rate | requests/s").ends_with("| 20000 | failed |"));
-        assert!(line(&md, "| C1 ").ends_with("| 4000 | not run |"));
+        assert!(line(&md, "| Q1 maximum request rate | requests/s").ends_with("| 20000 | failed | 10000 (0.50×) |"));
+        assert!(line(&md, "| C1 ").ends_with("| 4000 | not run | 2000 (0.50×) |"));
         assert!(md.contains("- l4-nft Q1 rep 1: fortio: no JSON"));
         assert!(md.contains("interrupted"));
         assert!(!md.contains("## Warnings"));
@@ -523,11 +573,11 @@ pub(crate) mod tests {
         let svg = svg(&r);
         chart::tests::well_formed(&svg).unwrap();
         let ratio_figures: usize = EXPERIMENTS.iter().map(|e| e.figures().iter().filter(|f| f.ratio).count()).sum();
-        assert_eq!(svg.matches("class=\"bar\"").count(), ratio_figures, "one compared scenario (l4-nft)");
+        assert_eq!(svg.matches("class=\"bar\"").count(), 2 * ratio_figures, "two compared scenarios (l4-nft, l4-ebpf)");
         let rows = chart_rows(&r);
         assert_eq!(rows.len(), ratio_figures);
         let t1 = rows.iter().find(|x| x.figure == "T1.gbps").unwrap();
-        assert_eq!((t1.ratios.clone(), t1.target), (vec![Some(0.25)], Some(0.5)));
+        assert_eq!((t1.ratios.clone(), t1.target), (vec![Some(0.25), Some(0.5)], Some(0.5)));
         assert!(svg.contains(">0.25×<") && svg.contains(">4.00×<"));
         assert!(scenario::find("l4-nft").is_some());
     }

@@ -95,7 +95,11 @@ impl Explainer<'_> {
 }
 
 fn end(e: &slipstream_testbed::agent::flows::Endpoint, with_port: bool) -> String {
-    let name = if e.pod.is_empty() { e.ip.clone() } else { e.pod.clone() };
+    let name = match (e.pod.is_empty(), e.service.is_empty()) {
+        (false, _) => e.pod.clone(),
+        (true, false) => format!("service {}", e.service),
+        _ => e.ip.clone(),
+    };
     let mut s = if with_port && e.port != 0 { format!("{name}:{}", e.port) } else { name };
     if !e.identity.is_empty() {
         s.push_str(&format!(" ({})", e.identity));
@@ -184,6 +188,7 @@ mod tests {
             pod: pod.into(),
             namespace: pod.split('/').next().unwrap_or_default().into(),
             identity: String::new(),
+            service: String::new(),
         };
         Flow {
             seq: 1,

@@ -26,6 +26,8 @@
 #define SS_OUTBOUND_PORT 15001
 #define SS_INBOUND_PLAINTEXT_PORT 15006
 #define SS_HBONE_PORT 15008
+#define SS_PROXY_MARK 1337 /* 0x539: the node proxy's and the tools' sockets */
+#define SS_MARK_MASK 4095  /* 0xfff */
 
 /* How many nodes the per-node counters can tell apart (one kernel may
  * host several nodes of the local cluster). */

@@ -95,9 +95,10 @@ impl Capture {
     }
 
     /// Puts a new pod's sandbox on the datapath, before its first process.
-    /// `nftables`: a meshed pod that asked for nftables capture
-    /// (`slipstream.io/datapath: nftables`); on the eBPF datapath it still
-    /// gets the connect hook, for policy, but not the capture hooks.
+    /// `nftables`: a pod that asked to stay on the nftables path
+    /// (`slipstream.io/datapath: nftables`): on the eBPF datapath it gets
+    /// no program at all (nftables capture if meshed; its policy is the
+    /// proxy's and, outside the mesh, the nftables forward path's).
     #[allow(clippy::too_many_arguments)]
     pub fn enrol(
         &mut self,
@@ -116,15 +117,18 @@ impl Capture {
                 }
                 Ok(())
             }
-            Capture::Ebpf(dp) => {
-                let ebpf_capture = meshed && !nftables;
-                if ebpf_capture {
-                    crate::sys::capture::enable_ebpf_support(netns).map_err(|e| format!("capture: {e}"))?;
-                } else if meshed {
+            Capture::Ebpf(_) if nftables => {
+                if meshed {
                     crate::sys::capture::enable(netns).map_err(|e| format!("capture: {e}"))?;
                 }
+                Ok(())
+            }
+            Capture::Ebpf(dp) => {
+                if meshed {
+                    crate::sys::capture::enable_ebpf_support(netns).map_err(|e| format!("capture: {e}"))?;
+                }
                 let netns_path = crate::names::netns_path(netns);
-                let p = PodAttach { key, cgroup, netns: &netns_path, ip, node: node.index as u16, meshed: ebpf_capture };
+                let p = PodAttach { key, cgroup, netns: &netns_path, ip, node: node.index as u16, meshed };
                 dp.enrol(&p).map_err(|e| format!("eBPF datapath: {e}"))
             }
         }

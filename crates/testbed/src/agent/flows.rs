@@ -29,6 +29,9 @@ pub struct Endpoint {
     /// SPIFFE identity of a meshed pod's service account.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub identity: String,
+    /// `namespace/name` of the service whose address this is.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub service: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,13 +54,14 @@ pub struct Flow {
     pub point: String,
 }
 
-/// A pod as the flow log names it.
+/// A pod, or a service address (empty identity), as the flow log names it.
 #[derive(Debug, Clone)]
 pub struct PodName {
     pub ip: Ipv4Addr,
     pub namespace: String,
     pub name: String,
     pub identity: String,
+    pub service: bool,
 }
 
 #[derive(Debug, Default)]
@@ -114,14 +118,17 @@ impl FlowLog {
     }
 }
 
-fn endpoint(ip: Ipv4Addr, port: u16, pods: &[PodName]) -> Endpoint {
-    let pod = pods.iter().find(|p| p.ip == ip);
+fn endpoint(ip: Ipv4Addr, port: u16, names: &[PodName]) -> Endpoint {
+    let found = names.iter().find(|p| p.ip == ip);
+    let name = found.map(|p| format!("{}/{}", p.namespace, p.name)).unwrap_or_default();
+    let is_service = found.is_some_and(|p| p.service);
     Endpoint {
         ip: ip.to_string(),
         port,
-        pod: pod.map(|p| format!("{}/{}", p.namespace, p.name)).unwrap_or_default(),
-        namespace: pod.map(|p| p.namespace.clone()).unwrap_or_default(),
-        identity: pod.map(|p| p.identity.clone()).unwrap_or_default(),
+        pod: if is_service { String::new() } else { name.clone() },
+        namespace: found.map(|p| p.namespace.clone()).unwrap_or_default(),
+        identity: found.map(|p| p.identity.clone()).unwrap_or_default(),
+        service: if is_service { name } else { String::new() },
     }
 }
 
@@ -165,12 +172,21 @@ mod tests {
                 namespace: "production".into(),
                 name: "legacy".into(),
                 identity: "spiffe://cluster.local/ns/production/sa/legacy-sa".into(),
+                service: false,
             },
             PodName {
                 ip: Ipv4Addr::new(10, 244, 2, 3),
                 namespace: "production".into(),
                 name: "billing".into(),
                 identity: "spiffe://cluster.local/ns/production/sa/billing-sa".into(),
+                service: false,
+            },
+            PodName {
+                ip: Ipv4Addr::new(10, 96, 0, 11),
+                namespace: "production".into(),
+                name: "billing".into(),
+                identity: String::new(),
+                service: true,
             },
         ];
         let e = Event {
@@ -194,6 +210,9 @@ mod tests {
             ("production/legacy", "production/billing", 8080)
         );
         assert_eq!(f.source.identity, "spiffe://cluster.local/ns/production/sa/legacy-sa");
+        let via_vip = Event { dst_ip: abi::ip_key(Ipv4Addr::new(10, 96, 0, 11)), ..e };
+        let f = describe(&via_vip, 9, 1000, &pods, &[]);
+        assert_eq!((f.destination.pod.as_str(), f.destination.service.as_str()), ("", "production/billing"));
         let unknown = Event { dst_ip: abi::ip_key(Ipv4Addr::new(1, 2, 3, 4)), verdict: Verdict::Redirected as u8, ..e };
         let f = describe(&unknown, 8, 1000, &pods, &[]);
         assert_eq!((f.destination.pod.as_str(), f.drop_reason.as_str(), f.node.as_str()), ("", "", ""));

@@ -22,8 +22,9 @@ pub fn is_meshed(namespace_labels: &Labels, pod_labels: &Labels) -> bool {
     }
 }
 
-/// Our label, on a namespace or a pod: `nftables` captures its meshed pods
-/// with nftables even on a node running the eBPF datapath (to compare the
+/// Our label, on a namespace or a pod: `nftables` keeps its pods on the
+/// nftables path even on a node running the eBPF datapath: nftables
+/// capture for meshed pods, no BPF program on any of them (to compare the
 /// two side by side, as `slipstream bench` does, or to keep a workload on
 /// the older path). Read when the pod is created.
 pub const DATAPATH_LABEL: &str = "slipstream.io/datapath";

@@ -557,22 +557,24 @@ impl Agent {
                 } else {
                     String::new()
                 },
+                service: false,
             })
+            .chain(self.vips.iter().map(|((namespace, name), ip)| flows::PodName {
+                ip: *ip,
+                namespace: namespace.clone(),
+                name: name.clone(),
+                identity: String::new(),
+                service: true,
+            }))
             .collect();
         let nodes: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
         self.flows.drain(&pods, &nodes);
     }
 
-    /// Drives stopping pods; the ones fully gone leave the datapath.
+    /// Drives stopping pods (each leaves the datapath as it goes).
     fn progress_stopping(&mut self) {
         let capture = &mut self.capture;
-        self.stopping.retain_mut(|p| {
-            let gone = p.progress_stop();
-            if gone {
-                capture.withdraw(&p.datapath_key(), p.ip);
-            }
-            !gone
-        });
+        self.stopping.retain_mut(|p| !p.progress_stop(capture));
     }
 }
 

@@ -178,8 +178,10 @@ impl PodRuntime {
         cgroup::signal_tree(&self.cgroup, crate::sys::signals::Signal::TERM);
     }
 
-    /// Drives a terminating pod; true once it is fully gone.
-    pub fn progress_stop(&mut self) -> bool {
+    /// Drives a terminating pod; true once it is fully gone. Its datapath
+    /// goes once its processes are gone and before its network namespace
+    /// (a tc link is detached while its device still exists).
+    pub fn progress_stop(&mut self, capture: &mut super::datapath::Capture) -> bool {
         let Some(kill_at) = self.kill_at else { return false };
         self.reap();
         let empty = cgroup::pids_recursive(&self.cgroup).is_empty();
@@ -194,6 +196,7 @@ impl PodRuntime {
                 let _ = ch.wait();
             }
         }
+        capture.withdraw(&self.datapath_key(), self.ip);
         if let Err(e) = net::del_netns(&self.netns) {
             tracing::warn!(pod = %self.key(), "{e}");
         }

@@ -90,11 +90,12 @@ pub fn enable(pod_netns: &str) -> Result<(), CmdError> {
 /// programs: the reply route of transparent inbound connections, and the
 /// IPv6 guard. `tcp_fwmark_accept` makes the app's side of a connection
 /// the proxy opened with INPOD_MARK carry that mark too, so its replies
-/// take the reply route back to the proxy (nftables capture restores the
-/// mark from conntrack instead).
+/// take the reply route back to the proxy, and `fwmark_reflect` does the
+/// same for what the kernel answers with no socket (the reset of a closed
+/// port); nftables capture restores the mark from conntrack instead.
 pub fn enable_ebpf_support(pod_netns: &str) -> Result<(), CmdError> {
     run(&["ip", "netns", "exec", pod_netns, "nft", "-f", "-"], Some(&ipv6_guard_ruleset()))?;
-    run(&["ip", "netns", "exec", pod_netns, "sysctl", "-qw", "net.ipv4.tcp_fwmark_accept=1"], None)?;
+    run(&["ip", "netns", "exec", pod_netns, "sysctl", "-qw", "net.ipv4.tcp_fwmark_accept=1", "net.ipv4.fwmark_reflect=1"], None)?;
     reply_route(pod_netns)
 }
 
