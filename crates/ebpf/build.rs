@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 // test_policy is embedded by the tests only.
-const PROGRAMS: [&str; 4] = ["connect4", "sockops", "tc_ingress", "test_policy"];
+const PROGRAMS: [&str; 5] = ["connect4", "getpeername4", "sockops", "tc_ingress", "test_policy"];
 
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));

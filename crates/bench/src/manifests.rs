@@ -112,7 +112,10 @@ mod tests {
         assert_eq!(y.matches("kind: Namespace").count(), 3);
         assert_eq!(y.matches("kind: Pod").count(), 6);
         assert_eq!(y.matches("kind: Service").count(), 3);
-        assert!(y.contains("  name: bench-none\n---"), "the baseline namespace has no labels:\n{y}");
+        assert!(
+            y.contains("  name: bench-none\n  labels:\n    slipstream.io/datapath: nftables\n---"),
+            "the baseline namespace is outside the mesh and off BPF:\n{y}"
+        );
         assert!(
             y.contains("  name: bench-l4\n  labels:\n    istio.io/dataplane-mode: ambient\n    slipstream.io/datapath: nftables\n"),
             "{y}"

@@ -28,8 +28,8 @@ pub enum Setup {
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "none",
-        description: "no mesh: plain TCP between the pods, service VIPs by nftables DNAT",
-        setup: Setup::Namespace { namespace: "bench-none", labels: &[] },
+        description: "no mesh: plain TCP between the pods, service VIPs by nftables DNAT (no BPF program on these pods either)",
+        setup: Setup::Namespace { namespace: "bench-none", labels: &[("slipstream.io/datapath", "nftables")] },
         l4_targets: false,
     },
     Scenario {

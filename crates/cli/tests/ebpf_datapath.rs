@@ -86,6 +86,22 @@ spec:
         securityContext: {runAsUser: 65532, runAsGroup: 65532}
         ports: [{name: http, containerPort: 8080}]
         readinessProbe: {httpGet: {path: /healthz, port: http}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: open}
+spec:
+  selector: {app: echo}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+"#;
+
+/// Connects to a service by name and holds the connection: prints the
+/// address getpeername() answers, then waits for a line on stdin.
+const DIAL: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+print("%s:%d" % s.getpeername(), flush=True)
+sys.stdin.readline()
 "#;
 
 fn pod_ip(c: &Cluster, prefix: &str) -> String {
@@ -240,6 +256,34 @@ fn the_kernel_captures_refuses_and_explains() {
     let (code, out) =
         c.exec("production", "deploy/frontend", &["curl", "-sS", "--max-time", "3", &format!("http://{billing_ip}:8080/headers")]);
     assert_eq!(code, 0, "new connections after the upgrade: {out}");
+
+    // Connect-time load balancing for a pod outside the mesh: its socket
+    // is connected to the endpoint itself (no per-packet NAT), getpeername()
+    // still answers the service address, and the flow names the endpoint.
+    let vip = c.status()["services"].as_array().unwrap().iter().find(|s| s["name"] == "echo" && s["namespace"] == "open").unwrap()["vip"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut dial = std::process::Command::new(bin())
+        .args(["--cluster", name, "exec", "-n", "plain", "deploy/outsider", "--", "python3", "-c", DIAL, "echo.open", "80"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dial_in = dial.stdin.take().unwrap();
+    let dialed = Collected::new(dial.stdout.take().unwrap());
+    wait_until("getpeername() through the service", Duration::from_secs(10), || dialed.text().contains(':'));
+    assert_eq!(dialed.text().trim(), format!("{vip}:80"), "the app sees the address it dialed");
+    let outsider_netns = c.pods("outsider")[0]["netns"].as_str().unwrap().to_string();
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", &outsider_netns, "ss", "-tnH", "state", "established", "dst", &format!("{echo_ip}:8080")])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1, "the socket is connected to the endpoint: {}", text(&o));
+    drop(dial_in);
+    let _ = dial.wait();
+    let flows = c.ok(&["observe", "--from-pod", "plain/outsider", "--to-pod", "open/echo", "--port", "8080", "--last", "0", "-o", "json"]);
+    assert!(flows.lines().any(|l| l.contains("\"FORWARDED\"")), "the balanced connect() is a FORWARDED flow to the endpoint: {flows}");
 
     // A node proxy away: the kernel alone keeps refusing, at once.
     let pid = node1.pid;

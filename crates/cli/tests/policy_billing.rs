@@ -37,7 +37,11 @@ const URL: &str = "http://billing-service.production:8080/headers";
 #[test]
 fn only_frontend_calls_billing_and_a_policy_change_cuts_an_open_connection() {
     let dir = repo().join("examples/policies/billing");
-    let c = Cluster::up("t-billing", &["-f", &dir.display().to_string()]);
+    // On nftables capture, so that legacy's refusals reach billing's node
+    // proxy and its access log and metrics (what this test is about); on
+    // the eBPF datapath the source's kernel refuses first, which
+    // ebpf_datapath.rs tests with this same example.
+    let c = Cluster::up("t-billing", &["--datapath", "nftables", "-f", &dir.display().to_string()]);
     let curl = |deploy: &str| c.exec("production", deploy, &["curl", "-sS", "--max-time", "3", URL]);
 
     // As an unprivileged user in each pod: frontend gets through, legacy not.

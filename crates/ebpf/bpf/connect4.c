@@ -9,6 +9,48 @@
  */
 #include "include/ss_lib.h"
 
+/* A pod outside the mesh dialing a service: the connection goes to one of
+ * its ready endpoints, chosen here, once, with no per-packet NAT; the
+ * endpoint's own policy applies; getpeername() still answers the service
+ * address (getpeername4.c). Anything else goes on as dialed. A meshed pod's
+ * service connections are the node proxy's to balance (it gets the
+ * address the app dialed). */
+static __always_inline int ss_balance(struct bpf_sock_addr *ctx, __u64 cg, struct ss_pod *pod, __u32 dst, __u16 port)
+{
+	struct ss_svc_key sk = { .vip = dst, .port = port, .proto = IPPROTO_TCP };
+	struct ss_svc *svc = bpf_map_lookup_elem(&ss_services_v1, &sk);
+	if (!svc) {
+		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
+		return 1;
+	}
+	if (svc->count == 0) {
+		ss_count_drop(pod->node, SS_DROP_NO_ENDPOINT);
+		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_DROPPED, SS_DROP_NO_ENDPOINT, SS_POINT_CONNECT, 0, pod->node);
+		return 0;
+	}
+	struct ss_backend_key bk = { .vip = dst, .port = port, .index = (__u16)(bpf_get_prandom_u32() % svc->count) };
+	struct ss_origdst *b = bpf_map_lookup_elem(&ss_backends_v1, &bk);
+	if (!b) {
+		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
+		return 1;
+	}
+	__u32 bip = b->ip;
+	__u16 bport = b->port;
+	struct ss_policy_value *v = ss_policy_lookup(pod->ip, bip, bport);
+	if (v && v->verdict == SS_POLICY_DENY) {
+		ss_count_drop(pod->node, SS_DROP_POLICY_DENIED);
+		ss_emit(cg, pod->ip, 0, bip, bport, SS_VERDICT_DROPPED, SS_DROP_POLICY_DENIED, SS_POINT_CONNECT, v->rule, pod->node);
+		return 0;
+	}
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct ss_origdst dialed = { .ip = dst, .port = port };
+	bpf_map_update_elem(&ss_lbsock_v1, &cookie, &dialed, BPF_ANY);
+	ctx->user_ip4 = bip;
+	ctx->user_port = bpf_htons(bport);
+	ss_emit(cg, pod->ip, 0, bip, bport, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
+	return 1;
+}
+
 SEC("cgroup/connect4")
 int ss_connect4(struct bpf_sock_addr *ctx)
 {
@@ -36,10 +78,8 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 			pod->node);
 		return 0;
 	}
-	if (!(pod->flags & SS_POD_MESHED)) {
-		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
-		return 1;
-	}
+	if (!(pod->flags & SS_POD_MESHED))
+		return ss_balance(ctx, cg, pod, dst, port);
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct ss_origdst od = { .ip = dst, .port = port };
 	if (bpf_map_update_elem(&ss_connect_v1, &cookie, &od, BPF_ANY))

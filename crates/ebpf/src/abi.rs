@@ -20,7 +20,10 @@ pub mod maps {
     pub const LISTENERS: &str = "ss_listeners_v1";
     pub const DROPS: &str = "ss_drops_v1";
     pub const EVENTS: &str = "ss_events_v1";
-    pub const ALL: [&str; 8] = [PODS, LOCAL, CONNECT, ORIGDST, POLICY, LISTENERS, DROPS, EVENTS];
+    pub const SERVICES: &str = "ss_services_v1";
+    pub const BACKENDS: &str = "ss_backends_v1";
+    pub const LBSOCK: &str = "ss_lbsock_v1";
+    pub const ALL: [&str; 11] = [PODS, LOCAL, CONNECT, ORIGDST, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, DROPS, EVENTS];
 }
 
 pub const POD_MESHED: u16 = 1;
@@ -43,16 +46,18 @@ pub enum Verdict {
 pub enum DropReason {
     PolicyDenied = 1,
     NoProxy = 2,
+    NoEndpoint = 3,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 2] = [DropReason::PolicyDenied, DropReason::NoProxy];
+    pub const ALL: [DropReason; 3] = [DropReason::PolicyDenied, DropReason::NoProxy, DropReason::NoEndpoint];
 
     /// The metric label and `observe` word.
     pub fn as_str(self) -> &'static str {
         match self {
             DropReason::PolicyDenied => "POLICY_DENIED",
             DropReason::NoProxy => "NO_PROXY",
+            DropReason::NoEndpoint => "NO_ENDPOINT",
         }
     }
 
@@ -127,6 +132,30 @@ pub struct PolicyValue {
     pub verdict: u8,
     pub pad: [u8; 3],
     pub rule: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
+pub struct SvcKey {
+    pub vip: u32,
+    pub port: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Svc {
+    pub count: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
+pub struct BackendKey {
+    pub vip: u32,
+    pub port: u16,
+    pub index: u16,
 }
 
 #[repr(C)]
@@ -209,6 +238,12 @@ unsafe impl aya::Pod for OrigDstKey {}
 unsafe impl aya::Pod for PolicyKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PolicyValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SvcKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Svc {}
+// SAFETY: as above.
+unsafe impl aya::Pod for BackendKey {}
 
 #[cfg(test)]
 mod tests {
@@ -234,6 +269,11 @@ mod tests {
         );
         assert_eq!(size_of::<PolicyValue>(), 8);
         assert_eq!((offset_of!(PolicyValue, verdict), offset_of!(PolicyValue, rule)), (0, 4));
+        assert_eq!(size_of::<SvcKey>(), 8);
+        assert_eq!((offset_of!(SvcKey, vip), offset_of!(SvcKey, port), offset_of!(SvcKey, proto)), (0, 4, 6));
+        assert_eq!(size_of::<Svc>(), 8);
+        assert_eq!(size_of::<BackendKey>(), 8);
+        assert_eq!((offset_of!(BackendKey, vip), offset_of!(BackendKey, port), offset_of!(BackendKey, index)), (0, 4, 6));
         assert_eq!(size_of::<Event>(), 40);
         assert_eq!(
             [
@@ -279,6 +319,7 @@ mod tests {
         assert_eq!(define(&h, "SS_VERDICT_DROPPED"), Verdict::Dropped as u64);
         assert_eq!(define(&h, "SS_DROP_POLICY_DENIED"), DropReason::PolicyDenied as u64);
         assert_eq!(define(&h, "SS_DROP_NO_PROXY"), DropReason::NoProxy as u64);
+        assert_eq!(define(&h, "SS_DROP_NO_ENDPOINT"), DropReason::NoEndpoint as u64);
         assert_eq!(define(&h, "SS_POINT_CONNECT"), POINT_CONNECT as u64);
         assert_eq!(define(&h, "SS_POINT_TC_INGRESS"), POINT_TC_INGRESS as u64);
         assert_eq!(define(&h, "SS_OUTBOUND_PORT"), slipstream_core::abi::OUTBOUND_PORT as u64);

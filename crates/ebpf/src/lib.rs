@@ -13,5 +13,5 @@ pub mod policy;
 pub mod sys;
 
 pub use flows::FlowReader;
-pub use loader::{remove_all, Datapath, Hook, PodAttach};
+pub use loader::{remove_all, Datapath, Hook, PodAttach, ServiceLb};
 pub use node::NodeMaps;

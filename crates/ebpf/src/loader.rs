@@ -15,7 +15,7 @@
 //! ([`Datapath::load`] updates every pinned link), without a moment
 //! without a program and without touching open connections.
 
-use crate::abi::{self, Local, Pod};
+use crate::abi::{self, BackendKey, Local, OrigDst, Pod, PolicyKey, PolicyValue, Svc, SvcKey};
 use crate::sys;
 use aya::maps::HashMap;
 use aya::programs::{CgroupSockAddr, SchedClassifier, SockOps};
@@ -27,6 +27,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 static CONNECT4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/connect4.o"));
+static GETPEERNAME4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/getpeername4.o"));
 static SOCKOPS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockops.o"));
 static TC_INGRESS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc_ingress.o"));
 
@@ -37,16 +38,18 @@ pub const POD_DEVICE: &str = "eth0";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
     Connect4,
+    GetPeername4,
     SockOps,
     TcIngress,
 }
 
 impl Hook {
-    pub const ALL: [Hook; 3] = [Hook::Connect4, Hook::SockOps, Hook::TcIngress];
+    pub const ALL: [Hook; 4] = [Hook::Connect4, Hook::GetPeername4, Hook::SockOps, Hook::TcIngress];
 
     pub fn name(self) -> &'static str {
         match self {
             Hook::Connect4 => "connect4",
+            Hook::GetPeername4 => "getpeername4",
             Hook::SockOps => "sockops",
             Hook::TcIngress => "tc_ingress",
         }
@@ -55,6 +58,7 @@ impl Hook {
     fn program(self) -> &'static str {
         match self {
             Hook::Connect4 => "ss_connect4",
+            Hook::GetPeername4 => "ss_getpeername4",
             Hook::SockOps => "ss_sockops",
             Hook::TcIngress => "ss_tc_ingress",
         }
@@ -63,6 +67,7 @@ impl Hook {
     fn attach_type(self) -> u32 {
         match self {
             Hook::Connect4 => sys::ATTACH_CGROUP_INET4_CONNECT,
+            Hook::GetPeername4 => sys::ATTACH_CGROUP_INET4_GETPEERNAME,
             Hook::SockOps => sys::ATTACH_CGROUP_SOCK_OPS,
             Hook::TcIngress => sys::ATTACH_TCX_INGRESS,
         }
@@ -96,6 +101,15 @@ pub struct PodAttach<'a> {
     pub meshed: bool,
 }
 
+/// A service port as the connect-time balancer sees it (TCP).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceLb {
+    pub vip: Ipv4Addr,
+    pub port: u16,
+    /// Ready endpoints: address and target port.
+    pub endpoints: Vec<(Ipv4Addr, u16)>,
+}
+
 /// The loaded programs and the shared maps of one cluster.
 pub struct Datapath {
     dir: PathBuf,
@@ -118,12 +132,14 @@ impl Datapath {
         std::fs::create_dir_all(&maps).map_err(io(format!("creating {}", maps.display())))?;
         std::fs::create_dir_all(dir.join("links")).map_err(io(format!("creating {}", dir.join("links").display())))?;
         let mut objects = Vec::new();
-        for (hook, bytes) in [(Hook::Connect4, CONNECT4), (Hook::SockOps, SOCKOPS), (Hook::TcIngress, TC_INGRESS)] {
+        for (hook, bytes) in
+            [(Hook::Connect4, CONNECT4), (Hook::GetPeername4, GETPEERNAME4), (Hook::SockOps, SOCKOPS), (Hook::TcIngress, TC_INGRESS)]
+        {
             let load_err = |e: Box<dyn std::error::Error + Send + Sync>| Error::Load { hook: hook.name(), error: e };
             let mut obj = EbpfLoader::new().map_pin_path(&maps).load(bytes).map_err(|e| load_err(e.into()))?;
             let prog = obj.program_mut(hook.program()).ok_or_else(|| load_err("program missing from its object".into()))?;
             match hook {
-                Hook::Connect4 => {
+                Hook::Connect4 | Hook::GetPeername4 => {
                     let p: &mut CgroupSockAddr = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
                     p.load().map_err(|e| load_err(e.into()))?;
                 }
@@ -152,7 +168,7 @@ impl Datapath {
         let obj = &self.objects.iter().find(|(h, _)| *h == hook).expect("every hook is loaded").1;
         let prog = obj.program(hook.program()).expect("loaded above");
         let fd = match hook {
-            Hook::Connect4 => <&CgroupSockAddr>::try_from(prog).expect("type checked at load").fd(),
+            Hook::Connect4 | Hook::GetPeername4 => <&CgroupSockAddr>::try_from(prog).expect("type checked at load").fd(),
             Hook::SockOps => <&SockOps>::try_from(prog).expect("type checked at load").fd(),
             Hook::TcIngress => <&SchedClassifier>::try_from(prog).expect("type checked at load").fd(),
         };
@@ -178,20 +194,15 @@ impl Datapath {
         Ok(())
     }
 
-    fn pods_map(&mut self) -> Result<HashMap<&mut aya::maps::MapData, u64, Pod>, Error> {
-        let obj = &mut self.objects.iter_mut().find(|(h, _)| *h == Hook::Connect4).expect("loaded").1;
-        let m = obj
-            .map_mut(abi::maps::PODS)
-            .ok_or(Error::Map { map: abi::maps::PODS, error: aya::maps::MapError::InvalidName { name: abi::maps::PODS.into() } })?;
-        HashMap::try_from(m).map_err(|error| Error::Map { map: abi::maps::PODS, error })
-    }
-
-    fn local_map(&mut self) -> Result<HashMap<&mut aya::maps::MapData, u32, Local>, Error> {
-        let obj = &mut self.objects.iter_mut().find(|(h, _)| *h == Hook::TcIngress).expect("loaded").1;
-        let m = obj
-            .map_mut(abi::maps::LOCAL)
-            .ok_or(Error::Map { map: abi::maps::LOCAL, error: aya::maps::MapError::InvalidName { name: abi::maps::LOCAL.into() } })?;
-        HashMap::try_from(m).map_err(|error| Error::Map { map: abi::maps::LOCAL, error })
+    /// A hash map of the loaded objects (all share the pinned maps; any
+    /// object that declares it will do).
+    fn hash_map<K: aya::Pod, V: aya::Pod>(&mut self, name: &'static str) -> Result<HashMap<&mut aya::maps::MapData, K, V>, Error> {
+        let m = self
+            .objects
+            .iter_mut()
+            .find_map(|(_, o)| o.map_mut(name))
+            .ok_or(Error::Map { map: name, error: aya::maps::MapError::InvalidName { name: name.into() } })?;
+        HashMap::try_from(m).map_err(|error| Error::Map { map: name, error })
     }
 
     /// Attaches the datapath to a pod: its connect() hook always (policy),
@@ -210,15 +221,15 @@ impl Datapath {
         let cgroup_id = cgroup.metadata().map_err(io(format!("stat {}", p.cgroup.display())))?.ino();
         let flags = if p.meshed { abi::POD_MESHED } else { 0 };
         let ip = abi::ip_key(p.ip);
-        self.pods_map()?
+        self.hash_map::<u64, Pod>(abi::maps::PODS)?
             .insert(cgroup_id, Pod { ip, node: p.node, flags }, 0)
             .map_err(|error| Error::Map { map: abi::maps::PODS, error })?;
-        self.local_map()?
+        self.hash_map::<u32, Local>(abi::maps::LOCAL)?
             .insert(ip, Local { node: p.node, flags, pad: 0 }, 0)
             .map_err(|error| Error::Map { map: abi::maps::LOCAL, error })?;
         let links = self.dir.join("links").join(p.key);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
-        let mut hooks = vec![Hook::Connect4];
+        let mut hooks = vec![Hook::Connect4, Hook::GetPeername4];
         if p.meshed {
             hooks.extend([Hook::SockOps, Hook::TcIngress]);
         }
@@ -237,6 +248,42 @@ impl Datapath {
         Ok(())
     }
 
+    /// Makes the connect-time load balancer hold exactly these services.
+    /// Endpoints first, then the count that makes them visible; stale
+    /// entries last.
+    pub fn set_services(&mut self, services: &[ServiceLb]) -> Result<(), Error> {
+        let mut want_svc = std::collections::BTreeMap::new();
+        let mut want_be = std::collections::BTreeMap::new();
+        for ServiceLb { vip, port, endpoints: eps } in services {
+            let vip = abi::ip_key(*vip);
+            for (i, (ip, p)) in eps.iter().enumerate().take(u16::MAX as usize) {
+                want_be.insert(BackendKey { vip, port: *port, index: i as u16 }, OrigDst { ip: abi::ip_key(*ip), port: *p, pad: 0 });
+            }
+            want_svc.insert(
+                SvcKey { vip, port: *port, proto: abi::IPPROTO_TCP, pad: 0 },
+                Svc { count: eps.len().min(u16::MAX as usize) as u32, pad: 0 },
+            );
+        }
+        let mut be = self.hash_map::<BackendKey, OrigDst>(abi::maps::BACKENDS)?;
+        for (k, v) in &want_be {
+            be.insert(*k, *v, 0).map_err(|error| Error::Map { map: abi::maps::BACKENDS, error })?;
+        }
+        let mut svc = self.hash_map::<SvcKey, Svc>(abi::maps::SERVICES)?;
+        for (k, v) in &want_svc {
+            svc.insert(*k, *v, 0).map_err(|error| Error::Map { map: abi::maps::SERVICES, error })?;
+        }
+        let stale: Vec<SvcKey> = svc.keys().flatten().filter(|k| !want_svc.contains_key(k)).collect();
+        for k in stale {
+            let _ = svc.remove(&k);
+        }
+        let mut be = self.hash_map::<BackendKey, OrigDst>(abi::maps::BACKENDS)?;
+        let stale: Vec<BackendKey> = be.keys().flatten().filter(|k| !want_be.contains_key(k)).collect();
+        for k in stale {
+            let _ = be.remove(&k);
+        }
+        Ok(())
+    }
+
     /// Detaches the datapath from a pod and forgets it. Idempotent.
     pub fn withdraw(&mut self, key: &str, ip: Ipv4Addr) -> Result<(), Error> {
         let links = self.dir.join("links").join(key);
@@ -245,11 +292,18 @@ impl Datapath {
             std::fs::remove_dir_all(&links).map_err(io(format!("removing {}", links.display())))?;
         }
         let ipk = abi::ip_key(ip);
-        let _ = self.local_map()?.remove(&ipk);
-        let mut pods = self.pods_map()?;
+        let _ = self.hash_map::<u32, Local>(abi::maps::LOCAL)?.remove(&ipk);
+        let mut pods = self.hash_map::<u64, Pod>(abi::maps::PODS)?;
         let stale: Vec<u64> = pods.iter().flatten().filter(|(_, v)| v.ip == ipk).map(|(k, _)| k).collect();
         for k in stale {
             let _ = pods.remove(&k);
+        }
+        // Its verdicts as a source, so that a pod given its address later
+        // starts with none of them (its node proxy writes its own).
+        let mut policy = self.hash_map::<PolicyKey, PolicyValue>(abi::maps::POLICY)?;
+        let stale: Vec<PolicyKey> = policy.keys().flatten().filter(|k| k.src_ip == ipk).collect();
+        for k in stale {
+            let _ = policy.remove(&k);
         }
         Ok(())
     }

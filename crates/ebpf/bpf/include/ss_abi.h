@@ -87,6 +87,28 @@ struct ss_policy_value {
 #define SS_POLICY_ALLOW 1
 #define SS_POLICY_DENY 2
 
+/* Connect-time load balancing (maps ss_services_v1, ss_backends_v1):
+ * a service address and port, and its ready endpoints by index. */
+struct ss_svc_key {
+	__u32 vip;  /* network order */
+	__u16 port; /* host order */
+	__u8 proto; /* IPPROTO_TCP */
+	__u8 pad;
+};
+
+struct ss_svc {
+	__u32 count; /* endpoints at indexes 0..count-1; 0: none ready */
+	__u32 pad;
+};
+
+struct ss_backend_key {
+	__u32 vip;
+	__u16 port;
+	__u16 index;
+};
+
+/* An endpoint: the layout of ss_origdst. */
+
 /* Verdicts of flow events. Never renumbered. */
 #define SS_VERDICT_FORWARDED 1  /* passed on untouched (not meshed) */
 #define SS_VERDICT_REDIRECTED 2 /* steered to the node proxy */
@@ -95,6 +117,7 @@ struct ss_policy_value {
 /* Drop reasons. Never renumbered; 0 is not a reason. */
 #define SS_DROP_POLICY_DENIED 1 /* the policy maps deny it */
 #define SS_DROP_NO_PROXY 2      /* a meshed pod's node proxy is not listening */
+#define SS_DROP_NO_ENDPOINT 3   /* a service address with no ready endpoint */
 #define SS_DROP_MAX 8           /* counters per node */
 
 /* Where the verdict was taken. */

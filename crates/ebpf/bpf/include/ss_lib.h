@@ -62,6 +62,32 @@ struct {
 } ss_listeners_v1 SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ss_svc_key);
+	__type(value, struct ss_svc);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_services_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct ss_backend_key);
+	__type(value, struct ss_origdst);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_backends_v1 SEC(".maps");
+
+/* The service address a balanced socket dialed, by socket cookie, for
+ * getpeername() (the app sees the address it dialed, not the endpoint). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct ss_origdst);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_lbsock_v1 SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, SS_MAX_NODES * SS_DROP_MAX);
 	__type(key, __u32);

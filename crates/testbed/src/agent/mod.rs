@@ -399,6 +399,20 @@ impl Agent {
         let view = services::view(&self.store, &pods, &self.nodes, &self.vips);
         let rules = plan::nft_ruleset(&view.rules);
         if self.last_rules.as_deref() != Some(rules.as_str()) {
+            // The same services for the eBPF datapath's connect-time
+            // balancer (pods outside the mesh; meshed pods' node proxies
+            // balance their own).
+            if let datapath::Capture::Ebpf(dp) = &mut self.capture {
+                let lb: Vec<_> = view
+                    .rules
+                    .iter()
+                    .filter(|r| r.protocol == slipstream_k8s::Protocol::TCP)
+                    .map(|r| slipstream_ebpf::ServiceLb { vip: r.vip, port: r.port, endpoints: r.endpoints.clone() })
+                    .collect();
+                if let Err(e) = dp.set_services(&lb) {
+                    tracing::error!("connect-time load balancing not updated (nftables DNAT still serves): {e}");
+                }
+            }
             let mut ok = true;
             for n in &self.nodes {
                 if let Err(e) = net::apply_nft(&n.netns, &rules) {
