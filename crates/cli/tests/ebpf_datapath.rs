@@ -127,13 +127,13 @@ fn the_kernel_captures_refuses_and_explains() {
     for m in ["ss_pods_v1", "ss_policy_v1", "ss_origdst_v1", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
         assert!(dir.join("maps").join(m).exists(), "{m} not pinned");
     }
+    for l in ["connect4", "getpeername4", "sockops"] {
+        assert!(dir.join("links/node").join(l).exists(), "no {l} link at the cgroup2 root");
+    }
     for p in st["pods"].as_array().unwrap() {
         let key = format!("{}_{}", p["namespace"].as_str().unwrap(), p["name"].as_str().unwrap().replace('.', "_"));
-        let links = dir.join("links").join(&key);
-        let want: &[&str] = if p["meshed"] == true { &["connect4", "sockops", "tc_ingress"] } else { &["connect4"] };
-        for l in want {
-            assert!(links.join(l).exists(), "{key}: no {l} link");
-        }
+        let tc = dir.join("links").join(&key).join("tc_ingress");
+        assert_eq!(tc.exists(), p["meshed"] == true, "{key}: inbound capture on the interface of meshed pods only");
         // No capture rule in any pod: a meshed pod holds the IPv6 guard only.
         let netns = p["netns"].as_str().unwrap();
         let o = std::process::Command::new("ip").args(["netns", "exec", netns, "nft", "list", "ruleset"]).output().unwrap();
@@ -226,10 +226,7 @@ fn the_kernel_captures_refuses_and_explains() {
     // A new binary replaces the programs in place (what the CNI does when
     // it starts): every pinned link gets a new program, an open connection
     // keeps working, new ones are still captured.
-    let link = dir
-        .join("links")
-        .join(c.pods("frontend")[0]["namespace"].as_str().unwrap().to_string() + "_" + c.pods("frontend")[0]["name"].as_str().unwrap())
-        .join("connect4");
+    let link = dir.join("links/node/connect4");
     let prog_id = || -> u64 {
         let o = std::process::Command::new("bpftool").args(["-j", "link", "show", "pinned"]).arg(&link).output().unwrap();
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("bpftool: {}", text(&o)));

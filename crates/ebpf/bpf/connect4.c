@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * cgroup/connect4, attached to each pod's cgroup: the first thing a pod's
- * TCP connect() meets. It refuses what the policy maps deny (the app's
+ * cgroup/connect4, attached once at the root of the cgroup2 hierarchy: the
+ * first thing a TCP connect() meets. A socket of a pod's network namespace
+ * (ss_pods_v1, by namespace cookie) is the pod's; every other socket goes
+ * on untouched. It refuses what the policy maps deny (the app's
  * connect() fails with EPERM at once) and steers a meshed pod's connection
  * to its node proxy's outbound listener (127.0.0.1:15001 in the pod),
  * recording where it was going for the proxy (ss_connect_v1 by socket
@@ -56,14 +58,15 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 {
 	if (ctx->type != 1 /* SOCK_STREAM */)
 		return 1;
-	__u64 cg = bpf_get_current_cgroup_id();
+	__u64 cg = bpf_get_netns_cookie(ctx);
 	struct ss_pod *pod = bpf_map_lookup_elem(&ss_pods_v1, &cg);
 	if (!pod)
 		return 1;
-	/* The capture bypass of the operator's tools (SO_MARK needs
-	 * CAP_NET_ADMIN, which pods do not have), as with nftables. */
+	/* The node proxy's own sockets in the pod and the capture bypass of
+	 * the operator's tools (SO_MARK needs CAP_NET_ADMIN, which pods do not
+	 * have), as with nftables. */
 	struct bpf_sock *sk = ctx->sk;
-	if (sk && (sk->mark & SS_MARK_MASK) == SS_PROXY_MARK)
+	if (sk && ((sk->mark & SS_MARK_MASK) == SS_PROXY_MARK || (sk->mark & SS_MARK_MASK) == SS_INPOD_MARK))
 		return 1;
 	__u32 dst = ctx->user_ip4;
 	__u16 port = bpf_ntohs((__u16)ctx->user_port);

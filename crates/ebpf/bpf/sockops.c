@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * sockops, attached to each meshed pod's cgroup: when a connection that
+ * sockops, attached once at the root of the cgroup2 hierarchy: when a
+ * connection that
  * connect4.c steered sends its SYN, its local port is known; the original
  * destination moves to ss_origdst_v1 under (network namespace, port), the
  * key the node proxy has in hand when it accepts the connection. The SYN

@@ -162,7 +162,8 @@ pub struct BackendKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Event {
     pub time_ns: u64,
-    pub cgroup: u64,
+    /// The source's network namespace cookie (0 when not known).
+    pub netns: u64,
     pub src_ip: u32,
     pub dst_ip: u32,
     pub src_port: u16,
@@ -208,7 +209,7 @@ impl Event {
         let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         Some(Event {
             time_ns: u64_at(0),
-            cgroup: u64_at(8),
+            netns: u64_at(8),
             src_ip: u32_at(16),
             dst_ip: u32_at(20),
             src_port: u16_at(24),
@@ -277,7 +278,7 @@ mod tests {
         assert_eq!(size_of::<Event>(), 40);
         assert_eq!(
             [
-                offset_of!(Event, cgroup),
+                offset_of!(Event, netns),
                 offset_of!(Event, src_ip),
                 offset_of!(Event, dst_ip),
                 offset_of!(Event, src_port),
@@ -327,6 +328,7 @@ mod tests {
         assert_eq!(define(&h, "SS_HBONE_PORT"), slipstream_core::abi::HBONE_PORT as u64);
         assert_eq!(define(&h, "SS_PROXY_MARK"), slipstream_core::abi::PROXY_MARK as u64);
         assert_eq!(define(&h, "SS_MARK_MASK"), slipstream_core::abi::MARK_MASK as u64);
+        assert_eq!(define(&h, "SS_INPOD_MARK"), slipstream_core::abi::INPOD_MARK as u64);
         assert!((DropReason::ALL.len() as u32) < DROP_MAX);
     }
 

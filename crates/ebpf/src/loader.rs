@@ -23,7 +23,6 @@ use aya::{Ebpf, EbpfLoader};
 use std::fs::File;
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 static CONNECT4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/connect4.o"));
@@ -33,6 +32,10 @@ static TC_INGRESS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 /// The pod's interface, in its own network namespace.
 pub const POD_DEVICE: &str = "eth0";
+
+/// The links of the socket hooks, under `links/` (bpffs names have no
+/// dot, and no pod key is a single word without `_`).
+pub const SOCKET_HOOKS_DIR: &str = "node";
 
 /// One hook of the datapath.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +97,6 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
 pub struct PodAttach<'a> {
     /// Unique per pod and usable as a bpffs file name (no dot).
     pub key: &'a str,
-    pub cgroup: &'a Path,
     pub netns: &'a Path,
     pub ip: Ipv4Addr,
     pub node: u16,
@@ -205,9 +207,10 @@ impl Datapath {
         HashMap::try_from(m).map_err(|error| Error::Map { map: name, error })
     }
 
-    /// Attaches the datapath to a pod: its connect() hook always (policy),
-    /// and for a meshed pod the capture hooks too. Nothing is left behind
-    /// when a step fails.
+    /// Puts a pod on the datapath: its namespace in `ss_pods_v1` (the socket
+    /// hooks then treat its sockets as the pod's: policy always, capture
+    /// when meshed) and, when meshed, inbound capture on its interface.
+    /// Nothing is left behind when a step fails.
     pub fn enrol(&mut self, p: &PodAttach) -> Result<(), Error> {
         let r = self.try_enrol(p);
         if r.is_err() {
@@ -217,32 +220,50 @@ impl Datapath {
     }
 
     fn try_enrol(&mut self, p: &PodAttach) -> Result<(), Error> {
-        let cgroup = File::open(p.cgroup).map_err(io(format!("opening cgroup {}", p.cgroup.display())))?;
-        let cgroup_id = cgroup.metadata().map_err(io(format!("stat {}", p.cgroup.display())))?.ino();
+        let cookie = sys::netns_cookie_of(p.netns).map_err(io(format!("the network namespace cookie of {}", p.netns.display())))?;
         let flags = if p.meshed { abi::POD_MESHED } else { 0 };
         let ip = abi::ip_key(p.ip);
         self.hash_map::<u64, Pod>(abi::maps::PODS)?
-            .insert(cgroup_id, Pod { ip, node: p.node, flags }, 0)
+            .insert(cookie, Pod { ip, node: p.node, flags }, 0)
             .map_err(|error| Error::Map { map: abi::maps::PODS, error })?;
         self.hash_map::<u32, Local>(abi::maps::LOCAL)?
             .insert(ip, Local { node: p.node, flags, pad: 0 }, 0)
             .map_err(|error| Error::Map { map: abi::maps::LOCAL, error })?;
+        if !p.meshed {
+            return Ok(());
+        }
+        // Inbound capture is per pod: a program on its interface.
         let links = self.dir.join("links").join(p.key);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
-        let mut hooks = vec![Hook::Connect4, Hook::GetPeername4];
-        if p.meshed {
-            hooks.extend([Hook::SockOps, Hook::TcIngress]);
-        }
-        for hook in hooks {
-            let what = format!("attaching {} to pod {}", hook.name(), p.key);
-            let prog = self.prog_fd(hook);
-            let link = match hook {
-                Hook::TcIngress => sys::in_netns(p.netns, || sys::link_create_ifindex(prog, sys::ifindex(POD_DEVICE)?, hook.attach_type())),
-                _ => sys::link_create(prog, cgroup.as_fd(), hook.attach_type()),
-            }
-            .map_err(io(what))?;
+        let hook = Hook::TcIngress;
+        let prog = self.prog_fd(hook);
+        let link = sys::in_netns(p.netns, || sys::link_create_ifindex(prog, sys::ifindex(POD_DEVICE)?, hook.attach_type()))
+            .map_err(io(format!("attaching {} to pod {}", hook.name(), p.key)))?;
+        let pin = links.join(hook.name());
+        let _ = std::fs::remove_file(&pin);
+        sys::obj_pin(link.as_fd(), &pin).map_err(io(format!("pinning {}", pin.display())))
+    }
+
+    /// Attaches the socket hooks (connect4, getpeername4, sockops) once at
+    /// the root of the cgroup2 hierarchy, where every socket of the node
+    /// meets them: each acts only on sockets of the namespaces of pods in
+    /// `ss_pods_v1`. Already pinned (a restart): kept, with the programs
+    /// just loaded (see [`Datapath::load`]).
+    pub fn attach_socket_hooks(&mut self) -> Result<(), Error> {
+        let root = sys::cgroup2_root().map_err(io("finding the cgroup2 hierarchy"))?;
+        let cgroup = File::open(&root).map_err(io(format!("opening cgroup {}", root.display())))?;
+        let links = self.dir.join("links").join(SOCKET_HOOKS_DIR);
+        std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
+        for hook in [Hook::Connect4, Hook::GetPeername4, Hook::SockOps] {
             let pin = links.join(hook.name());
-            let _ = std::fs::remove_file(&pin);
+            if pin.exists() {
+                continue;
+            }
+            let link = sys::link_create(self.prog_fd(hook), cgroup.as_fd(), hook.attach_type()).map_err(io(format!(
+                "attaching {} to cgroup {}",
+                hook.name(),
+                root.display()
+            )))?;
             sys::obj_pin(link.as_fd(), &pin).map_err(io(format!("pinning {}", pin.display())))?;
         }
         Ok(())

@@ -81,6 +81,34 @@ pub fn in_netns<T: Send>(netns: &Path, f: impl FnOnce() -> io::Result<T> + Send)
     })
 }
 
+/// The cookie of the network namespace at `netns` (a socket is made
+/// there to ask, and closed).
+pub fn netns_cookie_of(netns: &Path) -> io::Result<u64> {
+    in_netns(netns, || {
+        // SAFETY: plain socket(2); the descriptor is owned at once.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just returned by socket(2) and is ours alone.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        netns_cookie(std::os::fd::AsFd::as_fd(&sock))
+    })
+}
+
+/// The mount point of the cgroup2 hierarchy (the unified one in a hybrid
+/// layout), from /proc/mounts.
+pub fn cgroup2_root() -> io::Result<std::path::PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts")?;
+    mounts
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| std::path::PathBuf::from(f[1]))
+        })
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no cgroup2 hierarchy is mounted (see /proc/mounts)"))
+}
+
 /// The index of a device in the calling thread's network namespace.
 pub fn ifindex(name: &str) -> io::Result<u32> {
     let c = CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;

@@ -27,14 +27,17 @@
 #define SS_INBOUND_PLAINTEXT_PORT 15006
 #define SS_HBONE_PORT 15008
 #define SS_PROXY_MARK 1337 /* 0x539: the node proxy's and the tools' sockets */
+#define SS_INPOD_MARK 273  /* 0x111: the node proxy's transparent sockets */
 #define SS_MARK_MASK 4095  /* 0xfff */
 
 /* How many nodes the per-node counters can tell apart (one kernel may
  * host several nodes of the local cluster). */
 #define SS_MAX_NODES 64
 
-/* A pod whose sockets the connect hook sees, by cgroup id
- * (map ss_pods_v1). Written by the agent when the pod starts. */
+/* A pod whose sockets the connect hook sees, by the cookie of its network
+ * namespace (map ss_pods_v1): whatever process opens a socket in the
+ * pod's namespace is the pod, as with per-namespace nftables capture.
+ * Written by the agent when the pod starts. */
 struct ss_pod {
 	__u32 ip;    /* the pod's IPv4 address, network order */
 	__u16 node;  /* index of the pod's node, < SS_MAX_NODES */
@@ -127,7 +130,7 @@ struct ss_backend_key {
 /* One flow event (ring buffer ss_events_v1). */
 struct ss_event {
 	__u64 time_ns; /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
-	__u64 cgroup;  /* source cgroup id, 0 when not known */
+	__u64 netns;   /* source network namespace cookie, 0 when not known */
 	__u32 src_ip;  /* network order; 0 when not known yet (connect) */
 	__u32 dst_ip;  /* network order */
 	__u16 src_port;

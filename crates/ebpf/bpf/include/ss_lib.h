@@ -114,7 +114,7 @@ static __always_inline void ss_count_drop(__u16 node, __u8 reason)
 		*c += 1;
 }
 
-static __always_inline void ss_emit(__u64 cgroup, __u32 src_ip, __u16 src_port, __u32 dst_ip, __u16 dst_port,
+static __always_inline void ss_emit(__u64 netns, __u32 src_ip, __u16 src_port, __u32 dst_ip, __u16 dst_port,
 				    __u8 verdict, __u8 reason, __u8 point, __u32 rule, __u16 node)
 {
 	if (!ss_events_enabled)
@@ -123,7 +123,7 @@ static __always_inline void ss_emit(__u64 cgroup, __u32 src_ip, __u16 src_port, 
 	if (!e)
 		return; /* full: the reader is behind; counters still count */
 	e->time_ns = bpf_ktime_get_ns();
-	e->cgroup = cgroup;
+	e->netns = netns;
 	e->src_ip = src_ip;
 	e->dst_ip = dst_ip;
 	e->src_port = src_port;

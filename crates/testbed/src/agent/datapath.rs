@@ -8,7 +8,6 @@ use crate::names::Paths;
 use serde::Serialize;
 use slipstream_ebpf::{Datapath, PodAttach};
 use std::net::Ipv4Addr;
-use std::path::Path;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -58,9 +57,9 @@ impl Capture {
             tracing::info!("datapath: nftables capture (--datapath nftables)");
             return Ok(Capture::Nftables { fallback: None });
         }
-        match Datapath::load(&paths.bpf_dir) {
+        match Datapath::load(&paths.bpf_dir).and_then(|mut dp| dp.attach_socket_hooks().map(|_| dp)) {
             Ok(dp) => {
-                tracing::info!(dir = %paths.bpf_dir.display(), "datapath: eBPF (cgroup connect4 + sockops capture, tc ingress inbound, kernel policy at connect())");
+                tracing::info!(dir = %paths.bpf_dir.display(), "datapath: eBPF (connect4, getpeername4 and sockops at the cgroup2 root, tc ingress per meshed pod, kernel policy at connect())");
                 Ok(Capture::Ebpf(dp))
             }
             Err(e) if mode == Mode::Auto => {
@@ -99,17 +98,7 @@ impl Capture {
     /// (`slipstream.io/datapath: nftables`): on the eBPF datapath it gets
     /// no program at all (nftables capture if meshed; its policy is the
     /// proxy's and, outside the mesh, the nftables forward path's).
-    #[allow(clippy::too_many_arguments)]
-    pub fn enrol(
-        &mut self,
-        key: &str,
-        cgroup: &Path,
-        netns: &str,
-        ip: Ipv4Addr,
-        node: &Node,
-        meshed: bool,
-        nftables: bool,
-    ) -> Result<(), String> {
+    pub fn enrol(&mut self, key: &str, netns: &str, ip: Ipv4Addr, node: &Node, meshed: bool, nftables: bool) -> Result<(), String> {
         match self {
             Capture::Nftables { .. } => {
                 if meshed {
@@ -128,7 +117,7 @@ impl Capture {
                     crate::sys::capture::enable_ebpf_support(netns).map_err(|e| format!("capture: {e}"))?;
                 }
                 let netns_path = crate::names::netns_path(netns);
-                let p = PodAttach { key, cgroup, netns: &netns_path, ip, node: node.index as u16, meshed };
+                let p = PodAttach { key, netns: &netns_path, ip, node: node.index as u16, meshed };
                 dp.enrol(&p).map_err(|e| format!("eBPF datapath: {e}"))
             }
         }

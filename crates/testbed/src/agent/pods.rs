@@ -144,7 +144,7 @@ impl PodRuntime {
         // Before any container runs: a meshed app never sends a byte
         // outside the mesh (if the proxy is not there, it fails closed),
         // and on the eBPF datapath every pod's connect() meets policy.
-        capture.enrol(&self.datapath_key(), &self.cgroup, &self.netns, self.ip, node, self.meshed, nftables)
+        capture.enrol(&self.datapath_key(), &self.netns, self.ip, node, self.meshed, nftables)
     }
 
     /// The pod's name on the datapath (its pinned links' directory).
