@@ -77,7 +77,7 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
             problems.push(e.to_string());
         }
     }
-    if let Err(e) = cgroup::remove_tree(&paths.cgroup_root) {
+    if let Err(e) = cgroup::remove_tree_patiently(&paths.cgroup_root, Duration::from_secs(30)) {
         problems.push(e);
     }
     // Remove the per-machine parent too when we were its last cluster.

@@ -87,6 +87,22 @@ pub fn remove_tree(path: &Path) -> Result<(), String> {
     std::fs::remove_dir(path).map_err(|e| format!("cannot remove cgroup {}: {e}", path.display()))
 }
 
+/// [`remove_tree`], retried while the kernel still holds a cgroup busy:
+/// after SIGKILL a task leaves `cgroup.procs` at once but keeps its cgroup
+/// populated until it has finished exiting, which can take seconds when
+/// its exit waits on the kernel (releasing BPF links and network devices
+/// under a busy rtnl lock while other namespaces are being torn down).
+pub fn remove_tree_patiently(path: &Path, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match remove_tree(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// Total CPU time (user+system) consumed by the cgroup, from `cpu.stat`
 /// (present on every cgroup2 directory).
 pub fn cpu_usage(path: &Path) -> Option<Duration> {
