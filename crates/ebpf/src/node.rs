@@ -97,7 +97,7 @@ impl NodeMaps {
         let mut guard = self.written.lock().expect("written lock");
         let mut map = self.policy.lock().expect("policy lock");
         let written = guard.get_or_insert_with(|| {
-            let ours: Vec<u32> = sources.iter().map(|s| abi::ip_key(*s)).collect();
+            let ours: std::collections::HashSet<u32> = sources.iter().map(|s| abi::ip_key(*s)).collect();
             map.iter().flatten().filter(|(k, _)| ours.contains(&k.src_ip)).collect()
         });
         let mut s = Sync::default();

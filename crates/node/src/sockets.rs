@@ -60,7 +60,7 @@ pub struct NetnsFactory {
 
 impl SocketFactory for NetnsFactory {
     fn for_pod(&self, netns: &Path, ip: IpAddr) -> io::Result<Arc<dyn PodSockets>> {
-        Ok(Arc::new(NetnsSockets { netns: Netns::open(netns)?, ip, ebpf: self.ebpf.clone() }))
+        Ok(Arc::new(NetnsSockets { netns: Netns::open(netns)?, ip, ebpf: self.ebpf.clone(), netns_cookie: Default::default() }))
     }
 }
 
@@ -69,6 +69,10 @@ pub struct NetnsSockets {
     netns: Netns,
     ip: IpAddr,
     ebpf: Option<Arc<slipstream_ebpf::NodeMaps>>,
+    /// The cookie of the pod's network namespace, the key its captured
+    /// connections are filed under: constant, so asked once (of the
+    /// outbound listener), not once per connection.
+    netns_cookie: std::sync::OnceLock<u64>,
 }
 
 impl NetnsSockets {
@@ -88,6 +92,9 @@ impl PodSockets for NetnsSockets {
             Listener::Hbone => SocketAddr::new(self.ip, HBONE_PORT),
         };
         let l = listen_on(self.socket(&addr)?, addr)?;
+        if let (Some(_), Listener::Outbound) = (&self.ebpf, which) {
+            let _ = self.netns_cookie.set(slipstream_ebpf::sys::netns_cookie(std::os::fd::AsFd::as_fd(&l))?);
+        }
         if let (Some(maps), Listener::Plaintext, IpAddr::V4(ip)) = (&self.ebpf, which, self.ip) {
             // Inbound capture (tc ingress, bpf_sk_assign) finds this listener by the pod's
             // address; until it is registered, SYNs wait (dropped, retried).
@@ -127,7 +134,10 @@ impl PodSockets for NetnsSockets {
             let local = s.local_addr()?;
             return Ok(if local.port() == OUTBOUND_PORT && local.ip().is_loopback() {
                 // Steered at connect(): filed under (namespace, client port).
-                let cookie = slipstream_ebpf::sys::netns_cookie(std::os::fd::AsFd::as_fd(s))?;
+                let cookie = match self.netns_cookie.get() {
+                    Some(c) => *c,
+                    None => slipstream_ebpf::sys::netns_cookie(std::os::fd::AsFd::as_fd(s))?,
+                };
                 match maps.take_original_dst(cookie, s.peer_addr()?.port()) {
                     Some(d) => d.into(),
                     // Not steered: the app dialed the listener itself (the

@@ -80,12 +80,12 @@ impl FlowLog {
             .name("flows".into())
             .spawn(move || loop {
                 for e in reader.read(Duration::from_millis(200)) {
-                    if tx.try_send(e).is_err() {
+                    match tx.try_send(e) {
                         // Full: the agent is busy; this event is lost (the
-                        // drop counters still count it). Gone: we are done.
-                        if matches!(tx.try_send(e), Err(mpsc::TrySendError::Disconnected(_))) {
-                            return;
-                        }
+                        // drop counters still count it).
+                        Ok(()) | Err(mpsc::TrySendError::Full(_)) => {}
+                        // The agent is gone: so are we.
+                        Err(mpsc::TrySendError::Disconnected(_)) => return,
                     }
                 }
             })
@@ -93,10 +93,13 @@ impl FlowLog {
         Ok(FlowLog { flows: VecDeque::new(), next_seq: 1, rx: Some(rx) })
     }
 
-    /// Takes the events read since the last call, naming their ends.
-    pub fn drain(&mut self, pods: &[PodName], nodes: &[String]) {
-        let Some(rx) = &self.rx else { return };
-        let events: Vec<Event> = rx.try_iter().collect();
+    /// The events read since the last call (none without a reader).
+    pub fn take(&mut self) -> Vec<Event> {
+        self.rx.as_ref().map(|rx| rx.try_iter().collect()).unwrap_or_default()
+    }
+
+    /// Records events, naming their ends.
+    pub fn record(&mut self, events: Vec<Event>, pods: &[PodName], nodes: &[String]) {
         let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         for e in events {
             let f = describe(&e, self.next_seq, now, pods, nodes);
@@ -111,10 +114,6 @@ impl FlowLog {
     /// The flows after `after` (all with 0), oldest first.
     pub fn after(&self, after: u64) -> Vec<Flow> {
         self.flows.iter().filter(|f| f.seq > after).cloned().collect()
-    }
-
-    pub fn running(&self) -> bool {
-        self.rx.is_some()
     }
 }
 

@@ -550,7 +550,10 @@ impl Agent {
     /// Names the flow events read since the last call from the pods now
     /// known (so a pod deleted later still shows by name).
     fn drain_flows(&mut self) {
-        if !self.flows.running() {
+        // Every tick: the pod table is only read when there is something
+        // to name.
+        let events = self.flows.take();
+        if events.is_empty() {
             return;
         }
         let pods: Vec<flows::PodName> = self
@@ -582,7 +585,7 @@ impl Agent {
             }))
             .collect();
         let nodes: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
-        self.flows.drain(&pods, &nodes);
+        self.flows.record(events, &pods, &nodes);
     }
 
     /// Drives stopping pods (each leaves the datapath as it goes).
