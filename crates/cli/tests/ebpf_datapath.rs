@@ -93,6 +93,31 @@ metadata: {name: echo, namespace: open}
 spec:
   selector: {app: echo}
   ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: multi, namespace: open}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: multi}}
+  template:
+    metadata: {labels: {app: multi}}
+    spec:
+      nodeName: node2
+      containers:
+      - name: echo
+        image: slipstream
+        command: ["slipstream", "app", "echo"]
+        securityContext: {runAsUser: 65532, runAsGroup: 65532}
+        ports: [{name: http, containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /healthz, port: http}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: multi, namespace: open}
+spec:
+  selector: {app: multi}
+  ports: [{name: http, port: 80, targetPort: 8080}]
 "#;
 
 /// Connects to a service by name and holds the connection: prints the
@@ -124,7 +149,7 @@ fn the_kernel_captures_refuses_and_explains() {
 
     // Loaded and pinned: the maps, and one link per hook of each pod.
     let dir = Path::new("/sys/fs/bpf/slipstream").join(name);
-    for m in ["ss_pods_v1", "ss_policy_v1", "ss_origdst_v1", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
+    for m in ["ss_pods_v1", "ss_policy_v1", "ss_origdst_v2", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
         assert!(dir.join("maps").join(m).exists(), "{m} not pinned");
     }
     for l in ["connect4", "getpeername4", "sockops"] {
@@ -281,6 +306,61 @@ fn the_kernel_captures_refuses_and_explains() {
     let _ = dial.wait();
     let flows = c.ok(&["observe", "--from-pod", "plain/outsider", "--to-pod", "open/echo", "--port", "8080", "--last", "0", "-o", "json"]);
     assert!(flows.lines().any(|l| l.contains("\"FORWARDED\"")), "the balanced connect() is a FORWARDED flow to the endpoint: {flows}");
+
+    // Connect-time load balancing for a meshed pod: the kernel chooses the
+    // endpoint, the node proxy gets both the service address (telemetry,
+    // the forwarded header) and that choice, and honours it. Shown by
+    // leaving one of multi's two endpoints in the kernel's map: every
+    // connection then lands on that one (by the proxy's draw alone, ten in
+    // a row would be a 1 in 1024 chance).
+    let multi_vip =
+        c.status()["services"].as_array().unwrap().iter().find(|s| s["name"] == "multi").unwrap()["vip"].as_str().unwrap().to_string();
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>();
+    let vip_b = multi_vip.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let mut svc_key = vip_b.to_vec();
+    svc_key.extend(80u16.to_ne_bytes());
+    svc_key.extend([6, 0]);
+    let mut be_key = svc_key[..6].to_vec();
+    be_key.extend(0u16.to_ne_bytes());
+    let bpftool = |args: &[String]| -> String {
+        let o = std::process::Command::new("bpftool").args(args).output().unwrap();
+        assert!(o.status.success(), "bpftool {args:?}: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let pinned = |m: &str| dir.join("maps").join(m).display().to_string();
+    let mut lookup =
+        vec!["-j".to_string(), "map".into(), "lookup".into(), "pinned".into(), pinned("ss_backends_v1"), "key".into(), "hex".into()];
+    lookup.extend(hex(&be_key));
+    let v: serde_json::Value = serde_json::from_str(&bpftool(&lookup)).unwrap();
+    let ip: Vec<u8> = v["value"].as_array().unwrap()[..4]
+        .iter()
+        .map(|x| u8::from_str_radix(x.as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    let kept_ip = std::net::Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]).to_string();
+    let kept = c.pods("multi").iter().find(|p| p["ip"] == kept_ip.as_str()).unwrap_or_else(|| panic!("no multi pod has {kept_ip}"))["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let set_count = |n: u32| {
+        let mut a = vec!["map".to_string(), "update".into(), "pinned".into(), pinned("ss_services_v1"), "key".into(), "hex".into()];
+        a.extend(hex(&svc_key));
+        a.extend(["value".to_string(), "hex".into()]);
+        a.extend(hex(&[n.to_ne_bytes(), [0; 4]].concat()));
+        bpftool(&a);
+    };
+    set_count(1);
+    for i in 0..10 {
+        let (code, out) = c.exec("production", "deploy/frontend", &["curl", "-sS", "--max-time", "3", "http://multi.open/headers"]);
+        assert_eq!(code, 0, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert_eq!(v["server"], kept.as_str(), "connection {i} went to the endpoint the kernel chose: {out}");
+    }
+    set_count(2);
+    let m = node1.metrics();
+    assert!(
+        m.sum("istio_tcp_connections_opened_total", &["reporter=\"source\"", "destination_service_name=\"multi\""]) >= 10,
+        "the proxy still knew the service the app dialed"
+    );
 
     // A node proxy away: the kernel alone keeps refusing, at once.
     let pid = node1.pid;

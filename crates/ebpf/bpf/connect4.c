@@ -6,50 +6,95 @@
  * on untouched. It refuses what the policy maps deny (the app's
  * connect() fails with EPERM at once) and steers a meshed pod's connection
  * to its node proxy's outbound listener (127.0.0.1:15001 in the pod),
- * recording where it was going for the proxy (ss_connect_v1 by socket
- * cookie, moved to ss_origdst_v1 by sockops.c once the port is known).
+ * recording where it was going for the proxy (ss_connect_v2 by socket
+ * cookie, moved to ss_origdst_v2 by sockops.c once the port is known);
+ * for a service, it also chooses the endpoint (both kinds of pod).
  */
 #include "include/ss_lib.h"
+
+/* Picks a ready endpoint of the service at dst:port, once, at connect():
+ * 1 with *ep set, 0 when dst:port is not a service the maps know (or an
+ * index is missing mid-update), -1 when the service has no ready
+ * endpoint. */
+static __always_inline int ss_pick(__u32 dst, __u16 port, struct ss_origdst *ep)
+{
+	struct ss_svc_key sk = { .vip = dst, .port = port, .proto = IPPROTO_TCP };
+	struct ss_svc *svc = bpf_map_lookup_elem(&ss_services_v1, &sk);
+	if (!svc)
+		return 0;
+	if (svc->count == 0)
+		return -1;
+	struct ss_backend_key bk = { .vip = dst, .port = port, .index = (__u16)(bpf_get_prandom_u32() % svc->count) };
+	struct ss_origdst *b = bpf_map_lookup_elem(&ss_backends_v1, &bk);
+	if (!b)
+		return 0;
+	ep->ip = b->ip;
+	ep->port = b->port;
+	ep->pad = 0;
+	return 1;
+}
+
+/* The chosen endpoint's own policy: a source denied there is refused at
+ * once (the node proxy, which honours the choice, would refuse it too). */
+static __always_inline int ss_endpoint_denied(__u64 cg, struct ss_pod *pod, struct ss_origdst *ep)
+{
+	struct ss_policy_value *v = ss_policy_lookup(pod->ip, ep->ip, ep->port);
+	if (!v || v->verdict != SS_POLICY_DENY)
+		return 0;
+	ss_count_drop(pod->node, SS_DROP_POLICY_DENIED);
+	ss_emit(cg, pod->ip, 0, ep->ip, ep->port, SS_VERDICT_DROPPED, SS_DROP_POLICY_DENIED, SS_POINT_CONNECT, v->rule, pod->node);
+	return 1;
+}
 
 /* A pod outside the mesh dialing a service: the connection goes to one of
  * its ready endpoints, chosen here, once, with no per-packet NAT; the
  * endpoint's own policy applies; getpeername() still answers the service
- * address (getpeername4.c). Anything else goes on as dialed. A meshed pod's
- * service connections are the node proxy's to balance (it gets the
- * address the app dialed). */
+ * address (getpeername4.c). Anything else goes on as dialed. */
 static __always_inline int ss_balance(struct bpf_sock_addr *ctx, __u64 cg, struct ss_pod *pod, __u32 dst, __u16 port)
 {
-	struct ss_svc_key sk = { .vip = dst, .port = port, .proto = IPPROTO_TCP };
-	struct ss_svc *svc = bpf_map_lookup_elem(&ss_services_v1, &sk);
-	if (!svc) {
-		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
-		return 1;
-	}
-	if (svc->count == 0) {
+	struct ss_origdst ep = {};
+	int picked = ss_pick(dst, port, &ep);
+	if (picked < 0) {
 		ss_count_drop(pod->node, SS_DROP_NO_ENDPOINT);
 		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_DROPPED, SS_DROP_NO_ENDPOINT, SS_POINT_CONNECT, 0, pod->node);
 		return 0;
 	}
-	struct ss_backend_key bk = { .vip = dst, .port = port, .index = (__u16)(bpf_get_prandom_u32() % svc->count) };
-	struct ss_origdst *b = bpf_map_lookup_elem(&ss_backends_v1, &bk);
-	if (!b) {
+	if (picked == 0) {
 		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
 		return 1;
 	}
-	__u32 bip = b->ip;
-	__u16 bport = b->port;
-	struct ss_policy_value *v = ss_policy_lookup(pod->ip, bip, bport);
-	if (v && v->verdict == SS_POLICY_DENY) {
-		ss_count_drop(pod->node, SS_DROP_POLICY_DENIED);
-		ss_emit(cg, pod->ip, 0, bip, bport, SS_VERDICT_DROPPED, SS_DROP_POLICY_DENIED, SS_POINT_CONNECT, v->rule, pod->node);
+	if (ss_endpoint_denied(cg, pod, &ep))
 		return 0;
-	}
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct ss_origdst dialed = { .ip = dst, .port = port };
 	bpf_map_update_elem(&ss_lbsock_v1, &cookie, &dialed, BPF_ANY);
-	ctx->user_ip4 = bip;
-	ctx->user_port = bpf_htons(bport);
-	ss_emit(cg, pod->ip, 0, bip, bport, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
+	ctx->user_ip4 = ep.ip;
+	ctx->user_port = bpf_htons(ep.port);
+	ss_emit(cg, pod->ip, 0, ep.ip, ep.port, SS_VERDICT_FORWARDED, 0, SS_POINT_CONNECT, 0, pod->node);
+	return 1;
+}
+
+/* A meshed pod: the connection goes to its node proxy, which learns both
+ * the address the app dialed (the service, for telemetry, the forwarded
+ * header and waypoints) and, for a service, the endpoint chosen here. A
+ * service with no ready endpoint in the maps still goes to the proxy: its
+ * view decides (the agent's maps may lag it). */
+static __always_inline int ss_steer(struct bpf_sock_addr *ctx, __u64 cg, struct ss_pod *pod, __u32 dst, __u16 port)
+{
+	struct ss_steer st = { .ip = dst, .port = port };
+	struct ss_origdst ep = {};
+	if (ss_pick(dst, port, &ep) > 0) {
+		if (ss_endpoint_denied(cg, pod, &ep))
+			return 0;
+		st.ep_ip = ep.ip;
+		st.ep_port = ep.port;
+	}
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	if (bpf_map_update_elem(&ss_connect_v2, &cookie, &st, BPF_ANY))
+		return 0; /* never send a meshed pod's connection around the proxy */
+	ctx->user_ip4 = bpf_htonl(0x7f000001);
+	ctx->user_port = bpf_htons(SS_OUTBOUND_PORT);
+	ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_REDIRECTED, 0, SS_POINT_CONNECT, 0, pod->node);
 	return 1;
 }
 
@@ -83,12 +128,5 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 	}
 	if (!(pod->flags & SS_POD_MESHED))
 		return ss_balance(ctx, cg, pod, dst, port);
-	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct ss_origdst od = { .ip = dst, .port = port };
-	if (bpf_map_update_elem(&ss_connect_v1, &cookie, &od, BPF_ANY))
-		return 0; /* never send a meshed pod's connection around the proxy */
-	ctx->user_ip4 = bpf_htonl(0x7f000001);
-	ctx->user_port = bpf_htons(SS_OUTBOUND_PORT);
-	ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_REDIRECTED, 0, SS_POINT_CONNECT, 0, pod->node);
-	return 1;
+	return ss_steer(ctx, cg, pod, dst, port);
 }

@@ -3,7 +3,7 @@
  * sockops, attached once at the root of the cgroup2 hierarchy: when a
  * connection that
  * connect4.c steered sends its SYN, its local port is known; the original
- * destination moves to ss_origdst_v1 under (network namespace, port), the
+ * destination moves to ss_origdst_v2 under (network namespace, port), the
  * key the node proxy has in hand when it accepts the connection. The SYN
  * reaches the proxy after this runs, so the entry is always there first.
  */
@@ -15,12 +15,12 @@ int ss_sockops(struct bpf_sock_ops *skops)
 	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB || skops->family != 2 /* AF_INET */)
 		return 1;
 	__u64 cookie = bpf_get_socket_cookie(skops);
-	struct ss_origdst *od = bpf_map_lookup_elem(&ss_connect_v1, &cookie);
+	struct ss_steer *od = bpf_map_lookup_elem(&ss_connect_v2, &cookie);
 	if (!od)
 		return 1;
 	struct ss_origdst_key k = { .netns = bpf_get_netns_cookie(skops), .port = (__u16)skops->local_port };
-	struct ss_origdst v = *od;
-	bpf_map_update_elem(&ss_origdst_v1, &k, &v, BPF_ANY);
-	bpf_map_delete_elem(&ss_connect_v1, &cookie);
+	struct ss_steer v = *od;
+	bpf_map_update_elem(&ss_origdst_v2, &k, &v, BPF_ANY);
+	bpf_map_delete_elem(&ss_connect_v2, &cookie);
 	return 1;
 }

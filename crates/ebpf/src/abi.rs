@@ -14,8 +14,8 @@ pub const DROP_MAX: u32 = 8;
 pub mod maps {
     pub const PODS: &str = "ss_pods_v1";
     pub const LOCAL: &str = "ss_local_v1";
-    pub const CONNECT: &str = "ss_connect_v1";
-    pub const ORIGDST: &str = "ss_origdst_v1";
+    pub const CONNECT: &str = "ss_connect_v2";
+    pub const ORIGDST: &str = "ss_origdst_v2";
     pub const POLICY: &str = "ss_policy_v1";
     pub const LISTENERS: &str = "ss_listeners_v1";
     pub const DROPS: &str = "ss_drops_v1";
@@ -108,6 +108,19 @@ pub struct OrigDst {
     pub pad: u16,
 }
 
+/// Where a steered connection was going: the address dialed and, for a
+/// service, the endpoint chosen at connect() (`ep_ip` 0: none).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Steer {
+    pub ip: u32,
+    pub port: u16,
+    pub pad: u16,
+    pub ep_ip: u32,
+    pub ep_port: u16,
+    pub pad2: u16,
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct OrigDstKey {
@@ -198,6 +211,16 @@ impl OrigDst {
     }
 }
 
+impl Steer {
+    pub fn dialed(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(ip_from_key(self.ip), self.port)
+    }
+
+    pub fn endpoint(&self) -> Option<SocketAddrV4> {
+        (self.ep_ip != 0).then(|| SocketAddrV4::new(ip_from_key(self.ep_ip), self.ep_port))
+    }
+}
+
 impl Event {
     /// Reads an event from a ring buffer record (None if it is short).
     pub fn parse(b: &[u8]) -> Option<Event> {
@@ -234,6 +257,8 @@ unsafe impl aya::Pod for Local {}
 // SAFETY: as above.
 unsafe impl aya::Pod for OrigDst {}
 // SAFETY: as above.
+unsafe impl aya::Pod for Steer {}
+// SAFETY: as above.
 unsafe impl aya::Pod for OrigDstKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PolicyKey {}
@@ -261,6 +286,18 @@ mod tests {
         assert_eq!((offset_of!(Local, node), offset_of!(Local, flags), offset_of!(Local, pad)), (0, 2, 4));
         assert_eq!(size_of::<OrigDst>(), 8);
         assert_eq!((offset_of!(OrigDst, ip), offset_of!(OrigDst, port), offset_of!(OrigDst, pad)), (0, 4, 6));
+        assert_eq!(size_of::<Steer>(), 16);
+        assert_eq!(
+            (
+                offset_of!(Steer, ip),
+                offset_of!(Steer, port),
+                offset_of!(Steer, pad),
+                offset_of!(Steer, ep_ip),
+                offset_of!(Steer, ep_port),
+                offset_of!(Steer, pad2)
+            ),
+            (0, 4, 6, 8, 12, 14)
+        );
         assert_eq!(size_of::<OrigDstKey>(), 16);
         assert_eq!((offset_of!(OrigDstKey, netns), offset_of!(OrigDstKey, port), offset_of!(OrigDstKey, pad)), (0, 8, 10));
         assert_eq!(size_of::<PolicyKey>(), 12);

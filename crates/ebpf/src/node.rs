@@ -3,7 +3,7 @@
 //! plaintext listeners for inbound capture, keeps the policy map equal to
 //! what the engine compiles for its pods, and reads the drop counters.
 
-use crate::abi::{self, DropReason, OrigDst, OrigDstKey, PolicyKey, PolicyValue};
+use crate::abi::{self, DropReason, OrigDstKey, PolicyKey, PolicyValue, Steer};
 use crate::policy::Compiled;
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
 use std::collections::BTreeMap;
@@ -33,7 +33,8 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
 
 pub struct NodeMaps {
     node: u16,
-    origdst: Mutex<HashMap<MapData, OrigDstKey, OrigDst>>,
+    /// Read with our own lookup-and-delete (one system call).
+    origdst: MapData,
     listeners: Mutex<SockHash<MapData, u32>>,
     policy: Mutex<HashMap<MapData, PolicyKey, PolicyValue>>,
     /// What the policy map holds for this node's pods; None until the
@@ -48,6 +49,14 @@ impl std::fmt::Debug for NodeMaps {
     }
 }
 
+/// A connection steered at connect(): the address the app dialed and, when
+/// it dialed a service, the endpoint the kernel chose for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Steered {
+    pub dialed: SocketAddrV4,
+    pub endpoint: Option<SocketAddrV4>,
+}
+
 /// What one policy sync changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Sync {
@@ -59,29 +68,20 @@ pub struct Sync {
 impl NodeMaps {
     /// Opens the maps the agent pinned under `dir/maps`.
     pub fn open(dir: &Path, node: u16) -> Result<Self, Error> {
-        let origdst = HashMap::try_from(Map::LruHashMap(open(dir, abi::maps::ORIGDST)?)).map_err(map_err(abi::maps::ORIGDST))?;
+        let origdst = open(dir, abi::maps::ORIGDST)?;
         let listeners = SockHash::try_from(Map::SockHash(open(dir, abi::maps::LISTENERS)?)).map_err(map_err(abi::maps::LISTENERS))?;
         let policy = HashMap::try_from(Map::HashMap(open(dir, abi::maps::POLICY)?)).map_err(map_err(abi::maps::POLICY))?;
         let drops = PerCpuArray::try_from(Map::PerCpuArray(open(dir, abi::maps::DROPS)?)).map_err(map_err(abi::maps::DROPS))?;
-        Ok(NodeMaps {
-            node,
-            origdst: Mutex::new(origdst),
-            listeners: Mutex::new(listeners),
-            policy: Mutex::new(policy),
-            written: Mutex::new(None),
-            drops,
-        })
+        Ok(NodeMaps { node, origdst, listeners: Mutex::new(listeners), policy: Mutex::new(policy), written: Mutex::new(None), drops })
     }
 
     /// Where a connection accepted on a pod's outbound listener was going:
     /// `netns` is the listener's network namespace cookie, `port` the
     /// client's port. The entry is consumed.
-    pub fn take_original_dst(&self, netns: u64, port: u16) -> Option<SocketAddrV4> {
+    pub fn take_original_dst(&self, netns: u64, port: u16) -> Option<Steered> {
         let key = OrigDstKey { netns, port, pad: [0; 3] };
-        let mut m = self.origdst.lock().expect("origdst lock");
-        let v = m.get(&key, 0).ok()?;
-        let _ = m.remove(&key);
-        Some(v.addr())
+        let v: Steer = crate::sys::map_take(self.origdst.fd().as_fd(), &key).ok()??;
+        Some(Steered { dialed: v.dialed(), endpoint: v.endpoint() })
     }
 
     /// Registers a pod's plaintext listener for inbound capture.

@@ -15,6 +15,7 @@ const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 
 pub const ATTACH_CGROUP_SOCK_OPS: u32 = 3;
 pub const ATTACH_CGROUP_INET4_CONNECT: u32 = 10;
@@ -153,6 +154,25 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     a.0[0] = ptr as u32;
     a.0[1] = (ptr >> 32) as u32;
     bpf(BPF_OBJ_GET, &mut a).map(owned)
+}
+
+/// BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map (Linux 5.14): one
+/// system call where lookup then delete takes two. `None` when the key is
+/// not there.
+pub fn map_take<K: aya::Pod, V: aya::Pod + Default>(map: BorrowedFd<'_>, key: &K) -> io::Result<Option<V>> {
+    let mut value = V::default();
+    let mut a = Attr([0; 32]);
+    let (k, v) = (key as *const K as u64, &mut value as *mut V as u64);
+    a.0[0] = map.as_raw_fd() as u32;
+    a.0[2] = k as u32;
+    a.0[3] = (k >> 32) as u32;
+    a.0[4] = v as u32;
+    a.0[5] = (v >> 32) as u32;
+    match bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut a) {
+        Ok(_) => Ok(Some(value)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// BPF_PROG_TEST_RUN: runs `prog` once on `packet` (a whole frame) in

@@ -246,7 +246,7 @@ async fn connect_app(
 /// PERMISSIVE, the default): passed to the app with the client's address.
 pub async fn handle_plaintext(shared: Arc<Shared>, pod: LocalPod, client: TcpStream, peer: SocketAddr) {
     let dst = match pod.sockets.original_dst(&client) {
-        Ok(d) => d,
+        Ok(d) => d.dialed,
         Err(e) => {
             tracing::warn!(pod = %pod.uid, "{}", ProxyError::NoOriginalDestination(Arc::new(e)));
             shared.telemetry.metrics.rejected_because(ResponseFlag::ProtocolError, "no_original_destination");

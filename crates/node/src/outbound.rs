@@ -32,7 +32,11 @@ pub struct Request {
     pub pod_ip: IpAddr,
     /// The original destination.
     pub dst: SocketAddr,
-    /// Chooses among weighted endpoints (uniform random in production).
+    /// The endpoint the datapath chose at connect() for a service, honoured
+    /// when this snapshot holds it among the port's endpoints.
+    pub chosen: Option<SocketAddr>,
+    /// Chooses among weighted endpoints (uniform random in production)
+    /// when there is no such choice.
     pub draw: u64,
     /// False only in the in-process test tier (see `selfcall::self_call_in`).
     pub loopback_is_local: bool,
@@ -73,7 +77,11 @@ pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
     let (target, service) = match state.destination(req.dst.ip()) {
         Destination::Service(svc) => {
             let eps = state.endpoints(&svc, req.dst.port());
-            let ep = MeshState::pick(&eps, req.draw)
+            let chosen = req
+                .chosen
+                .and_then(|c| eps.iter().find(|e| e.workload.capacity() > 0 && SocketAddr::new(e.workload.address(), e.target_port) == c));
+            let ep = chosen
+                .or_else(|| MeshState::pick(&eps, req.draw))
                 .ok_or_else(|| ProxyError::NoEndpoints { service: Arc::from(svc.hostname.as_str()), port: req.dst.port() })?;
             let addr = SocketAddr::new(ep.workload.address(), ep.target_port);
             (Some((ep.workload.clone(), addr)), Some(svc))
@@ -179,8 +187,8 @@ enum Carry {
 /// Plans and connects; `None` when the connection was refused (and already
 /// recorded).
 async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) -> Option<Carry> {
-    let dst = match pod.sockets.original_dst(&app) {
-        Ok(d) => d,
+    let (dst, chosen) = match pod.sockets.original_dst(&app) {
+        Ok(d) => (d.dialed, d.endpoint),
         Err(e) => {
             tracing::warn!(pod = %pod.uid, "{}", ProxyError::NoOriginalDestination(Arc::new(e)));
             shared.telemetry.metrics.rejected_because(slipstream_hbone::ResponseFlag::ProtocolError, "no_original_destination");
@@ -192,7 +200,8 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
     // Steered at connect() (eBPF), the app dialed 127.0.0.1 from
     // 127.0.0.1: it is still the pod speaking, from its own address.
     let peer = if loopback_is_local && peer.ip().is_loopback() { SocketAddr::new(pod.ip, peer.port()) } else { peer };
-    let req = Request { src: snap.workload(&pod.uid), src_addr: peer, pod_ip: pod.ip, dst, draw: rand::random(), loopback_is_local };
+    let req =
+        Request { src: snap.workload(&pod.uid), src_addr: peer, pod_ip: pod.ip, dst, chosen, draw: rand::random(), loopback_is_local };
     let refuse = |info: ConnInfo, e: ProxyError| {
         reset(&app);
         ConnRecord::open(info, shared.telemetry.clone()).close(Err(e));

@@ -36,8 +36,9 @@ pub trait PodSockets: Send + Sync + 'static {
     fn connect_marked(&self, dst: SocketAddr, timeout: Duration) -> BoxFuture<'static, io::Result<TcpStream>>;
     /// A connection to the pod's app that appears to come from `src`.
     fn connect_transparent(&self, src: IpAddr, dst: SocketAddr, timeout: Duration) -> BoxFuture<'static, io::Result<TcpStream>>;
-    /// The destination a captured connection was addressed to.
-    fn original_dst(&self, s: &TcpStream) -> io::Result<SocketAddr>;
+    /// The destination a captured connection was addressed to, and the
+    /// endpoint the datapath chose when it was a service.
+    fn original_dst(&self, s: &TcpStream) -> io::Result<OriginalDst>;
     /// Whether a loopback destination is local to the pod (always, except
     /// in the in-process test tier, whose pods live in 127.0.0.0/8).
     fn loopback_is_local(&self) -> bool {
@@ -129,7 +130,7 @@ impl PodSockets for NetnsSockets {
         Box::pin(async move { connect(s?, dst, timeout).await })
     }
 
-    fn original_dst(&self, s: &TcpStream) -> io::Result<SocketAddr> {
+    fn original_dst(&self, s: &TcpStream) -> io::Result<OriginalDst> {
         if let Some(maps) = &self.ebpf {
             let local = s.local_addr()?;
             return Ok(if local.port() == OUTBOUND_PORT && local.ip().is_loopback() {
@@ -139,23 +140,40 @@ impl PodSockets for NetnsSockets {
                     None => slipstream_ebpf::sys::netns_cookie(std::os::fd::AsFd::as_fd(s))?,
                 };
                 match maps.take_original_dst(cookie, s.peer_addr()?.port()) {
-                    Some(d) => d.into(),
+                    Some(d) => OriginalDst { dialed: d.dialed.into(), endpoint: d.endpoint.map(Into::into) },
                     // Not steered: the app dialed the listener itself (the
                     // self-call check refuses it), unless conntrack knows
                     // better (a pod on nftables capture).
-                    None => conntrack_original_dst(s).unwrap_or(local),
+                    None => conntrack_original_dst(s).unwrap_or(local).into(),
                 }
             } else if local.port() != INBOUND_PLAINTEXT_PORT {
                 // Assigned to the listener at tc ingress: the accepted
                 // socket keeps the address the client dialed.
-                local
+                local.into()
             } else {
                 // Redirected by nftables (a pod on nftables capture), or
                 // 15006 dialed itself (the self-call check refuses it).
-                conntrack_original_dst(s).unwrap_or(local)
+                conntrack_original_dst(s).unwrap_or(local).into()
             });
         }
-        conntrack_original_dst(s)
+        conntrack_original_dst(s).map(Into::into)
+    }
+}
+
+/// Where a captured connection was going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OriginalDst {
+    /// The address the app dialed (a service's, for a service).
+    pub dialed: SocketAddr,
+    /// The ready endpoint the eBPF datapath chose at connect() when the app
+    /// dialed a service; a preference the planner honours if its own view
+    /// holds that endpoint ready.
+    pub endpoint: Option<SocketAddr>,
+}
+
+impl From<SocketAddr> for OriginalDst {
+    fn from(dialed: SocketAddr) -> Self {
+        OriginalDst { dialed, endpoint: None }
     }
 }
 

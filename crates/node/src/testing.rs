@@ -6,7 +6,7 @@
 //! root, no namespaces: the inbound and outbound paths, real TLS included,
 //! run in one test process.
 
-use crate::sockets::{connect, listen_on, Listener, PodSockets, SocketFactory};
+use crate::sockets::{connect, listen_on, Listener, OriginalDst, PodSockets, SocketFactory};
 use futures_util::future::BoxFuture;
 use slipstream_core::abi::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -102,12 +102,13 @@ impl PodSockets for LoopbackPod {
         false
     }
 
-    fn original_dst(&self, s: &TcpStream) -> io::Result<SocketAddr> {
+    fn original_dst(&self, s: &TcpStream) -> io::Result<OriginalDst> {
         let peer = s.peer_addr()?;
         self.redirects
             .lock()
             .expect("redirects lock")
             .remove(&peer)
+            .map(Into::into)
             .ok_or_else(|| io::Error::other(format!("the test told no original destination for {peer}")))
     }
 }

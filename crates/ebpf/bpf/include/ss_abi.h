@@ -55,12 +55,25 @@ struct ss_local {
 	__u32 pad;
 };
 
-/* Where a captured connection was going (maps ss_connect_v1, keyed by
- * the socket cookie, and ss_origdst_v1, keyed by ss_origdst_key). */
+/* An address and port (service endpoints in ss_backends_v1, the address
+ * a balanced socket dialed in ss_lbsock_v1). */
 struct ss_origdst {
 	__u32 ip;   /* network order */
 	__u16 port; /* host order */
 	__u16 pad;
+};
+
+/* Where a captured connection was going (maps ss_connect_v2, keyed by the
+ * socket cookie, and ss_origdst_v2, keyed by ss_origdst_key): the address
+ * the app dialed and, when it dialed a service, the ready endpoint chosen
+ * at connect() (ep_ip 0: none chosen, the node proxy picks). */
+struct ss_steer {
+	__u32 ip;      /* dialed, network order */
+	__u16 port;    /* dialed, host order */
+	__u16 pad;
+	__u32 ep_ip;   /* chosen endpoint, network order; 0 when none */
+	__u16 ep_port; /* host order */
+	__u16 pad2;
 };
 
 /* A captured connection as the node proxy sees it when it accepts: the
@@ -110,7 +123,9 @@ struct ss_backend_key {
 	__u16 index;
 };
 
-/* An endpoint: the layout of ss_origdst. */
+/* An endpoint: the layout of ss_origdst. Endpoints are the agent's view
+ * of the service; the node proxy uses a choice only if its own view holds
+ * the endpoint ready too. */
 
 /* Verdicts of flow events. Never renumbered. */
 #define SS_VERDICT_FORWARDED 1  /* passed on untouched (not meshed) */

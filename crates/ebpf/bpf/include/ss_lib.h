@@ -33,17 +33,17 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u64);
-	__type(value, struct ss_origdst);
+	__type(value, struct ss_steer);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ss_connect_v1 SEC(".maps");
+} ss_connect_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct ss_origdst_key);
-	__type(value, struct ss_origdst);
+	__type(value, struct ss_steer);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ss_origdst_v1 SEC(".maps");
+} ss_origdst_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

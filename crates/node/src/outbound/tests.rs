@@ -81,7 +81,7 @@ fn state() -> Arc<MeshState> {
 }
 
 /// What a row expects.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Want {
     /// HBONE: dst.addr (`<ip>:15008`), authority, expected identities (service accounts), service host.
     Hbone(&'static str, &'static str, Vec<&'static str>, Option<&'static str>),
@@ -92,9 +92,15 @@ enum Want {
 }
 
 fn run(state: &MeshState, src: Option<&str>, dst: &str, draw: u64) -> Want {
+    run_chosen(state, src, dst, None, draw)
+}
+
+fn run_chosen(state: &MeshState, src: Option<&str>, dst: &str, chosen: Option<&str>, draw: u64) -> Want {
     let src_w = src.and_then(|ip| state.workload_by_ip(ip.parse().unwrap()));
     let src_addr = SocketAddr::new(src.unwrap_or(OWN).parse().unwrap(), 40000);
-    let req = Request { src: src_w, src_addr, pod_ip: OWN.parse().unwrap(), dst: dst.parse().unwrap(), draw, loopback_is_local: true };
+    let chosen = chosen.map(|c| c.parse().unwrap());
+    let req =
+        Request { src: src_w, src_addr, pod_ip: OWN.parse().unwrap(), dst: dst.parse().unwrap(), chosen, draw, loopback_is_local: true };
     match plan(state, &req) {
         Err(e) => Want::Refused(e.flag().as_str()),
         Ok(Plan { route: Route::Passthrough { addr }, info }) => {
@@ -166,6 +172,33 @@ fn plans_as_a_table() {
 }
 
 #[test]
+fn the_datapaths_endpoint_choice_is_honoured_only_when_this_view_holds_it_ready() {
+    let s = state();
+    let me = Some(OWN);
+    let echo_host = Some("echo.default.svc.cluster.local");
+    let b = Want::Hbone("10.244.2.3:15008", "10.244.2.3:8081", vec!["echo", "extra"], echo_host);
+    let a = Want::Hbone("10.244.2.2:15008", "10.244.2.2:8080", vec!["echo", "extra"], echo_host);
+    // (dialed, chosen at connect(), draw, expected)
+    let rows: Vec<(&str, Option<&str>, u64, Want)> = vec![
+        // Draw 0 alone picks echo-a; the kernel's choice of echo-b wins.
+        ("10.96.0.10:80", None, 0, a.clone()),
+        ("10.96.0.10:80", Some("10.244.2.3:8081"), 0, b.clone()),
+        ("10.96.0.10:80", Some("10.244.2.2:8080"), 1, a.clone()),
+        // Not an endpoint here: echo-b on another port, the unhealthy
+        // echo-c, an address the service never had. The draw decides.
+        ("10.96.0.10:80", Some("10.244.2.3:8080"), 0, a.clone()),
+        ("10.96.0.10:80", Some("10.244.2.4:8080"), 0, a.clone()),
+        ("10.96.0.10:80", Some("192.0.2.7:8080"), 1, b.clone()),
+        // A choice for a pod address or a service with no endpoint changes nothing.
+        ("10.244.2.2:9000", Some("10.244.2.3:8081"), 0, Want::Hbone("10.244.2.2:15008", "10.244.2.2:9000", vec!["echo"], None)),
+        ("10.96.0.12:80", Some("10.244.2.3:8081"), 0, Want::Refused("CONNECT")),
+    ];
+    for (i, (dst, chosen, draw, want)) in rows.into_iter().enumerate() {
+        assert_eq!(run_chosen(&s, me, dst, chosen, draw), want, "row {i}: {dst} chosen {chosen:?} (draw {draw})");
+    }
+}
+
+#[test]
 fn the_plan_carries_the_telemetry_labels() {
     let s = state();
     let src = s.workload_by_ip(OWN.parse::<IpAddr>().unwrap());
@@ -174,6 +207,7 @@ fn the_plan_carries_the_telemetry_labels() {
         src_addr: "10.244.1.5:40000".parse().unwrap(),
         pod_ip: OWN.parse().unwrap(),
         dst: "10.96.0.10:80".parse().unwrap(),
+        chosen: None,
         draw: 0,
         loopback_is_local: true,
     };

@@ -400,8 +400,8 @@ impl Agent {
         let rules = plan::nft_ruleset(&view.rules);
         if self.last_rules.as_deref() != Some(rules.as_str()) {
             // The same services for the eBPF datapath's connect-time
-            // balancer (pods outside the mesh; meshed pods' node proxies
-            // balance their own).
+            // balancer (pods outside the mesh go to its choice; meshed
+            // pods' node proxies get it with the address dialed).
             if let datapath::Capture::Ebpf(dp) = &mut self.capture {
                 let lb: Vec<_> = view
                     .rules
