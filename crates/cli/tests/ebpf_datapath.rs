@@ -94,6 +94,23 @@ spec:
   selector: {app: echo}
   ports: [{name: http, port: 80, targetPort: 8080}]
 ---
+apiVersion: v1
+kind: Namespace
+metadata: {name: oldnode, labels: {slipstream.io/datapath: nftables}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: oldclient, namespace: oldnode}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: oldclient}}
+  template:
+    metadata: {labels: {app: oldclient}}
+    spec:
+      nodeName: node1
+      containers:
+      - {name: c, image: curl, command: ["sleep", "infinity"], securityContext: {runAsUser: 65532, runAsGroup: 65532}}
+---
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: multi, namespace: open}
@@ -149,7 +166,7 @@ fn the_kernel_captures_refuses_and_explains() {
 
     // Loaded and pinned: the maps, and one link per hook of each pod.
     let dir = Path::new("/sys/fs/bpf/slipstream").join(name);
-    for m in ["ss_pods_v1", "ss_policy_v1", "ss_origdst_v2", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
+    for m in ["ss_pods_v1", "ss_ipcache_v1", "ss_policy_v2", "ss_origdst_v2", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
         assert!(dir.join("maps").join(m).exists(), "{m} not pinned");
     }
     for l in ["connect4", "getpeername4", "sockops"] {
@@ -158,7 +175,8 @@ fn the_kernel_captures_refuses_and_explains() {
     for p in st["pods"].as_array().unwrap() {
         let key = format!("{}_{}", p["namespace"].as_str().unwrap(), p["name"].as_str().unwrap().replace('.', "_"));
         let tc = dir.join("links").join(&key).join("tc_ingress");
-        assert_eq!(tc.exists(), p["meshed"] == true, "{key}: inbound capture on the interface of meshed pods only");
+        let on_bpf = p["namespace"] != "oldnode";
+        assert_eq!(tc.exists(), on_bpf, "{key}: inbound policy (and capture when meshed) on every pod of the datapath");
         // No capture rule in any pod: a meshed pod holds the IPv6 guard only.
         let netns = p["netns"].as_str().unwrap();
         let o = std::process::Command::new("ip").args(["netns", "exec", netns, "nft", "list", "ruleset"]).output().unwrap();
@@ -233,9 +251,27 @@ fn the_kernel_captures_refuses_and_explains() {
     let redirected = c.ok(&["observe", "--from-pod", "production/frontend", "--verdict", "REDIRECTED", "--last", "0"]);
     assert!(redirected.contains("production/billing-service"), "{redirected}");
 
+    // At the destination, before any user-space work: a source whose
+    // connect() the kernel does not see (its namespace stays on nftables)
+    // has its SYNs to billing dropped at billing's tc ingress, by the
+    // identities of both ends; billing's node proxy never hears of it.
+    let node2 = Proxy::of(&c, "node2");
+    let n2 = node2.metrics();
+    let n2_log = node2.log_len();
+    let (code, out) =
+        c.exec("oldnode", "deploy/oldclient", &["curl", "-sS", "--max-time", "2", &format!("http://{billing_ip}:8080/headers")]);
+    assert_ne!(code, 0, "denied at the destination: {out}");
+    let m2 = node2.metrics();
+    let tc_drops = |m: &Metrics| m.sum("slipstream_datapath_drops_total", &["reason=\"POLICY_DENIED\""]);
+    assert!(tc_drops(&m2) > tc_drops(&n2), "node2 counts the SYNs it dropped");
+    assert_eq!(denials(&m2), denials(&n2), "node2's proxy did no work for them");
+    assert!(!node2.log_since(n2_log).contains("oldclient"), "no access-log line at the destination");
+    let o = c.ok(&["observe", "--from-pod", "oldnode/oldclient", "--type", "drop", "--last", "1"]);
+    assert!(o.contains("DROPPED POLICY_DENIED at tc-ingress") && o.contains("production/billing-service"), "{o}");
+    assert!(o.contains("billing-l4"), "the deciding policy is named: {o}");
+
     // Plaintext inbound: a pod outside the mesh reaches a meshed server;
     // tc ingress hands the connection to the destination's node proxy.
-    let node2 = Proxy::of(&c, "node2");
     let plain = |m: &Metrics| {
         m.sum(
             "istio_tcp_connections_opened_total",

@@ -38,7 +38,7 @@ static __always_inline int ss_pick(__u32 dst, __u16 port, struct ss_origdst *ep)
  * once (the node proxy, which honours the choice, would refuse it too). */
 static __always_inline int ss_endpoint_denied(__u64 cg, struct ss_pod *pod, struct ss_origdst *ep)
 {
-	struct ss_policy_value *v = ss_policy_lookup(pod->ip, ep->ip, ep->port);
+	struct ss_policy_value *v = ss_policy_lookup(pod->node, pod->ip, ep->ip, ep->port);
 	if (!v || v->verdict != SS_POLICY_DENY)
 		return 0;
 	ss_count_drop(pod->node, SS_DROP_POLICY_DENIED);
@@ -119,7 +119,7 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 	if (ss_is_loopback(dst) || dst == pod->ip || dst == 0)
 		return 1;
 
-	struct ss_policy_value *v = ss_policy_lookup(pod->ip, dst, port);
+	struct ss_policy_value *v = ss_policy_lookup(pod->node, pod->ip, dst, port);
 	if (v && v->verdict == SS_POLICY_DENY) {
 		ss_count_drop(pod->node, SS_DROP_POLICY_DENIED);
 		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_DROPPED, SS_DROP_POLICY_DENIED, SS_POINT_CONNECT, v->rule,

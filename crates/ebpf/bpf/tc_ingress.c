@@ -1,6 +1,17 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * tcx ingress of a meshed pod's eth0, in the pod's network namespace:
+ * tcx ingress of a pod's eth0, in the pod's network namespace.
+ *
+ * Policy at the destination, before any user-space work: a new TCP
+ * connection (a SYN) whose source and destination have identities in the
+ * destination node's numbering is looked up like connect4.c does it; a
+ * deny drops the SYN, counted and recorded. HBONE's port hides the
+ * connection's own, so an HBONE SYN is dropped only when no port of the
+ * pair is allowed. Sources refused at their own connect() never get here;
+ * this holds for the others (a node on nftables, a pod that is not on the
+ * datapath, the host). Pods in and outside the mesh alike.
+ *
+ * Capture, meshed pods only:
  * inbound TCP to the pod's address on any port but HBONE's goes to the
  * node proxy's plaintext listener (0.0.0.0:15006 in the pod, registered by
  * the proxy in ss_listeners_v1 under the pod's address), by assigning the
@@ -24,10 +35,21 @@ int ss_tc_ingress(struct __sk_buff *skb)
 	struct ss_tcp4 t;
 	if (ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, &t))
 		return TC_ACT_OK;
-	if (t.dport == SS_HBONE_PORT)
-		return TC_ACT_OK;
 	struct ss_local *local = bpf_map_lookup_elem(&ss_local_v1, &t.daddr);
-	if (!local || !(local->flags & SS_POD_MESHED))
+	if (!local)
+		return TC_ACT_OK;
+	if (t.syn && !t.ack) {
+		struct ss_policy_value *v = t.dport == SS_HBONE_PORT && (local->flags & SS_POD_MESHED)
+						    ? ss_policy_all_ports_denied(local->node, t.saddr, t.daddr)
+						    : ss_policy_lookup(local->node, t.saddr, t.daddr, t.dport);
+		if (v && v->verdict == SS_POLICY_DENY) {
+			ss_count_drop(local->node, SS_DROP_POLICY_DENIED);
+			ss_emit(0, t.saddr, t.sport, t.daddr, t.dport, SS_VERDICT_DROPPED, SS_DROP_POLICY_DENIED,
+				SS_POINT_TC_INGRESS, v->rule, local->node);
+			return TC_ACT_SHOT;
+		}
+	}
+	if (t.dport == SS_HBONE_PORT || !(local->flags & SS_POD_MESHED))
 		return TC_ACT_OK;
 
 	struct bpf_sock_tuple tuple = {};

@@ -13,6 +13,12 @@ int ss_test_policy(struct __sk_buff *skb)
 	struct ss_tcp4 t;
 	if (ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, &t))
 		return 255;
-	struct ss_policy_value *v = ss_policy_lookup(t.saddr, t.daddr, t.dport);
+	/* The node is the packet's mark (0 without one). */
+	__u16 node = (__u16)skb->mark;
+	if (t.dport == SS_HBONE_PORT) {
+		struct ss_policy_value *all = ss_policy_all_ports_denied(node, t.saddr, t.daddr);
+		return all ? all->verdict : 0;
+	}
+	struct ss_policy_value *v = ss_policy_lookup(node, t.saddr, t.daddr, t.dport);
 	return v ? v->verdict : 0;
 }

@@ -16,19 +16,22 @@ pub mod maps {
     pub const LOCAL: &str = "ss_local_v1";
     pub const CONNECT: &str = "ss_connect_v2";
     pub const ORIGDST: &str = "ss_origdst_v2";
-    pub const POLICY: &str = "ss_policy_v1";
+    pub const IPCACHE: &str = "ss_ipcache_v1";
+    pub const POLICY: &str = "ss_policy_v2";
     pub const LISTENERS: &str = "ss_listeners_v1";
     pub const DROPS: &str = "ss_drops_v1";
     pub const EVENTS: &str = "ss_events_v1";
     pub const SERVICES: &str = "ss_services_v1";
     pub const BACKENDS: &str = "ss_backends_v1";
     pub const LBSOCK: &str = "ss_lbsock_v1";
-    pub const ALL: [&str; 11] = [PODS, LOCAL, CONNECT, ORIGDST, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, DROPS, EVENTS];
+    pub const ALL: [&str; 12] = [PODS, LOCAL, CONNECT, ORIGDST, IPCACHE, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, DROPS, EVENTS];
 }
 
 pub const POD_MESHED: u16 = 1;
 pub const POLICY_ALLOW: u8 = 1;
 pub const POLICY_DENY: u8 = 2;
+/// On a port-0 deny: no port of the pair is allowed.
+pub const POLICY_F_ALL_PORTS: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
 
 /// A flow's verdict. Numbers are fixed forever (append only).
@@ -129,21 +132,33 @@ pub struct OrigDstKey {
     pub pad: [u16; 3],
 }
 
+/// An address in one node's identity numbering.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
+pub struct IpcacheKey {
+    pub node: u16,
+    pub pad: u16,
+    pub ip: u32,
+}
+
+/// A decision between two identities of one node's numbering.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
 pub struct PolicyKey {
-    pub src_ip: u32,
-    pub dst_ip: u32,
+    pub node: u16,
     pub dst_port: u16,
     pub proto: u8,
-    pub pad: u8,
+    pub pad: [u8; 3],
+    pub src_id: u32,
+    pub dst_id: u32,
 }
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PolicyValue {
     pub verdict: u8,
-    pub pad: [u8; 3],
+    pub flags: u8,
+    pub pad: u16,
     pub rule: u32,
 }
 
@@ -200,8 +215,24 @@ pub fn ip_from_key(v: u32) -> Ipv4Addr {
 }
 
 impl PolicyKey {
-    pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Self {
-        PolicyKey { src_ip: ip_key(src), dst_ip: ip_key(dst), dst_port: port, proto: IPPROTO_TCP, pad: 0 }
+    pub fn tcp(node: u16, src_id: u32, dst_id: u32, port: u16) -> Self {
+        PolicyKey { node, dst_port: port, proto: IPPROTO_TCP, pad: [0; 3], src_id, dst_id }
+    }
+}
+
+impl IpcacheKey {
+    pub fn new(node: u16, ip: Ipv4Addr) -> Self {
+        IpcacheKey { node, pad: 0, ip: ip_key(ip) }
+    }
+}
+
+impl PolicyValue {
+    pub fn deny(rule: u32, flags: u8) -> Self {
+        PolicyValue { verdict: POLICY_DENY, flags, pad: 0, rule }
+    }
+
+    pub fn allow() -> Self {
+        PolicyValue { verdict: POLICY_ALLOW, flags: 0, pad: 0, rule: 0 }
     }
 }
 
@@ -263,6 +294,8 @@ unsafe impl aya::Pod for OrigDstKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PolicyKey {}
 // SAFETY: as above.
+unsafe impl aya::Pod for IpcacheKey {}
+// SAFETY: as above.
 unsafe impl aya::Pod for PolicyValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcKey {}
@@ -300,13 +333,25 @@ mod tests {
         );
         assert_eq!(size_of::<OrigDstKey>(), 16);
         assert_eq!((offset_of!(OrigDstKey, netns), offset_of!(OrigDstKey, port), offset_of!(OrigDstKey, pad)), (0, 8, 10));
-        assert_eq!(size_of::<PolicyKey>(), 12);
+        assert_eq!(size_of::<IpcacheKey>(), 8);
+        assert_eq!((offset_of!(IpcacheKey, node), offset_of!(IpcacheKey, pad), offset_of!(IpcacheKey, ip)), (0, 2, 4));
+        assert_eq!(size_of::<PolicyKey>(), 16);
         assert_eq!(
-            (offset_of!(PolicyKey, src_ip), offset_of!(PolicyKey, dst_ip), offset_of!(PolicyKey, dst_port), offset_of!(PolicyKey, proto)),
-            (0, 4, 8, 10)
+            (
+                offset_of!(PolicyKey, node),
+                offset_of!(PolicyKey, dst_port),
+                offset_of!(PolicyKey, proto),
+                offset_of!(PolicyKey, pad),
+                offset_of!(PolicyKey, src_id),
+                offset_of!(PolicyKey, dst_id)
+            ),
+            (0, 2, 4, 5, 8, 12)
         );
         assert_eq!(size_of::<PolicyValue>(), 8);
-        assert_eq!((offset_of!(PolicyValue, verdict), offset_of!(PolicyValue, rule)), (0, 4));
+        assert_eq!(
+            (offset_of!(PolicyValue, verdict), offset_of!(PolicyValue, flags), offset_of!(PolicyValue, pad), offset_of!(PolicyValue, rule)),
+            (0, 1, 2, 4)
+        );
         assert_eq!(size_of::<SvcKey>(), 8);
         assert_eq!((offset_of!(SvcKey, vip), offset_of!(SvcKey, port), offset_of!(SvcKey, proto)), (0, 4, 6));
         assert_eq!(size_of::<Svc>(), 8);
@@ -352,6 +397,7 @@ mod tests {
         assert_eq!(define(&h, "SS_POD_MESHED"), POD_MESHED as u64);
         assert_eq!(define(&h, "SS_POLICY_ALLOW"), POLICY_ALLOW as u64);
         assert_eq!(define(&h, "SS_POLICY_DENY"), POLICY_DENY as u64);
+        assert_eq!(define(&h, "SS_POLICY_F_ALL_PORTS"), POLICY_F_ALL_PORTS as u64);
         assert_eq!(define(&h, "SS_VERDICT_FORWARDED"), Verdict::Forwarded as u64);
         assert_eq!(define(&h, "SS_VERDICT_REDIRECTED"), Verdict::Redirected as u64);
         assert_eq!(define(&h, "SS_VERDICT_DROPPED"), Verdict::Dropped as u64);

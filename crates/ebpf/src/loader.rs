@@ -15,7 +15,7 @@
 //! ([`Datapath::load`] updates every pinned link), without a moment
 //! without a program and without touching open connections.
 
-use crate::abi::{self, BackendKey, Local, OrigDst, Pod, PolicyKey, PolicyValue, Svc, SvcKey};
+use crate::abi::{self, BackendKey, IpcacheKey, Local, OrigDst, Pod, Svc, SvcKey};
 use crate::sys;
 use aya::maps::HashMap;
 use aya::programs::{CgroupSockAddr, SchedClassifier, SockOps};
@@ -209,7 +209,8 @@ impl Datapath {
 
     /// Puts a pod on the datapath: its namespace in `ss_pods_v1` (the socket
     /// hooks then treat its sockets as the pod's: policy always, capture
-    /// when meshed) and, when meshed, inbound capture on its interface.
+    /// when meshed) and the tc program on its interface (inbound policy;
+    /// capture when meshed).
     /// Nothing is left behind when a step fails.
     pub fn enrol(&mut self, p: &PodAttach) -> Result<(), Error> {
         let r = self.try_enrol(p);
@@ -229,10 +230,8 @@ impl Datapath {
         self.hash_map::<u32, Local>(abi::maps::LOCAL)?
             .insert(ip, Local { node: p.node, flags, pad: 0 }, 0)
             .map_err(|error| Error::Map { map: abi::maps::LOCAL, error })?;
-        if !p.meshed {
-            return Ok(());
-        }
-        // Inbound capture is per pod: a program on its interface.
+        // Inbound policy (every pod) and capture (meshed pods) are per pod:
+        // a program on its interface.
         let links = self.dir.join("links").join(p.key);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
         let hook = Hook::TcIngress;
@@ -307,6 +306,7 @@ impl Datapath {
 
     /// Detaches the datapath from a pod and forgets it. Idempotent.
     pub fn withdraw(&mut self, key: &str, ip: Ipv4Addr) -> Result<(), Error> {
+        let node = self.hash_map::<u32, Local>(abi::maps::LOCAL)?.get(&abi::ip_key(ip), 0).ok().map(|l| l.node);
         let links = self.dir.join("links").join(key);
         if links.exists() {
             // A link detaches when its last reference (the pin) goes.
@@ -319,12 +319,11 @@ impl Datapath {
         for k in stale {
             let _ = pods.remove(&k);
         }
-        // Its verdicts as a source, so that a pod given its address later
-        // starts with none of them (its node proxy writes its own).
-        let mut policy = self.hash_map::<PolicyKey, PolicyValue>(abi::maps::POLICY)?;
-        let stale: Vec<PolicyKey> = policy.keys().flatten().filter(|k| k.src_ip == ipk).collect();
-        for k in stale {
-            let _ = policy.remove(&k);
+        // Its identity in its node's numbering (what its own connect() and
+        // tc ingress look up), so that a pod given its address later starts
+        // with none (its node proxy writes the new one).
+        if let Some(node) = node {
+            let _ = self.hash_map::<IpcacheKey, u32>(abi::maps::IPCACHE)?.remove(&IpcacheKey::new(node, ip));
         }
         Ok(())
     }

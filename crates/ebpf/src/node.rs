@@ -3,7 +3,7 @@
 //! plaintext listeners for inbound capture, keeps the policy map equal to
 //! what the engine compiles for its pods, and reads the drop counters.
 
-use crate::abi::{self, DropReason, OrigDstKey, PolicyKey, PolicyValue, Steer};
+use crate::abi::{self, DropReason, IpcacheKey, OrigDstKey, PolicyKey, PolicyValue, Steer};
 use crate::policy::Compiled;
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
 use std::collections::BTreeMap;
@@ -37,9 +37,11 @@ pub struct NodeMaps {
     origdst: MapData,
     listeners: Mutex<SockHash<MapData, u32>>,
     policy: Mutex<HashMap<MapData, PolicyKey, PolicyValue>>,
-    /// What the policy map holds for this node's pods; None until the
-    /// first sync adopts what a previous run of the proxy left there.
-    written: Mutex<Option<BTreeMap<PolicyKey, PolicyValue>>>,
+    ipcache: Mutex<HashMap<MapData, IpcacheKey, u32>>,
+    /// What the policy map and the ipcache hold in this node's numbering;
+    /// None until the first sync adopts what a previous run of the proxy
+    /// left there.
+    written: Mutex<Option<Written>>,
     drops: PerCpuArray<MapData, u64>,
 }
 
@@ -57,12 +59,20 @@ pub struct Steered {
     pub endpoint: Option<SocketAddrV4>,
 }
 
+#[derive(Debug, Default)]
+struct Written {
+    policy: BTreeMap<PolicyKey, PolicyValue>,
+    ipcache: BTreeMap<IpcacheKey, u32>,
+}
+
 /// What one policy sync changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Sync {
     pub written: usize,
     pub removed: usize,
     pub total: usize,
+    /// Addresses whose identity was written or removed.
+    pub addresses: usize,
 }
 
 impl NodeMaps {
@@ -71,8 +81,17 @@ impl NodeMaps {
         let origdst = open(dir, abi::maps::ORIGDST)?;
         let listeners = SockHash::try_from(Map::SockHash(open(dir, abi::maps::LISTENERS)?)).map_err(map_err(abi::maps::LISTENERS))?;
         let policy = HashMap::try_from(Map::HashMap(open(dir, abi::maps::POLICY)?)).map_err(map_err(abi::maps::POLICY))?;
+        let ipcache = HashMap::try_from(Map::HashMap(open(dir, abi::maps::IPCACHE)?)).map_err(map_err(abi::maps::IPCACHE))?;
         let drops = PerCpuArray::try_from(Map::PerCpuArray(open(dir, abi::maps::DROPS)?)).map_err(map_err(abi::maps::DROPS))?;
-        Ok(NodeMaps { node, origdst, listeners: Mutex::new(listeners), policy: Mutex::new(policy), written: Mutex::new(None), drops })
+        Ok(NodeMaps {
+            node,
+            origdst,
+            listeners: Mutex::new(listeners),
+            policy: Mutex::new(policy),
+            ipcache: Mutex::new(ipcache),
+            written: Mutex::new(None),
+            drops,
+        })
     }
 
     /// Where a connection accepted on a pod's outbound listener was going:
@@ -90,31 +109,63 @@ impl NodeMaps {
         self.listeners.lock().expect("listeners lock").insert(abi::ip_key(pod_ip), fd, 0).map_err(map_err(abi::maps::LISTENERS))
     }
 
-    /// Makes the policy map hold `c.entries` for the sources `c` covers:
-    /// new and changed entries first, then the ones no longer wanted, so a
-    /// verdict never disappears before its replacement is there.
-    pub fn sync_policy(&self, c: &Compiled, sources: &[Ipv4Addr]) -> Result<Sync, Error> {
+    /// This node's index in the maps (the `--datapath-index` it runs with).
+    pub fn node_index(&self) -> u16 {
+        self.node
+    }
+
+    /// The identities a previous run of the node proxy numbered (its
+    /// ipcache entries for this node), for [`crate::policy::Identities::adopt`].
+    pub fn prior_identities(&self) -> Vec<(Ipv4Addr, u32)> {
+        let map = self.ipcache.lock().expect("ipcache lock");
+        map.iter().flatten().filter(|(k, _)| k.node == self.node).map(|(k, id)| (abi::ip_from_key(k.ip), id)).collect()
+    }
+
+    /// Makes the maps hold what `c` compiled for this node, in an order
+    /// where a lookup never meets a number without its entries: new and
+    /// changed decisions first, then addresses to their (possibly new)
+    /// identities, then addresses no longer known, then stale decisions.
+    pub fn sync_policy(&self, c: &Compiled) -> Result<Sync, Error> {
         let mut guard = self.written.lock().expect("written lock");
-        let mut map = self.policy.lock().expect("policy lock");
-        let written = guard.get_or_insert_with(|| {
-            let ours: std::collections::HashSet<u32> = sources.iter().map(|s| abi::ip_key(*s)).collect();
-            map.iter().flatten().filter(|(k, _)| ours.contains(&k.src_ip)).collect()
+        let mut policy = self.policy.lock().expect("policy lock");
+        let mut ipcache = self.ipcache.lock().expect("ipcache lock");
+        let node = self.node;
+        let written = guard.get_or_insert_with(|| Written {
+            policy: policy.iter().flatten().filter(|(k, _)| k.node == node).collect(),
+            ipcache: ipcache.iter().flatten().filter(|(k, _)| k.node == node).collect(),
         });
         let mut s = Sync::default();
         for (k, v) in &c.entries {
-            if written.get(k) != Some(v) {
-                map.insert(*k, *v, 0).map_err(map_err(abi::maps::POLICY))?;
-                written.insert(*k, *v);
+            if written.policy.get(k) != Some(v) {
+                policy.insert(*k, *v, 0).map_err(map_err(abi::maps::POLICY))?;
+                written.policy.insert(*k, *v);
                 s.written += 1;
             }
         }
-        let stale: Vec<PolicyKey> = written.keys().filter(|k| !c.entries.contains_key(k)).copied().collect();
+        for (k, id) in &c.ipcache {
+            // This node's pods are checked against the map itself: the
+            // agent removes a deleted pod's entry (its address may come
+            // back on a new pod), behind this cache's back.
+            let here = c.local.contains(k) && ipcache.get(k, 0).ok() != Some(*id);
+            if here || written.ipcache.get(k) != Some(id) {
+                ipcache.insert(*k, *id, 0).map_err(map_err(abi::maps::IPCACHE))?;
+                written.ipcache.insert(*k, *id);
+                s.addresses += 1;
+            }
+        }
+        let stale: Vec<IpcacheKey> = written.ipcache.keys().filter(|k| !c.ipcache.contains_key(k)).copied().collect();
         for k in stale {
-            let _ = map.remove(&k);
-            written.remove(&k);
+            let _ = ipcache.remove(&k);
+            written.ipcache.remove(&k);
+            s.addresses += 1;
+        }
+        let stale: Vec<PolicyKey> = written.policy.keys().filter(|k| !c.entries.contains_key(k)).copied().collect();
+        for k in stale {
+            let _ = policy.remove(&k);
+            written.policy.remove(&k);
             s.removed += 1;
         }
-        s.total = written.len();
+        s.total = written.policy.len();
         Ok(s)
     }
 

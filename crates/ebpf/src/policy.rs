@@ -1,11 +1,28 @@
 //! What the kernel may decide, compiled from the same engine and the same
-//! snapshot as the node proxy: for each pod of this node (the source, whose
-//! connect() the hook sees) and each known workload (the destination), the
-//! verdict of [`engine::connection`] on every port a policy singles out,
-//! and on one port none does (standing for all the others).
+//! snapshot as the node proxy.
 //!
-//! A service address gets an entry for a declared port when every ready
-//! endpoint of that port is denied to the source.
+//! **Identities.** Workloads are grouped by what policy can tell apart
+//! about them ([`Signature`]): their SPIFFE identity (trust domain,
+//! namespace, service account), whether they are meshed, the network
+//! policies and authorization policies that select them (their labels, as
+//! the control plane resolved the selectors), the peer lists and address
+//! blocks their address falls in, and their named ports. The engine reads
+//! nothing else of a workload, so two workloads of one class get the same
+//! verdict on every port, as source and as destination. Each class gets a
+//! numeric identity in this node's numbering ([`Identities`]: stable while
+//! the class lives, never reused, kept across a restart of the node proxy
+//! through what the map holds); each service address gets one of its own.
+//! The kernel maps an address to its identity (`ss_ipcache_v1`), and
+//! decisions are between identities (`ss_policy_v2`): one entry per pair
+//! of classes instead of per pair of pods.
+//!
+//! **Decisions.** For each pair of classes with a member on this node at
+//! either end (the source's connect() and the destination's tc ingress
+//! both look here), the verdict of [`engine::connection`] on every port a
+//! governing policy singles out, and on one port none does (standing for
+//! all the others; flagged [`POLICY_F_ALL_PORTS`] when no port of the pair
+//! is allowed). A service address gets an entry for a declared port when
+//! every ready endpoint of that port is denied to the source class.
 //!
 //! Only what the engine decides is written, so the kernel never denies
 //! what the proxy would allow: no entry means "no say" and the connection
@@ -14,11 +31,11 @@
 //! to the proxy and the nftables path (an honest gap, counted in
 //! [`Compiled::skipped_pairs`]). Pure: snapshot in, entries out.
 
-use crate::abi::{PolicyKey, PolicyValue, POLICY_ALLOW, POLICY_DENY};
+use crate::abi::{IpcacheKey, PolicyKey, PolicyValue, POLICY_F_ALL_PORTS};
 use slipstream_core::policy::engine;
 use slipstream_core::policy::network::{Direction, L4Protocol, PortSpec};
 use slipstream_core::{MeshState, MeshWorkload};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
@@ -27,12 +44,101 @@ pub const MAX_RANGE_PORTS: u32 = 1024;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Compiled {
+    /// Every known IPv4 workload and service address, to its identity.
+    pub ipcache: BTreeMap<IpcacheKey, u32>,
     pub entries: BTreeMap<PolicyKey, PolicyValue>,
     /// What each entry's `rule` refers to (index + 1): the explanation of
     /// the deciding layer, as `policy check` words it.
     pub rules: Vec<String>,
-    /// Source and destination pairs left to user space.
+    /// Pairs of classes left to user space.
     pub skipped_pairs: usize,
+    /// How many workload classes (identities) the snapshot has.
+    pub classes: usize,
+    /// The ipcache keys of this node's own pods.
+    pub local: BTreeSet<IpcacheKey>,
+}
+
+/// What policy can tell apart about a workload; equal signatures, equal
+/// verdicts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Signature {
+    identity: String,
+    meshed: bool,
+    net_policies: Vec<String>,
+    authorizations: Vec<String>,
+    /// The address predicates (peer lists, blocks, policies' CIDRs) that
+    /// hold for the workload's address, by stable name.
+    addresses: Vec<Arc<str>>,
+    /// Named ports of the address, per network policy that resolves them.
+    named_ports: Vec<(String, Vec<(String, u16)>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Class {
+    Workload(Signature),
+    /// A service address: which sources it refuses depends on its
+    /// endpoints, so it is a class of its own.
+    Service(Ipv4Addr),
+}
+
+/// The numbering of one node: class to identity, kept from one compile to
+/// the next. Identities are never reused (a class that goes away takes its
+/// number with it), so a number in the kernel's maps never changes meaning.
+#[derive(Debug, Default)]
+pub struct Identities {
+    ids: HashMap<Class, u32>,
+    next: u32,
+    /// What a previous run left in the ipcache (address to identity):
+    /// taken by the first compile, so a restart renumbers nothing.
+    prior: Option<HashMap<Ipv4Addr, u32>>,
+}
+
+impl Identities {
+    pub fn new() -> Self {
+        Identities { ids: HashMap::new(), next: 1, prior: None }
+    }
+
+    /// Starts from what a previous run of the node proxy wrote.
+    pub fn adopt(prior: impl IntoIterator<Item = (Ipv4Addr, u32)>) -> Self {
+        let prior: HashMap<Ipv4Addr, u32> = prior.into_iter().filter(|(_, id)| *id != 0).collect();
+        let next = prior.values().copied().max().unwrap_or(0).saturating_add(1);
+        Identities { ids: HashMap::new(), next, prior: Some(prior) }
+    }
+
+    /// Numbers this snapshot's classes (with their members' addresses);
+    /// forgets the classes it no longer has.
+    fn number(&mut self, classes: &BTreeMap<Class, Vec<Ipv4Addr>>) -> HashMap<Class, u32> {
+        let prior = self.prior.take().unwrap_or_default();
+        let mut taken: BTreeSet<u32> = BTreeSet::new();
+        let mut out = HashMap::with_capacity(classes.len());
+        // Known classes keep their number first, then adopted numbers.
+        for c in classes.keys() {
+            if let Some(id) = self.ids.get(c) {
+                taken.insert(*id);
+                out.insert(c.clone(), *id);
+            }
+        }
+        for (c, addrs) in classes {
+            if out.contains_key(c) {
+                continue;
+            }
+            let mut olds = addrs.iter().map(|a| prior.get(a).copied());
+            let first = olds.next().flatten();
+            if let Some(id) = first.filter(|id| olds.all(|o| o == Some(*id)) && !taken.contains(id)) {
+                taken.insert(id);
+                out.insert(c.clone(), id);
+            }
+        }
+        for c in classes.keys() {
+            if !out.contains_key(c) {
+                let id = self.next;
+                self.next = self.next.checked_add(1).expect("2^32 identities");
+                out.insert(c.clone(), id);
+            }
+        }
+        self.ids = out.clone();
+        out
+    }
 }
 
 fn v4(ip: IpAddr) -> Option<Ipv4Addr> {
@@ -40,6 +146,67 @@ fn v4(ip: IpAddr) -> Option<Ipv4Addr> {
         IpAddr::V4(a) => Some(a),
         IpAddr::V6(_) => None,
     }
+}
+
+/// Every address test some policy makes, named stably (policy, rule, item)
+/// so that a class keeps its signature while unrelated policies change.
+struct Predicates {
+    tests: Vec<(Arc<str>, AddressTest)>,
+}
+
+type AddressTest = Box<dyn Fn(IpAddr) -> bool>;
+
+impl Predicates {
+    fn of(state: &MeshState) -> Self {
+        let mut tests: Vec<(Arc<str>, AddressTest)> = Vec::new();
+        for p in state.net_policies() {
+            let key = p.key();
+            for (dir, rules) in [("in", &p.ingress), ("out", &p.egress), ("in-deny", &p.ingress_deny), ("out-deny", &p.egress_deny)] {
+                for (ri, rule) in rules.iter().enumerate() {
+                    for (pi, peer) in rule.peers.iter().flatten().enumerate() {
+                        let peer = peer.clone();
+                        tests.push((format!("{key}/{dir}/{ri}/{pi}").into(), Box::new(move |ip| peer.matches(ip))));
+                    }
+                }
+            }
+        }
+        for a in state.policies() {
+            for (ri, r) in a.rules.iter().enumerate() {
+                for (ci, c) in r.clauses.iter().enumerate() {
+                    for (mi, m) in c.matches.iter().enumerate() {
+                        let fields = [
+                            ("src", &m.source_ips),
+                            ("not-src", &m.not_source_ips),
+                            ("dst", &m.destination_ips),
+                            ("not-dst", &m.not_destination_ips),
+                        ];
+                        for (f, cidrs) in fields {
+                            for (i, cidr) in cidrs.iter().enumerate() {
+                                let cidr = *cidr;
+                                let name = format!("authz/{}/{}/{ri}/{ci}/{mi}/{f}/{i}", a.namespace, a.name);
+                                tests.push((name.into(), Box::new(move |ip| cidr.contains(ip))));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Predicates { tests }
+    }
+}
+
+fn signature(state: &MeshState, preds: &Predicates, w: &MeshWorkload) -> Signature {
+    let addr = w.address();
+    let mut net_policies: Vec<String> = state.net_policies_for(&w.uid).iter().map(|p| p.key()).collect();
+    net_policies.sort();
+    let authorizations = state.policies_for(w).iter().map(|a| format!("{}/{}", a.namespace, a.name)).collect();
+    let mut addresses: Vec<Arc<str>> = preds.tests.iter().filter(|(_, t)| t(addr)).map(|(n, _)| n.clone()).collect();
+    addresses.sort();
+    let named_ports = state
+        .net_policies()
+        .filter_map(|p| p.named_ports.get(&addr).map(|m| (p.key(), m.iter().map(|(k, v)| (k.clone(), *v)).collect())))
+        .collect();
+    Signature { identity: w.identity().to_string(), meshed: w.meshed(), net_policies, authorizations, addresses, named_ports }
 }
 
 /// The ports any policy governing `src -> dst` singles out; None when a
@@ -111,18 +278,66 @@ impl Rules {
     }
 }
 
-/// Compiles the kernel's part of policy for the pods of `node`.
-pub fn compile(state: &MeshState, node: &str) -> Compiled {
+/// One class of workloads: its identity, members, and whether one of them
+/// runs on this node.
+struct Group<'a> {
+    id: u32,
+    members: Vec<&'a Arc<MeshWorkload>>,
+    local: bool,
+}
+
+/// Compiles the kernel's part of policy for `node` (index `node_index` in
+/// the maps), numbering classes with `ids`.
+pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identities) -> Compiled {
     let mut out = Compiled::default();
     let mut rules = Rules { list: Vec::new(), index: BTreeMap::new() };
-    let all: Vec<&Arc<MeshWorkload>> = state.workloads().filter(|w| v4(w.address()).is_some()).collect();
-    for src in all.iter().filter(|w| w.node == node) {
-        let src_ip = v4(src.address()).expect("filtered");
-        for dst in &all {
-            if dst.uid == src.uid || !governed(state, src, dst) {
+    let preds = Predicates::of(state);
+    let mut classes: BTreeMap<Class, Vec<&Arc<MeshWorkload>>> = BTreeMap::new();
+    for w in state.workloads().filter(|w| v4(w.address()).is_some()) {
+        classes.entry(Class::Workload(signature(state, &preds, w))).or_default().push(w);
+    }
+    let mut vips: BTreeSet<Ipv4Addr> = BTreeSet::new();
+    for svc in state.services() {
+        vips.extend(svc.addresses.iter().filter_map(|a| v4(a.address)));
+    }
+    let mut addrs: BTreeMap<Class, Vec<Ipv4Addr>> =
+        classes.iter().map(|(c, m)| (c.clone(), m.iter().filter_map(|w| v4(w.address())).collect())).collect();
+    addrs.extend(vips.iter().map(|v| (Class::Service(*v), vec![*v])));
+    let numbers = ids.number(&addrs);
+    for (c, a) in &addrs {
+        for ip in a {
+            // An address two workloads claim is the newest claim's, as
+            // the proxy resolves it.
+            let owner = match c {
+                Class::Workload(_) => classes[c].iter().find(|w| w.address() == IpAddr::V4(*ip)).map(|w| w.uid.as_str()),
+                Class::Service(_) => None,
+            };
+            if owner.is_some() && state.workload_by_ip(IpAddr::V4(*ip)).map(|w| w.uid.clone()).as_deref() != owner {
                 continue;
             }
-            let dst_ip = v4(dst.address()).expect("filtered");
+            out.ipcache.insert(IpcacheKey::new(node_index, *ip), numbers[c]);
+        }
+    }
+    out.classes = classes.len();
+    out.local =
+        state.workloads().filter(|w| w.node == node).filter_map(|w| v4(w.address())).map(|ip| IpcacheKey::new(node_index, ip)).collect();
+    let groups: Vec<Group> = classes
+        .iter()
+        .map(|(c, members)| Group { id: numbers[c], local: members.iter().any(|w| w.node == node), members: members.clone() })
+        .collect();
+
+    for s in &groups {
+        for d in &groups {
+            if !(s.local || d.local) {
+                continue;
+            }
+            let src = s.members[0];
+            // A workload and itself never meet in the map (a pod's own
+            // address stays inside the pod); another member stands in.
+            let Some(dst) = d.members.iter().find(|w| w.uid != src.uid) else { continue };
+            if !governed(state, src, dst) {
+                continue;
+            }
             let Some(ports) = significant_ports(state, src, dst) else {
                 out.skipped_pairs += 1;
                 continue;
@@ -130,27 +345,31 @@ pub fn compile(state: &MeshState, node: &str) -> Compiled {
             let other_port = (1..=u16::MAX).find(|p| !ports.contains(p)).unwrap_or(1);
             let decide = |port: u16| engine::connection(state, src, dst, L4Protocol::Tcp, port);
             let other = decide(other_port);
-            if !other.allowed {
-                let rule = rules.id(&other);
-                out.entries.insert(PolicyKey::tcp(src_ip, dst_ip, 0), PolicyValue { verdict: POLICY_DENY, pad: [0; 3], rule });
-            }
+            let mut any_allowed = other.allowed;
             for p in ports {
                 let v = decide(p);
+                any_allowed |= v.allowed;
                 if v.allowed == other.allowed {
                     continue;
                 }
-                let (verdict, rule) = if v.allowed { (POLICY_ALLOW, 0) } else { (POLICY_DENY, rules.id(&v)) };
-                out.entries.insert(PolicyKey::tcp(src_ip, dst_ip, p), PolicyValue { verdict, pad: [0; 3], rule });
+                let value = if v.allowed { PolicyValue::allow() } else { PolicyValue::deny(rules.id(&v), 0) };
+                out.entries.insert(PolicyKey::tcp(node_index, s.id, d.id, p), value);
+            }
+            if !other.allowed {
+                let flags = if any_allowed { 0 } else { POLICY_F_ALL_PORTS };
+                out.entries.insert(PolicyKey::tcp(node_index, s.id, d.id, 0), PolicyValue::deny(rules.id(&other), flags));
             }
         }
     }
     // A service address: refused at connect() when every ready endpoint
     // of that port would refuse (the proxy, whichever it picks, would
-    // too). No endpoint: the proxy's answer, not the kernel's.
-    for src in all.iter().filter(|w| w.node == node) {
-        let src_ip = v4(src.address()).expect("filtered");
+    // too). No endpoint: the proxy's answer, not the kernel's. Sources of
+    // this node only: the check is the connect hook's.
+    for s in groups.iter().filter(|g| g.local) {
+        let src = s.members[0];
         for svc in state.services() {
             for vip in svc.addresses.iter().filter_map(|a| v4(a.address)) {
+                let vip_id = numbers[&Class::Service(vip)];
                 for port in &svc.ports {
                     let eps = state.endpoints(svc, port.service_port);
                     let verdicts: Vec<engine::Verdict> =
@@ -159,12 +378,73 @@ pub fn compile(state: &MeshState, node: &str) -> Compiled {
                         continue;
                     }
                     let rule = rules.id(&verdicts[0]);
-                    out.entries
-                        .insert(PolicyKey::tcp(src_ip, vip, port.service_port), PolicyValue { verdict: POLICY_DENY, pad: [0; 3], rule });
+                    out.entries.insert(PolicyKey::tcp(node_index, s.id, vip_id, port.service_port), PolicyValue::deny(rule, 0));
                 }
             }
         }
     }
     out.rules = rules.list;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classes(n: usize, prior: &[(Ipv4Addr, u32)]) -> (Identities, BTreeMap<Class, Vec<Ipv4Addr>>) {
+        let ids = Identities::adopt(prior.iter().copied());
+        let m = (0..n).map(|i| (Class::Service(Ipv4Addr::new(10, 96, 0, i as u8)), vec![Ipv4Addr::new(10, 96, 0, i as u8)])).collect();
+        (ids, m)
+    }
+
+    #[test]
+    fn numbers_are_kept_never_reused_and_adopted_after_a_restart() {
+        let (mut ids, mut m) = classes(3, &[]);
+        let first = ids.number(&m);
+        let mut got: Vec<u32> = first.values().copied().collect();
+        got.sort();
+        assert_eq!(got, vec![1, 2, 3]);
+        // A class goes, another comes: the new one gets a fresh number.
+        let gone = m.keys().next().unwrap().clone();
+        m.remove(&gone);
+        m.insert(Class::Service(Ipv4Addr::new(10, 96, 0, 9)), vec![Ipv4Addr::new(10, 96, 0, 9)]);
+        let second = ids.number(&m);
+        for (c, id) in &second {
+            if let Some(old) = first.get(c) {
+                assert_eq!(old, id, "a class keeps its number");
+            } else {
+                assert_eq!(*id, 4, "never a number a gone class had");
+            }
+        }
+        // A restart: the map's numbers are taken back, new classes go above.
+        let prior: Vec<(Ipv4Addr, u32)> =
+            m.iter().map(|(c, a)| (a[0], second[c])).filter(|(a, _)| *a != Ipv4Addr::new(10, 96, 0, 9)).collect();
+        let (mut again, _) = classes(0, &prior);
+        let third = again.number(&m);
+        for (c, id) in &third {
+            if m[c][0] == Ipv4Addr::new(10, 96, 0, 9) {
+                assert_eq!(*id, 4, "not in the map before: the next number above it");
+            } else {
+                assert_eq!(second[c], *id, "adopted from the map");
+            }
+        }
+    }
+
+    #[test]
+    fn members_that_disagree_on_their_old_number_get_a_new_one() {
+        let a = Ipv4Addr::new(10, 244, 1, 1);
+        let b = Ipv4Addr::new(10, 244, 1, 2);
+        let mut ids = Identities::adopt([(a, 5), (b, 6)]);
+        let sig = Signature {
+            identity: "spiffe://cluster.local/ns/a/sa/x".into(),
+            meshed: true,
+            net_policies: vec![],
+            authorizations: vec![],
+            addresses: vec![],
+            named_ports: vec![],
+        };
+        let m = BTreeMap::from([(Class::Workload(sig), vec![a, b])]);
+        let n = ids.number(&m);
+        assert_eq!(n.values().copied().collect::<Vec<_>>(), vec![7], "two old numbers merged: neither is reused");
+    }
 }

@@ -178,8 +178,20 @@ pub fn map_take<K: aya::Pod, V: aya::Pod + Default>(map: BorrowedFd<'_>, key: &K
 /// BPF_PROG_TEST_RUN: runs `prog` once on `packet` (a whole frame) in
 /// the calling thread's network namespace; returns the program's verdict.
 pub fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8]) -> io::Result<u32> {
+    prog_test_run_mark(prog, packet, 0)
+}
+
+/// BPF_PROG_TEST_RUN with `skb->mark` set (the test programs read inputs
+/// that are not in the packet from it).
+pub fn prog_test_run_mark(prog: BorrowedFd<'_>, packet: &[u8], mark: u32) -> io::Result<u32> {
     let mut out = vec![0u8; packet.len() + 256];
+    // struct __sk_buff up to and including mark: len, pkt_type, mark.
+    let ctx: [u32; 3] = [0, 0, mark];
     let mut a = Attr([0; 32]);
+    let c = ctx.as_ptr() as u64;
+    a.0[10] = std::mem::size_of_val(&ctx) as u32;
+    a.0[12] = c as u32;
+    a.0[13] = (c >> 32) as u32;
     let (pin, pout) = (packet.as_ptr() as u64, out.as_mut_ptr() as u64);
     a.0[0] = prog.as_raw_fd() as u32;
     a.0[2] = packet.len() as u32;

@@ -4,7 +4,7 @@
 //! and bpffs, as the datapath itself: these fail loudly without them.
 
 use aya::maps::{HashMap, Map, MapData, PerCpuArray};
-use slipstream_ebpf::abi::{self, DropReason, Local, PolicyKey, PolicyValue, Verdict};
+use slipstream_ebpf::abi::{self, DropReason, IpcacheKey, Local, PolicyKey, PolicyValue, Verdict};
 use slipstream_ebpf::{sys, Datapath, FlowReader, Hook};
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
@@ -98,6 +98,7 @@ fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_prox
 
     // Not for this program: left to the stack.
     assert_eq!(run(&tcp(PEER, POD, 40000, 15008, true, false)), TC_ACT_OK, "HBONE goes to the proxy's own listener");
+    assert_eq!(run(&tcp(PEER, unmeshed, 40000, 15008, true, false)), TC_ACT_OK, "a pod outside the mesh is not captured");
     assert_eq!(run(&udp(PEER, POD, 8080)), TC_ACT_OK, "UDP is not captured");
     assert_eq!(run(&tcp(PEER, unmeshed, 40000, 8080, true, false)), TC_ACT_OK, "a pod outside the mesh");
     assert_eq!(run(&tcp(PEER, Ipv4Addr::new(10, 9, 9, 9), 40000, 8080, true, false)), TC_ACT_OK, "no local pod");
@@ -127,8 +128,57 @@ fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_prox
     assert_eq!(count(3, DropReason::NoProxy), 1);
 }
 
+/// Identities 1 (POD), 2 (PEER), 3 (OTHER) in node 3's numbering; PEER
+/// is also numbered 7 by node 4.
+fn numbered(dir: &Path) -> HashMap<MapData, PolicyKey, PolicyValue> {
+    let mut ipcache: HashMap<MapData, IpcacheKey, u32> = HashMap::try_from(Map::HashMap(map(dir, abi::maps::IPCACHE))).unwrap();
+    for (ip, id) in [(POD, 1), (PEER, 2), (OTHER, 3)] {
+        ipcache.insert(IpcacheKey::new(3, ip), id, 0).unwrap();
+    }
+    ipcache.insert(IpcacheKey::new(4, PEER), 7, 0).unwrap();
+    HashMap::try_from(Map::HashMap(map(dir, abi::maps::POLICY))).unwrap()
+}
+
+const OTHER: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 3);
+
 #[test]
-fn the_policy_lookup_takes_the_ports_own_entry_then_the_pairs_default() {
+fn tc_ingress_refuses_a_denied_new_connection_before_any_socket_meshed_or_not() {
+    let d = Dir::new("tcpolicy");
+    let dp = Datapath::load(&d.0).unwrap();
+    let mut local: HashMap<MapData, u32, Local> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::LOCAL))).unwrap();
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: abi::POD_MESHED, pad: 0 }, 0).unwrap();
+    local.insert(abi::ip_key(OTHER), Local { node: 3, flags: 0, pad: 0 }, 0).unwrap();
+    let mut policy = numbered(&d.0);
+    // PEER may reach POD on 8080 only; PEER may not reach OTHER at all;
+    // POD may not reach OTHER on 9000 (a source-side entry, not PEER's).
+    policy.insert(PolicyKey::tcp(3, 2, 1, 0), PolicyValue::deny(4, 0), 0).unwrap();
+    policy.insert(PolicyKey::tcp(3, 2, 1, 8080), PolicyValue::allow(), 0).unwrap();
+    policy.insert(PolicyKey::tcp(3, 2, 3, 0), PolicyValue::deny(5, abi::POLICY_F_ALL_PORTS), 0).unwrap();
+    let mut events = FlowReader::open(&d.0).unwrap();
+    let run = |p: &[u8]| sys::prog_test_run(dp.prog_fd(Hook::TcIngress), p).expect("BPF_PROG_TEST_RUN");
+
+    assert_eq!(run(&tcp(PEER, OTHER, 40000, 80, true, false)), TC_ACT_SHOT, "denied SYN to a pod outside the mesh");
+    assert_eq!(run(&tcp(PEER, OTHER, 40000, 80, false, true)), TC_ACT_OK, "only SYNs are decided (the stack answers strays)");
+    assert_eq!(run(&tcp(OTHER, POD, 40000, 80, true, false)), TC_ACT_SHOT, "no listener: the NO_PROXY drop, not a policy one");
+    // A meshed destination: the policy drop comes before steering; HBONE
+    // is dropped only when no port of the pair is allowed.
+    assert_eq!(run(&tcp(PEER, POD, 40001, 9090, true, false)), TC_ACT_SHOT, "denied plaintext to a meshed pod");
+    assert_eq!(run(&tcp(PEER, POD, 40002, 15008, true, false)), TC_ACT_OK, "HBONE: 8080 is allowed inside, the proxy decides");
+    assert_eq!(run(&tcp(PEER, OTHER, 40003, 15008, true, false)), TC_ACT_SHOT, "HBONE where no port is allowed");
+    assert_eq!(run(&tcp(Ipv4Addr::new(192, 0, 2, 1), OTHER, 40004, 80, true, false)), TC_ACT_OK, "a source without identity: no say");
+
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let count = |r: DropReason| -> u64 { drops.get(&(3 * abi::DROP_MAX + r as u32), 0).unwrap().iter().sum() };
+    assert_eq!((count(DropReason::PolicyDenied), count(DropReason::NoProxy)), (3, 1));
+    let ev = events.read(Duration::from_secs(1));
+    let denied: Vec<_> = ev.iter().filter(|e| DropReason::from_u8(e.reason) == Some(DropReason::PolicyDenied)).collect();
+    assert_eq!(denied.len(), 3, "{ev:?}");
+    assert_eq!((denied[0].point, denied[0].rule, abi::ip_from_key(denied[0].dst_ip)), (abi::POINT_TC_INGRESS, 5, OTHER));
+    assert_eq!(denied[1].rule, 4, "the deciding rule travels with the flow");
+}
+
+#[test]
+fn the_policy_lookup_goes_through_identities_and_takes_the_ports_own_entry_then_the_pairs_default() {
     static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/test_policy.o"));
     let d = Dir::new("policy");
     std::fs::create_dir_all(d.0.join("maps")).unwrap();
@@ -136,23 +186,28 @@ fn the_policy_lookup_takes_the_ports_own_entry_then_the_pairs_default() {
     let prog: &mut aya::programs::SchedClassifier = obj.program_mut("ss_test_policy").unwrap().try_into().unwrap();
     prog.load().unwrap();
     let fd = prog.fd().unwrap();
-    let mut policy: HashMap<MapData, PolicyKey, PolicyValue> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::POLICY))).unwrap();
-    let other = Ipv4Addr::new(10, 244, 3, 3);
-    let deny = PolicyValue { verdict: abi::POLICY_DENY, pad: [0; 3], rule: 1 };
-    let allow = PolicyValue { verdict: abi::POLICY_ALLOW, pad: [0; 3], rule: 0 };
-    policy.insert(PolicyKey::tcp(POD, PEER, 0), deny, 0).unwrap();
-    policy.insert(PolicyKey::tcp(POD, PEER, 8080), allow, 0).unwrap();
-    policy.insert(PolicyKey::tcp(POD, other, 9000), deny, 0).unwrap();
-    let verdict = |src, dst, port| sys::prog_test_run(fd.as_fd(), &tcp(src, dst, 40000, port, true, false)).unwrap();
+    let mut policy = numbered(&d.0);
+    policy.insert(PolicyKey::tcp(3, 1, 2, 0), PolicyValue::deny(1, 0), 0).unwrap();
+    policy.insert(PolicyKey::tcp(3, 1, 2, 8080), PolicyValue::allow(), 0).unwrap();
+    policy.insert(PolicyKey::tcp(3, 1, 3, 9000), PolicyValue::deny(1, 0), 0).unwrap();
+    policy.insert(PolicyKey::tcp(3, 2, 3, 0), PolicyValue::deny(1, abi::POLICY_F_ALL_PORTS), 0).unwrap();
+    policy.insert(PolicyKey::tcp(4, 7, 1, 0), PolicyValue::deny(1, 0), 0).unwrap();
+    let verdict = |node: u32, src, dst, port| sys::prog_test_run_mark(fd.as_fd(), &tcp(src, dst, 40000, port, true, false), node).unwrap();
+    let (allow, deny) = (abi::POLICY_ALLOW as u32, abi::POLICY_DENY as u32);
     let cases = [
-        (POD, PEER, 8080, abi::POLICY_ALLOW as u32, "the port's own entry wins over the pair's default"),
-        (POD, PEER, 9090, abi::POLICY_DENY as u32, "every other port of the pair: its default"),
-        (POD, other, 9000, abi::POLICY_DENY as u32, "a port's own entry"),
-        (POD, other, 8080, 0, "no entry: the kernel has no say"),
-        (PEER, POD, 8080, 0, "entries are per direction"),
+        (3, POD, PEER, 8080, allow, "the port's own entry wins over the pair's default"),
+        (3, POD, PEER, 9090, deny, "every other port of the pair: its default"),
+        (3, POD, OTHER, 9000, deny, "a port's own entry"),
+        (3, POD, OTHER, 8080, 0, "no entry: the kernel has no say"),
+        (3, PEER, POD, 8080, 0, "entries are per direction"),
+        (3, POD, Ipv4Addr::new(192, 0, 2, 1), 9090, 0, "an address without identity: no say"),
+        (4, POD, PEER, 9090, 0, "another node's numbering: POD has no identity there"),
+        (4, PEER, POD, 9090, 0, "node 4 numbered PEER only"),
+        (3, POD, PEER, 15008, 0, "HBONE: the pair has an allowed port"),
+        (3, PEER, OTHER, 15008, deny, "HBONE: no port of the pair is allowed"),
     ];
-    for (src, dst, port, want, why) in cases {
-        assert_eq!(verdict(src, dst, port), want, "{src} -> {dst}:{port}: {why}");
+    for (node, src, dst, port, want, why) in cases {
+        assert_eq!(verdict(node, src, dst, port), want, "node {node}: {src} -> {dst}:{port}: {why}");
     }
     assert_eq!(sys::prog_test_run(fd.as_fd(), &udp(POD, PEER, 8080)).unwrap(), 255, "not TCP: not parsed");
 }

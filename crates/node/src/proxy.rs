@@ -49,6 +49,8 @@ pub struct NodeProxy {
     netpol: Option<crate::netpol::Kernel>,
     /// The eBPF datapath's maps (None: nftables capture).
     datapath: Option<Arc<slipstream_ebpf::NodeMaps>>,
+    /// This node's numbering of identities for the kernel's policy maps.
+    identities: Option<slipstream_ebpf::policy::Identities>,
 }
 
 impl NodeProxy {
@@ -90,6 +92,7 @@ impl NodeProxy {
             trust,
             netpol,
             datapath: None,
+            identities: None,
         })
     }
 
@@ -257,20 +260,15 @@ impl NodeProxy {
         let Some(maps) = &self.datapath else { return };
         let snap = self.index.snapshot();
         let node = &self.shared.config.node;
-        let compiled = slipstream_ebpf::policy::compile(&snap, node);
-        let sources: Vec<std::net::Ipv4Addr> = snap
-            .workloads()
-            .filter(|w| &w.node == node)
-            .filter_map(|w| match w.address() {
-                std::net::IpAddr::V4(a) => Some(a),
-                std::net::IpAddr::V6(_) => None,
-            })
-            .collect();
-        match maps.sync_policy(&compiled, &sources) {
-            Ok(s) if s.written + s.removed > 0 => tracing::info!(
+        let ids = self.identities.get_or_insert_with(|| slipstream_ebpf::policy::Identities::adopt(maps.prior_identities()));
+        let compiled = slipstream_ebpf::policy::compile(&snap, node, maps.node_index(), ids);
+        match maps.sync_policy(&compiled) {
+            Ok(s) if s.written + s.removed + s.addresses > 0 => tracing::info!(
                 entries = s.total,
                 written = s.written,
                 removed = s.removed,
+                addresses = s.addresses,
+                identities = compiled.classes,
                 left_to_the_proxy = compiled.skipped_pairs,
                 "kernel policy map updated"
             ),

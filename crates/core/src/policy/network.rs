@@ -150,7 +150,7 @@ pub struct Flow {
 }
 
 impl NetPeer {
-    fn matches(&self, ip: IpAddr) -> bool {
+    pub fn matches(&self, ip: IpAddr) -> bool {
         match self {
             NetPeer::Addresses(a) => a.binary_search(&ip).is_ok(),
             NetPeer::Block { cidr, except } => cidr.contains(ip) && !except.iter().any(|e| e.contains(ip)),

@@ -84,21 +84,42 @@ struct ss_origdst_key {
 	__u16 pad[3];
 };
 
-/* One policy decision (map ss_policy_v1). dst_port 0 means every port of
- * this source and destination that has no entry of its own. */
+/* A numeric identity (map ss_ipcache_v1): what policy can tell apart about
+ * a workload (its SPIFFE identity, so namespace and service account; the
+ * policies that select it, so its labels as selectors see them; the
+ * address blocks and peer lists its address falls in), numbered by each
+ * node proxy for its node; a service address has one of its own. Keyed by
+ * node because one kernel may host several nodes of the local cluster,
+ * each numbering on its own. 0 is no identity. */
+struct ss_ipcache_key {
+	__u16 node;
+	__u16 pad;
+	__u32 ip; /* network order */
+};
+
+/* One policy decision (map ss_policy_v2), between two identities of one
+ * node's numbering. dst_port 0 means every port of the pair that has no
+ * entry of its own. */
 struct ss_policy_key {
-	__u32 src_ip; /* network order */
-	__u32 dst_ip; /* network order */
+	__u16 node;
 	__u16 dst_port;
 	__u8 proto;   /* IPPROTO_TCP */
-	__u8 pad;
+	__u8 pad[3];
+	__u32 src_id;
+	__u32 dst_id;
 };
 
 struct ss_policy_value {
 	__u8 verdict; /* SS_POLICY_* */
-	__u8 pad[3];
+	__u8 flags;   /* SS_POLICY_F_* */
+	__u16 pad;
 	__u32 rule;   /* the node proxy's reference to the deciding rule */
 };
+
+/* On a dst_port 0 deny: no port of the pair is allowed, so a connection
+ * whose port the kernel cannot see (HBONE's, inside the tunnel) is denied
+ * too. */
+#define SS_POLICY_F_ALL_PORTS 1
 
 #define SS_POLICY_ALLOW 1
 #define SS_POLICY_DENY 2

@@ -48,10 +48,18 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 262144);
+	__type(key, struct ss_ipcache_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_ipcache_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
 	__type(key, struct ss_policy_key);
 	__type(value, struct ss_policy_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ss_policy_v1 SEC(".maps");
+} ss_policy_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_SOCKHASH);
@@ -138,16 +146,42 @@ static __always_inline void ss_emit(__u64 netns, __u32 src_ip, __u16 src_port, _
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* The policy entry for a connection: the port's own, else the one for
- * every other port of the pair; NULL when the kernel has no say. */
-static __always_inline struct ss_policy_value *ss_policy_lookup(__u32 src_ip, __u32 dst_ip, __u16 dst_port)
+/* An address's identity in a node's numbering; 0 when it has none. */
+static __always_inline __u32 ss_identity(__u16 node, __u32 ip)
 {
-	struct ss_policy_key k = { .src_ip = src_ip, .dst_ip = dst_ip, .dst_port = dst_port, .proto = IPPROTO_TCP };
-	struct ss_policy_value *v = bpf_map_lookup_elem(&ss_policy_v1, &k);
+	struct ss_ipcache_key k = { .node = node, .ip = ip };
+	__u32 *id = bpf_map_lookup_elem(&ss_ipcache_v1, &k);
+	return id ? *id : 0;
+}
+
+/* The policy entry for a connection, in the numbering of `node` (the
+ * source's node at connect(), the destination's at tc ingress): the port's
+ * own, else the one for every other port of the pair; NULL when the
+ * kernel has no say (an address without identity, or no entry). */
+static __always_inline struct ss_policy_value *ss_policy_lookup(__u16 node, __u32 src_ip, __u32 dst_ip, __u16 dst_port)
+{
+	__u32 src_id = ss_identity(node, src_ip);
+	if (!src_id)
+		return NULL;
+	__u32 dst_id = ss_identity(node, dst_ip);
+	if (!dst_id)
+		return NULL;
+	struct ss_policy_key k = { .node = node, .dst_port = dst_port, .proto = IPPROTO_TCP, .src_id = src_id, .dst_id = dst_id };
+	struct ss_policy_value *v = bpf_map_lookup_elem(&ss_policy_v2, &k);
 	if (v)
 		return v;
 	k.dst_port = 0;
-	return bpf_map_lookup_elem(&ss_policy_v1, &k);
+	return bpf_map_lookup_elem(&ss_policy_v2, &k);
+}
+
+/* Denied whatever the port (for HBONE, whose port is inside the tunnel):
+ * the pair's default is a deny that no port's own entry lifts. */
+static __always_inline struct ss_policy_value *ss_policy_all_ports_denied(__u16 node, __u32 src_ip, __u32 dst_ip)
+{
+	struct ss_policy_value *v = ss_policy_lookup(node, src_ip, dst_ip, 0);
+	if (v && v->verdict == SS_POLICY_DENY && (v->flags & SS_POLICY_F_ALL_PORTS))
+		return v;
+	return NULL;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
