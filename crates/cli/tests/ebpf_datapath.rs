@@ -253,17 +253,22 @@ fn the_kernel_captures_refuses_and_explains() {
 
     // At the destination, before any user-space work: a source whose
     // connect() the kernel does not see (its namespace stays on nftables)
-    // has its SYNs to billing dropped at billing's tc ingress, by the
-    // identities of both ends; billing's node proxy never hears of it.
+    // has its SYN to billing refused at billing's tc ingress, by the
+    // identities of both ends, and answered with a reset (the client fails
+    // at once); billing's node proxy never hears of it.
     let node2 = Proxy::of(&c, "node2");
     let n2 = node2.metrics();
     let n2_log = node2.log_len();
-    let (code, out) =
-        c.exec("oldnode", "deploy/oldclient", &["curl", "-sS", "--max-time", "2", &format!("http://{billing_ip}:8080/headers")]);
-    assert_ne!(code, 0, "denied at the destination: {out}");
+    let (code, out) = c.exec("oldnode", "deploy/oldclient", &["python3", "-c", CONNECT, &billing_ip, "8080", "3"]);
+    assert_eq!(code, 0, "{out}");
+    for l in out.lines() {
+        let (r, us) = l.split_once(' ').unwrap();
+        assert_eq!(r, "ECONNREFUSED", "refused by the destination's kernel with a reset: {out}");
+        assert!(us.parse::<u64>().unwrap() < 100_000, "at once, not at a connect timeout: {out}");
+    }
     let m2 = node2.metrics();
     let tc_drops = |m: &Metrics| m.sum("slipstream_datapath_drops_total", &["reason=\"POLICY_DENIED\""]);
-    assert!(tc_drops(&m2) > tc_drops(&n2), "node2 counts the SYNs it dropped");
+    assert_eq!(tc_drops(&m2), tc_drops(&n2) + 3, "node2 counts each refused SYN once (no retransmission)");
     assert_eq!(denials(&m2), denials(&n2), "node2's proxy did no work for them");
     assert!(!node2.log_since(n2_log).contains("oldclient"), "no access-log line at the destination");
     let o = c.ok(&["observe", "--from-pod", "oldnode/oldclient", "--type", "drop", "--last", "1"]);

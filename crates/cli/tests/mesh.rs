@@ -254,9 +254,10 @@ fn a_killed_node_proxy_is_restarted_and_meshed_traffic_fails_closed_meanwhile() 
     c.down();
 }
 
-/// The stranger stays on the nftables path (no connect hook): this test is
-/// about the destination node proxy's refusal. On the eBPF datapath the
-/// source's kernel refuses first (crates/cli/tests/ebpf_datapath.rs).
+/// The whole cluster runs on nftables capture: this test is about the
+/// destination node proxy's refusal. On the eBPF datapath the kernel
+/// refuses first, at the source's connect() or at the destination's tc
+/// ingress (crates/cli/tests/ebpf_datapath.rs).
 const OUTSIDE: &str = r#"
 apiVersion: v1
 kind: Namespace
@@ -293,7 +294,7 @@ fn peer_authentication_strict_refuses_plaintext_from_outside_the_mesh() {
     let dir = tempfile::tempdir().unwrap();
     let qs = repo().join("examples/quickstart").display().to_string();
     let outside = write_manifest(&dir, "outside.yaml", OUTSIDE);
-    let c = Cluster::up("t-peerauth", &["-f", &qs, "-f", &outside]);
+    let c = Cluster::up("t-peerauth", &["--datapath", "nftables", "-f", &qs, "-f", &outside]);
     let stranger = c.status()["pods"].as_array().unwrap().iter().find(|p| p["name"] == "stranger").cloned().unwrap();
     assert_eq!(stranger["meshed"], false);
     let echo_ip = c.pods("echo-")[0]["ip"].as_str().unwrap().to_string();

@@ -5,7 +5,8 @@
  * Policy at the destination, before any user-space work: a new TCP
  * connection (a SYN) whose source and destination have identities in the
  * destination node's numbering is looked up like connect4.c does it; a
- * deny drops the SYN, counted and recorded. HBONE's port hides the
+ * deny drops the SYN, counted and recorded, and answers it with a reset
+ * (ss_answer_reset) so the client fails at once. HBONE's port hides the
  * connection's own, so an HBONE SYN is dropped only when no port of the
  * pair is allowed. Sources refused at their own connect() never get here;
  * this holds for the others (a node on nftables, a pod that is not on the
@@ -28,6 +29,81 @@
 
 #define TC_ACT_OK 0
 #define TC_ACT_SHOT 2
+#define TC_ACT_REDIRECT 7
+
+/* Folds a 32-bit one's complement sum into a checksum field. */
+static __always_inline __u16 ss_csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* Answers a refused SYN with the RST a closed port would send, out of the
+ * interface it came in on, so the client fails at once (connection
+ * refused) instead of at its connect timeout, as the nftables path's
+ * reject does. The packet itself becomes the answer: trimmed to the
+ * headers, addresses and ports swapped, RST|ACK acknowledging the SYN
+ * (and any data it carried), both checksums written whole. Anything this
+ * cannot rewrite (IP options, a short header) is dropped instead. */
+static __always_inline int ss_answer_reset(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct tcphdr *tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > end || ip->ihl != 5)
+		return TC_ACT_SHOT;
+	__u32 seg = bpf_ntohs(ip->tot_len) - sizeof(*ip) - tcp->doff * 4;
+	__u32 ack = bpf_ntohl(tcp->seq) + 1 + seg;
+	if (bpf_skb_change_tail(skb, sizeof(*eth) + sizeof(*ip) + sizeof(*tcp), 0))
+		return TC_ACT_SHOT;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > end)
+		return TC_ACT_SHOT;
+
+	__u8 mac[ETH_ALEN];
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+
+	__u32 addr = ip->saddr;
+	ip->saddr = ip->daddr;
+	ip->daddr = addr;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(*tcp));
+	ip->id = 0;
+	ip->frag_off = bpf_htons(0x4000); /* DF */
+	ip->ttl = 64;
+	ip->check = 0;
+	ip->check = ss_csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
+
+	__u16 port = tcp->source;
+	tcp->source = tcp->dest;
+	tcp->dest = port;
+	tcp->seq = 0;
+	tcp->ack_seq = bpf_htonl(ack);
+	((__u8 *)tcp)[12] = 5 << 4;        /* data offset: no options */
+	((__u8 *)tcp)[13] = 0x04 | 0x10; /* RST, ACK */
+	tcp->window = 0;
+	tcp->urg_ptr = 0;
+	tcp->check = 0;
+	struct {
+		__u32 saddr, daddr;
+		__u8 zero, proto;
+		__u16 len;
+	} pseudo = { .saddr = ip->saddr, .daddr = ip->daddr, .proto = IPPROTO_TCP, .len = bpf_htons(sizeof(*tcp)) };
+	__s64 sum = bpf_csum_diff(0, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	tcp->check = ss_csum_fold(bpf_csum_diff(0, 0, (__be32 *)tcp, sizeof(*tcp), (__u32)sum));
+	return bpf_redirect(skb->ifindex, 0);
+}
 
 SEC("classifier")
 int ss_tc_ingress(struct __sk_buff *skb)
@@ -46,7 +122,7 @@ int ss_tc_ingress(struct __sk_buff *skb)
 			ss_count_drop(local->node, SS_DROP_POLICY_DENIED);
 			ss_emit(0, t.saddr, t.sport, t.daddr, t.dport, SS_VERDICT_DROPPED, SS_DROP_POLICY_DENIED,
 				SS_POINT_TC_INGRESS, v->rule, local->node);
-			return TC_ACT_SHOT;
+			return ss_answer_reset(skb);
 		}
 	}
 	if (t.dport == SS_HBONE_PORT || !(local->flags & SS_POD_MESHED))

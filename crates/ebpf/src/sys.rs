@@ -184,6 +184,12 @@ pub fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8]) -> io::Result<u32> {
 /// BPF_PROG_TEST_RUN with `skb->mark` set (the test programs read inputs
 /// that are not in the packet from it).
 pub fn prog_test_run_mark(prog: BorrowedFd<'_>, packet: &[u8], mark: u32) -> io::Result<u32> {
+    prog_test_run_full(prog, packet, mark).map(|(r, _)| r)
+}
+
+/// BPF_PROG_TEST_RUN returning the verdict and the packet as the program
+/// left it (rewritten, trimmed).
+pub fn prog_test_run_full(prog: BorrowedFd<'_>, packet: &[u8], mark: u32) -> io::Result<(u32, Vec<u8>)> {
     let mut out = vec![0u8; packet.len() + 256];
     // struct __sk_buff up to and including mark: len, pkt_type, mark.
     let ctx: [u32; 3] = [0, 0, mark];
@@ -202,7 +208,8 @@ pub fn prog_test_run_mark(prog: BorrowedFd<'_>, packet: &[u8], mark: u32) -> io:
     a.0[7] = (pout >> 32) as u32;
     a.0[8] = 1;
     bpf(BPF_PROG_TEST_RUN, &mut a)?;
-    Ok(a.0[1])
+    out.truncate(a.0[3] as usize);
+    Ok((a.0[1], out))
 }
 
 /// The cookie of the network namespace a socket lives in

@@ -70,6 +70,17 @@ const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 7);
 const PEER: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 9);
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+
+/// The one's complement sum of 16-bit words, folded (0 when a header's
+/// checksum is right).
+fn csum(words: &[u8]) -> u16 {
+    let mut s: u32 = words.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
 
 #[test]
 fn loading_pins_every_map_and_remove_all_leaves_nothing() {
@@ -157,14 +168,14 @@ fn tc_ingress_refuses_a_denied_new_connection_before_any_socket_meshed_or_not() 
     let mut events = FlowReader::open(&d.0).unwrap();
     let run = |p: &[u8]| sys::prog_test_run(dp.prog_fd(Hook::TcIngress), p).expect("BPF_PROG_TEST_RUN");
 
-    assert_eq!(run(&tcp(PEER, OTHER, 40000, 80, true, false)), TC_ACT_SHOT, "denied SYN to a pod outside the mesh");
+    assert_eq!(run(&tcp(PEER, OTHER, 40000, 80, true, false)), TC_ACT_REDIRECT, "denied SYN to a pod outside the mesh: answered");
     assert_eq!(run(&tcp(PEER, OTHER, 40000, 80, false, true)), TC_ACT_OK, "only SYNs are decided (the stack answers strays)");
     assert_eq!(run(&tcp(OTHER, POD, 40000, 80, true, false)), TC_ACT_SHOT, "no listener: the NO_PROXY drop, not a policy one");
     // A meshed destination: the policy drop comes before steering; HBONE
     // is dropped only when no port of the pair is allowed.
-    assert_eq!(run(&tcp(PEER, POD, 40001, 9090, true, false)), TC_ACT_SHOT, "denied plaintext to a meshed pod");
+    assert_eq!(run(&tcp(PEER, POD, 40001, 9090, true, false)), TC_ACT_REDIRECT, "denied plaintext to a meshed pod");
     assert_eq!(run(&tcp(PEER, POD, 40002, 15008, true, false)), TC_ACT_OK, "HBONE: 8080 is allowed inside, the proxy decides");
-    assert_eq!(run(&tcp(PEER, OTHER, 40003, 15008, true, false)), TC_ACT_SHOT, "HBONE where no port is allowed");
+    assert_eq!(run(&tcp(PEER, OTHER, 40003, 15008, true, false)), TC_ACT_REDIRECT, "HBONE where no port is allowed");
     assert_eq!(run(&tcp(Ipv4Addr::new(192, 0, 2, 1), OTHER, 40004, 80, true, false)), TC_ACT_OK, "a source without identity: no say");
 
     let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
@@ -175,6 +186,39 @@ fn tc_ingress_refuses_a_denied_new_connection_before_any_socket_meshed_or_not() 
     assert_eq!(denied.len(), 3, "{ev:?}");
     assert_eq!((denied[0].point, denied[0].rule, abi::ip_from_key(denied[0].dst_ip)), (abi::POINT_TC_INGRESS, 5, OTHER));
     assert_eq!(denied[1].rule, 4, "the deciding rule travels with the flow");
+
+    // The answer: the SYN turned into the RST a closed port sends, back
+    // the way it came. A SYN with options and two bytes of data (TCP Fast
+    // Open) is acknowledged past its data, and trimmed to the headers.
+    let mut syn = tcp(PEER, OTHER, 40005, 80, true, false);
+    syn[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 9]);
+    syn[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    syn[38..42].copy_from_slice(&1000u32.to_be_bytes());
+    syn[46] = 8 << 4; // 12 bytes of options
+    syn.extend([2, 4, 5, 0xb4, 1, 1, 1, 1, 1, 1, 1, 0, b'h', b'i']);
+    let total = (syn.len() - 14) as u16;
+    syn[16..18].copy_from_slice(&total.to_be_bytes());
+    let (verdict, rst) = sys::prog_test_run_full(dp.prog_fd(Hook::TcIngress), &syn, 0).unwrap();
+    assert_eq!(verdict, TC_ACT_REDIRECT);
+    assert_eq!(rst.len(), 54, "Ethernet, IPv4 and TCP headers, no options, no data");
+    assert_eq!((&rst[0..6], &rst[6..12]), (&[2, 0, 0, 0, 0, 9][..], &[2, 0, 0, 0, 0, 1][..]), "MACs swapped");
+    assert_eq!((&rst[26..30], &rst[30..34]), (&OTHER.octets()[..], &PEER.octets()[..]), "addresses swapped");
+    assert_eq!(u16::from_be_bytes([rst[16], rst[17]]), 40, "IPv4 total length");
+    assert_eq!(csum(&rst[14..34]), 0, "IPv4 header checksum");
+    let tcp_h = &rst[34..54];
+    assert_eq!((u16::from_be_bytes([tcp_h[0], tcp_h[1]]), u16::from_be_bytes([tcp_h[2], tcp_h[3]])), (80, 40005));
+    assert_eq!(u32::from_be_bytes(tcp_h[8..12].try_into().unwrap()), 1000 + 1 + 2, "acknowledges the SYN and its data");
+    assert_eq!((tcp_h[12], tcp_h[13]), (5 << 4, 0x14), "RST|ACK, no options");
+    let mut pseudo = Vec::from(&rst[26..34]);
+    pseudo.extend([0, 6, 0, 20]);
+    pseudo.extend(tcp_h);
+    assert_eq!(csum(&pseudo), 0, "TCP checksum over the pseudo-header");
+    // IP options: not rewritten, dropped.
+    let mut opt = tcp(PEER, OTHER, 40006, 80, true, false);
+    opt[14] = 0x46;
+    opt.splice(34..34, [1, 1, 1, 0]);
+    opt[16..18].copy_from_slice(&44u16.to_be_bytes());
+    assert_eq!(run(&opt), TC_ACT_SHOT, "IP options: dropped, not answered");
 }
 
 #[test]
