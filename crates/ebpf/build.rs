@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-// test_policy is embedded by the tests only.
-const PROGRAMS: [&str; 5] = ["connect4", "getpeername4", "sockops", "tc_ingress", "test_policy"];
+// test_policy and test_splice are embedded by the tests only.
+const PROGRAMS: [&str; 6] = ["connect4", "getpeername4", "sockops", "tc_ingress", "test_policy", "test_splice"];
 
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
