@@ -90,6 +90,11 @@ static __always_inline int ss_steer(struct bpf_sock_addr *ctx, __u64 cg, struct 
 		st.ep_port = ep.port;
 	}
 	__u64 cookie = bpf_get_socket_cookie(ctx);
+	if (ss_pending_take(cookie, cg)) {
+		ss_count_drop(pod->node, SS_DROP_TOO_MANY_PENDING);
+		ss_emit(cg, pod->ip, 0, dst, port, SS_VERDICT_DROPPED, SS_DROP_TOO_MANY_PENDING, SS_POINT_CONNECT, 0, pod->node);
+		return 0;
+	}
 	if (bpf_map_update_elem(&ss_connect_v2, &cookie, &st, BPF_ANY))
 		return 0; /* never send a meshed pod's connection around the proxy */
 	ctx->user_ip4 = bpf_htonl(0x7f000001);

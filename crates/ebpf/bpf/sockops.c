@@ -6,13 +6,24 @@
  * destination moves to ss_origdst_v2 under (network namespace, port), the
  * key the node proxy has in hand when it accepts the connection. The SYN
  * reaches the proxy after this runs, so the entry is always there first.
+ * It also gives a steered socket's pending place (connect4.c) back when
+ * its handshake ends or fails.
  */
 #include "include/ss_lib.h"
 
 SEC("sockops")
 int ss_sockops(struct bpf_sock_ops *skops)
 {
-	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB || skops->family != 2 /* AF_INET */)
+	if (skops->family != 2 /* AF_INET */)
+		return 1;
+	/* A steered connect's handshake is over: its pending place goes back
+	 * (established, or closed: refused, reset, timed out). */
+	if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB ||
+	    (skops->op == BPF_SOCK_OPS_STATE_CB && skops->args[1] == BPF_TCP_CLOSE)) {
+		ss_pending_give(bpf_get_socket_cookie(skops));
+		return 1;
+	}
+	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB)
 		return 1;
 	__u64 cookie = bpf_get_socket_cookie(skops);
 	struct ss_steer *od = bpf_map_lookup_elem(&ss_connect_v2, &cookie);
@@ -22,5 +33,7 @@ int ss_sockops(struct bpf_sock_ops *skops)
 	struct ss_steer v = *od;
 	bpf_map_update_elem(&ss_origdst_v2, &k, &v, BPF_ANY);
 	bpf_map_delete_elem(&ss_connect_v2, &cookie);
+	/* Told when it closes, to give its pending place back. */
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	return 1;
 }

@@ -8,6 +8,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 pub const ABI_VERSION: u32 = 1;
 pub const MAX_NODES: u16 = 64;
+/// A pod's steered connects not yet established, at most.
+pub const MAX_PENDING: u32 = 1024;
 pub const DROP_MAX: u32 = 8;
 
 /// Map names, versioned: a new layout is a new name.
@@ -24,7 +26,10 @@ pub mod maps {
     pub const SERVICES: &str = "ss_services_v1";
     pub const BACKENDS: &str = "ss_backends_v1";
     pub const LBSOCK: &str = "ss_lbsock_v1";
-    pub const ALL: [&str; 12] = [PODS, LOCAL, CONNECT, ORIGDST, IPCACHE, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, DROPS, EVENTS];
+    pub const PENDING: &str = "ss_pending_v1";
+    pub const SOCKSTATE: &str = "ss_sockstate_v1";
+    pub const ALL: [&str; 14] =
+        [PODS, LOCAL, CONNECT, ORIGDST, IPCACHE, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, PENDING, SOCKSTATE, DROPS, EVENTS];
 }
 
 pub const POD_MESHED: u16 = 1;
@@ -50,10 +55,11 @@ pub enum DropReason {
     PolicyDenied = 1,
     NoProxy = 2,
     NoEndpoint = 3,
+    TooManyPending = 4,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 3] = [DropReason::PolicyDenied, DropReason::NoProxy, DropReason::NoEndpoint];
+    pub const ALL: [DropReason; 4] = [DropReason::PolicyDenied, DropReason::NoProxy, DropReason::NoEndpoint, DropReason::TooManyPending];
 
     /// The metric label and `observe` word.
     pub fn as_str(self) -> &'static str {
@@ -61,6 +67,7 @@ impl DropReason {
             DropReason::PolicyDenied => "POLICY_DENIED",
             DropReason::NoProxy => "NO_PROXY",
             DropReason::NoEndpoint => "NO_ENDPOINT",
+            DropReason::TooManyPending => "TOO_MANY_PENDING",
         }
     }
 
@@ -110,6 +117,25 @@ pub struct OrigDst {
     pub port: u16,
     pub pad: u16,
 }
+
+/// A pod's count of steered connects not yet established.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pending {
+    pub count: i32,
+    pub pad: u32,
+}
+
+/// A pending socket, by its cookie: where it was counted, and flags.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SockState {
+    pub netns: u64,
+    pub flags: u32,
+    pub pad: u32,
+}
+
+pub const SOCK_PENDING: u32 = 1;
 
 /// Where a steered connection was going: the address dialed and, for a
 /// service, the endpoint chosen at connect() (`ep_ip` 0: none).
@@ -290,6 +316,10 @@ unsafe impl aya::Pod for OrigDst {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Steer {}
 // SAFETY: as above.
+unsafe impl aya::Pod for Pending {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SockState {}
+// SAFETY: as above.
 unsafe impl aya::Pod for OrigDstKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PolicyKey {}
@@ -319,6 +349,10 @@ mod tests {
         assert_eq!((offset_of!(Local, node), offset_of!(Local, flags), offset_of!(Local, pad)), (0, 2, 4));
         assert_eq!(size_of::<OrigDst>(), 8);
         assert_eq!((offset_of!(OrigDst, ip), offset_of!(OrigDst, port), offset_of!(OrigDst, pad)), (0, 4, 6));
+        assert_eq!(size_of::<Pending>(), 8);
+        assert_eq!((offset_of!(Pending, count), offset_of!(Pending, pad)), (0, 4));
+        assert_eq!(size_of::<SockState>(), 16);
+        assert_eq!((offset_of!(SockState, netns), offset_of!(SockState, flags), offset_of!(SockState, pad)), (0, 8, 12));
         assert_eq!(size_of::<Steer>(), 16);
         assert_eq!(
             (
@@ -404,6 +438,9 @@ mod tests {
         assert_eq!(define(&h, "SS_DROP_POLICY_DENIED"), DropReason::PolicyDenied as u64);
         assert_eq!(define(&h, "SS_DROP_NO_PROXY"), DropReason::NoProxy as u64);
         assert_eq!(define(&h, "SS_DROP_NO_ENDPOINT"), DropReason::NoEndpoint as u64);
+        assert_eq!(define(&h, "SS_DROP_TOO_MANY_PENDING"), DropReason::TooManyPending as u64);
+        assert_eq!(define(&h, "SS_MAX_PENDING"), MAX_PENDING as u64);
+        assert_eq!(define(&h, "SS_SOCK_PENDING"), SOCK_PENDING as u64);
         assert_eq!(define(&h, "SS_POINT_CONNECT"), POINT_CONNECT as u64);
         assert_eq!(define(&h, "SS_POINT_TC_INGRESS"), POINT_TC_INGRESS as u64);
         assert_eq!(define(&h, "SS_OUTBOUND_PORT"), slipstream_core::abi::OUTBOUND_PORT as u64);

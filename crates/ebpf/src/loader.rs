@@ -18,7 +18,7 @@
 use crate::abi::{self, BackendKey, IpcacheKey, Local, OrigDst, Pod, Svc, SvcKey};
 use crate::sys;
 use aya::maps::HashMap;
-use aya::programs::{CgroupSockAddr, SchedClassifier, SockOps};
+use aya::programs::{CgroupSock, CgroupSockAddr, SchedClassifier, SockOps};
 use aya::{Ebpf, EbpfLoader};
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 static CONNECT4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/connect4.o"));
 static GETPEERNAME4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/getpeername4.o"));
 static SOCKOPS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockops.o"));
+static SOCK_RELEASE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock_release.o"));
 static TC_INGRESS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc_ingress.o"));
 
 /// The pod's interface, in its own network namespace.
@@ -43,17 +44,19 @@ pub enum Hook {
     Connect4,
     GetPeername4,
     SockOps,
+    SockRelease,
     TcIngress,
 }
 
 impl Hook {
-    pub const ALL: [Hook; 4] = [Hook::Connect4, Hook::GetPeername4, Hook::SockOps, Hook::TcIngress];
+    pub const ALL: [Hook; 5] = [Hook::Connect4, Hook::GetPeername4, Hook::SockOps, Hook::SockRelease, Hook::TcIngress];
 
     pub fn name(self) -> &'static str {
         match self {
             Hook::Connect4 => "connect4",
             Hook::GetPeername4 => "getpeername4",
             Hook::SockOps => "sockops",
+            Hook::SockRelease => "sock_release",
             Hook::TcIngress => "tc_ingress",
         }
     }
@@ -63,6 +66,7 @@ impl Hook {
             Hook::Connect4 => "ss_connect4",
             Hook::GetPeername4 => "ss_getpeername4",
             Hook::SockOps => "ss_sockops",
+            Hook::SockRelease => "ss_sock_release",
             Hook::TcIngress => "ss_tc_ingress",
         }
     }
@@ -72,6 +76,7 @@ impl Hook {
             Hook::Connect4 => sys::ATTACH_CGROUP_INET4_CONNECT,
             Hook::GetPeername4 => sys::ATTACH_CGROUP_INET4_GETPEERNAME,
             Hook::SockOps => sys::ATTACH_CGROUP_SOCK_OPS,
+            Hook::SockRelease => sys::ATTACH_CGROUP_INET_SOCK_RELEASE,
             Hook::TcIngress => sys::ATTACH_TCX_INGRESS,
         }
     }
@@ -134,9 +139,13 @@ impl Datapath {
         std::fs::create_dir_all(&maps).map_err(io(format!("creating {}", maps.display())))?;
         std::fs::create_dir_all(dir.join("links")).map_err(io(format!("creating {}", dir.join("links").display())))?;
         let mut objects = Vec::new();
-        for (hook, bytes) in
-            [(Hook::Connect4, CONNECT4), (Hook::GetPeername4, GETPEERNAME4), (Hook::SockOps, SOCKOPS), (Hook::TcIngress, TC_INGRESS)]
-        {
+        for (hook, bytes) in [
+            (Hook::Connect4, CONNECT4),
+            (Hook::GetPeername4, GETPEERNAME4),
+            (Hook::SockOps, SOCKOPS),
+            (Hook::SockRelease, SOCK_RELEASE),
+            (Hook::TcIngress, TC_INGRESS),
+        ] {
             let load_err = |e: Box<dyn std::error::Error + Send + Sync>| Error::Load { hook: hook.name(), error: e };
             let mut obj = EbpfLoader::new().map_pin_path(&maps).load(bytes).map_err(|e| load_err(e.into()))?;
             let prog = obj.program_mut(hook.program()).ok_or_else(|| load_err("program missing from its object".into()))?;
@@ -147,6 +156,10 @@ impl Datapath {
                 }
                 Hook::SockOps => {
                     let p: &mut SockOps = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
+                    p.load().map_err(|e| load_err(e.into()))?;
+                }
+                Hook::SockRelease => {
+                    let p: &mut CgroupSock = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
                     p.load().map_err(|e| load_err(e.into()))?;
                 }
                 Hook::TcIngress => {
@@ -172,6 +185,7 @@ impl Datapath {
         let fd = match hook {
             Hook::Connect4 | Hook::GetPeername4 => <&CgroupSockAddr>::try_from(prog).expect("type checked at load").fd(),
             Hook::SockOps => <&SockOps>::try_from(prog).expect("type checked at load").fd(),
+            Hook::SockRelease => <&CgroupSock>::try_from(prog).expect("type checked at load").fd(),
             Hook::TcIngress => <&SchedClassifier>::try_from(prog).expect("type checked at load").fd(),
         };
         fd.expect("loaded above").as_fd()
@@ -243,7 +257,8 @@ impl Datapath {
         sys::obj_pin(link.as_fd(), &pin).map_err(io(format!("pinning {}", pin.display())))
     }
 
-    /// Attaches the socket hooks (connect4, getpeername4, sockops) once at
+    /// Attaches the socket hooks (connect4, getpeername4, sockops,
+    /// sock_release) once at
     /// the root of the cgroup2 hierarchy, where every socket of the node
     /// meets them: each acts only on sockets of the namespaces of pods in
     /// `ss_pods_v1`. Already pinned (a restart): kept, with the programs
@@ -253,7 +268,7 @@ impl Datapath {
         let cgroup = File::open(&root).map_err(io(format!("opening cgroup {}", root.display())))?;
         let links = self.dir.join("links").join(SOCKET_HOOKS_DIR);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
-        for hook in [Hook::Connect4, Hook::GetPeername4, Hook::SockOps] {
+        for hook in [Hook::Connect4, Hook::GetPeername4, Hook::SockOps, Hook::SockRelease] {
             let pin = links.join(hook.name());
             if pin.exists() {
                 continue;

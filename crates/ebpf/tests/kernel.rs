@@ -9,7 +9,7 @@ use slipstream_ebpf::{sys, Datapath, FlowReader, Hook};
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 struct Dir(PathBuf);
 
@@ -254,4 +254,78 @@ fn the_policy_lookup_goes_through_identities_and_takes_the_ports_own_entry_then_
         assert_eq!(verdict(node, src, dst, port), want, "node {node}: {src} -> {dst}:{port}: {why}");
     }
     assert_eq!(sys::prog_test_run(fd.as_fd(), &udp(POD, PEER, 8080)).unwrap(), 255, "not TCP: not parsed");
+}
+
+/// A pod cannot fill the original-destination maps all pods share: its
+/// steered connects still in their handshake are bounded (SS_MAX_PENDING),
+/// the connect() past the bound fails at once (EPERM, TOO_MANY_PENDING),
+/// and every place comes back when the sockets close. Real sockets in a
+/// network namespace of the test's own, put on the datapath as a meshed
+/// pod whose "proxy" listener never accepts (so handshakes stay pending).
+#[test]
+fn a_pod_holds_at_most_its_bound_of_pending_connects_and_gets_every_place_back() {
+    let d = Dir::new("pending");
+    let mut dp = Datapath::load(&d.0).unwrap();
+    let ns = format!("ss-pending-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let o = std::process::Command::new("ip").args(args).output().unwrap();
+        assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    ip(&["netns", "add", &ns]);
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["netns", "delete", &self.0]).status();
+        }
+    }
+    let _gone = Gone(ns.clone());
+    // A veth pair (its host end goes with the namespace).
+    let host_end = format!("sspd{}", std::process::id());
+    ip(&["link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
+    ip(&["-n", &ns, "addr", "add", "10.77.0.2/24", "dev", "eth0"]);
+    ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+    ip(&["-n", &ns, "link", "set", "lo", "up"]);
+    let netns = PathBuf::from("/run/netns").join(&ns);
+    dp.attach_socket_hooks().unwrap();
+    dp.enrol(&slipstream_ebpf::PodAttach { key: "test_pending", netns: &netns, ip: Ipv4Addr::new(10, 77, 0, 2), node: 5, meshed: true })
+        .unwrap();
+    let cookie = sys::netns_cookie_of(&netns).unwrap();
+    let pending: HashMap<MapData, u64, abi::Pending> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::PENDING))).unwrap();
+    let count = || pending.get(&cookie, 0).map(|p| p.count).unwrap_or(0);
+
+    let (held, refused) = sys::in_netns(&netns, || {
+        // The pod's "proxy": listening, never accepting, a queue of one.
+        let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        l.bind(&"127.0.0.1:15001".parse::<std::net::SocketAddr>().unwrap().into())?;
+        l.listen(1)?;
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _ in 0..abi::MAX_PENDING + 200 {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            s.set_nonblocking(true)?;
+            match s.connect(&"10.9.9.9:80".parse::<std::net::SocketAddr>().unwrap().into()) {
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => refused += 1,
+                _ => held.push(s),
+            }
+        }
+        Ok((held, refused))
+    })
+    .unwrap();
+    assert!(refused >= 150, "past the bound, connect() is refused: {refused} of {}", abi::MAX_PENDING + 200);
+    let at_bound = count();
+    assert!(
+        at_bound >= abi::MAX_PENDING as i32 - 4 && at_bound <= abi::MAX_PENDING as i32 + 4,
+        "the pod holds about its bound of pending connects: {at_bound}"
+    );
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let too_many: u64 = drops.get(&(5 * abi::DROP_MAX + DropReason::TooManyPending as u32), 0).unwrap().iter().sum();
+    assert_eq!(too_many, refused as u64, "every refusal counted");
+    drop(held);
+    let t = Instant::now();
+    while count() != 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(count(), 0, "closing the sockets gives every place back");
+    let states: HashMap<MapData, u64, abi::SockState> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::SOCKSTATE))).unwrap();
+    assert_eq!(states.keys().count(), 0, "no socket state left behind");
 }

@@ -148,6 +148,28 @@ struct ss_backend_key {
  * of the service; the node proxy uses a choice only if its own view holds
  * the endpoint ready too. */
 
+/* A pod's steered connections between connect() and the end of their
+ * handshake (map ss_pending_v1, by network namespace cookie): each holds
+ * an entry of the original-destination maps, which all pods share, so a
+ * pod may hold at most this many at once and cannot push another pod's
+ * entries out. Counted once per socket (ss_sockstate_v1, by socket
+ * cookie), given back when the handshake ends, fails, or the socket is
+ * released. */
+#define SS_MAX_PENDING 1024
+
+struct ss_pending {
+	__s32 count; /* signed: a rare racing give-back drifts below 0, never wraps */
+	__u32 pad;
+};
+
+struct ss_sockstate {
+	__u64 netns; /* where the socket was counted */
+	__u32 flags; /* SS_SOCK_* */
+	__u32 pad;
+};
+
+#define SS_SOCK_PENDING 1 /* counted in ss_pending_v1, not given back yet */
+
 /* Verdicts of flow events. Never renumbered. */
 #define SS_VERDICT_FORWARDED 1  /* passed on untouched (not meshed) */
 #define SS_VERDICT_REDIRECTED 2 /* steered to the node proxy */
@@ -157,6 +179,7 @@ struct ss_backend_key {
 #define SS_DROP_POLICY_DENIED 1 /* the policy maps deny it */
 #define SS_DROP_NO_PROXY 2      /* a meshed pod's node proxy is not listening */
 #define SS_DROP_NO_ENDPOINT 3   /* a service address with no ready endpoint */
+#define SS_DROP_TOO_MANY_PENDING 4 /* the pod has SS_MAX_PENDING steered connects not yet established */
 #define SS_DROP_MAX 8           /* counters per node */
 
 /* Where the verdict was taken. */

@@ -96,6 +96,25 @@ struct {
 } ss_lbsock_v1 SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct ss_pending);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_pending_v1 SEC(".maps");
+
+/* By socket cookie, while the socket counts as pending: at most
+ * SS_MAX_PENDING entries per pod. (Socket-local storage would free itself
+ * with the socket; aya 0.13 cannot create it, so sock_release.c does.) */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, __u64);
+	__type(value, struct ss_sockstate);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_sockstate_v1 SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, SS_MAX_NODES * SS_DROP_MAX);
 	__type(key, __u32);
@@ -182,6 +201,48 @@ static __always_inline struct ss_policy_value *ss_policy_all_ports_denied(__u16 
 	if (v && v->verdict == SS_POLICY_DENY && (v->flags & SS_POLICY_F_ALL_PORTS))
 		return v;
 	return NULL;
+}
+
+/* Counts a steered socket (by its cookie) against its pod's
+ * SS_MAX_PENDING, once: 0 when it may go on, -1 when the pod is at its
+ * bound. A socket whose state cannot be stored (the map is full) goes on
+ * uncounted: a full map is no reason to refuse a pod. */
+static __always_inline int ss_pending_take(__u64 sock, __u64 netns)
+{
+	if (bpf_map_lookup_elem(&ss_sockstate_v1, &sock))
+		return 0; /* counted by an earlier connect() of this socket */
+	struct ss_pending *p = bpf_map_lookup_elem(&ss_pending_v1, &netns);
+	if (!p) {
+		struct ss_pending zero = {};
+		bpf_map_update_elem(&ss_pending_v1, &netns, &zero, BPF_NOEXIST);
+		p = bpf_map_lookup_elem(&ss_pending_v1, &netns);
+		if (!p)
+			return 0;
+	}
+	/* Read, then add: CPUs racing here can pass the bound by at most one
+	 * each (an atomic fetch needs a newer instruction set than we ask). */
+	if (p->count >= SS_MAX_PENDING)
+		return -1;
+	struct ss_sockstate st = { .netns = netns, .flags = SS_SOCK_PENDING };
+	if (bpf_map_update_elem(&ss_sockstate_v1, &sock, &st, BPF_NOEXIST))
+		return 0;
+	__sync_fetch_and_add(&p->count, 1);
+	return 0;
+}
+
+/* Gives a counted socket's place back (its handshake ended, failed, or the
+ * socket is gone). Idempotent: the entry is deleted by whoever gets it. */
+static __always_inline void ss_pending_give(__u64 sock)
+{
+	struct ss_sockstate *st = bpf_map_lookup_elem(&ss_sockstate_v1, &sock);
+	if (!st)
+		return;
+	__u64 netns = st->netns;
+	if (bpf_map_delete_elem(&ss_sockstate_v1, &sock))
+		return; /* another CPU gave it back first */
+	struct ss_pending *p = bpf_map_lookup_elem(&ss_pending_v1, &netns);
+	if (p)
+		__sync_fetch_and_add(&p->count, -1);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
