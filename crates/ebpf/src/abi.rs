@@ -19,6 +19,7 @@ pub mod maps {
     pub const CONNECT: &str = "ss_connect_v2";
     pub const ORIGDST: &str = "ss_origdst_v2";
     pub const IPCACHE: &str = "ss_ipcache_v1";
+    pub const WORLD: &str = "ss_world_v1";
     pub const POLICY: &str = "ss_policy_v2";
     pub const LISTENERS: &str = "ss_listeners_v1";
     pub const DROPS: &str = "ss_drops_v1";
@@ -28,8 +29,8 @@ pub mod maps {
     pub const LBSOCK: &str = "ss_lbsock_v1";
     pub const PENDING: &str = "ss_pending_v1";
     pub const SOCKSTATE: &str = "ss_sockstate_v1";
-    pub const ALL: [&str; 14] =
-        [PODS, LOCAL, CONNECT, ORIGDST, IPCACHE, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, PENDING, SOCKSTATE, DROPS, EVENTS];
+    pub const ALL: [&str; 15] =
+        [PODS, LOCAL, CONNECT, ORIGDST, IPCACHE, WORLD, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, PENDING, SOCKSTATE, DROPS, EVENTS];
 }
 
 pub const POD_MESHED: u16 = 1;
@@ -162,6 +163,16 @@ pub struct OrigDstKey {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
 pub struct IpcacheKey {
+    pub node: u16,
+    pub pad: u16,
+    pub ip: u32,
+}
+
+/// The data of an `ss_world_v1` key (aya's LPM key adds the prefix length
+/// before it: 32 bits of node and pad, then the address's).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, PartialOrd, Ord)]
+pub struct WorldAddr {
     pub node: u16,
     pub pad: u16,
     pub ip: u32,
@@ -326,6 +337,8 @@ unsafe impl aya::Pod for PolicyKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for IpcacheKey {}
 // SAFETY: as above.
+unsafe impl aya::Pod for WorldAddr {}
+// SAFETY: as above.
 unsafe impl aya::Pod for PolicyValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcKey {}
@@ -367,6 +380,8 @@ mod tests {
         );
         assert_eq!(size_of::<OrigDstKey>(), 16);
         assert_eq!((offset_of!(OrigDstKey, netns), offset_of!(OrigDstKey, port), offset_of!(OrigDstKey, pad)), (0, 8, 10));
+        assert_eq!(size_of::<aya::maps::lpm_trie::Key<WorldAddr>>(), 12);
+        assert_eq!((offset_of!(WorldAddr, node), offset_of!(WorldAddr, pad), offset_of!(WorldAddr, ip)), (0, 2, 4));
         assert_eq!(size_of::<IpcacheKey>(), 8);
         assert_eq!((offset_of!(IpcacheKey, node), offset_of!(IpcacheKey, pad), offset_of!(IpcacheKey, ip)), (0, 2, 4));
         assert_eq!(size_of::<PolicyKey>(), 16);

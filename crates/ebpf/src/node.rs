@@ -3,8 +3,10 @@
 //! plaintext listeners for inbound capture, keeps the policy map equal to
 //! what the engine compiles for its pods, and reads the drop counters.
 
-use crate::abi::{self, DropReason, IpcacheKey, OrigDstKey, PolicyKey, PolicyValue, Steer};
+use crate::abi::{self, DropReason, IpcacheKey, OrigDstKey, PolicyKey, PolicyValue, Steer, WorldAddr};
 use crate::policy::Compiled;
+use crate::policy::Prefix;
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -38,6 +40,7 @@ pub struct NodeMaps {
     listeners: Mutex<SockHash<MapData, u32>>,
     policy: Mutex<HashMap<MapData, PolicyKey, PolicyValue>>,
     ipcache: Mutex<HashMap<MapData, IpcacheKey, u32>>,
+    world: Mutex<LpmTrie<MapData, WorldAddr, u32>>,
     /// What the policy map and the ipcache hold in this node's numbering;
     /// None until the first sync adopts what a previous run of the proxy
     /// left there.
@@ -63,6 +66,11 @@ pub struct Steered {
 struct Written {
     policy: BTreeMap<PolicyKey, PolicyValue>,
     ipcache: BTreeMap<IpcacheKey, u32>,
+    world: BTreeMap<(u16, Prefix), u32>,
+}
+
+fn world_key(node: u16, p: &Prefix) -> LpmKey<WorldAddr> {
+    LpmKey::new(32 + u32::from(p.len), WorldAddr { node, pad: 0, ip: abi::ip_key(p.address()) })
 }
 
 /// What one policy sync changed.
@@ -82,6 +90,7 @@ impl NodeMaps {
         let listeners = SockHash::try_from(Map::SockHash(open(dir, abi::maps::LISTENERS)?)).map_err(map_err(abi::maps::LISTENERS))?;
         let policy = HashMap::try_from(Map::HashMap(open(dir, abi::maps::POLICY)?)).map_err(map_err(abi::maps::POLICY))?;
         let ipcache = HashMap::try_from(Map::HashMap(open(dir, abi::maps::IPCACHE)?)).map_err(map_err(abi::maps::IPCACHE))?;
+        let world = LpmTrie::try_from(Map::LpmTrie(open(dir, abi::maps::WORLD)?)).map_err(map_err(abi::maps::WORLD))?;
         let drops = PerCpuArray::try_from(Map::PerCpuArray(open(dir, abi::maps::DROPS)?)).map_err(map_err(abi::maps::DROPS))?;
         Ok(NodeMaps {
             node,
@@ -89,6 +98,7 @@ impl NodeMaps {
             listeners: Mutex::new(listeners),
             policy: Mutex::new(policy),
             ipcache: Mutex::new(ipcache),
+            world: Mutex::new(world),
             written: Mutex::new(None),
             drops,
         })
@@ -115,10 +125,19 @@ impl NodeMaps {
     }
 
     /// The identities a previous run of the node proxy numbered (its
-    /// ipcache entries for this node), for [`crate::policy::Identities::adopt`].
-    pub fn prior_identities(&self) -> Vec<(Ipv4Addr, u32)> {
-        let map = self.ipcache.lock().expect("ipcache lock");
-        map.iter().flatten().filter(|(k, _)| k.node == self.node).map(|(k, id)| (abi::ip_from_key(k.ip), id)).collect()
+    /// ipcache and world entries for this node).
+    pub fn prior_identities(&self) -> crate::policy::Identities {
+        let ipcache = self.ipcache.lock().expect("ipcache lock");
+        let addresses: Vec<(Ipv4Addr, u32)> =
+            ipcache.iter().flatten().filter(|(k, _)| k.node == self.node).map(|(k, id)| (abi::ip_from_key(k.ip), id)).collect();
+        let world = self.world.lock().expect("world lock");
+        let prefixes: Vec<(Prefix, u32)> = world
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k.data().node == self.node && k.prefix_len() >= 32)
+            .map(|(k, id)| (Prefix::of(abi::ip_from_key(k.data().ip), (k.prefix_len() - 32) as u8), id))
+            .collect();
+        crate::policy::Identities::adopt(addresses, prefixes)
     }
 
     /// Makes the maps hold what `c` compiled for this node, in an order
@@ -129,10 +148,20 @@ impl NodeMaps {
         let mut guard = self.written.lock().expect("written lock");
         let mut policy = self.policy.lock().expect("policy lock");
         let mut ipcache = self.ipcache.lock().expect("ipcache lock");
+        let mut world = self.world.lock().expect("world lock");
         let node = self.node;
         let written = guard.get_or_insert_with(|| Written {
             policy: policy.iter().flatten().filter(|(k, _)| k.node == node).collect(),
             ipcache: ipcache.iter().flatten().filter(|(k, _)| k.node == node).collect(),
+            world: world
+                .iter()
+                .flatten()
+                .filter(|(k, _)| k.data().node == node && k.prefix_len() >= 32)
+                .map(|(k, id)| {
+                    let len = (k.prefix_len() - 32) as u8;
+                    ((node, Prefix::of(abi::ip_from_key(k.data().ip), len)), id)
+                })
+                .collect(),
         });
         let mut s = Sync::default();
         for (k, v) in &c.entries {
@@ -152,6 +181,19 @@ impl NodeMaps {
                 written.ipcache.insert(*k, *id);
                 s.addresses += 1;
             }
+        }
+        for (k, id) in &c.world {
+            if written.world.get(k) != Some(id) {
+                world.insert(&world_key(k.0, &k.1), *id, 0).map_err(map_err(abi::maps::WORLD))?;
+                written.world.insert(*k, *id);
+                s.addresses += 1;
+            }
+        }
+        let stale: Vec<(u16, Prefix)> = written.world.keys().filter(|k| !c.world.contains_key(k)).copied().collect();
+        for k in stale {
+            let _ = world.remove(&world_key(k.0, &k.1));
+            written.world.remove(&k);
+            s.addresses += 1;
         }
         let stale: Vec<IpcacheKey> = written.ipcache.keys().filter(|k| !c.ipcache.contains_key(k)).copied().collect();
         for k in stale {

@@ -33,7 +33,8 @@
 
 use crate::abi::{IpcacheKey, PolicyKey, PolicyValue, POLICY_F_ALL_PORTS};
 use slipstream_core::policy::engine;
-use slipstream_core::policy::network::{Direction, L4Protocol, PortSpec};
+use slipstream_core::policy::engine::Connection;
+use slipstream_core::policy::network::{Direction, L4Protocol, NetPeer, PortSpec};
 use slipstream_core::{MeshState, MeshWorkload};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
@@ -56,6 +57,9 @@ pub struct Compiled {
     pub classes: usize,
     /// The ipcache keys of this node's own pods.
     pub local: BTreeSet<IpcacheKey>,
+    /// Addresses outside the cluster: prefix (longest match wins) to
+    /// identity, in this node's numbering (`ss_world_v1`).
+    pub world: BTreeMap<(u16, Prefix), u32>,
 }
 
 /// What policy can tell apart about a workload; equal signatures, equal
@@ -79,6 +83,100 @@ enum Class {
     /// A service address: which sources it refuses depends on its
     /// endpoints, so it is a class of its own.
     Service(Ipv4Addr),
+    /// The addresses outside the cluster whose longest match among the
+    /// address blocks policies name is this prefix: policy cannot tell
+    /// them apart.
+    World(Prefix),
+}
+
+/// An IPv4 prefix, the address in host order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Prefix {
+    pub net: u32,
+    pub len: u8,
+}
+
+impl Prefix {
+    /// The prefix of length `len` that holds `a`.
+    pub fn of(a: Ipv4Addr, len: u8) -> Prefix {
+        Prefix::new(a, len)
+    }
+
+    fn new(a: Ipv4Addr, len: u8) -> Prefix {
+        let len = len.min(32);
+        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+        Prefix { net: u32::from(a) & mask, len }
+    }
+
+    fn contains(&self, ip: u32) -> bool {
+        self.len == 0 || (ip ^ self.net) >> (32 - u32::from(self.len)) == 0
+    }
+
+    fn covers(&self, o: &Prefix) -> bool {
+        o.len >= self.len && self.contains(o.net)
+    }
+
+    fn halves(&self) -> [Prefix; 2] {
+        let len = self.len + 1;
+        [Prefix { net: self.net, len }, Prefix { net: self.net | (1 << (32 - u32::from(len))), len }]
+    }
+
+    pub fn address(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.net)
+    }
+}
+
+/// Every IPv4 prefix some policy's address test names (blocks, their
+/// exceptions, policy CIDRs, peer addresses), and the whole space.
+fn world_prefixes(state: &MeshState) -> BTreeSet<Prefix> {
+    let mut out = BTreeSet::from([Prefix { net: 0, len: 0 }]);
+    let mut cidr = |c: &slipstream_core::policy::Cidr| {
+        if let IpAddr::V4(a) = c.address {
+            out.insert(Prefix::new(a, c.length));
+        }
+    };
+    for p in state.net_policies() {
+        for rule in p.ingress.iter().chain(&p.egress).chain(&p.ingress_deny).chain(&p.egress_deny) {
+            for peer in rule.peers.iter().flatten() {
+                match peer {
+                    NetPeer::Block { cidr: c, except } => {
+                        cidr(c);
+                        except.iter().for_each(&mut cidr);
+                    }
+                    NetPeer::Addresses(list) => {
+                        for a in list {
+                            cidr(&slipstream_core::policy::Cidr { address: *a, length: 32 });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for a in state.policies() {
+        for m in a.rules.iter().flat_map(|r| &r.clauses).flat_map(|c| &c.matches) {
+            for c in m.source_ips.iter().chain(&m.not_source_ips).chain(&m.destination_ips).chain(&m.not_destination_ips) {
+                cidr(c);
+            }
+        }
+    }
+    out
+}
+
+/// An address of `p` that is in none of `inner` (the longer prefixes and
+/// the cluster's own addresses, as /32): one whose longest match is `p`.
+/// None when `inner` covers `p` whole.
+fn uncovered(p: Prefix, inner: &[Prefix]) -> Option<u32> {
+    if inner.iter().any(|q| q.covers(&p)) {
+        return None;
+    }
+    let inside: Vec<Prefix> = inner.iter().filter(|q| p.covers(q)).copied().collect();
+    if inside.is_empty() {
+        return Some(p.net);
+    }
+    if p.len >= 32 {
+        return None;
+    }
+    p.halves().into_iter().find_map(|h| uncovered(h, &inside))
 }
 
 /// The numbering of one node: class to identity, kept from one compile to
@@ -88,27 +186,31 @@ enum Class {
 pub struct Identities {
     ids: HashMap<Class, u32>,
     next: u32,
-    /// What a previous run left in the ipcache (address to identity):
-    /// taken by the first compile, so a restart renumbers nothing.
+    /// What a previous run left in the ipcache (address to identity) and
+    /// the world map (prefix to identity): taken by the first compile, so
+    /// a restart renumbers nothing.
     prior: Option<HashMap<Ipv4Addr, u32>>,
+    prior_world: HashMap<Prefix, u32>,
 }
 
 impl Identities {
     pub fn new() -> Self {
-        Identities { ids: HashMap::new(), next: 1, prior: None }
+        Identities { ids: HashMap::new(), next: 1, prior: None, prior_world: HashMap::new() }
     }
 
     /// Starts from what a previous run of the node proxy wrote.
-    pub fn adopt(prior: impl IntoIterator<Item = (Ipv4Addr, u32)>) -> Self {
-        let prior: HashMap<Ipv4Addr, u32> = prior.into_iter().filter(|(_, id)| *id != 0).collect();
-        let next = prior.values().copied().max().unwrap_or(0).saturating_add(1);
-        Identities { ids: HashMap::new(), next, prior: Some(prior) }
+    pub fn adopt(addresses: impl IntoIterator<Item = (Ipv4Addr, u32)>, world: impl IntoIterator<Item = (Prefix, u32)>) -> Self {
+        let prior: HashMap<Ipv4Addr, u32> = addresses.into_iter().filter(|(_, id)| *id != 0).collect();
+        let prior_world: HashMap<Prefix, u32> = world.into_iter().filter(|(_, id)| *id != 0).collect();
+        let next = prior.values().chain(prior_world.values()).copied().max().unwrap_or(0).saturating_add(1);
+        Identities { ids: HashMap::new(), next, prior: Some(prior), prior_world }
     }
 
     /// Numbers this snapshot's classes (with their members' addresses);
     /// forgets the classes it no longer has.
     fn number(&mut self, classes: &BTreeMap<Class, Vec<Ipv4Addr>>) -> HashMap<Class, u32> {
         let prior = self.prior.take().unwrap_or_default();
+        let prior_world = std::mem::take(&mut self.prior_world);
         let mut taken: BTreeSet<u32> = BTreeSet::new();
         let mut out = HashMap::with_capacity(classes.len());
         // Known classes keep their number first, then adopted numbers.
@@ -123,7 +225,10 @@ impl Identities {
                 continue;
             }
             let mut olds = addrs.iter().map(|a| prior.get(a).copied());
-            let first = olds.next().flatten();
+            let first = match c {
+                Class::World(p) => prior_world.get(p).copied(),
+                _ => olds.next().flatten(),
+            };
             if let Some(id) = first.filter(|id| olds.all(|o| o == Some(*id)) && !taken.contains(id)) {
                 taken.insert(id);
                 out.insert(c.clone(), id);
@@ -209,37 +314,39 @@ fn signature(state: &MeshState, preds: &Predicates, w: &MeshWorkload) -> Signatu
     Signature { identity: w.identity().to_string(), meshed: w.meshed(), net_policies, authorizations, addresses, named_ports }
 }
 
-/// The ports any policy governing `src -> dst` singles out; None when a
-/// range is too wide to expand.
-fn significant_ports(state: &MeshState, src: &MeshWorkload, dst: &MeshWorkload) -> Option<BTreeSet<u16>> {
-    let mut ports = BTreeSet::new();
-    let ends = [(src, Direction::Egress), (dst, Direction::Ingress)];
-    for (w, dir) in ends {
-        for p in state.net_policies_for(&w.uid) {
-            let (allow, deny) = match dir {
-                Direction::Egress => (&p.egress, &p.egress_deny),
-                Direction::Ingress => (&p.ingress, &p.ingress_deny),
-            };
-            for rule in allow.iter().chain(deny.iter()) {
-                for port in rule.ports.iter().flatten() {
-                    match &port.port {
-                        PortSpec::All => {}
-                        PortSpec::Range { port, end } => {
-                            if u32::from(*end).saturating_sub(u32::from(*port)) >= MAX_RANGE_PORTS {
-                                return None;
-                            }
-                            ports.extend(*port..=*end);
+/// The ports `w`'s network policies single out in one direction (named
+/// ports resolved against `named_at`, the destination's address); None
+/// when a range is too wide to expand.
+fn net_ports(state: &MeshState, w: &MeshWorkload, dir: Direction, named_at: IpAddr, ports: &mut BTreeSet<u16>) -> Option<()> {
+    for p in state.net_policies_for(&w.uid) {
+        let (allow, deny) = match dir {
+            Direction::Egress => (&p.egress, &p.egress_deny),
+            Direction::Ingress => (&p.ingress, &p.ingress_deny),
+        };
+        for rule in allow.iter().chain(deny.iter()) {
+            for port in rule.ports.iter().flatten() {
+                match &port.port {
+                    PortSpec::All => {}
+                    PortSpec::Range { port, end } => {
+                        if u32::from(*end).saturating_sub(u32::from(*port)) >= MAX_RANGE_PORTS {
+                            return None;
                         }
-                        PortSpec::Named(name) => {
-                            if let Some(n) = p.named_ports.get(&dst.address()).and_then(|m| m.get(name)) {
-                                ports.insert(*n);
-                            }
+                        ports.extend(*port..=*end);
+                    }
+                    PortSpec::Named(name) => {
+                        if let Some(n) = p.named_ports.get(&named_at).and_then(|m| m.get(name)) {
+                            ports.insert(*n);
                         }
                     }
                 }
             }
         }
     }
+    Some(())
+}
+
+/// The ports a meshed destination's authorization policies single out.
+fn authz_ports(state: &MeshState, dst: &MeshWorkload, ports: &mut BTreeSet<u16>) {
     if dst.meshed() {
         for a in state.policies_for(dst) {
             for m in a.rules.iter().flat_map(|r| &r.clauses).flat_map(|c| &c.matches) {
@@ -247,6 +354,15 @@ fn significant_ports(state: &MeshState, src: &MeshWorkload, dst: &MeshWorkload) 
             }
         }
     }
+}
+
+/// The ports any policy governing `src -> dst` singles out; None when a
+/// range is too wide to expand.
+fn significant_ports(state: &MeshState, src: &MeshWorkload, dst: &MeshWorkload) -> Option<BTreeSet<u16>> {
+    let mut ports = BTreeSet::new();
+    net_ports(state, src, Direction::Egress, dst.address(), &mut ports)?;
+    net_ports(state, dst, Direction::Ingress, dst.address(), &mut ports)?;
+    authz_ports(state, dst, &mut ports);
     ports.remove(&0);
     Some(ports)
 }
@@ -266,7 +382,11 @@ struct Rules {
 
 impl Rules {
     fn id(&mut self, v: &engine::Verdict) -> u32 {
-        let Some(d) = v.denial() else { return 0 };
+        self.id_of(v.denial())
+    }
+
+    fn id_of(&mut self, denial: Option<&slipstream_core::policy::LayerVerdict>) -> u32 {
+        let Some(d) = denial else { return 0 };
         let text = d.explain();
         if let Some(i) = self.index.get(&text) {
             return *i;
@@ -275,6 +395,37 @@ impl Rules {
         let i = self.list.len() as u32;
         self.index.insert(text, i);
         i
+    }
+}
+
+/// Writes a pair's entries from `decide` (allowed, and the denying layer
+/// when denied): the port none of `ports` is stands for the others; a
+/// port's own entry only where it differs.
+fn emit(
+    out: &mut Compiled,
+    rules: &mut Rules,
+    node: u16,
+    src: u32,
+    dst: u32,
+    mut ports: BTreeSet<u16>,
+    decide: impl Fn(u16) -> (bool, Option<slipstream_core::policy::LayerVerdict>),
+) {
+    ports.remove(&0);
+    let other_port = (1..=u16::MAX).find(|p| !ports.contains(p)).unwrap_or(1);
+    let (other_ok, other_denial) = decide(other_port);
+    let mut any_allowed = other_ok;
+    for p in ports {
+        let (ok, denial) = decide(p);
+        any_allowed |= ok;
+        if ok == other_ok {
+            continue;
+        }
+        let value = if ok { PolicyValue::allow() } else { PolicyValue::deny(rules.id_of(denial.as_ref()), 0) };
+        out.entries.insert(PolicyKey::tcp(node, src, dst, p), value);
+    }
+    if !other_ok {
+        let flags = if any_allowed { 0 } else { POLICY_F_ALL_PORTS };
+        out.entries.insert(PolicyKey::tcp(node, src, dst, 0), PolicyValue::deny(rules.id_of(other_denial.as_ref()), flags));
     }
 }
 
@@ -303,14 +454,30 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
     let mut addrs: BTreeMap<Class, Vec<Ipv4Addr>> =
         classes.iter().map(|(c, m)| (c.clone(), m.iter().filter_map(|w| v4(w.address())).collect())).collect();
     addrs.extend(vips.iter().map(|v| (Class::Service(*v), vec![*v])));
+    // The world: one class per prefix some address that falls in it (and
+    // in no longer prefix, and is no address of the cluster) stands for.
+    let prefixes = world_prefixes(state);
+    let own: BTreeSet<u32> = addrs.values().flatten().map(|a| u32::from(*a)).collect();
+    let mut worlds: Vec<(Prefix, Ipv4Addr)> = Vec::new();
+    for p in &prefixes {
+        let mut inner: Vec<Prefix> = prefixes.iter().filter(|q| q.len > p.len && p.covers(q)).copied().collect();
+        inner.extend(own.iter().filter(|a| p.contains(**a)).map(|a| Prefix { net: *a, len: 32 }));
+        if let Some(rep) = uncovered(*p, &inner) {
+            worlds.push((*p, Ipv4Addr::from(rep)));
+        }
+    }
+    addrs.extend(worlds.iter().map(|(p, _)| (Class::World(*p), Vec::new())));
     let numbers = ids.number(&addrs);
+    for (p, _) in &worlds {
+        out.world.insert((node_index, *p), numbers[&Class::World(*p)]);
+    }
     for (c, a) in &addrs {
         for ip in a {
             // An address two workloads claim is the newest claim's, as
             // the proxy resolves it.
             let owner = match c {
                 Class::Workload(_) => classes[c].iter().find(|w| w.address() == IpAddr::V4(*ip)).map(|w| w.uid.as_str()),
-                Class::Service(_) => None,
+                Class::Service(_) | Class::World(_) => None,
             };
             if owner.is_some() && state.workload_by_ip(IpAddr::V4(*ip)).map(|w| w.uid.clone()).as_deref() != owner {
                 continue;
@@ -361,6 +528,47 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
             }
         }
     }
+    // The world, as destination of this node's pods (their egress, at
+    // connect()) and as source towards them (their ingress, at tc).
+    for g in groups.iter().filter(|g| g.local) {
+        let w = g.members[0];
+        let egress = !state.net_policies_for(&w.uid).is_empty();
+        let ingress = egress || (w.meshed() && !state.policies_for(w).is_empty());
+        for (p, rep) in &worlds {
+            let world_id = numbers[&Class::World(*p)];
+            let conn = |src_ip: Ipv4Addr, dst_ip: Ipv4Addr, port: u16| Connection {
+                protocol: L4Protocol::Tcp,
+                src_ip: IpAddr::V4(src_ip),
+                peer: None,
+                dst_ip: IpAddr::V4(dst_ip),
+                dst_port: port,
+            };
+            let addr = v4(w.address()).expect("filtered");
+            if egress {
+                let mut ports = BTreeSet::new();
+                if net_ports(state, w, Direction::Egress, IpAddr::V4(*rep), &mut ports).is_some() {
+                    emit(&mut out, &mut rules, node_index, g.id, world_id, ports, |port| {
+                        let v = engine::network(state, w, Direction::Egress, &conn(addr, *rep, port));
+                        (v.allowed, (!v.allowed).then_some(v))
+                    });
+                } else {
+                    out.skipped_pairs += 1;
+                }
+            }
+            if ingress {
+                let mut ports = BTreeSet::new();
+                if net_ports(state, w, Direction::Ingress, w.address(), &mut ports).is_some() {
+                    authz_ports(state, w, &mut ports);
+                    emit(&mut out, &mut rules, node_index, world_id, g.id, ports, |port| {
+                        let v = engine::ingress(state, w, &conn(*rep, addr, port));
+                        (v.allowed(), v.denial().cloned())
+                    });
+                } else {
+                    out.skipped_pairs += 1;
+                }
+            }
+        }
+    }
     // A service address: refused at connect() when every ready endpoint
     // of that port would refuse (the proxy, whichever it picks, would
     // too). No endpoint: the proxy's answer, not the kernel's. Sources of
@@ -392,7 +600,7 @@ mod tests {
     use super::*;
 
     fn classes(n: usize, prior: &[(Ipv4Addr, u32)]) -> (Identities, BTreeMap<Class, Vec<Ipv4Addr>>) {
-        let ids = Identities::adopt(prior.iter().copied());
+        let ids = Identities::adopt(prior.iter().copied(), []);
         let m = (0..n).map(|i| (Class::Service(Ipv4Addr::new(10, 96, 0, i as u8)), vec![Ipv4Addr::new(10, 96, 0, i as u8)])).collect();
         (ids, m)
     }
@@ -434,7 +642,7 @@ mod tests {
     fn members_that_disagree_on_their_old_number_get_a_new_one() {
         let a = Ipv4Addr::new(10, 244, 1, 1);
         let b = Ipv4Addr::new(10, 244, 1, 2);
-        let mut ids = Identities::adopt([(a, 5), (b, 6)]);
+        let mut ids = Identities::adopt([(a, 5), (b, 6)], []);
         let sig = Signature {
             identity: "spiffe://cluster.local/ns/a/sa/x".into(),
             meshed: true,

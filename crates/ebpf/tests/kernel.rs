@@ -329,3 +329,69 @@ fn a_pod_holds_at_most_its_bound_of_pending_connects_and_gets_every_place_back()
     let states: HashMap<MapData, u64, abi::SockState> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::SOCKSTATE))).unwrap();
     assert_eq!(states.keys().count(), 0, "no socket state left behind");
 }
+
+/// The whole chain on real maps: the engine's decisions compiled for a
+/// node, written by the node proxy's sync (identities, world prefixes,
+/// decisions), found by the lookup the programs make; a policy removed
+/// takes its entries with it; a restarted proxy renumbers nothing.
+#[test]
+fn what_the_node_proxy_writes_is_what_the_lookup_finds_world_included() {
+    static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/test_policy.o"));
+    #[path = "../../control/tests/data/cases.rs"]
+    #[allow(dead_code)]
+    mod cases;
+    use slipstream_control::index::{mesh_from_manifests, IndexSettings};
+    use slipstream_ebpf::policy::compile;
+    use slipstream_ebpf::NodeMaps;
+    let d = Dir::new("sync");
+    let _dp = Datapath::load(&d.0).unwrap();
+    let mut obj = aya::EbpfLoader::new().map_pin_path(d.0.join("maps")).load(OBJ).unwrap();
+    let prog: &mut aya::programs::SchedClassifier = obj.program_mut("ss_test_policy").unwrap().try_into().unwrap();
+    prog.load().unwrap();
+    let fd = prog.fd().unwrap();
+    let verdict = |src: [u8; 4], dst: [u8; 4], port| {
+        sys::prog_test_run_mark(fd.as_fd(), &tcp(src.into(), dst.into(), 40000, port, true, false), 1).unwrap()
+    };
+    let policy = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: frontend-out, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: frontend}}
+  policyTypes: [Egress]
+  egress: [{to: [{ipBlock: {cidr: 192.0.2.0/24}}], ports: [{port: 443}]}]
+"#;
+    let state = |with_policy: bool| {
+        let objects = if with_policy { format!("{}\n---\n{policy}", cases::WORLD) } else { cases::WORLD.to_string() };
+        slipstream_core::MeshState::from_config(&mesh_from_manifests(&objects, IndexSettings::default()).unwrap()).0
+    };
+    let maps = NodeMaps::open(&d.0, 1).unwrap();
+    let mut ids = maps.prior_identities();
+    let s = maps.sync_policy(&compile(&state(true), "node1", 1, &mut ids)).unwrap();
+    assert!(s.written > 0 && s.addresses > 0, "{s:?}");
+    let (frontend, legacy, billing) = ([10, 244, 1, 10], [10, 244, 1, 11], [10, 244, 2, 10]);
+    let (allow, deny) = (abi::POLICY_ALLOW as u32, abi::POLICY_DENY as u32);
+    for (src, dst, port, want, why) in [
+        (frontend, [192, 0, 2, 9], 443, allow, "the block, on its port"),
+        (frontend, [192, 0, 2, 9], 80, deny, "the block, another port"),
+        (frontend, [8, 8, 8, 8], 443, deny, "the rest of the world"),
+        (frontend, billing, 443, deny, "a pod outside the block"),
+        (legacy, [8, 8, 8, 8], 443, 0, "no policy on legacy: no say"),
+    ] {
+        assert_eq!(verdict(src, dst, port), want, "{src:?} -> {dst:?}:{port}: {why}");
+    }
+
+    // A restarted proxy adopts the numbering: nothing to write.
+    let again = NodeMaps::open(&d.0, 1).unwrap();
+    let mut adopted = again.prior_identities();
+    let s = again.sync_policy(&compile(&state(true), "node1", 1, &mut adopted)).unwrap();
+    assert_eq!((s.written, s.removed, s.addresses), (0, 0, 0), "a restart renumbers nothing");
+
+    // The policy goes: its decisions and world prefixes go with it.
+    let s = again.sync_policy(&compile(&state(false), "node1", 1, &mut adopted)).unwrap();
+    assert!(s.removed > 0, "{s:?}");
+    assert_eq!(verdict(frontend, [8, 8, 8, 8], 443), 0, "no policy left: no say");
+    let world: aya::maps::lpm_trie::LpmTrie<MapData, abi::WorldAddr, u32> =
+        aya::maps::lpm_trie::LpmTrie::try_from(Map::LpmTrie(map(&d.0, abi::maps::WORLD))).unwrap();
+    assert_eq!(world.iter().flatten().count(), 1, "only the whole space is left in the world map");
+}

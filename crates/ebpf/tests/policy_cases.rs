@@ -13,7 +13,7 @@ use slipstream_core::policy::engine;
 use slipstream_core::policy::network::L4Protocol;
 use slipstream_core::MeshState;
 use slipstream_ebpf::abi::{IpcacheKey, PolicyKey, PolicyValue, POLICY_DENY, POLICY_F_ALL_PORTS};
-use slipstream_ebpf::policy::{compile, Identities};
+use slipstream_ebpf::policy::{compile, Identities, Prefix};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -25,16 +25,25 @@ mod cases;
 #[derive(Default)]
 struct Maps {
     ipcache: BTreeMap<IpcacheKey, u32>,
+    world: BTreeMap<(u16, Prefix), u32>,
     policy: BTreeMap<PolicyKey, PolicyValue>,
 }
 
 impl Maps {
     /// What ss_policy_lookup does: both identities in `node`'s numbering,
     /// the port's entry, else the pair's.
+    /// ss_identity: the exact address, else the longest world prefix.
+    fn identity(&self, node: u16, a: std::net::Ipv4Addr) -> Option<u32> {
+        if let Some(id) = self.ipcache.get(&IpcacheKey::new(node, a)) {
+            return Some(*id);
+        }
+        (0..=32u8).rev().find_map(|len| self.world.get(&(node, Prefix::of(a, len))).copied())
+    }
+
     fn lookup(&self, node: u16, src: IpAddr, dst: IpAddr, port: u16) -> Option<&PolicyValue> {
         let (IpAddr::V4(s), IpAddr::V4(d)) = (src, dst) else { return None };
-        let sid = *self.ipcache.get(&IpcacheKey::new(node, s))?;
-        let did = *self.ipcache.get(&IpcacheKey::new(node, d))?;
+        let sid = self.identity(node, s)?;
+        let did = self.identity(node, d)?;
         self.policy.get(&PolicyKey::tcp(node, sid, did, port)).or_else(|| self.policy.get(&PolicyKey::tcp(node, sid, did, 0)))
     }
 
@@ -77,6 +86,7 @@ fn the_kernel_map_agrees_with_the_engine_on_every_case() {
                 classes += c.classes;
             }
             maps.ipcache.extend(c.ipcache);
+            maps.world.extend(c.world);
             maps.policy.extend(c.entries);
         }
         for chk in &case.checks {
@@ -225,6 +235,7 @@ spec:
         for (node, index) in NODES {
             let c = compile(&state, node, index, &mut Identities::new());
             maps.ipcache.extend(c.ipcache);
+            maps.world.extend(c.world);
             maps.policy.extend(c.entries);
         }
         let addr = |ip: &str| -> std::net::Ipv4Addr { ip.parse().unwrap() };
@@ -256,4 +267,86 @@ spec:
         }
         assert!(failures.is_empty(), "{what}: the kernel disagrees with the engine:\n{}", failures.join("\n"));
     }
+}
+
+/// Addresses outside the cluster: the kernel knows them by the longest
+/// prefix policies name (ss_world_v1) and decides a pod's egress to them
+/// (at connect()) and their ingress to it (at tc) exactly as the engine
+/// does, blocks with exceptions, Cilium's deny rules and authorization
+/// CIDRs included.
+#[test]
+fn the_world_outside_the_cluster_gets_the_engines_verdicts_at_both_ends() {
+    let policies = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: frontend-out, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: frontend}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{ipBlock: {cidr: 192.0.2.0/24, except: [192.0.2.0/26]}}]
+    ports: [{port: 443}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: billing-in, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: billing}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ipBlock: {cidr: 198.51.100.0/24}}]
+    ports: [{port: 8080}]
+  - from: [{podSelector: {}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: no-lab, namespace: prod}
+spec:
+  selector: {matchLabels: {app: db}}
+  action: DENY
+  rules: [{from: [{source: {ipBlocks: [203.0.113.0/24]}}]}]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: web-no-scanner, namespace: dev}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingressDeny: [{fromCIDR: [198.51.100.66/32]}]
+  ingress: [{fromCIDR: [0.0.0.0/0]}]
+"#;
+    let cfg = mesh_from_manifests(&format!("{}\n---\n{policies}", cases::WORLD), IndexSettings::default()).unwrap();
+    let (state, _) = MeshState::from_config(&cfg);
+    let mut maps = Maps::default();
+    for (node, index) in NODES {
+        let c = compile(&state, node, index, &mut Identities::new());
+        assert_eq!(c.skipped_pairs, 0);
+        maps.ipcache.extend(c.ipcache);
+        maps.world.extend(c.world);
+        maps.policy.extend(c.entries);
+    }
+    assert!(maps.world.len() >= 2 * 6, "a world entry per named prefix and node: {:?}", maps.world.keys());
+    let outside = ["192.0.2.1", "192.0.2.200", "198.51.100.7", "198.51.100.66", "203.0.113.9", "8.8.8.8", "10.99.0.1", "0.0.0.1"];
+    let (mut failures, mut denials) = (Vec::new(), 0);
+    for w in state.workloads().filter(|w| state.workload_by_ip(w.address()).is_some_and(|o| o.uid == w.uid)) {
+        let node = node_index(&w.node);
+        for ext in outside {
+            let ext: IpAddr = ext.parse().unwrap();
+            for port in [443, 8080, 80, 1, 65535] {
+                let out = engine::Connection { protocol: L4Protocol::Tcp, src_ip: w.address(), peer: None, dst_ip: ext, dst_port: port };
+                let engine_out = !engine::network(&state, w, slipstream_core::policy::network::Direction::Egress, &out).allowed;
+                let inc = engine::Connection { protocol: L4Protocol::Tcp, src_ip: ext, peer: None, dst_ip: w.address(), dst_port: port };
+                let engine_in = !engine::ingress(&state, w, &inc).allowed();
+                let (k_out, k_in) = (maps.denies(node, w.address(), ext, port), maps.denies(node, ext, w.address(), port));
+                denials += k_out as usize + k_in as usize;
+                if k_out != engine_out {
+                    failures.push(format!("{}/{} -> {ext}:{port}: engine denies {engine_out}", w.namespace, w.name));
+                }
+                if k_in != engine_in {
+                    failures.push(format!("{ext} -> {}/{}:{port}: engine denies {engine_in}", w.namespace, w.name));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "the kernel disagrees with the engine:\n{}", failures.join("\n"));
+    assert!(denials > 50, "the scenarios exercise the world entries: {denials} kernel denials");
 }

@@ -260,7 +260,7 @@ impl NodeProxy {
         let Some(maps) = &self.datapath else { return };
         let snap = self.index.snapshot();
         let node = &self.shared.config.node;
-        let ids = self.identities.get_or_insert_with(|| slipstream_ebpf::policy::Identities::adopt(maps.prior_identities()));
+        let ids = self.identities.get_or_insert_with(|| maps.prior_identities());
         let compiled = slipstream_ebpf::policy::compile(&snap, node, maps.node_index(), ids);
         match maps.sync_policy(&compiled) {
             Ok(s) if s.written + s.removed + s.addresses > 0 => tracing::info!(

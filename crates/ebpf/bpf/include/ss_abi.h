@@ -97,6 +97,16 @@ struct ss_ipcache_key {
 	__u32 ip; /* network order */
 };
 
+/* An address outside the cluster (map ss_world_v1, an LPM trie): the
+ * identity of the longest prefix policies name that holds it. prefixlen
+ * counts the bits of node and pad (32) and then of the address. */
+struct ss_world_key {
+	__u32 prefixlen;
+	__u16 node;
+	__u16 pad;
+	__u32 ip; /* network order */
+};
+
 /* One policy decision (map ss_policy_v2), between two identities of one
  * node's numbering. dst_port 0 means every port of the pair that has no
  * entry of its own. */

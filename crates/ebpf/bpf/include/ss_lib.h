@@ -54,6 +54,15 @@ struct {
 } ss_ipcache_v1 SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct ss_world_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_world_v1 SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 262144);
 	__type(key, struct ss_policy_key);
@@ -165,11 +174,17 @@ static __always_inline void ss_emit(__u64 netns, __u32 src_ip, __u16 src_port, _
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* An address's identity in a node's numbering; 0 when it has none. */
+/* An address's identity in a node's numbering: a workload's or a
+ * service's, else that of the longest prefix policies name for addresses
+ * outside the cluster; 0 when it has none. */
 static __always_inline __u32 ss_identity(__u16 node, __u32 ip)
 {
 	struct ss_ipcache_key k = { .node = node, .ip = ip };
 	__u32 *id = bpf_map_lookup_elem(&ss_ipcache_v1, &k);
+	if (id)
+		return *id;
+	struct ss_world_key w = { .prefixlen = 64, .node = node, .ip = ip };
+	id = bpf_map_lookup_elem(&ss_world_v1, &w);
 	return id ? *id : 0;
 }
 
