@@ -155,7 +155,7 @@ pub fn sample(procs: &[MeshProcess]) -> Vec<ProcSample> {
         .iter()
         .map(|p| {
             let pids = pids(p);
-            ProcSample { process: p.name.clone(), rss_mb: memory(&pids, "VmRSS"), pids }
+            ProcSample { process: p.name.clone(), rss_mb: memory(&pids, "VmRSS"), anon_mb: Some(memory(&pids, "RssAnon")), pids }
         })
         .collect()
 }

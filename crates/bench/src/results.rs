@@ -133,4 +133,9 @@ pub struct ProcSample {
     pub process: String,
     pub pids: Vec<i32>,
     pub rss_mb: f64,
+    /// The anonymous part of `rss_mb` (RssAnon): the process's own memory.
+    /// The rest is file pages, mostly the slipstream binary's code, shared
+    /// with every other slipstream process (absent in older results).
+    #[serde(default)]
+    pub anon_mb: Option<f64>,
 }

@@ -209,7 +209,14 @@ fn main_table(s: &mut String, v: &View) {
 }
 
 fn resources_table(s: &mut String, v: &View) {
-    let procs: Vec<String> = v.r.idle.iter().map(|p| format!("{} {:.1} MB", p.process, p.rss_mb)).collect();
+    let procs: Vec<String> =
+        v.r.idle
+            .iter()
+            .map(|p| match p.anon_mb {
+                Some(a) => format!("{} {:.1} MB ({:.1} MB its own, the rest the binary's shared code pages)", p.process, p.rss_mb, a),
+                None => format!("{} {:.1} MB", p.process, p.rss_mb),
+            })
+            .collect();
     let _ = writeln!(
         s,
         "## R1: resources of the mesh processes\n\n\
@@ -474,8 +481,8 @@ pub(crate) mod tests {
                 .map(|e| ExperimentInfo { id: *e, title: e.title().into(), command: e.action(&s).describe() })
                 .collect(),
             idle: vec![
-                ProcSample { process: "node proxy node1".into(), pids: vec![1], rss_mb: 13.9 },
-                ProcSample { process: "node proxy node2".into(), pids: vec![2], rss_mb: 14.2 },
+                ProcSample { process: "node proxy node1".into(), pids: vec![1], rss_mb: 13.9, anon_mb: Some(1.8) },
+                ProcSample { process: "node proxy node2".into(), pids: vec![2], rss_mb: 14.2, anon_mb: None },
             ],
             runs,
             medians: Default::default(),
@@ -515,7 +522,7 @@ pub(crate) mod tests {
     #[test]
     fn resources_targets_and_scenarios() {
         let md = markdown(&sample(), &page());
-        assert!(md.contains("node proxy node1 13.9 MB, node proxy node2 14.2 MB"));
+        assert!(md.contains("node proxy node1 13.9 MB (1.8 MB its own, the rest the binary's shared code pages), node proxy node2 14.2 MB"));
         assert_eq!(line(&md, "| CPU seconds during T1"), "| CPU seconds during T1, all node proxies | 0.00 | 8.00 | 6.00 |");
         assert_eq!(line(&md, "| peak RSS during Q1"), "| peak RSS during Q1, largest node proxy (MB) | 18.00 | 18.00 | 18.00 |");
         assert_eq!(line(&md, "| RSS with 10000"), "| RSS with 10000 connections open, largest node proxy (MB) | 15.00 | 38.00 | 38.00 |");
