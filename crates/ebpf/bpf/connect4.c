@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * cgroup/connect4, attached once at the root of the cgroup2 hierarchy: the
- * first thing a TCP connect() meets. A socket of a pod's network namespace
+ * first thing a TCP connect() meets (and a UDP one: policy only). A socket of a pod's network namespace
  * (ss_pods_v1, by namespace cookie) is the pod's; every other socket goes
  * on untouched. It refuses what the policy maps deny (the app's
  * connect() fails with EPERM at once) and steers a meshed pod's connection
@@ -106,7 +106,7 @@ static __always_inline int ss_steer(struct bpf_sock_addr *ctx, __u64 cg, struct 
 SEC("cgroup/connect4")
 int ss_connect4(struct bpf_sock_addr *ctx)
 {
-	if (ctx->type != 1 /* SOCK_STREAM */)
+	if (ctx->type != 1 /* SOCK_STREAM */ && ctx->type != 2 /* SOCK_DGRAM */)
 		return 1;
 	__u64 cg = bpf_get_netns_cookie(ctx);
 	struct ss_pod *pod = bpf_map_lookup_elem(&ss_pods_v1, &cg);
@@ -118,6 +118,9 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 	struct bpf_sock *sk = ctx->sk;
 	if (sk && ((sk->mark & SS_MARK_MASK) == SS_PROXY_MARK || (sk->mark & SS_MARK_MASK) == SS_INPOD_MARK))
 		return 1;
+	/* A connected UDP socket: policy only (UDP is not captured). */
+	if (ctx->type == 2)
+		return ss_udp_egress(cg, pod, ctx->user_ip4, bpf_ntohs((__u16)ctx->user_port));
 	__u32 dst = ctx->user_ip4;
 	__u16 port = bpf_ntohs((__u16)ctx->user_port);
 	/* Loopback and the pod's own address stay inside the pod. */

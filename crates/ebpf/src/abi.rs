@@ -39,6 +39,7 @@ pub const POLICY_DENY: u8 = 2;
 /// On a port-0 deny: no port of the pair is allowed.
 pub const POLICY_F_ALL_PORTS: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
 
 /// A flow's verdict. Numbers are fixed forever (append only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,7 +254,15 @@ pub fn ip_from_key(v: u32) -> Ipv4Addr {
 
 impl PolicyKey {
     pub fn tcp(node: u16, src_id: u32, dst_id: u32, port: u16) -> Self {
-        PolicyKey { node, dst_port: port, proto: IPPROTO_TCP, pad: [0; 3], src_id, dst_id }
+        Self::new(IPPROTO_TCP, node, src_id, dst_id, port)
+    }
+
+    pub fn udp(node: u16, src_id: u32, dst_id: u32, port: u16) -> Self {
+        Self::new(IPPROTO_UDP, node, src_id, dst_id, port)
+    }
+
+    pub fn new(proto: u8, node: u16, src_id: u32, dst_id: u32, port: u16) -> Self {
+        PolicyKey { node, dst_port: port, proto, pad: [0; 3], src_id, dst_id }
     }
 }
 

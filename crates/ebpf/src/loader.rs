@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 static CONNECT4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/connect4.o"));
 static GETPEERNAME4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/getpeername4.o"));
+static SENDMSG4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sendmsg4.o"));
 static SOCKOPS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockops.o"));
 static SOCK_RELEASE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock_release.o"));
 static TC_INGRESS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc_ingress.o"));
@@ -43,18 +44,20 @@ pub const SOCKET_HOOKS_DIR: &str = "node";
 pub enum Hook {
     Connect4,
     GetPeername4,
+    SendMsg4,
     SockOps,
     SockRelease,
     TcIngress,
 }
 
 impl Hook {
-    pub const ALL: [Hook; 5] = [Hook::Connect4, Hook::GetPeername4, Hook::SockOps, Hook::SockRelease, Hook::TcIngress];
+    pub const ALL: [Hook; 6] = [Hook::Connect4, Hook::GetPeername4, Hook::SendMsg4, Hook::SockOps, Hook::SockRelease, Hook::TcIngress];
 
     pub fn name(self) -> &'static str {
         match self {
             Hook::Connect4 => "connect4",
             Hook::GetPeername4 => "getpeername4",
+            Hook::SendMsg4 => "sendmsg4",
             Hook::SockOps => "sockops",
             Hook::SockRelease => "sock_release",
             Hook::TcIngress => "tc_ingress",
@@ -65,6 +68,7 @@ impl Hook {
         match self {
             Hook::Connect4 => "ss_connect4",
             Hook::GetPeername4 => "ss_getpeername4",
+            Hook::SendMsg4 => "ss_sendmsg4",
             Hook::SockOps => "ss_sockops",
             Hook::SockRelease => "ss_sock_release",
             Hook::TcIngress => "ss_tc_ingress",
@@ -75,6 +79,7 @@ impl Hook {
         match self {
             Hook::Connect4 => sys::ATTACH_CGROUP_INET4_CONNECT,
             Hook::GetPeername4 => sys::ATTACH_CGROUP_INET4_GETPEERNAME,
+            Hook::SendMsg4 => sys::ATTACH_CGROUP_UDP4_SENDMSG,
             Hook::SockOps => sys::ATTACH_CGROUP_SOCK_OPS,
             Hook::SockRelease => sys::ATTACH_CGROUP_INET_SOCK_RELEASE,
             Hook::TcIngress => sys::ATTACH_TCX_INGRESS,
@@ -142,6 +147,7 @@ impl Datapath {
         for (hook, bytes) in [
             (Hook::Connect4, CONNECT4),
             (Hook::GetPeername4, GETPEERNAME4),
+            (Hook::SendMsg4, SENDMSG4),
             (Hook::SockOps, SOCKOPS),
             (Hook::SockRelease, SOCK_RELEASE),
             (Hook::TcIngress, TC_INGRESS),
@@ -150,7 +156,7 @@ impl Datapath {
             let mut obj = EbpfLoader::new().map_pin_path(&maps).load(bytes).map_err(|e| load_err(e.into()))?;
             let prog = obj.program_mut(hook.program()).ok_or_else(|| load_err("program missing from its object".into()))?;
             match hook {
-                Hook::Connect4 | Hook::GetPeername4 => {
+                Hook::Connect4 | Hook::GetPeername4 | Hook::SendMsg4 => {
                     let p: &mut CgroupSockAddr = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
                     p.load().map_err(|e| load_err(e.into()))?;
                 }
@@ -183,7 +189,7 @@ impl Datapath {
         let obj = &self.objects.iter().find(|(h, _)| *h == hook).expect("every hook is loaded").1;
         let prog = obj.program(hook.program()).expect("loaded above");
         let fd = match hook {
-            Hook::Connect4 | Hook::GetPeername4 => <&CgroupSockAddr>::try_from(prog).expect("type checked at load").fd(),
+            Hook::Connect4 | Hook::GetPeername4 | Hook::SendMsg4 => <&CgroupSockAddr>::try_from(prog).expect("type checked at load").fd(),
             Hook::SockOps => <&SockOps>::try_from(prog).expect("type checked at load").fd(),
             Hook::SockRelease => <&CgroupSock>::try_from(prog).expect("type checked at load").fd(),
             Hook::TcIngress => <&SchedClassifier>::try_from(prog).expect("type checked at load").fd(),
@@ -257,7 +263,7 @@ impl Datapath {
         sys::obj_pin(link.as_fd(), &pin).map_err(io(format!("pinning {}", pin.display())))
     }
 
-    /// Attaches the socket hooks (connect4, getpeername4, sockops,
+    /// Attaches the socket hooks (connect4, getpeername4, sendmsg4, sockops,
     /// sock_release) once at
     /// the root of the cgroup2 hierarchy, where every socket of the node
     /// meets them: each acts only on sockets of the namespaces of pods in
@@ -268,7 +274,7 @@ impl Datapath {
         let cgroup = File::open(&root).map_err(io(format!("opening cgroup {}", root.display())))?;
         let links = self.dir.join("links").join(SOCKET_HOOKS_DIR);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
-        for hook in [Hook::Connect4, Hook::GetPeername4, Hook::SockOps, Hook::SockRelease] {
+        for hook in [Hook::Connect4, Hook::GetPeername4, Hook::SendMsg4, Hook::SockOps, Hook::SockRelease] {
             let pin = links.join(hook.name());
             if pin.exists() {
                 continue;

@@ -31,7 +31,7 @@
 //! to the proxy and the nftables path (an honest gap, counted in
 //! [`Compiled::skipped_pairs`]). Pure: snapshot in, entries out.
 
-use crate::abi::{IpcacheKey, PolicyKey, PolicyValue, POLICY_F_ALL_PORTS};
+use crate::abi::{IpcacheKey, PolicyKey, PolicyValue, IPPROTO_TCP, IPPROTO_UDP, POLICY_F_ALL_PORTS};
 use slipstream_core::policy::engine;
 use slipstream_core::policy::engine::Connection;
 use slipstream_core::policy::network::{Direction, L4Protocol, NetPeer, PortSpec};
@@ -401,15 +401,23 @@ impl Rules {
 /// Writes a pair's entries from `decide` (allowed, and the denying layer
 /// when denied): the port none of `ports` is stands for the others; a
 /// port's own entry only where it differs.
-fn emit(
-    out: &mut Compiled,
-    rules: &mut Rules,
+/// A pair of identities of one node's numbering, for one protocol.
+#[derive(Clone, Copy)]
+struct Pair {
+    proto: u8,
     node: u16,
     src: u32,
     dst: u32,
+}
+
+fn emit(
+    out: &mut Compiled,
+    rules: &mut Rules,
+    pair: Pair,
     mut ports: BTreeSet<u16>,
     decide: impl Fn(u16) -> (bool, Option<slipstream_core::policy::LayerVerdict>),
 ) {
+    let Pair { proto, node, src, dst } = pair;
     ports.remove(&0);
     let other_port = (1..=u16::MAX).find(|p| !ports.contains(p)).unwrap_or(1);
     let (other_ok, other_denial) = decide(other_port);
@@ -421,11 +429,11 @@ fn emit(
             continue;
         }
         let value = if ok { PolicyValue::allow() } else { PolicyValue::deny(rules.id_of(denial.as_ref()), 0) };
-        out.entries.insert(PolicyKey::tcp(node, src, dst, p), value);
+        out.entries.insert(PolicyKey::new(proto, node, src, dst, p), value);
     }
     if !other_ok {
-        let flags = if any_allowed { 0 } else { POLICY_F_ALL_PORTS };
-        out.entries.insert(PolicyKey::tcp(node, src, dst, 0), PolicyValue::deny(rules.id_of(other_denial.as_ref()), flags));
+        let flags = if any_allowed || proto != IPPROTO_TCP { 0 } else { POLICY_F_ALL_PORTS };
+        out.entries.insert(PolicyKey::new(proto, node, src, dst, 0), PolicyValue::deny(rules.id_of(other_denial.as_ref()), flags));
     }
 }
 
@@ -547,7 +555,8 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
             if egress {
                 let mut ports = BTreeSet::new();
                 if net_ports(state, w, Direction::Egress, IpAddr::V4(*rep), &mut ports).is_some() {
-                    emit(&mut out, &mut rules, node_index, g.id, world_id, ports, |port| {
+                    let pair = Pair { proto: IPPROTO_TCP, node: node_index, src: g.id, dst: world_id };
+                    emit(&mut out, &mut rules, pair, ports, |port| {
                         let v = engine::network(state, w, Direction::Egress, &conn(addr, *rep, port));
                         (v.allowed, (!v.allowed).then_some(v))
                     });
@@ -559,13 +568,62 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                 let mut ports = BTreeSet::new();
                 if net_ports(state, w, Direction::Ingress, w.address(), &mut ports).is_some() {
                     authz_ports(state, w, &mut ports);
-                    emit(&mut out, &mut rules, node_index, world_id, g.id, ports, |port| {
+                    let pair = Pair { proto: IPPROTO_TCP, node: node_index, src: world_id, dst: g.id };
+                    emit(&mut out, &mut rules, pair, ports, |port| {
                         let v = engine::ingress(state, w, &conn(*rep, addr, port));
                         (v.allowed(), v.denial().cloned())
                     });
                 } else {
                     out.skipped_pairs += 1;
                 }
+            }
+        }
+    }
+    // UDP, which the mesh does not capture: the network policies alone
+    // (NetworkPolicy and CiliumNetworkPolicy cover UDP, Istio's
+    // authorization does not), decided at the source's connect() and
+    // sendmsg() for this node's pods, towards workloads and the world.
+    let udp =
+        |src_ip: IpAddr, dst_ip: IpAddr, port: u16| Connection { protocol: L4Protocol::Udp, src_ip, peer: None, dst_ip, dst_port: port };
+    for s in groups.iter().filter(|g| g.local) {
+        let src = s.members[0];
+        let src_governed = !state.net_policies_for(&src.uid).is_empty();
+        for d in &groups {
+            let Some(dst) = d.members.iter().find(|w| w.uid != src.uid) else { continue };
+            if !src_governed && state.net_policies_for(&dst.uid).is_empty() {
+                continue;
+            }
+            let mut ports = BTreeSet::new();
+            if net_ports(state, src, Direction::Egress, dst.address(), &mut ports)
+                .and_then(|_| net_ports(state, dst, Direction::Ingress, dst.address(), &mut ports))
+                .is_none()
+            {
+                out.skipped_pairs += 1;
+                continue;
+            }
+            let pair = Pair { proto: IPPROTO_UDP, node: node_index, src: s.id, dst: d.id };
+            emit(&mut out, &mut rules, pair, ports, |port| {
+                let c = udp(src.address(), dst.address(), port);
+                let e = engine::network(state, src, Direction::Egress, &c);
+                if !e.allowed {
+                    return (false, Some(e));
+                }
+                let i = engine::network(state, dst, Direction::Ingress, &c);
+                (i.allowed, (!i.allowed).then_some(i))
+            });
+        }
+        if src_governed {
+            for (p, rep) in &worlds {
+                let mut ports = BTreeSet::new();
+                if net_ports(state, src, Direction::Egress, IpAddr::V4(*rep), &mut ports).is_none() {
+                    out.skipped_pairs += 1;
+                    continue;
+                }
+                let pair = Pair { proto: IPPROTO_UDP, node: node_index, src: s.id, dst: numbers[&Class::World(*p)] };
+                emit(&mut out, &mut rules, pair, ports, |port| {
+                    let e = engine::network(state, src, Direction::Egress, &udp(src.address(), IpAddr::V4(*rep), port));
+                    (e.allowed, (!e.allowed).then_some(e))
+                });
             }
         }
     }

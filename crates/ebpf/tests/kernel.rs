@@ -256,6 +256,85 @@ fn the_policy_lookup_goes_through_identities_and_takes_the_ports_own_entry_then_
     assert_eq!(sys::prog_test_run(fd.as_fd(), &udp(POD, PEER, 8080)).unwrap(), 255, "not TCP: not parsed");
 }
 
+/// A network namespace of the test's own put on the datapath as a meshed
+/// pod (10.77.0.2 on node 5, a veth `eth0` with a default route), the
+/// socket hooks attached at the cgroup2 root; deleted when dropped.
+struct PodNs {
+    name: String,
+    path: PathBuf,
+}
+
+impl PodNs {
+    fn new(dp: &mut Datapath, tag: &str) -> PodNs {
+        let name = format!("ss-{tag}-{}", std::process::id());
+        let ip = |args: &[&str]| {
+            let o = std::process::Command::new("ip").args(args).output().unwrap();
+            assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        };
+        ip(&["netns", "add", &name]);
+        let pod = PodNs { path: PathBuf::from("/run/netns").join(&name), name };
+        // A veth pair (its host end goes with the namespace).
+        let host_end = format!("ss{}{}", &tag[..2], std::process::id());
+        ip(&["link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &pod.name]);
+        ip(&["-n", &pod.name, "addr", "add", "10.77.0.2/24", "dev", "eth0"]);
+        ip(&["-n", &pod.name, "link", "set", "eth0", "up"]);
+        ip(&["-n", &pod.name, "link", "set", "lo", "up"]);
+        ip(&["-n", &pod.name, "route", "add", "default", "dev", "eth0"]);
+        dp.attach_socket_hooks().unwrap();
+        let key = format!("test_{tag}");
+        dp.enrol(&slipstream_ebpf::PodAttach { key: &key, netns: &pod.path, ip: Ipv4Addr::new(10, 77, 0, 2), node: 5, meshed: true })
+            .unwrap();
+        pod
+    }
+}
+
+impl Drop for PodNs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "delete", &self.name]).status();
+    }
+}
+
+/// UDP is not captured, so a pod's UDP egress policy holds at its
+/// connect() and sendmsg(): a denied datagram fails with EPERM before it
+/// is sent, an allowed port goes out, TCP is left to its own entries.
+#[test]
+fn a_pods_udp_egress_policy_holds_at_sendmsg_and_connect() {
+    let d = Dir::new("udp");
+    let mut dp = Datapath::load(&d.0).unwrap();
+    let pod = PodNs::new(&mut dp, "udp");
+    let mut ipcache: HashMap<MapData, IpcacheKey, u32> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::IPCACHE))).unwrap();
+    let far = Ipv4Addr::new(10, 9, 9, 9);
+    ipcache.insert(IpcacheKey::new(5, Ipv4Addr::new(10, 77, 0, 2)), 1, 0).unwrap();
+    ipcache.insert(IpcacheKey::new(5, far), 2, 0).unwrap();
+    let mut policy: HashMap<MapData, PolicyKey, PolicyValue> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::POLICY))).unwrap();
+    policy.insert(PolicyKey::udp(5, 1, 2, 0), PolicyValue::deny(3, 0), 0).unwrap();
+    policy.insert(PolicyKey::udp(5, 1, 2, 53), PolicyValue::allow(), 0).unwrap();
+    let mut events = FlowReader::open(&d.0).unwrap();
+    let errno = |r: std::io::Result<()>| r.err().and_then(|e| e.raw_os_error());
+    let got = sys::in_netns(&pod.path, || {
+        let u = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        let sent_denied = errno(u.send_to(b"x", (far, 9999)).map(|_| ()));
+        let sent_allowed = errno(u.send_to(b"x", (far, 53)).map(|_| ()));
+        let c = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        let connected_denied = errno(c.connect((far, 9999)));
+        let connected_allowed = errno(c.connect((far, 53)));
+        let tcp = errno(std::net::TcpStream::connect_timeout(&(far, 9999).into(), Duration::from_secs(2)).map(|_| ()));
+        Ok([sent_denied, sent_allowed, connected_denied, connected_allowed, tcp])
+    })
+    .unwrap();
+    assert_eq!(
+        got,
+        [Some(libc::EPERM), None, Some(libc::EPERM), None, Some(libc::ECONNREFUSED)],
+        "sendto denied, sendto allowed, connect denied, connect allowed, TCP (steered to a proxy that is not there)"
+    );
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let denied: u64 = drops.get(&(5 * abi::DROP_MAX + DropReason::PolicyDenied as u32), 0).unwrap().iter().sum();
+    assert_eq!(denied, 2);
+    let ev: Vec<_> = events.read(Duration::from_secs(1)).into_iter().filter(|e| e.verdict == Verdict::Dropped as u8).collect();
+    assert_eq!(ev.len(), 2, "{ev:?}");
+    assert!(ev.iter().all(|e| e.proto == abi::IPPROTO_UDP && e.rule == 3 && e.dst_port == 9999), "{ev:?}");
+}
+
 /// A pod cannot fill the original-destination maps all pods share: its
 /// steered connects still in their handshake are bounded (SS_MAX_PENDING),
 /// the connect() past the bound fails at once (EPERM, TOO_MANY_PENDING),
@@ -266,29 +345,8 @@ fn the_policy_lookup_goes_through_identities_and_takes_the_ports_own_entry_then_
 fn a_pod_holds_at_most_its_bound_of_pending_connects_and_gets_every_place_back() {
     let d = Dir::new("pending");
     let mut dp = Datapath::load(&d.0).unwrap();
-    let ns = format!("ss-pending-{}", std::process::id());
-    let ip = |args: &[&str]| {
-        let o = std::process::Command::new("ip").args(args).output().unwrap();
-        assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    };
-    ip(&["netns", "add", &ns]);
-    struct Gone(String);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("ip").args(["netns", "delete", &self.0]).status();
-        }
-    }
-    let _gone = Gone(ns.clone());
-    // A veth pair (its host end goes with the namespace).
-    let host_end = format!("sspd{}", std::process::id());
-    ip(&["link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
-    ip(&["-n", &ns, "addr", "add", "10.77.0.2/24", "dev", "eth0"]);
-    ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-    ip(&["-n", &ns, "link", "set", "lo", "up"]);
-    let netns = PathBuf::from("/run/netns").join(&ns);
-    dp.attach_socket_hooks().unwrap();
-    dp.enrol(&slipstream_ebpf::PodAttach { key: "test_pending", netns: &netns, ip: Ipv4Addr::new(10, 77, 0, 2), node: 5, meshed: true })
-        .unwrap();
+    let pod = PodNs::new(&mut dp, "pending");
+    let netns = pod.path.clone();
     let cookie = sys::netns_cookie_of(&netns).unwrap();
     let pending: HashMap<MapData, u64, abi::Pending> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::PENDING))).unwrap();
     let count = || pending.get(&cookie, 0).map(|p| p.count).unwrap_or(0);

@@ -12,7 +12,7 @@ use slipstream_control::index::{mesh_from_manifests, IndexSettings};
 use slipstream_core::policy::engine;
 use slipstream_core::policy::network::L4Protocol;
 use slipstream_core::MeshState;
-use slipstream_ebpf::abi::{IpcacheKey, PolicyKey, PolicyValue, POLICY_DENY, POLICY_F_ALL_PORTS};
+use slipstream_ebpf::abi::{IpcacheKey, PolicyKey, PolicyValue, IPPROTO_TCP, IPPROTO_UDP, POLICY_DENY, POLICY_F_ALL_PORTS};
 use slipstream_ebpf::policy::{compile, Identities, Prefix};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -40,20 +40,24 @@ impl Maps {
         (0..=32u8).rev().find_map(|len| self.world.get(&(node, Prefix::of(a, len))).copied())
     }
 
-    fn lookup(&self, node: u16, src: IpAddr, dst: IpAddr, port: u16) -> Option<&PolicyValue> {
+    fn lookup(&self, proto: u8, node: u16, src: IpAddr, dst: IpAddr, port: u16) -> Option<&PolicyValue> {
         let (IpAddr::V4(s), IpAddr::V4(d)) = (src, dst) else { return None };
         let sid = self.identity(node, s)?;
         let did = self.identity(node, d)?;
-        self.policy.get(&PolicyKey::tcp(node, sid, did, port)).or_else(|| self.policy.get(&PolicyKey::tcp(node, sid, did, 0)))
+        self.policy.get(&PolicyKey::new(proto, node, sid, did, port)).or_else(|| self.policy.get(&PolicyKey::new(proto, node, sid, did, 0)))
     }
 
     fn denies(&self, node: u16, src: IpAddr, dst: IpAddr, port: u16) -> bool {
-        self.lookup(node, src, dst, port).is_some_and(|v| v.verdict == POLICY_DENY)
+        self.lookup(IPPROTO_TCP, node, src, dst, port).is_some_and(|v| v.verdict == POLICY_DENY)
+    }
+
+    fn denies_udp(&self, node: u16, src: IpAddr, dst: IpAddr, port: u16) -> bool {
+        self.lookup(IPPROTO_UDP, node, src, dst, port).is_some_and(|v| v.verdict == POLICY_DENY)
     }
 
     /// tc ingress on an HBONE SYN.
     fn denies_every_port(&self, node: u16, src: IpAddr, dst: IpAddr) -> bool {
-        self.lookup(node, src, dst, 0).is_some_and(|v| v.verdict == POLICY_DENY && v.flags & POLICY_F_ALL_PORTS != 0)
+        self.lookup(IPPROTO_TCP, node, src, dst, 0).is_some_and(|v| v.verdict == POLICY_DENY && v.flags & POLICY_F_ALL_PORTS != 0)
     }
 }
 
@@ -69,6 +73,7 @@ fn the_kernel_map_agrees_with_the_engine_on_every_case() {
     let mut failures = Vec::new();
     let (mut compared, mut kernel_denials) = (0, 0);
     let (mut workloads, mut classes) = (0, 0);
+    let (mut udp_compared, mut udp_denials) = (0, 0);
     for case in &cases.cases {
         let cfg = mesh_from_manifests(&format!("{}\n---\n{}", cases::WORLD, case.objects), IndexSettings::default())
             .unwrap_or_else(|e| panic!("{}: {e:?}", case.id));
@@ -124,12 +129,27 @@ fn the_kernel_map_agrees_with_the_engine_on_every_case() {
             if maps.denies_every_port(at_dst, src.address(), dst.address()) && !every_port_denied {
                 failures.push(format!("{}: {} -> {to}: HBONE refused though a port is allowed", case.id, chk.from));
             }
+            // UDP at the source: the network policies only.
+            for p in [port, port.saturating_add(1), 53, 65535] {
+                let c =
+                    engine::Connection { protocol: L4Protocol::Udp, src_ip: src.address(), peer: None, dst_ip: dst.address(), dst_port: p };
+                let egress = engine::network(&state, &src, slipstream_core::policy::network::Direction::Egress, &c).allowed;
+                let ingress = engine::network(&state, &dst, slipstream_core::policy::network::Direction::Ingress, &c).allowed;
+                let engine_denies = !(egress && ingress);
+                let kernel = maps.denies_udp(at_src, src.address(), dst.address(), p);
+                udp_compared += 1;
+                udp_denials += kernel as usize;
+                if kernel != engine_denies {
+                    failures.push(format!("{}: {} -> {}:{p}/udp: engine denies {engine_denies}", case.id, chk.from, to));
+                }
+            }
         }
     }
     assert!(failures.is_empty(), "{} disagreement(s):\n{}", failures.len(), failures.join("\n"));
     // Identities group pods: replicas, and pods no policy tells apart.
     assert!(classes * 10 < workloads * 9, "{classes} identities for {workloads} workloads");
     eprintln!("{compared} lookups compared, {kernel_denials} kernel denials, {classes} identities for {workloads} workloads");
+    assert!(udp_compared > 400 && udp_denials > 50, "UDP: {udp_compared} compared, {udp_denials} kernel denials");
     assert!(compared > 400 && kernel_denials > 100, "the table exercises the map: {compared} compared, {kernel_denials} kernel denials");
 }
 

@@ -150,8 +150,8 @@ static __always_inline void ss_count_drop(__u16 node, __u8 reason)
 		*c += 1;
 }
 
-static __always_inline void ss_emit(__u64 netns, __u32 src_ip, __u16 src_port, __u32 dst_ip, __u16 dst_port,
-				    __u8 verdict, __u8 reason, __u8 point, __u32 rule, __u16 node)
+static __always_inline void ss_emit_proto(__u8 proto, __u64 netns, __u32 src_ip, __u16 src_port, __u32 dst_ip,
+					  __u16 dst_port, __u8 verdict, __u8 reason, __u8 point, __u32 rule, __u16 node)
 {
 	if (!ss_events_enabled)
 		return;
@@ -164,7 +164,7 @@ static __always_inline void ss_emit(__u64 netns, __u32 src_ip, __u16 src_port, _
 	e->dst_ip = dst_ip;
 	e->src_port = src_port;
 	e->dst_port = dst_port;
-	e->proto = IPPROTO_TCP;
+	e->proto = proto;
 	e->verdict = verdict;
 	e->reason = reason;
 	e->point = point;
@@ -172,6 +172,12 @@ static __always_inline void ss_emit(__u64 netns, __u32 src_ip, __u16 src_port, _
 	e->node = node;
 	e->pad = 0;
 	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void ss_emit(__u64 netns, __u32 src_ip, __u16 src_port, __u32 dst_ip, __u16 dst_port,
+				    __u8 verdict, __u8 reason, __u8 point, __u32 rule, __u16 node)
+{
+	ss_emit_proto(IPPROTO_TCP, netns, src_ip, src_port, dst_ip, dst_port, verdict, reason, point, rule, node);
 }
 
 /* An address's identity in a node's numbering: a workload's or a
@@ -192,7 +198,8 @@ static __always_inline __u32 ss_identity(__u16 node, __u32 ip)
  * source's node at connect(), the destination's at tc ingress): the port's
  * own, else the one for every other port of the pair; NULL when the
  * kernel has no say (an address without identity, or no entry). */
-static __always_inline struct ss_policy_value *ss_policy_lookup(__u16 node, __u32 src_ip, __u32 dst_ip, __u16 dst_port)
+static __always_inline struct ss_policy_value *ss_policy_lookup_proto(__u8 proto, __u16 node, __u32 src_ip, __u32 dst_ip,
+								     __u16 dst_port)
 {
 	__u32 src_id = ss_identity(node, src_ip);
 	if (!src_id)
@@ -200,12 +207,33 @@ static __always_inline struct ss_policy_value *ss_policy_lookup(__u16 node, __u3
 	__u32 dst_id = ss_identity(node, dst_ip);
 	if (!dst_id)
 		return NULL;
-	struct ss_policy_key k = { .node = node, .dst_port = dst_port, .proto = IPPROTO_TCP, .src_id = src_id, .dst_id = dst_id };
+	struct ss_policy_key k = { .node = node, .dst_port = dst_port, .proto = proto, .src_id = src_id, .dst_id = dst_id };
 	struct ss_policy_value *v = bpf_map_lookup_elem(&ss_policy_v2, &k);
 	if (v)
 		return v;
 	k.dst_port = 0;
 	return bpf_map_lookup_elem(&ss_policy_v2, &k);
+}
+
+static __always_inline struct ss_policy_value *ss_policy_lookup(__u16 node, __u32 src_ip, __u32 dst_ip, __u16 dst_port)
+{
+	return ss_policy_lookup_proto(IPPROTO_TCP, node, src_ip, dst_ip, dst_port);
+}
+
+/* A pod's UDP datagram or connected UDP socket towards dst:port (connect4
+ * and sendmsg4): refused (0) when the network policies deny it; UDP is not
+ * captured, so this is where a pod's UDP egress policy holds. */
+static __always_inline int ss_udp_egress(__u64 netns, struct ss_pod *pod, __u32 dst, __u16 port)
+{
+	if (ss_is_loopback(dst) || dst == pod->ip || dst == 0)
+		return 1;
+	struct ss_policy_value *v = ss_policy_lookup_proto(IPPROTO_UDP, pod->node, pod->ip, dst, port);
+	if (!v || v->verdict != SS_POLICY_DENY)
+		return 1;
+	ss_count_drop(pod->node, SS_DROP_POLICY_DENIED);
+	ss_emit_proto(IPPROTO_UDP, netns, pod->ip, 0, dst, port, SS_VERDICT_DROPPED, SS_DROP_POLICY_DENIED, SS_POINT_CONNECT,
+		      v->rule, pod->node);
+	return 0;
 }
 
 /* Denied whatever the port (for HBONE, whose port is inside the tunnel):
