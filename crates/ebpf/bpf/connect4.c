@@ -34,8 +34,8 @@ static __always_inline int ss_pick(__u32 dst, __u16 port, struct ss_origdst *ep)
 	return 1;
 }
 
-/* The chosen endpoint's own policy: a source denied there is refused at
- * once (the node proxy, which honours the choice, would refuse it too). */
+/* The chosen endpoint's own policy, for a pod outside the mesh (the kernel
+ * is its balancer): a source denied there is refused at once. */
 static __always_inline int ss_endpoint_denied(__u64 cg, struct ss_pod *pod, struct ss_origdst *ep)
 {
 	struct ss_policy_value *v = ss_policy_lookup(pod->node, pod->ip, ep->ip, ep->port);
@@ -76,18 +76,22 @@ static __always_inline int ss_balance(struct bpf_sock_addr *ctx, __u64 cg, struc
 
 /* A meshed pod: the connection goes to its node proxy, which learns both
  * the address the app dialed (the service, for telemetry, the forwarded
- * header and waypoints) and, for a service, the endpoint chosen here. A
+ * header and waypoints) and, for a service, the endpoint chosen here (one
+ * the pod's policy allows; the proxy still decides). A
  * service with no ready endpoint in the maps still goes to the proxy: its
  * view decides (the agent's maps may lag it). */
 static __always_inline int ss_steer(struct bpf_sock_addr *ctx, __u64 cg, struct ss_pod *pod, __u32 dst, __u16 port)
 {
 	struct ss_steer st = { .ip = dst, .port = port };
 	struct ss_origdst ep = {};
+	/* An endpoint the pod may not reach is no choice: the proxy picks
+	 * from its own view (the agent's list may lag it) and decides. */
 	if (ss_pick(dst, port, &ep) > 0) {
-		if (ss_endpoint_denied(cg, pod, &ep))
-			return 0;
-		st.ep_ip = ep.ip;
-		st.ep_port = ep.port;
+		struct ss_policy_value *v = ss_policy_lookup(pod->node, pod->ip, ep.ip, ep.port);
+		if (!v || v->verdict != SS_POLICY_DENY) {
+			st.ep_ip = ep.ip;
+			st.ep_port = ep.port;
+		}
 	}
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	if (ss_pending_take(cookie, cg)) {
@@ -118,9 +122,10 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 	struct bpf_sock *sk = ctx->sk;
 	if (sk && ((sk->mark & SS_MARK_MASK) == SS_PROXY_MARK || (sk->mark & SS_MARK_MASK) == SS_INPOD_MARK))
 		return 1;
-	/* A connected UDP socket: policy only (UDP is not captured). */
+	/* A connected UDP socket: policy only (UDP is not captured). Other
+	 * datagram sockets (ICMP echo) are not UDP: left alone. */
 	if (ctx->type == 2)
-		return ss_udp_egress(cg, pod, ctx->user_ip4, bpf_ntohs((__u16)ctx->user_port));
+		return ctx->protocol == IPPROTO_UDP ? ss_udp_egress(cg, pod, ctx->user_ip4, bpf_ntohs((__u16)ctx->user_port)) : 1;
 	__u32 dst = ctx->user_ip4;
 	__u16 port = bpf_ntohs((__u16)ctx->user_port);
 	/* Loopback and the pod's own address stay inside the pod. */

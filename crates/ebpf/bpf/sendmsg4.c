@@ -11,7 +11,7 @@
 SEC("cgroup/sendmsg4")
 int ss_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	if (ctx->type != 2 /* SOCK_DGRAM */)
+	if (ctx->type != 2 /* SOCK_DGRAM */ || ctx->protocol != IPPROTO_UDP)
 		return 1;
 	__u64 cg = bpf_get_netns_cookie(ctx);
 	struct ss_pod *pod = bpf_map_lookup_elem(&ss_pods_v1, &cg);

@@ -46,7 +46,10 @@ static __always_inline __u16 ss_csum_fold(__s64 sum)
  * reject does. The packet itself becomes the answer: trimmed to the
  * headers, addresses and ports swapped, RST|ACK acknowledging the SYN
  * (and any data it carried), both checksums written whole. Anything this
- * cannot rewrite (IP options, a short header) is dropped instead. */
+ * cannot rewrite (IP options, a short header) is dropped instead. The
+ * trim clears a receive checksum (CHECKSUM_COMPLETE); a SYN from a pod of
+ * this node arrives CHECKSUM_PARTIAL, which its own stack trusts when the
+ * answer comes back to it (it never leaves the node). */
 static __always_inline int ss_answer_reset(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
@@ -57,6 +60,11 @@ static __always_inline int ss_answer_reset(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	__u32 seg = bpf_ntohs(ip->tot_len) - sizeof(*ip) - tcp->doff * 4;
 	__u32 ack = bpf_ntohl(tcp->seq) + 1 + seg;
+	/* A frame of bare headers would not be trimmed, and trimming is what
+	 * drops a receive checksum (CHECKSUM_COMPLETE) the rewrite would
+	 * leave stale; no TCP stack sends a SYN without options: dropped. */
+	if (skb->len <= sizeof(*eth) + sizeof(*ip) + sizeof(*tcp))
+		return TC_ACT_SHOT;
 	if (bpf_skb_change_tail(skb, sizeof(*eth) + sizeof(*ip) + sizeof(*tcp), 0))
 		return TC_ACT_SHOT;
 	data = (void *)(long)skb->data;

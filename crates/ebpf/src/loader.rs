@@ -337,8 +337,13 @@ impl Datapath {
         let _ = self.hash_map::<u32, Local>(abi::maps::LOCAL)?.remove(&ipk);
         let mut pods = self.hash_map::<u64, Pod>(abi::maps::PODS)?;
         let stale: Vec<u64> = pods.iter().flatten().filter(|(_, v)| v.ip == ipk).map(|(k, _)| k).collect();
-        for k in stale {
-            let _ = pods.remove(&k);
+        for k in &stale {
+            let _ = pods.remove(k);
+        }
+        // Its pending-connect counter goes with its namespace.
+        let mut pending = self.hash_map::<u64, abi::Pending>(abi::maps::PENDING)?;
+        for k in &stale {
+            let _ = pending.remove(k);
         }
         // Its identity in its node's numbering (what its own connect() and
         // tc ingress look up), so that a pod given its address later starts

@@ -137,7 +137,9 @@ impl NodeMaps {
             .filter(|(k, _)| k.data().node == self.node && k.prefix_len() >= 32)
             .map(|(k, id)| (Prefix::of(abi::ip_from_key(k.data().ip), (k.prefix_len() - 32) as u8), id))
             .collect();
-        crate::policy::Identities::adopt(addresses, prefixes)
+        let policy = self.policy.lock().expect("policy lock");
+        let highest = policy.keys().flatten().filter(|k| k.node == self.node).map(|k| k.src_id.max(k.dst_id)).max().unwrap_or(0);
+        crate::policy::Identities::adopt(addresses, prefixes, highest)
     }
 
     /// Makes the maps hold what `c` compiled for this node, in an order

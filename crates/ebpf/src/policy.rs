@@ -198,11 +198,18 @@ impl Identities {
         Identities { ids: HashMap::new(), next: 1, prior: None, prior_world: HashMap::new() }
     }
 
-    /// Starts from what a previous run of the node proxy wrote.
-    pub fn adopt(addresses: impl IntoIterator<Item = (Ipv4Addr, u32)>, world: impl IntoIterator<Item = (Prefix, u32)>) -> Self {
+    /// Starts from what a previous run of the node proxy wrote: its
+    /// addresses and world prefixes with their numbers, and the highest
+    /// number any of its decisions still names (new numbers go above it,
+    /// so none meets a stale decision).
+    pub fn adopt(
+        addresses: impl IntoIterator<Item = (Ipv4Addr, u32)>,
+        world: impl IntoIterator<Item = (Prefix, u32)>,
+        highest_in_use: u32,
+    ) -> Self {
         let prior: HashMap<Ipv4Addr, u32> = addresses.into_iter().filter(|(_, id)| *id != 0).collect();
         let prior_world: HashMap<Prefix, u32> = world.into_iter().filter(|(_, id)| *id != 0).collect();
-        let next = prior.values().chain(prior_world.values()).copied().max().unwrap_or(0).saturating_add(1);
+        let next = prior.values().chain(prior_world.values()).copied().chain([highest_in_use]).max().unwrap_or(0).saturating_add(1);
         Identities { ids: HashMap::new(), next, prior: Some(prior), prior_world }
     }
 
@@ -211,6 +218,23 @@ impl Identities {
     fn number(&mut self, classes: &BTreeMap<Class, Vec<Ipv4Addr>>) -> HashMap<Class, u32> {
         let prior = self.prior.take().unwrap_or_default();
         let prior_world = std::mem::take(&mut self.prior_world);
+        // How many classes hold members an old number was given to: a
+        // number is adopted only by the one class that has all of them,
+        // or it would keep its decisions for members that left it.
+        let mut claims: HashMap<u32, usize> = HashMap::new();
+        for (c, addrs) in classes {
+            let mut seen: BTreeSet<u32> = addrs.iter().filter_map(|a| prior.get(a).copied()).collect();
+            if let Class::World(p) = c {
+                seen.extend(prior_world.get(p));
+            }
+            for id in seen {
+                *claims.entry(id).or_default() += 1;
+            }
+        }
+        let holders: HashMap<u32, usize> = prior.values().fold(HashMap::new(), |mut m, id| {
+            *m.entry(*id).or_default() += 1;
+            m
+        });
         let mut taken: BTreeSet<u32> = BTreeSet::new();
         let mut out = HashMap::with_capacity(classes.len());
         // Known classes keep their number first, then adopted numbers.
@@ -229,7 +253,14 @@ impl Identities {
                 Class::World(p) => prior_world.get(p).copied(),
                 _ => olds.next().flatten(),
             };
-            if let Some(id) = first.filter(|id| olds.all(|o| o == Some(*id)) && !taken.contains(id)) {
+            let whole = |id: &u32| match c {
+                // Every address that held the number is a member now.
+                Class::Workload(_) | Class::Service(_) => holders.get(id).copied().unwrap_or(0) == addrs.len(),
+                Class::World(_) => true,
+            };
+            if let Some(id) =
+                first.filter(|id| olds.all(|o| o == Some(*id)) && !taken.contains(id) && claims.get(id) == Some(&1) && whole(id))
+            {
                 taken.insert(id);
                 out.insert(c.clone(), id);
             }
@@ -408,6 +439,12 @@ struct Pair {
     node: u16,
     src: u32,
     dst: u32,
+    /// The source is a workload whose identity the decision used: only
+    /// then may a deny of every port stand for HBONE, whose source
+    /// identity the kernel cannot see (a world source may be a pod the
+    /// destination's node does not know yet, with a certificate the proxy
+    /// would accept).
+    source_known: bool,
 }
 
 fn emit(
@@ -417,7 +454,7 @@ fn emit(
     mut ports: BTreeSet<u16>,
     decide: impl Fn(u16) -> (bool, Option<slipstream_core::policy::LayerVerdict>),
 ) {
-    let Pair { proto, node, src, dst } = pair;
+    let Pair { proto, node, src, dst, source_known } = pair;
     ports.remove(&0);
     let other_port = (1..=u16::MAX).find(|p| !ports.contains(p)).unwrap_or(1);
     let (other_ok, other_denial) = decide(other_port);
@@ -432,7 +469,7 @@ fn emit(
         out.entries.insert(PolicyKey::new(proto, node, src, dst, p), value);
     }
     if !other_ok {
-        let flags = if any_allowed || proto != IPPROTO_TCP { 0 } else { POLICY_F_ALL_PORTS };
+        let flags = if any_allowed || proto != IPPROTO_TCP || !source_known { 0 } else { POLICY_F_ALL_PORTS };
         out.entries.insert(PolicyKey::new(proto, node, src, dst, 0), PolicyValue::deny(rules.id_of(other_denial.as_ref()), flags));
     }
 }
@@ -555,7 +592,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
             if egress {
                 let mut ports = BTreeSet::new();
                 if net_ports(state, w, Direction::Egress, IpAddr::V4(*rep), &mut ports).is_some() {
-                    let pair = Pair { proto: IPPROTO_TCP, node: node_index, src: g.id, dst: world_id };
+                    let pair = Pair { proto: IPPROTO_TCP, node: node_index, src: g.id, dst: world_id, source_known: true };
                     emit(&mut out, &mut rules, pair, ports, |port| {
                         let v = engine::network(state, w, Direction::Egress, &conn(addr, *rep, port));
                         (v.allowed, (!v.allowed).then_some(v))
@@ -568,7 +605,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                 let mut ports = BTreeSet::new();
                 if net_ports(state, w, Direction::Ingress, w.address(), &mut ports).is_some() {
                     authz_ports(state, w, &mut ports);
-                    let pair = Pair { proto: IPPROTO_TCP, node: node_index, src: world_id, dst: g.id };
+                    let pair = Pair { proto: IPPROTO_TCP, node: node_index, src: world_id, dst: g.id, source_known: false };
                     emit(&mut out, &mut rules, pair, ports, |port| {
                         let v = engine::ingress(state, w, &conn(*rep, addr, port));
                         (v.allowed(), v.denial().cloned())
@@ -601,7 +638,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                 out.skipped_pairs += 1;
                 continue;
             }
-            let pair = Pair { proto: IPPROTO_UDP, node: node_index, src: s.id, dst: d.id };
+            let pair = Pair { proto: IPPROTO_UDP, node: node_index, src: s.id, dst: d.id, source_known: true };
             emit(&mut out, &mut rules, pair, ports, |port| {
                 let c = udp(src.address(), dst.address(), port);
                 let e = engine::network(state, src, Direction::Egress, &c);
@@ -619,7 +656,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                     out.skipped_pairs += 1;
                     continue;
                 }
-                let pair = Pair { proto: IPPROTO_UDP, node: node_index, src: s.id, dst: numbers[&Class::World(*p)] };
+                let pair = Pair { proto: IPPROTO_UDP, node: node_index, src: s.id, dst: numbers[&Class::World(*p)], source_known: true };
                 emit(&mut out, &mut rules, pair, ports, |port| {
                     let e = engine::network(state, src, Direction::Egress, &udp(src.address(), IpAddr::V4(*rep), port));
                     (e.allowed, (!e.allowed).then_some(e))
@@ -658,7 +695,7 @@ mod tests {
     use super::*;
 
     fn classes(n: usize, prior: &[(Ipv4Addr, u32)]) -> (Identities, BTreeMap<Class, Vec<Ipv4Addr>>) {
-        let ids = Identities::adopt(prior.iter().copied(), []);
+        let ids = Identities::adopt(prior.iter().copied(), [], 0);
         let m = (0..n).map(|i| (Class::Service(Ipv4Addr::new(10, 96, 0, i as u8)), vec![Ipv4Addr::new(10, 96, 0, i as u8)])).collect();
         (ids, m)
     }
@@ -697,10 +734,21 @@ mod tests {
     }
 
     #[test]
+    fn a_class_that_split_while_the_proxy_was_away_adopts_its_old_number_in_neither_half() {
+        let (a, b) = (Ipv4Addr::new(10, 96, 1, 1), Ipv4Addr::new(10, 96, 1, 2));
+        let mut ids = Identities::adopt([(a, 5), (b, 5)], [], 9);
+        let m = BTreeMap::from([(Class::Service(a), vec![a]), (Class::Service(b), vec![b])]);
+        let n = ids.number(&m);
+        let mut got: Vec<u32> = n.values().copied().collect();
+        got.sort();
+        assert_eq!(got, vec![10, 11], "5 meant both: neither half keeps it; new numbers go above every number in use");
+    }
+
+    #[test]
     fn members_that_disagree_on_their_old_number_get_a_new_one() {
         let a = Ipv4Addr::new(10, 244, 1, 1);
         let b = Ipv4Addr::new(10, 244, 1, 2);
-        let mut ids = Identities::adopt([(a, 5), (b, 6)], []);
+        let mut ids = Identities::adopt([(a, 5), (b, 6)], [], 0);
         let sig = Signature {
             identity: "spiffe://cluster.local/ns/a/sa/x".into(),
             meshed: true,

@@ -333,6 +333,11 @@ spec:
   endpointSelector: {matchLabels: {app: web}}
   ingressDeny: [{fromCIDR: [198.51.100.66/32]}]
   ingress: [{fromCIDR: [0.0.0.0/0]}]
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: prod}
+spec: {mtls: {mode: STRICT}}
 "#;
     let cfg = mesh_from_manifests(&format!("{}\n---\n{policies}", cases::WORLD), IndexSettings::default()).unwrap();
     let (state, _) = MeshState::from_config(&cfg);
@@ -364,6 +369,12 @@ spec:
                 if k_in != engine_in {
                     failures.push(format!("{ext} -> {}/{}:{port}: engine denies {engine_in}", w.namespace, w.name));
                 }
+            }
+            // HBONE from an address the node does not know may carry a
+            // certificate the proxy accepts (STRICT denies plaintext
+            // only): the kernel never refuses it.
+            if maps.denies_every_port(node, ext, w.address()) {
+                failures.push(format!("{ext} -> {}/{}: HBONE refused for a source without identity", w.namespace, w.name));
             }
         }
     }
