@@ -112,15 +112,9 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 {
 	if (ctx->type != 1 /* SOCK_STREAM */ && ctx->type != 2 /* SOCK_DGRAM */)
 		return 1;
-	__u64 cg = bpf_get_netns_cookie(ctx);
-	struct ss_pod *pod = bpf_map_lookup_elem(&ss_pods_v1, &cg);
+	__u64 cg;
+	struct ss_pod *pod = ss_pod_of(ctx, &cg);
 	if (!pod)
-		return 1;
-	/* The node proxy's own sockets in the pod and the capture bypass of
-	 * the operator's tools (SO_MARK needs CAP_NET_ADMIN, which pods do not
-	 * have), as with nftables. */
-	struct bpf_sock *sk = ctx->sk;
-	if (sk && ((sk->mark & SS_MARK_MASK) == SS_PROXY_MARK || (sk->mark & SS_MARK_MASK) == SS_INPOD_MARK))
 		return 1;
 	/* A connected UDP socket: policy only (UDP is not captured). Other
 	 * datagram sockets (ICMP echo) are not UDP: left alone. */

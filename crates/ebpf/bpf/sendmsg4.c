@@ -13,12 +13,9 @@ int ss_sendmsg4(struct bpf_sock_addr *ctx)
 {
 	if (ctx->type != 2 /* SOCK_DGRAM */ || ctx->protocol != IPPROTO_UDP)
 		return 1;
-	__u64 cg = bpf_get_netns_cookie(ctx);
-	struct ss_pod *pod = bpf_map_lookup_elem(&ss_pods_v1, &cg);
+	__u64 cg;
+	struct ss_pod *pod = ss_pod_of(ctx, &cg);
 	if (!pod)
-		return 1;
-	struct bpf_sock *sk = ctx->sk;
-	if (sk && ((sk->mark & SS_MARK_MASK) == SS_PROXY_MARK || (sk->mark & SS_MARK_MASK) == SS_INPOD_MARK))
 		return 1;
 	return ss_udp_egress(cg, pod, ctx->user_ip4, bpf_ntohs((__u16)ctx->user_port));
 }

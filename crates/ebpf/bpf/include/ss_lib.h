@@ -220,6 +220,23 @@ static __always_inline struct ss_policy_value *ss_policy_lookup(__u16 node, __u3
 	return ss_policy_lookup_proto(IPPROTO_TCP, node, src_ip, dst_ip, dst_port);
 }
 
+/* The pod a socket address hook's socket belongs to, by its network
+ * namespace (*netns set), or NULL: not a pod's, or the node proxy's own
+ * sockets in the pod and the capture bypass of the operator's tools
+ * (SO_MARK needs CAP_NET_ADMIN, which pods do not have), as with
+ * nftables. */
+static __always_inline struct ss_pod *ss_pod_of(struct bpf_sock_addr *ctx, __u64 *netns)
+{
+	*netns = bpf_get_netns_cookie(ctx);
+	struct ss_pod *pod = bpf_map_lookup_elem(&ss_pods_v1, netns);
+	if (!pod)
+		return NULL;
+	struct bpf_sock *sk = ctx->sk;
+	if (sk && ((sk->mark & SS_MARK_MASK) == SS_PROXY_MARK || (sk->mark & SS_MARK_MASK) == SS_INPOD_MARK))
+		return NULL;
+	return pod;
+}
+
 /* A pod's UDP datagram or connected UDP socket towards dst:port (connect4
  * and sendmsg4): refused (0) when the network policies deny it; UDP is not
  * captured, so this is where a pod's UDP egress policy holds. */
