@@ -69,6 +69,17 @@ struct Written {
     world: BTreeMap<(u16, Prefix), u32>,
 }
 
+/// The world prefixes `node`'s numbering holds in the map, with their
+/// identities.
+fn world_of(world: &LpmTrie<MapData, WorldAddr, u32>, node: u16) -> Vec<((u16, Prefix), u32)> {
+    world
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.data().node == node && k.prefix_len() >= 32)
+        .map(|(k, id)| ((node, Prefix::of(abi::ip_from_key(k.data().ip), (k.prefix_len() - 32) as u8)), id))
+        .collect()
+}
+
 fn world_key(node: u16, p: &Prefix) -> LpmKey<WorldAddr> {
     LpmKey::new(32 + u32::from(p.len), WorldAddr { node, pad: 0, ip: abi::ip_key(p.address()) })
 }
@@ -131,12 +142,7 @@ impl NodeMaps {
         let addresses: Vec<(Ipv4Addr, u32)> =
             ipcache.iter().flatten().filter(|(k, _)| k.node == self.node).map(|(k, id)| (abi::ip_from_key(k.ip), id)).collect();
         let world = self.world.lock().expect("world lock");
-        let prefixes: Vec<(Prefix, u32)> = world
-            .iter()
-            .flatten()
-            .filter(|(k, _)| k.data().node == self.node && k.prefix_len() >= 32)
-            .map(|(k, id)| (Prefix::of(abi::ip_from_key(k.data().ip), (k.prefix_len() - 32) as u8), id))
-            .collect();
+        let prefixes: Vec<(Prefix, u32)> = world_of(&world, self.node).into_iter().map(|((_, p), id)| (p, id)).collect();
         let policy = self.policy.lock().expect("policy lock");
         let highest = policy.keys().flatten().filter(|k| k.node == self.node).map(|k| k.src_id.max(k.dst_id)).max().unwrap_or(0);
         crate::policy::Identities::adopt(addresses, prefixes, highest)
@@ -155,15 +161,7 @@ impl NodeMaps {
         let written = guard.get_or_insert_with(|| Written {
             policy: policy.iter().flatten().filter(|(k, _)| k.node == node).collect(),
             ipcache: ipcache.iter().flatten().filter(|(k, _)| k.node == node).collect(),
-            world: world
-                .iter()
-                .flatten()
-                .filter(|(k, _)| k.data().node == node && k.prefix_len() >= 32)
-                .map(|(k, id)| {
-                    let len = (k.prefix_len() - 32) as u8;
-                    ((node, Prefix::of(abi::ip_from_key(k.data().ip), len)), id)
-                })
-                .collect(),
+            world: world_of(&world, node).into_iter().collect(),
         });
         let mut s = Sync::default();
         for (k, v) in &c.entries {

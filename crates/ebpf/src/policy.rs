@@ -99,10 +99,6 @@ pub struct Prefix {
 impl Prefix {
     /// The prefix of length `len` that holds `a`.
     pub fn of(a: Ipv4Addr, len: u8) -> Prefix {
-        Prefix::new(a, len)
-    }
-
-    fn new(a: Ipv4Addr, len: u8) -> Prefix {
         let len = len.min(32);
         let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
         Prefix { net: u32::from(a) & mask, len }
@@ -132,7 +128,7 @@ fn world_prefixes(state: &MeshState) -> BTreeSet<Prefix> {
     let mut out = BTreeSet::from([Prefix { net: 0, len: 0 }]);
     let mut cidr = |c: &slipstream_core::policy::Cidr| {
         if let IpAddr::V4(a) = c.address {
-            out.insert(Prefix::new(a, c.length));
+            out.insert(Prefix::of(a, c.length));
         }
     };
     for p in state.net_policies() {
@@ -218,19 +214,9 @@ impl Identities {
     fn number(&mut self, classes: &BTreeMap<Class, Vec<Ipv4Addr>>) -> HashMap<Class, u32> {
         let prior = self.prior.take().unwrap_or_default();
         let prior_world = std::mem::take(&mut self.prior_world);
-        // How many classes hold members an old number was given to: a
-        // number is adopted only by the one class that has all of them,
-        // or it would keep its decisions for members that left it.
-        let mut claims: HashMap<u32, usize> = HashMap::new();
-        for (c, addrs) in classes {
-            let mut seen: BTreeSet<u32> = addrs.iter().filter_map(|a| prior.get(a).copied()).collect();
-            if let Class::World(p) = c {
-                seen.extend(prior_world.get(p));
-            }
-            for id in seen {
-                *claims.entry(id).or_default() += 1;
-            }
-        }
+        // An old number is adopted only by a class holding every address
+        // it was given to, or it would keep its decisions for members
+        // that left the class.
         let holders: HashMap<u32, usize> = prior.values().fold(HashMap::new(), |mut m, id| {
             *m.entry(*id).or_default() += 1;
             m
@@ -258,9 +244,7 @@ impl Identities {
                 Class::Workload(_) | Class::Service(_) => holders.get(id).copied().unwrap_or(0) == addrs.len(),
                 Class::World(_) => true,
             };
-            if let Some(id) =
-                first.filter(|id| olds.all(|o| o == Some(*id)) && !taken.contains(id) && claims.get(id) == Some(&1) && whole(id))
-            {
+            if let Some(id) = first.filter(|id| olds.all(|o| o == Some(*id)) && !taken.contains(id) && whole(id)) {
                 taken.insert(id);
                 out.insert(c.clone(), id);
             }
@@ -412,10 +396,6 @@ struct Rules {
 }
 
 impl Rules {
-    fn id(&mut self, v: &engine::Verdict) -> u32 {
-        self.id_of(v.denial())
-    }
-
     fn id_of(&mut self, denial: Option<&slipstream_core::policy::LayerVerdict>) -> u32 {
         let Some(d) = denial else { return 0 };
         let text = d.explain();
@@ -554,23 +534,11 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                 out.skipped_pairs += 1;
                 continue;
             };
-            let other_port = (1..=u16::MAX).find(|p| !ports.contains(p)).unwrap_or(1);
-            let decide = |port: u16| engine::connection(state, src, dst, L4Protocol::Tcp, port);
-            let other = decide(other_port);
-            let mut any_allowed = other.allowed;
-            for p in ports {
-                let v = decide(p);
-                any_allowed |= v.allowed;
-                if v.allowed == other.allowed {
-                    continue;
-                }
-                let value = if v.allowed { PolicyValue::allow() } else { PolicyValue::deny(rules.id(&v), 0) };
-                out.entries.insert(PolicyKey::tcp(node_index, s.id, d.id, p), value);
-            }
-            if !other.allowed {
-                let flags = if any_allowed { 0 } else { POLICY_F_ALL_PORTS };
-                out.entries.insert(PolicyKey::tcp(node_index, s.id, d.id, 0), PolicyValue::deny(rules.id(&other), flags));
-            }
+            let pair = Pair { proto: IPPROTO_TCP, node: node_index, src: s.id, dst: d.id, source_known: true };
+            emit(&mut out, &mut rules, pair, ports, |port| {
+                let v = engine::connection(state, src, dst, L4Protocol::Tcp, port);
+                (v.allowed, v.denial().cloned())
+            });
         }
     }
     // The world, as destination of this node's pods (their egress, at
@@ -680,7 +648,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                     if verdicts.is_empty() || verdicts.iter().any(|v| v.allowed) {
                         continue;
                     }
-                    let rule = rules.id(&verdicts[0]);
+                    let rule = rules.id_of(verdicts[0].denial());
                     out.entries.insert(PolicyKey::tcp(node_index, s.id, vip_id, port.service_port), PolicyValue::deny(rule, 0));
                 }
             }
