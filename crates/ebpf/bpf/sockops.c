@@ -16,11 +16,18 @@ int ss_sockops(struct bpf_sock_ops *skops)
 {
 	if (skops->family != 2 /* AF_INET */)
 		return 1;
-	/* A steered connect's handshake is over: its pending place goes back
-	 * (established, or closed: refused, reset, timed out). */
-	if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB ||
-	    (skops->op == BPF_SOCK_OPS_STATE_CB && skops->args[1] == BPF_TCP_CLOSE)) {
+	/* A steered connect's handshake is over (established, or closed:
+	 * refused, reset, timed out): its pending place goes back, and the
+	 * socket's later state changes are no longer reported. Only steered
+	 * sockets asked for state changes (below), so every other socket of
+	 * the machine passes here with one test. */
+	if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB || skops->op == BPF_SOCK_OPS_STATE_CB) {
+		if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG))
+			return 1;
+		if (skops->op == BPF_SOCK_OPS_STATE_CB && skops->args[1] != BPF_TCP_CLOSE)
+			return 1;
 		ss_pending_give(bpf_get_socket_cookie(skops));
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_STATE_CB_FLAG);
 		return 1;
 	}
 	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB)

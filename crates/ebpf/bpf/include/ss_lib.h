@@ -209,7 +209,7 @@ static __always_inline struct ss_policy_value *ss_policy_lookup_proto(__u8 proto
 		return NULL;
 	struct ss_policy_key k = { .node = node, .dst_port = dst_port, .proto = proto, .src_id = src_id, .dst_id = dst_id };
 	struct ss_policy_value *v = bpf_map_lookup_elem(&ss_policy_v2, &k);
-	if (v)
+	if (v || dst_port == 0)
 		return v;
 	k.dst_port = 0;
 	return bpf_map_lookup_elem(&ss_policy_v2, &k);
