@@ -169,7 +169,7 @@ fn the_kernel_captures_refuses_and_explains() {
     for m in ["ss_pods_v1", "ss_ipcache_v1", "ss_policy_v2", "ss_origdst_v2", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
         assert!(dir.join("maps").join(m).exists(), "{m} not pinned");
     }
-    for l in ["connect4", "getpeername4", "sendmsg4", "sockops", "sock_release"] {
+    for l in ["connect4", "connect6", "getpeername4", "sendmsg4", "sendmsg6", "sockops", "sock_release"] {
         assert!(dir.join("links/node").join(l).exists(), "no {l} link at the cgroup2 root");
     }
     for p in st["pods"].as_array().unwrap() {

@@ -14,7 +14,9 @@
 SEC("sockops")
 int ss_sockops(struct bpf_sock_ops *skops)
 {
-	if (skops->family != 2 /* AF_INET */)
+	/* AF_INET, or AF_INET6 talking IPv4 (an IPv4-mapped peer, steered by
+	 * connect6.c). */
+	if (skops->family != 2 && skops->family != 10)
 		return 1;
 	/* A steered connect's handshake is over (established, or closed:
 	 * refused, reset, timed out): its pending place goes back, and the

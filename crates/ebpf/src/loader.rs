@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 static CONNECT4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/connect4.o"));
 static GETPEERNAME4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/getpeername4.o"));
 static SENDMSG4: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sendmsg4.o"));
+static CONNECT6: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/connect6.o"));
+static SENDMSG6: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sendmsg6.o"));
 static SOCKOPS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockops.o"));
 static SOCK_RELEASE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock_release.o"));
 static TC_INGRESS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc_ingress.o"));
@@ -43,21 +45,34 @@ pub const SOCKET_HOOKS_DIR: &str = "node";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
     Connect4,
+    Connect6,
     GetPeername4,
     SendMsg4,
+    SendMsg6,
     SockOps,
     SockRelease,
     TcIngress,
 }
 
 impl Hook {
-    pub const ALL: [Hook; 6] = [Hook::Connect4, Hook::GetPeername4, Hook::SendMsg4, Hook::SockOps, Hook::SockRelease, Hook::TcIngress];
+    pub const ALL: [Hook; 8] = [
+        Hook::Connect4,
+        Hook::Connect6,
+        Hook::GetPeername4,
+        Hook::SendMsg4,
+        Hook::SendMsg6,
+        Hook::SockOps,
+        Hook::SockRelease,
+        Hook::TcIngress,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Hook::Connect4 => "connect4",
+            Hook::Connect6 => "connect6",
             Hook::GetPeername4 => "getpeername4",
             Hook::SendMsg4 => "sendmsg4",
+            Hook::SendMsg6 => "sendmsg6",
             Hook::SockOps => "sockops",
             Hook::SockRelease => "sock_release",
             Hook::TcIngress => "tc_ingress",
@@ -67,8 +82,10 @@ impl Hook {
     fn program(self) -> &'static str {
         match self {
             Hook::Connect4 => "ss_connect4",
+            Hook::Connect6 => "ss_connect6",
             Hook::GetPeername4 => "ss_getpeername4",
             Hook::SendMsg4 => "ss_sendmsg4",
+            Hook::SendMsg6 => "ss_sendmsg6",
             Hook::SockOps => "ss_sockops",
             Hook::SockRelease => "ss_sock_release",
             Hook::TcIngress => "ss_tc_ingress",
@@ -78,8 +95,10 @@ impl Hook {
     fn attach_type(self) -> u32 {
         match self {
             Hook::Connect4 => sys::ATTACH_CGROUP_INET4_CONNECT,
+            Hook::Connect6 => sys::ATTACH_CGROUP_INET6_CONNECT,
             Hook::GetPeername4 => sys::ATTACH_CGROUP_INET4_GETPEERNAME,
             Hook::SendMsg4 => sys::ATTACH_CGROUP_UDP4_SENDMSG,
+            Hook::SendMsg6 => sys::ATTACH_CGROUP_UDP6_SENDMSG,
             Hook::SockOps => sys::ATTACH_CGROUP_SOCK_OPS,
             Hook::SockRelease => sys::ATTACH_CGROUP_INET_SOCK_RELEASE,
             Hook::TcIngress => sys::ATTACH_TCX_INGRESS,
@@ -146,8 +165,10 @@ impl Datapath {
         let mut objects = Vec::new();
         for (hook, bytes) in [
             (Hook::Connect4, CONNECT4),
+            (Hook::Connect6, CONNECT6),
             (Hook::GetPeername4, GETPEERNAME4),
             (Hook::SendMsg4, SENDMSG4),
+            (Hook::SendMsg6, SENDMSG6),
             (Hook::SockOps, SOCKOPS),
             (Hook::SockRelease, SOCK_RELEASE),
             (Hook::TcIngress, TC_INGRESS),
@@ -156,7 +177,7 @@ impl Datapath {
             let mut obj = EbpfLoader::new().map_pin_path(&maps).load(bytes).map_err(|e| load_err(e.into()))?;
             let prog = obj.program_mut(hook.program()).ok_or_else(|| load_err("program missing from its object".into()))?;
             match hook {
-                Hook::Connect4 | Hook::GetPeername4 | Hook::SendMsg4 => {
+                Hook::Connect4 | Hook::Connect6 | Hook::GetPeername4 | Hook::SendMsg4 | Hook::SendMsg6 => {
                     let p: &mut CgroupSockAddr = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
                     p.load().map_err(|e| load_err(e.into()))?;
                 }
@@ -189,7 +210,9 @@ impl Datapath {
         let obj = &self.objects.iter().find(|(h, _)| *h == hook).expect("every hook is loaded").1;
         let prog = obj.program(hook.program()).expect("loaded above");
         let fd = match hook {
-            Hook::Connect4 | Hook::GetPeername4 | Hook::SendMsg4 => <&CgroupSockAddr>::try_from(prog).expect("type checked at load").fd(),
+            Hook::Connect4 | Hook::Connect6 | Hook::GetPeername4 | Hook::SendMsg4 | Hook::SendMsg6 => {
+                <&CgroupSockAddr>::try_from(prog).expect("type checked at load").fd()
+            }
             Hook::SockOps => <&SockOps>::try_from(prog).expect("type checked at load").fd(),
             Hook::SockRelease => <&CgroupSock>::try_from(prog).expect("type checked at load").fd(),
             Hook::TcIngress => <&SchedClassifier>::try_from(prog).expect("type checked at load").fd(),
@@ -263,8 +286,8 @@ impl Datapath {
         sys::obj_pin(link.as_fd(), &pin).map_err(io(format!("pinning {}", pin.display())))
     }
 
-    /// Attaches the socket hooks (connect4, getpeername4, sendmsg4, sockops,
-    /// sock_release) once at
+    /// Attaches the socket hooks (every hook but tc ingress: connect4/6,
+    /// getpeername4, sendmsg4/6, sockops, sock_release) once at
     /// the root of the cgroup2 hierarchy, where every socket of the node
     /// meets them: each acts only on sockets of the namespaces of pods in
     /// `ss_pods_v1`. Already pinned (a restart): kept, with the programs
@@ -274,7 +297,7 @@ impl Datapath {
         let cgroup = File::open(&root).map_err(io(format!("opening cgroup {}", root.display())))?;
         let links = self.dir.join("links").join(SOCKET_HOOKS_DIR);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
-        for hook in [Hook::Connect4, Hook::GetPeername4, Hook::SendMsg4, Hook::SockOps, Hook::SockRelease] {
+        for hook in Hook::ALL.into_iter().filter(|h| *h != Hook::TcIngress) {
             let pin = links.join(hook.name());
             if pin.exists() {
                 continue;

@@ -19,7 +19,9 @@ const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 
 pub const ATTACH_CGROUP_SOCK_OPS: u32 = 3;
 pub const ATTACH_CGROUP_INET4_CONNECT: u32 = 10;
+pub const ATTACH_CGROUP_INET6_CONNECT: u32 = 11;
 pub const ATTACH_CGROUP_UDP4_SENDMSG: u32 = 14;
+pub const ATTACH_CGROUP_UDP6_SENDMSG: u32 = 15;
 pub const ATTACH_CGROUP_INET4_GETPEERNAME: u32 = 29;
 pub const ATTACH_CGROUP_INET_SOCK_RELEASE: u32 = 34;
 /// tcx (Linux 6.6): a link on a device's ingress, no qdisc needed.

@@ -455,3 +455,41 @@ spec:
         aya::maps::lpm_trie::LpmTrie::try_from(Map::LpmTrie(map(&d.0, abi::maps::WORLD))).unwrap();
     assert_eq!(world.iter().flatten().count(), 1, "only the whole space is left in the world map");
 }
+
+/// A dual-stack (AF_INET6) socket dialing an IPv4-mapped address talks
+/// IPv4 on the wire but never meets connect4: connect6 applies the same
+/// decision, so it cannot go around the proxy or the policy. Denied: EPERM
+/// (TCP and UDP); allowed: steered to the pod's proxy listener, which
+/// finds the address dialed under (namespace, client port).
+#[test]
+fn a_dual_stack_socket_dialing_ipv4_mapped_addresses_is_steered_and_decided_like_ipv4() {
+    let d = Dir::new("mapped");
+    let mut dp = Datapath::load(&d.0).unwrap();
+    let pod = PodNs::new(&mut dp, "mapped");
+    let mut ipcache: HashMap<MapData, IpcacheKey, u32> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::IPCACHE))).unwrap();
+    let far = Ipv4Addr::new(10, 9, 9, 9);
+    ipcache.insert(IpcacheKey::new(5, Ipv4Addr::new(10, 77, 0, 2)), 1, 0).unwrap();
+    ipcache.insert(IpcacheKey::new(5, far), 2, 0).unwrap();
+    let mut policy: HashMap<MapData, PolicyKey, PolicyValue> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::POLICY))).unwrap();
+    policy.insert(PolicyKey::tcp(5, 1, 2, 9999), PolicyValue::deny(3, 0), 0).unwrap();
+    policy.insert(PolicyKey::udp(5, 1, 2, 9999), PolicyValue::deny(3, 0), 0).unwrap();
+    let maps = slipstream_ebpf::NodeMaps::open(&d.0, 5).unwrap();
+    let cookie = sys::netns_cookie_of(&pod.path).unwrap();
+    let mapped = |port: u16| std::net::SocketAddr::new(far.to_ipv6_mapped().into(), port);
+    let (denied_tcp, denied_udp, client_port) = sys::in_netns(&pod.path, || {
+        let proxy = std::net::TcpListener::bind("127.0.0.1:15001")?;
+        let v6 = |ty| socket2::Socket::new(socket2::Domain::IPV6, ty, None);
+        let tcp = v6(socket2::Type::STREAM)?;
+        let denied_tcp = tcp.connect(&mapped(9999).into()).err().and_then(|e| e.raw_os_error());
+        let udp = v6(socket2::Type::DGRAM)?;
+        let denied_udp = udp.send_to(b"x", &mapped(9999).into()).err().and_then(|e| e.raw_os_error());
+        let allowed = v6(socket2::Type::STREAM)?;
+        allowed.connect(&mapped(8080).into())?;
+        let (_accepted, peer) = proxy.accept()?;
+        Ok((denied_tcp, denied_udp, peer.port()))
+    })
+    .unwrap();
+    assert_eq!((denied_tcp, denied_udp), (Some(libc::EPERM), Some(libc::EPERM)), "denied over a dual-stack socket too");
+    let steered = maps.take_original_dst(cookie, client_port).expect("the steered connection is filed for the proxy");
+    assert_eq!(steered.dialed, std::net::SocketAddrV4::new(far, 8080), "the proxy learns the IPv4 address dialed");
+}

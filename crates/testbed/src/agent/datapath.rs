@@ -59,7 +59,7 @@ impl Capture {
         }
         match Datapath::load(&paths.bpf_dir).and_then(|mut dp| dp.attach_socket_hooks().map(|_| dp)) {
             Ok(dp) => {
-                tracing::info!(dir = %paths.bpf_dir.display(), "datapath: eBPF (connect4, getpeername4 and sockops at the cgroup2 root, tc ingress per meshed pod, kernel policy at connect())");
+                tracing::info!(dir = %paths.bpf_dir.display(), "datapath: eBPF (socket hooks at the cgroup2 root: capture, policy and balancing at connect(), UDP policy at sendmsg(); tc ingress on every pod: policy at the destination, inbound capture of meshed pods)");
                 Ok(Capture::Ebpf(dp))
             }
             Err(e) if mode == Mode::Auto => {
