@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 pub const ABI_VERSION: u32 = 1;
 pub const MAX_NODES: u16 = 64;
 /// A pod's steered connects not yet established, at most.
-pub const MAX_PENDING: u32 = 1024;
+pub const MAX_PENDING: u32 = 16384;
 pub const DROP_MAX: u32 = 8;
 
 /// Map names, versioned: a new layout is a new name.

@@ -352,6 +352,18 @@ fn a_pod_holds_at_most_its_bound_of_pending_connects_and_gets_every_place_back()
     let cookie = sys::netns_cookie_of(&netns).unwrap();
     let pending: HashMap<MapData, u64, abi::Pending> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::PENDING))).unwrap();
     let count = || pending.get(&cookie, 0).map(|p| p.count).unwrap_or(0);
+    // The bound plus a margin in sockets, in this process: its soft
+    // open-file limit goes up to the hard one, which must allow it.
+    let need = (abi::MAX_PENDING + 200 + 256) as u64;
+    {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let l = getrlimit(Resource::Nofile);
+        let hard = l.maximum.unwrap_or(u64::MAX);
+        assert!(hard >= need, "this test holds {need} sockets; the hard RLIMIT_NOFILE is {hard}");
+        if l.current.is_some_and(|c| c < need) {
+            setrlimit(Resource::Nofile, Rlimit { current: l.maximum, maximum: l.maximum }).unwrap();
+        }
+    }
 
     let (held, refused) = sys::in_netns(&netns, || {
         // The pod's "proxy": listening, never accepting, a queue of one.

@@ -177,6 +177,9 @@ impl From<SocketAddr> for OriginalDst {
     }
 }
 
+/// Accept queue length asked of the kernel (capped by net.core.somaxconn).
+const LISTEN_BACKLOG: i32 = 4096;
+
 /// The destination nftables' redirect rewrote (SO_ORIGINAL_DST).
 fn conntrack_original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
     let sock = socket2::SockRef::from(s);
@@ -185,11 +188,14 @@ fn conntrack_original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
 }
 
 /// Binds and listens with TCP_NODELAY inherited by accepted connections.
+/// The accept queue is as long as the kernel allows (net.core.somaxconn,
+/// 4096 by default): a pod's burst of connects waits there instead of
+/// having its SYNs dropped and retried a second later.
 pub(crate) fn listen_on(s: socket2::Socket, addr: SocketAddr) -> io::Result<TcpListener> {
     s.set_reuse_address(true)?;
     s.set_tcp_nodelay(true)?;
     s.bind(&SockAddr::from(addr))?;
-    s.listen(1024)?;
+    s.listen(LISTEN_BACKLOG)?;
     TcpListener::from_std(s.into())
 }
 

@@ -162,10 +162,13 @@ struct ss_backend_key {
  * handshake (map ss_pending_v1, by network namespace cookie): each holds
  * an entry of the original-destination maps, which all pods share, so a
  * pod may hold at most this many at once and cannot push another pod's
- * entries out. Counted once per socket (ss_sockstate_v1, by socket
- * cookie), given back when the handshake ends, fails, or the socket is
- * released. */
-#define SS_MAX_PENDING 1024
+ * entries out (the maps hold 16 times as many). Counted once per socket
+ * (ss_sockstate_v1, by socket cookie), given back when the handshake
+ * ends, fails, or the socket is released. Far above what a legitimate
+ * burst holds: the kernel completes a handshake in softirq, which a busy
+ * CPU defers, so a client opening thousands of connections in a tight
+ * loop (a load generator, a pool warming up) has that many in flight. */
+#define SS_MAX_PENDING 16384
 
 struct ss_pending {
 	__s32 count; /* signed: a rare racing give-back drifts below 0, never wraps */

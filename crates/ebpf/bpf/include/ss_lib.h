@@ -31,7 +31,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 262144);
 	__type(key, __u64);
 	__type(value, struct ss_steer);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -39,7 +39,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 262144);
 	__type(key, struct ss_origdst_key);
 	__type(value, struct ss_steer);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
