@@ -7,8 +7,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 // test_policy and test_splice are embedded by the tests only.
-const PROGRAMS: [&str; 10] =
-    ["connect4", "connect6", "getpeername4", "sendmsg4", "sendmsg6", "sockops", "sock_release", "tc_ingress", "test_policy", "test_splice"];
+const PROGRAMS: [&str; 11] = [
+    "connect4",
+    "connect6",
+    "getpeername4",
+    "sendmsg4",
+    "sendmsg6",
+    "sockops",
+    "sock_release",
+    "tc_ingress",
+    "tc_egress",
+    "test_policy",
+    "test_splice",
+];
 
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));

@@ -174,14 +174,19 @@ fn the_kernel_captures_refuses_and_explains() {
     }
     for p in st["pods"].as_array().unwrap() {
         let key = format!("{}_{}", p["namespace"].as_str().unwrap(), p["name"].as_str().unwrap().replace('.', "_"));
-        let tc = dir.join("links").join(&key).join("tc_ingress");
         let on_bpf = p["namespace"] != "oldnode";
-        assert_eq!(tc.exists(), on_bpf, "{key}: inbound policy (and capture when meshed) on every pod of the datapath");
-        // No capture rule in any pod: a meshed pod holds the IPv6 guard only.
+        for hook in ["tc_ingress", "tc_egress"] {
+            let tc = dir.join("links").join(&key).join(hook);
+            assert_eq!(tc.exists(), on_bpf, "{key}: {hook}: policy both ways (and capture when meshed) on every pod of the datapath");
+        }
+        // No nftables rule in any pod of the datapath: not capture, not the
+        // IPv6 refusal (the programs hold it).
         let netns = p["netns"].as_str().unwrap();
         let o = std::process::Command::new("ip").args(["netns", "exec", netns, "nft", "list", "ruleset"]).output().unwrap();
         let rules = String::from_utf8_lossy(&o.stdout);
-        assert!(!rules.contains("redirect") && !rules.contains("slipstream_mesh"), "{key} has nftables capture:\n{rules}");
+        if on_bpf {
+            assert!(!rules.contains("slipstream"), "{key} has nftables rules on the eBPF datapath:\n{rules}");
+        }
     }
 
     let billing_ip = pod_ip(&c, "billing-service");
@@ -444,5 +449,134 @@ fn nftables_when_asked_and_no_flows_to_observe() {
     let o = c.run(&["observe"]);
     assert!(!o.status.success(), "observe has nothing to read");
     assert!(text(&o).contains("nftables datapath, which records no flows"), "{}", text(&o));
+    c.down();
+}
+
+/// A UDP echo server on :5353 (`echo ` + what came).
+const UDP_ECHO: &str = r#"
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 5353))
+while True:
+    d, a = s.recvfrom(100)
+    s.sendto(b"echo " + d, a)
+"#;
+
+/// One datagram to ADDR:5353 from an unconnected socket; prints the
+/// answer, `timeout` (none within 2 s) or the errno name of sendto().
+const UDP_ASK: &str = r#"
+import errno, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+try:
+    s.sendto(b"ping", (sys.argv[1], 5353))
+    print(s.recvfrom(100)[0].decode())
+except socket.timeout:
+    print("timeout")
+except OSError as e:
+    print(errno.errorcode.get(e.errno, str(e.errno)))
+"#;
+
+/// The same server, clients and NetworkPolicies in a meshed namespace and
+/// in one outside the mesh; a pod kept on nftables as a source the socket
+/// hooks do not see.
+fn udp_manifest() -> String {
+    let mut m = String::from(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: udpold, labels: {slipstream.io/datapath: nftables}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: outsider, namespace: udpold}\n\
+         spec: {nodeName: node1, containers: [{name: c, command: [sleep, infinity]}]}\n",
+    );
+    for (ns, labels) in [("udpm", "{istio.io/dataplane-mode: ambient}"), ("udpp", "{}")] {
+        m.push_str(&format!(
+            r#"---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {ns}, labels: {labels}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: server, namespace: {ns}, labels: {{app: server}}}}
+spec: {{nodeName: node2, containers: [{{name: s, command: [python3, -c, {echo}], securityContext: {{runAsUser: 65532}}}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: friend, namespace: {ns}, labels: {{app: friend}}}}
+spec: {{nodeName: node1, containers: [{{name: c, command: [sleep, infinity], securityContext: {{runAsUser: 65532}}}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: stranger, namespace: {ns}, labels: {{app: stranger}}}}
+spec: {{nodeName: node1, containers: [{{name: c, command: [sleep, infinity], securityContext: {{runAsUser: 65532}}}}]}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: server, namespace: {ns}}}
+spec:
+  podSelector: {{matchLabels: {{app: server}}}}
+  policyTypes: [Ingress, Egress]
+  ingress: [{{from: [{{podSelector: {{matchLabels: {{app: friend}}}}}}], ports: [{{protocol: UDP, port: 5353}}]}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: friend-closed, namespace: {ns}}}
+spec:
+  podSelector: {{matchLabels: {{app: friend}}}}
+  policyTypes: [Ingress]
+"#,
+            echo = serde_json::to_string(UDP_ECHO).unwrap()
+        ));
+    }
+    m
+}
+
+/// UDP is decided by the kernel at both ends for every pod on the
+/// datapath, meshed or not (docs/datapath.md, "UDP, ICMP and the rest"):
+/// a client isolated for ingress gets its answers and a server isolated
+/// for egress gives them (the flow table); a stranger is refused at its
+/// own sendto() with EPERM; a source the socket hooks do not see (a pod
+/// kept on nftables) is dropped at the server's tc ingress, counted on the
+/// server's node; and the node proxy's nftables table holds no chain for
+/// these pods: the kernel alone enforces it.
+#[test]
+fn udp_policy_holds_in_the_kernel_at_both_ends_with_answers_let_through() {
+    let name = "t-ebpf-udp";
+    let tmp = tempfile::tempdir().unwrap();
+    let m = write_manifest(&tmp, "udp.yaml", &udp_manifest());
+    let c = Cluster::up(name, &["--datapath", "ebpf", "-f", &m]);
+    let st = c.status();
+    let ip = |ns: &str, pod: &str| -> String {
+        st["pods"].as_array().unwrap().iter().find(|p| p["namespace"] == ns && p["name"] == pod).unwrap()["ip"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let ask = |ns: &str, pod: &str, to: &str| -> String {
+        let (code, out) = c.exec(ns, pod, &["python3", "-c", UDP_ASK, to]);
+        assert_eq!(code, 0, "{ns}/{pod}: {out}");
+        out.trim().to_string()
+    };
+    let node2 = Proxy::of(&c, "node2");
+    let node1 = Proxy::of(&c, "node1");
+    let denied = |p: &Proxy| p.metrics().sum("slipstream_datapath_drops_total", &["reason=\"POLICY_DENIED\""]);
+    for ns in ["udpm", "udpp"] {
+        let server = ip(ns, "server");
+        wait_until(format!("{ns}/friend gets the echo of {server}"), Duration::from_secs(15), || ask(ns, "friend", &server) == "echo ping");
+        let (before1, before2) = (denied(&node1), denied(&node2));
+        assert_eq!(ask(ns, "stranger", &server), "EPERM", "{ns}: refused at the stranger's own sendto()");
+        assert_eq!(denied(&node1), before1 + 1, "{ns}: counted where it was refused");
+        assert_eq!(ask("udpold", "outsider", &server), "timeout", "{ns}: a source the hooks do not see");
+        assert_eq!(denied(&node2), before2 + 1, "{ns}: dropped and counted at the server's tc ingress");
+        assert_eq!(ask(ns, "friend", &server), "echo ping", "{ns}: the friend still gets its answers");
+    }
+    // The kernel alone holds these pods' policies: no chain in the node's
+    // nftables table for them (the nftables path would have one for each
+    // pod outside the mesh).
+    let netns2 = st["nodes"].as_array().unwrap().iter().find(|n| n["name"] == "node2").unwrap()["netns"].as_str().unwrap().to_string();
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", &netns2, "nft", "list", "table", "inet", "slipstream_netpol"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(!table.contains(&ip("udpp", "server")), "the nftables table still decides for a pod on the datapath:\n{table}");
     c.down();
 }

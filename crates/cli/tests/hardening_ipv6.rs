@@ -2,8 +2,9 @@
 //!
 //! Pods are addressed over IPv4, but every pod interface has an IPv6
 //! link-local address and the sample apps listen on `[::]`. Capture and
-//! policy are IPv4, so a meshed pod's interface refuses IPv6 both ways.
-//! The test proves the refusal comes from that rule (its counters move, and
+//! policy are IPv4, so a meshed pod's interface refuses IPv6 both ways
+//! (nftables capture's rules, or the eBPF datapath's programs).
+//! The test proves the refusal comes from there (its counters move, and
 //! the same request to an unmeshed pod over IPv6 succeeds), and that IPv4
 //! plaintext is refused by STRICT at the same time.
 
@@ -59,13 +60,14 @@ fn link_local(pod_netns: &str) -> String {
     addr.split('/').next().unwrap().to_string()
 }
 
-/// Packets the pod's IPv6 guard refused so far (both chains, both rules):
-/// in the capture table on the nftables datapath, in the guard table on
-/// the eBPF one.
-fn guard_hits(pod_netns: &str, chain: &str) -> u64 {
-    let (_, tables) = sh(pod_netns, &["nft", "list", "tables"]);
-    let table = if tables.contains("slipstream_guard") { "slipstream_guard" } else { "slipstream_mesh" };
-    let (code, out) = sh(pod_netns, &["nft", "list", "chain", "inet", table, chain]);
+/// Packets the pod's IPv6 refusal counted so far: on the nftables datapath
+/// the capture table's chain (both rules); on the eBPF one the node's
+/// `IPV6` drop counter (the tc programs and connect6/sendmsg6, both ways).
+fn guard_hits(c: &Cluster, pod_netns: &str, chain: &str) -> u64 {
+    if c.status()["nodes"][0]["datapath"]["mode"] == "ebpf" {
+        return Proxy::of(c, "node1").metrics().sum("slipstream_datapath_drops_total", &["reason=\"IPV6\""]);
+    }
+    let (code, out) = sh(pod_netns, &["nft", "list", "chain", "inet", "slipstream_mesh", chain]);
     assert_eq!(code, 0, "{out}");
     out.lines().filter_map(|l| l.split_whitespace().skip_while(|w| *w != "packets").nth(1)?.parse::<u64>().ok()).sum()
 }
@@ -105,18 +107,18 @@ fn strict_mtls_holds_over_ipv6_too() {
     assert_ne!(code, 0, "STRICT must refuse IPv4 plaintext: {out}");
 
     // IPv6 plaintext to the meshed pod: refused at once by the pod's guard.
-    let before = guard_hits(&echo_ns, "ipv6_in");
+    let before = guard_hits(&c, &echo_ns, "ipv6_in");
     let started = std::time::Instant::now();
     let (code, out) = curl(&[&url6(&echo)]);
     assert_ne!(code, 0, "plaintext over IPv6 reached a meshed app under STRICT: {out}");
     assert!(started.elapsed() < std::time::Duration::from_secs(4), "the refusal must be a reset, not a timeout: {out}");
-    assert!(guard_hits(&echo_ns, "ipv6_in") > before, "the IPv6 guard of the meshed pod did not count the refusal");
+    assert!(guard_hits(&c, &echo_ns, "ipv6_in") > before, "the IPv6 guard of the meshed pod did not count the refusal");
 
     // Nor can the meshed app itself send IPv6 around the mesh.
-    let out_before = guard_hits(&echo_ns, "ipv6_out");
+    let out_before = guard_hits(&c, &echo_ns, "ipv6_out");
     let (code, _) = c.exec("default", "echo", &["curl", "-sS", "-g", "--max-time", "3", "http://[fe80::1%eth0]:80/"]);
     assert_ne!(code, 0);
-    assert!(guard_hits(&echo_ns, "ipv6_out") > out_before, "IPv6 leaving the meshed pod was not refused by its guard");
+    assert!(guard_hits(&c, &echo_ns, "ipv6_out") > out_before, "IPv6 leaving the meshed pod was not refused by its guard");
 
     // Loopback IPv6 inside the meshed pod still works (the app listens on [::]).
     let (code, out) = c.exec(

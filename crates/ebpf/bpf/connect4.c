@@ -24,6 +24,6 @@ int ss_connect4(struct bpf_sock_addr *ctx)
 	/* A connected UDP socket: policy only (UDP is not captured). Other
 	 * datagram sockets (ICMP echo) are not UDP: left alone. */
 	if (ctx->type == 2)
-		return ctx->protocol == IPPROTO_UDP ? ss_udp_egress(cg, pod, ctx->user_ip4, port) : 1;
+		return ctx->protocol == IPPROTO_UDP ? ss_udp_egress(cg, pod, ss_sock_port(ctx), ctx->user_ip4, port) : 1;
 	return ss_on_connect(ctx, cg, pod, ctx->user_ip4, port, 0);
 }

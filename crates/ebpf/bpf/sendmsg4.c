@@ -17,5 +17,5 @@ int ss_sendmsg4(struct bpf_sock_addr *ctx)
 	struct ss_pod *pod = ss_pod_of(ctx, &cg);
 	if (!pod)
 		return 1;
-	return ss_udp_egress(cg, pod, ctx->user_ip4, bpf_ntohs((__u16)ctx->user_port));
+	return ss_udp_egress(cg, pod, ss_sock_port(ctx), ctx->user_ip4, bpf_ntohs((__u16)ctx->user_port));
 }

@@ -2,6 +2,9 @@
 /*
  * tcx ingress of a pod's eth0, in the pod's network namespace.
  *
+ * Not TCP (UDP, SCTP, ICMP, the rest): the pod's flows and the policy map,
+ * as ss_tc.h decides both ways; IPv6 to a meshed pod is dropped.
+ *
  * Policy at the destination, before any user-space work: a new TCP
  * connection (a SYN) whose source and destination have identities in the
  * destination node's numbering is looked up like connect4.c does it; a
@@ -24,21 +27,7 @@
  * restarting) the SYN is dropped, so the client retries instead of
  * reaching the app around the proxy.
  */
-#include "include/ss_lib.h"
-#include "include/ss_parse.h"
-
-#define TC_ACT_OK 0
-#define TC_ACT_SHOT 2
-#define TC_ACT_REDIRECT 7
-
-/* Folds a 32-bit one's complement sum into a checksum field. */
-static __always_inline __u16 ss_csum_fold(__s64 sum)
-{
-	__u32 s = (__u32)sum;
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)~s;
-}
+#include "include/ss_tc.h"
 
 /* Answers a refused SYN with the RST a closed port would send, out of the
  * interface it came in on, so the client fails at once (connection
@@ -116,6 +105,12 @@ static __always_inline int ss_answer_reset(struct __sk_buff *skb)
 SEC("classifier")
 int ss_tc_ingress(struct __sk_buff *skb)
 {
+	struct ss_pkt4 p;
+	int r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
+	if (r == SS_PARSE_NOT_IP4)
+		return ss_tc_not_ip4(skb, 1);
+	if (r == 0)
+		return ss_tc_flow(&p, 1) ? TC_ACT_OK : TC_ACT_SHOT;
 	struct ss_tcp4 t;
 	if (ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, &t))
 		return TC_ACT_OK;

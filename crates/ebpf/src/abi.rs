@@ -29,8 +29,12 @@ pub mod maps {
     pub const LBSOCK: &str = "ss_lbsock_v1";
     pub const PENDING: &str = "ss_pending_v1";
     pub const SOCKSTATE: &str = "ss_sockstate_v1";
-    pub const ALL: [&str; 15] =
-        [PODS, LOCAL, CONNECT, ORIGDST, IPCACHE, WORLD, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, PENDING, SOCKSTATE, DROPS, EVENTS];
+    pub const FLOWS: &str = "ss_flows_v1";
+    pub const MACS: &str = "ss_macs_v1";
+    pub const ALL: [&str; 17] = [
+        PODS, LOCAL, MACS, CONNECT, ORIGDST, IPCACHE, WORLD, POLICY, LISTENERS, SERVICES, BACKENDS, LBSOCK, PENDING, SOCKSTATE, FLOWS,
+        DROPS, EVENTS,
+    ];
 }
 
 pub const POD_MESHED: u16 = 1;
@@ -40,6 +44,9 @@ pub const POLICY_DENY: u8 = 2;
 pub const POLICY_F_ALL_PORTS: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_SCTP: u8 = 132;
+/// Policy entries of what is neither TCP, UDP nor SCTP (ICMP...), port 0.
+pub const PROTO_OTHER: u8 = 0;
 
 /// A flow's verdict. Numbers are fixed forever (append only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,10 +65,12 @@ pub enum DropReason {
     NoProxy = 2,
     NoEndpoint = 3,
     TooManyPending = 4,
+    Ipv6 = 5,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 4] = [DropReason::PolicyDenied, DropReason::NoProxy, DropReason::NoEndpoint, DropReason::TooManyPending];
+    pub const ALL: [DropReason; 5] =
+        [DropReason::PolicyDenied, DropReason::NoProxy, DropReason::NoEndpoint, DropReason::TooManyPending, DropReason::Ipv6];
 
     /// The metric label and `observe` word.
     pub fn as_str(self) -> &'static str {
@@ -70,6 +79,7 @@ impl DropReason {
             DropReason::NoProxy => "NO_PROXY",
             DropReason::NoEndpoint => "NO_ENDPOINT",
             DropReason::TooManyPending => "TOO_MANY_PENDING",
+            DropReason::Ipv6 => "IPV6",
         }
     }
 
@@ -95,6 +105,33 @@ impl Verdict {
 /// Where a verdict was taken.
 pub const POINT_CONNECT: u8 = 1;
 pub const POINT_TC_INGRESS: u8 = 2;
+pub const POINT_TC_EGRESS: u8 = 3;
+
+/// A pod by its eth0's hardware address (map `ss_macs_v1`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MacKey {
+    pub addr: [u8; 6],
+    pub pad: u16,
+}
+
+/// A non-TCP flow of a pod on the datapath (map `ss_flows_v1`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub pod_ip: u32,
+    pub peer_ip: u32,
+    pub pod_port: u16,
+    pub peer_port: u16,
+    pub proto: u8,
+    pub pad: [u8; 3],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flow {
+    pub seen_ns: u64,
+}
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -355,6 +392,12 @@ unsafe impl aya::Pod for SvcKey {}
 unsafe impl aya::Pod for Svc {}
 // SAFETY: as above.
 unsafe impl aya::Pod for BackendKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FlowKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for MacKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Flow {}
 
 #[cfg(test)]
 mod tests {
@@ -372,6 +415,19 @@ mod tests {
         assert_eq!(size_of::<OrigDst>(), 8);
         assert_eq!((offset_of!(OrigDst, ip), offset_of!(OrigDst, port), offset_of!(OrigDst, pad)), (0, 4, 6));
         assert_eq!(size_of::<Pending>(), 8);
+        assert_eq!(size_of::<FlowKey>(), 16);
+        assert_eq!(
+            (
+                offset_of!(FlowKey, pod_ip),
+                offset_of!(FlowKey, peer_ip),
+                offset_of!(FlowKey, pod_port),
+                offset_of!(FlowKey, peer_port),
+                offset_of!(FlowKey, proto)
+            ),
+            (0, 4, 8, 10, 12)
+        );
+        assert_eq!(size_of::<Flow>(), 8);
+        assert_eq!((size_of::<MacKey>(), offset_of!(MacKey, addr), offset_of!(MacKey, pad)), (8, 0, 6));
         assert_eq!((offset_of!(Pending, count), offset_of!(Pending, pad)), (0, 4));
         assert_eq!(size_of::<SockState>(), 16);
         assert_eq!((offset_of!(SockState, netns), offset_of!(SockState, flags), offset_of!(SockState, pad)), (0, 8, 12));
@@ -467,6 +523,9 @@ mod tests {
         assert_eq!(define(&h, "SS_SOCK_PENDING"), SOCK_PENDING as u64);
         assert_eq!(define(&h, "SS_POINT_CONNECT"), POINT_CONNECT as u64);
         assert_eq!(define(&h, "SS_POINT_TC_INGRESS"), POINT_TC_INGRESS as u64);
+        assert_eq!(define(&h, "SS_POINT_TC_EGRESS"), POINT_TC_EGRESS as u64);
+        assert_eq!(define(&h, "SS_DROP_IPV6"), DropReason::Ipv6 as u64);
+        assert_eq!(define(&h, "SS_PROTO_OTHER"), PROTO_OTHER as u64);
         assert_eq!(define(&h, "SS_OUTBOUND_PORT"), slipstream_core::abi::OUTBOUND_PORT as u64);
         assert_eq!(define(&h, "SS_INBOUND_PLAINTEXT_PORT"), slipstream_core::abi::INBOUND_PLAINTEXT_PORT as u64);
         assert_eq!(define(&h, "SS_HBONE_PORT"), slipstream_core::abi::HBONE_PORT as u64);

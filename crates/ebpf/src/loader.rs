@@ -33,6 +33,7 @@ static SENDMSG6: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/
 static SOCKOPS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sockops.o"));
 static SOCK_RELEASE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock_release.o"));
 static TC_INGRESS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc_ingress.o"));
+static TC_EGRESS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc_egress.o"));
 
 /// The pod's interface, in its own network namespace.
 pub const POD_DEVICE: &str = "eth0";
@@ -52,10 +53,11 @@ pub enum Hook {
     SockOps,
     SockRelease,
     TcIngress,
+    TcEgress,
 }
 
 impl Hook {
-    pub const ALL: [Hook; 8] = [
+    pub const ALL: [Hook; 9] = [
         Hook::Connect4,
         Hook::Connect6,
         Hook::GetPeername4,
@@ -64,7 +66,13 @@ impl Hook {
         Hook::SockOps,
         Hook::SockRelease,
         Hook::TcIngress,
+        Hook::TcEgress,
     ];
+
+    /// Attached to each pod's interface (else once, at the cgroup2 root).
+    pub fn per_pod(self) -> bool {
+        matches!(self, Hook::TcIngress | Hook::TcEgress)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -76,6 +84,7 @@ impl Hook {
             Hook::SockOps => "sockops",
             Hook::SockRelease => "sock_release",
             Hook::TcIngress => "tc_ingress",
+            Hook::TcEgress => "tc_egress",
         }
     }
 
@@ -89,6 +98,7 @@ impl Hook {
             Hook::SockOps => "ss_sockops",
             Hook::SockRelease => "ss_sock_release",
             Hook::TcIngress => "ss_tc_ingress",
+            Hook::TcEgress => "ss_tc_egress",
         }
     }
 
@@ -102,6 +112,7 @@ impl Hook {
             Hook::SockOps => sys::ATTACH_CGROUP_SOCK_OPS,
             Hook::SockRelease => sys::ATTACH_CGROUP_INET_SOCK_RELEASE,
             Hook::TcIngress => sys::ATTACH_TCX_INGRESS,
+            Hook::TcEgress => sys::ATTACH_TCX_EGRESS,
         }
     }
 }
@@ -172,6 +183,7 @@ impl Datapath {
             (Hook::SockOps, SOCKOPS),
             (Hook::SockRelease, SOCK_RELEASE),
             (Hook::TcIngress, TC_INGRESS),
+            (Hook::TcEgress, TC_EGRESS),
         ] {
             let load_err = |e: Box<dyn std::error::Error + Send + Sync>| Error::Load { hook: hook.name(), error: e };
             let mut obj = EbpfLoader::new().map_pin_path(&maps).load(bytes).map_err(|e| load_err(e.into()))?;
@@ -189,7 +201,7 @@ impl Datapath {
                     let p: &mut CgroupSock = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
                     p.load().map_err(|e| load_err(e.into()))?;
                 }
-                Hook::TcIngress => {
+                Hook::TcIngress | Hook::TcEgress => {
                     let p: &mut SchedClassifier = prog.try_into().map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
                     p.load().map_err(|e| load_err(e.into()))?;
                 }
@@ -215,7 +227,7 @@ impl Datapath {
             }
             Hook::SockOps => <&SockOps>::try_from(prog).expect("type checked at load").fd(),
             Hook::SockRelease => <&CgroupSock>::try_from(prog).expect("type checked at load").fd(),
-            Hook::TcIngress => <&SchedClassifier>::try_from(prog).expect("type checked at load").fd(),
+            Hook::TcIngress | Hook::TcEgress => <&SchedClassifier>::try_from(prog).expect("type checked at load").fd(),
         };
         fd.expect("loaded above").as_fd()
     }
@@ -273,17 +285,26 @@ impl Datapath {
         self.hash_map::<u32, Local>(abi::maps::LOCAL)?
             .insert(ip, Local { node: p.node, flags, pad: 0 }, 0)
             .map_err(|error| Error::Map { map: abi::maps::LOCAL, error })?;
-        // Inbound policy (every pod) and capture (meshed pods) are per pod:
-        // a program on its interface.
+        // Inbound policy (every pod), capture (meshed pods) and the flows
+        // of what is not TCP, both ways, are per pod: programs on its
+        // interface.
+        // Its eth0 by hardware address, for what has no IPv4 header.
+        let mac =
+            sys::in_netns(p.netns, || sys::hwaddr(POD_DEVICE)).map_err(io(format!("the address of {POD_DEVICE} of pod {}", p.key)))?;
+        self.hash_map::<abi::MacKey, Pod>(abi::maps::MACS)?
+            .insert(abi::MacKey { addr: mac, pad: 0 }, Pod { ip, node: p.node, flags }, 0)
+            .map_err(|error| Error::Map { map: abi::maps::MACS, error })?;
         let links = self.dir.join("links").join(p.key);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
-        let hook = Hook::TcIngress;
-        let prog = self.prog_fd(hook);
-        let link = sys::in_netns(p.netns, || sys::link_create_ifindex(prog, sys::ifindex(POD_DEVICE)?, hook.attach_type()))
-            .map_err(io(format!("attaching {} to pod {}", hook.name(), p.key)))?;
-        let pin = links.join(hook.name());
-        let _ = std::fs::remove_file(&pin);
-        sys::obj_pin(link.as_fd(), &pin).map_err(io(format!("pinning {}", pin.display())))
+        for hook in Hook::ALL.into_iter().filter(|h| h.per_pod()) {
+            let prog = self.prog_fd(hook);
+            let link = sys::in_netns(p.netns, || sys::link_create_ifindex(prog, sys::ifindex(POD_DEVICE)?, hook.attach_type()))
+                .map_err(io(format!("attaching {} to pod {}", hook.name(), p.key)))?;
+            let pin = links.join(hook.name());
+            let _ = std::fs::remove_file(&pin);
+            sys::obj_pin(link.as_fd(), &pin).map_err(io(format!("pinning {}", pin.display())))?;
+        }
+        Ok(())
     }
 
     /// Attaches the socket hooks (every hook but tc ingress: connect4/6,
@@ -297,7 +318,7 @@ impl Datapath {
         let cgroup = File::open(&root).map_err(io(format!("opening cgroup {}", root.display())))?;
         let links = self.dir.join("links").join(SOCKET_HOOKS_DIR);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
-        for hook in Hook::ALL.into_iter().filter(|h| *h != Hook::TcIngress) {
+        for hook in Hook::ALL.into_iter().filter(|h| !h.per_pod()) {
             let pin = links.join(hook.name());
             if pin.exists() {
                 continue;
@@ -358,6 +379,13 @@ impl Datapath {
         }
         let ipk = abi::ip_key(ip);
         let _ = self.hash_map::<u32, Local>(abi::maps::LOCAL)?.remove(&ipk);
+        // Its hardware address (the entry names the pod's IPv4 address:
+        // the namespace may be gone already).
+        let mut macs = self.hash_map::<abi::MacKey, Pod>(abi::maps::MACS)?;
+        let stale: Vec<abi::MacKey> = macs.iter().flatten().filter(|(_, v)| v.ip == ipk).map(|(k, _)| k).collect();
+        for k in &stale {
+            let _ = macs.remove(k);
+        }
         let mut pods = self.hash_map::<u64, Pod>(abi::maps::PODS)?;
         let stale: Vec<u64> = pods.iter().flatten().filter(|(_, v)| v.ip == ipk).map(|(k, _)| k).collect();
         for k in &stale {
@@ -373,6 +401,13 @@ impl Datapath {
         // with none (its node proxy writes the new one).
         if let Some(node) = node {
             let _ = self.hash_map::<IpcacheKey, u32>(abi::maps::IPCACHE)?.remove(&IpcacheKey::new(node, ip));
+        }
+        // Its flows, so that a pod given its address later does not
+        // inherit the replies this one was owed.
+        let mut flows = self.hash_map::<abi::FlowKey, abi::Flow>(abi::maps::FLOWS)?;
+        let stale: Vec<abi::FlowKey> = flows.keys().flatten().filter(|k| k.pod_ip == ipk).collect();
+        for k in &stale {
+            let _ = flows.remove(k);
         }
         Ok(())
     }

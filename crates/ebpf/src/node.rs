@@ -41,6 +41,7 @@ pub struct NodeMaps {
     policy: Mutex<HashMap<MapData, PolicyKey, PolicyValue>>,
     ipcache: Mutex<HashMap<MapData, IpcacheKey, u32>>,
     world: Mutex<LpmTrie<MapData, WorldAddr, u32>>,
+    local: HashMap<MapData, u32, abi::Local>,
     /// What the policy map and the ipcache hold in this node's numbering;
     /// None until the first sync adopts what a previous run of the proxy
     /// left there.
@@ -103,7 +104,9 @@ impl NodeMaps {
         let ipcache = HashMap::try_from(Map::HashMap(open(dir, abi::maps::IPCACHE)?)).map_err(map_err(abi::maps::IPCACHE))?;
         let world = LpmTrie::try_from(Map::LpmTrie(open(dir, abi::maps::WORLD)?)).map_err(map_err(abi::maps::WORLD))?;
         let drops = PerCpuArray::try_from(Map::PerCpuArray(open(dir, abi::maps::DROPS)?)).map_err(map_err(abi::maps::DROPS))?;
+        let local = HashMap::try_from(Map::HashMap(open(dir, abi::maps::LOCAL)?)).map_err(map_err(abi::maps::LOCAL))?;
         Ok(NodeMaps {
+            local,
             node,
             origdst,
             listeners: Mutex::new(listeners),
@@ -128,6 +131,13 @@ impl NodeMaps {
     pub fn register_listener<F: AsFd>(&self, pod_ip: Ipv4Addr, listener: &F) -> Result<(), Error> {
         let fd = listener.as_fd().as_raw_fd();
         self.listeners.lock().expect("listeners lock").insert(abi::ip_key(pod_ip), fd, 0).map_err(map_err(abi::maps::LISTENERS))
+    }
+
+    /// The addresses of this node's pods that the CNI put on the datapath
+    /// (`ss_local_v1`): their network policies are the programs', at both
+    /// ends and for every protocol, so the nftables path leaves them out.
+    pub fn pods_on_datapath(&self) -> std::collections::BTreeSet<Ipv4Addr> {
+        self.local.iter().flatten().filter(|(_, l)| l.node == self.node).map(|(ip, _)| abi::ip_from_key(ip)).collect()
     }
 
     /// This node's index in the maps (the `--datapath-index` it runs with).

@@ -31,7 +31,7 @@
 //! to the proxy and the nftables path (an honest gap, counted in
 //! [`Compiled::skipped_pairs`]). Pure: snapshot in, entries out.
 
-use crate::abi::{IpcacheKey, PolicyKey, PolicyValue, IPPROTO_TCP, IPPROTO_UDP, POLICY_F_ALL_PORTS};
+use crate::abi::{IpcacheKey, PolicyKey, PolicyValue, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, POLICY_F_ALL_PORTS, PROTO_OTHER};
 use slipstream_core::policy::engine;
 use slipstream_core::policy::engine::Connection;
 use slipstream_core::policy::network::{Direction, L4Protocol, NetPeer, PortSpec};
@@ -584,51 +584,92 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
             }
         }
     }
-    // UDP, which the mesh does not capture: the network policies alone
-    // (NetworkPolicy and CiliumNetworkPolicy cover UDP, Istio's
-    // authorization does not), decided at the source's connect() and
-    // sendmsg() for this node's pods, towards workloads and the world.
-    let udp =
-        |src_ip: IpAddr, dst_ip: IpAddr, port: u16| Connection { protocol: L4Protocol::Udp, src_ip, peer: None, dst_ip, dst_port: port };
-    for s in groups.iter().filter(|g| g.local) {
-        let src = s.members[0];
-        let src_governed = !state.net_policies_for(&src.uid).is_empty();
-        for d in &groups {
-            let Some(dst) = d.members.iter().find(|w| w.uid != src.uid) else { continue };
-            if !src_governed && state.net_policies_for(&dst.uid).is_empty() {
-                continue;
-            }
+    // UDP, SCTP and the rest (ICMP...), which the mesh does not capture:
+    // the network policies alone (NetworkPolicy and CiliumNetworkPolicy
+    // cover them, Istio's authorization does not). A pair with a source of
+    // this node holds both ends' verdict (decided at the source's
+    // sendmsg()/connect() and tc egress, and again at a local
+    // destination's tc ingress); a pair with a source elsewhere, or in the
+    // world, holds the local destination's ingress verdict (its tc
+    // ingress). What is neither UDP nor SCTP is decided at port 0 by the
+    // rules that name no port (`PROTO_OTHER`).
+    for (proto, l4) in [(IPPROTO_UDP, L4Protocol::Udp), (IPPROTO_SCTP, L4Protocol::Sctp), (PROTO_OTHER, L4Protocol::Any)] {
+        let conn = |src_ip: IpAddr, dst_ip: IpAddr, port: u16| Connection {
+            protocol: l4,
+            src_ip,
+            peer: None,
+            dst_ip,
+            dst_port: if proto == PROTO_OTHER { 0 } else { port },
+        };
+        // The ports a pair's policies single out; none for PROTO_OTHER.
+        let ports_of = |src: Option<(&MeshWorkload, IpAddr)>, dst: Option<&MeshWorkload>, dst_ip: IpAddr| -> Option<BTreeSet<u16>> {
             let mut ports = BTreeSet::new();
-            if net_ports(state, src, Direction::Egress, dst.address(), &mut ports)
-                .and_then(|_| net_ports(state, dst, Direction::Ingress, dst.address(), &mut ports))
-                .is_none()
-            {
-                out.skipped_pairs += 1;
-                continue;
+            if proto == PROTO_OTHER {
+                return Some(ports);
             }
-            let pair = Pair { proto: IPPROTO_UDP, node: node_index, src: s.id, dst: d.id, source_known: true };
-            emit(&mut out, &mut rules, pair, ports, |port| {
-                let c = udp(src.address(), dst.address(), port);
-                let e = engine::network(state, src, Direction::Egress, &c);
-                if !e.allowed {
-                    return (false, Some(e));
-                }
-                let i = engine::network(state, dst, Direction::Ingress, &c);
-                (i.allowed, (!i.allowed).then_some(i))
-            });
-        }
-        if src_governed {
-            for (p, rep) in &worlds {
-                let mut ports = BTreeSet::new();
-                if net_ports(state, src, Direction::Egress, IpAddr::V4(*rep), &mut ports).is_none() {
-                    out.skipped_pairs += 1;
+            if let Some((src, _)) = src {
+                net_ports(state, src, Direction::Egress, dst_ip, &mut ports)?;
+            }
+            if let Some(dst) = dst {
+                net_ports(state, dst, Direction::Ingress, dst_ip, &mut ports)?;
+            }
+            Some(ports)
+        };
+        for d in &groups {
+            for s in &groups {
+                let src = s.members[0];
+                let Some(dst) = d.members.iter().find(|w| w.uid != src.uid) else { continue };
+                let (src_np, dst_np) = (!state.net_policies_for(&src.uid).is_empty(), !state.net_policies_for(&dst.uid).is_empty());
+                let needed = if s.local { src_np || dst_np } else { d.local && dst_np };
+                if !needed {
                     continue;
                 }
-                let pair = Pair { proto: IPPROTO_UDP, node: node_index, src: s.id, dst: numbers[&Class::World(*p)], source_known: true };
+                let Some(ports) = ports_of(s.local.then_some((src, src.address())), Some(dst), dst.address()) else {
+                    out.skipped_pairs += 1;
+                    continue;
+                };
+                let pair = Pair { proto, node: node_index, src: s.id, dst: d.id, source_known: true };
                 emit(&mut out, &mut rules, pair, ports, |port| {
-                    let e = engine::network(state, src, Direction::Egress, &udp(src.address(), IpAddr::V4(*rep), port));
-                    (e.allowed, (!e.allowed).then_some(e))
+                    let c = conn(src.address(), dst.address(), port);
+                    if s.local {
+                        let e = engine::network(state, src, Direction::Egress, &c);
+                        if !e.allowed {
+                            return (false, Some(e));
+                        }
+                    }
+                    let i = engine::network(state, dst, Direction::Ingress, &c);
+                    (i.allowed, (!i.allowed).then_some(i))
                 });
+            }
+        }
+        for g in groups.iter().filter(|g| g.local) {
+            let w = g.members[0];
+            if state.net_policies_for(&w.uid).is_empty() {
+                continue;
+            }
+            for (p, rep) in &worlds {
+                let world_id = numbers[&Class::World(*p)];
+                let world = IpAddr::V4(*rep);
+                // Egress, to the world.
+                if let Some(ports) = ports_of(Some((w, w.address())), None, world) {
+                    let pair = Pair { proto, node: node_index, src: g.id, dst: world_id, source_known: true };
+                    emit(&mut out, &mut rules, pair, ports, |port| {
+                        let e = engine::network(state, w, Direction::Egress, &conn(w.address(), world, port));
+                        (e.allowed, (!e.allowed).then_some(e))
+                    });
+                } else {
+                    out.skipped_pairs += 1;
+                }
+                // Ingress, from the world.
+                if let Some(ports) = ports_of(None, Some(w), w.address()) {
+                    let pair = Pair { proto, node: node_index, src: world_id, dst: g.id, source_known: false };
+                    emit(&mut out, &mut rules, pair, ports, |port| {
+                        let i = engine::network(state, w, Direction::Ingress, &conn(world, w.address(), port));
+                        (i.allowed, (!i.allowed).then_some(i))
+                    });
+                } else {
+                    out.skipped_pairs += 1;
+                }
             }
         }
     }

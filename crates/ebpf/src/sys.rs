@@ -26,6 +26,7 @@ pub const ATTACH_CGROUP_INET4_GETPEERNAME: u32 = 29;
 pub const ATTACH_CGROUP_INET_SOCK_RELEASE: u32 = 34;
 /// tcx (Linux 6.6): a link on a device's ingress, no qdisc needed.
 pub const ATTACH_TCX_INGRESS: u32 = 46;
+pub const ATTACH_TCX_EGRESS: u32 = 47;
 
 /// `union bpf_attr`, as large as any command here needs; unused bytes zero.
 #[repr(C, align(8))]
@@ -124,6 +125,38 @@ pub fn ifindex(name: &str) -> io::Result<u32> {
     } else {
         Ok(i)
     }
+}
+
+/// The hardware (MAC) address of a network device of the calling
+/// thread's network namespace (SIOCGIFHWADDR).
+pub fn hwaddr(name: &str) -> io::Result<[u8; 6]> {
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "device name too long"));
+    }
+    // SAFETY: a plain datagram socket, closed by OwnedFd.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a socket we just opened and own.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: req is a valid ifreq with a NUL-terminated name; the kernel
+    // writes the address into its union.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFHWADDR filled ifru_hwaddr.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Ok(mac)
 }
 
 /// BPF_LINK_UPDATE: swaps the program of a link, atomically; the hook

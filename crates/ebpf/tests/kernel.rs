@@ -66,6 +66,65 @@ fn udp(src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
     p
 }
 
+/// A UDP frame with both ports.
+fn udp4(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
+    let mut p = tcp(src, dst, sport, dport, false, false);
+    p[14 + 9] = 17;
+    p
+}
+
+/// An ICMP echo (type 8) or echo reply (0) with its identifier, or an
+/// error (type 3) about a UDP packet `inner_src` sent to `src`.
+fn icmp(src: Ipv4Addr, dst: Ipv4Addr, kind: u8, id: u16, inner_src: Option<Ipv4Addr>) -> Vec<u8> {
+    let mut p = tcp(src, dst, 0, 0, false, false);
+    p[14 + 9] = 1;
+    p.truncate(34);
+    let mut h = vec![kind, 0, 0, 0, 0, 0, 0, 0];
+    h[4..6].copy_from_slice(&id.to_be_bytes());
+    if let Some(inner) = inner_src {
+        h[0] = 3;
+        h.extend(udp4(inner, src, 40000, 53)[14..42].iter());
+    }
+    p.extend(h);
+    let total = (p.len() - 14) as u16;
+    p[16..18].copy_from_slice(&total.to_be_bytes());
+    p
+}
+
+/// An Ethernet + IPv6 frame: a TCP SYN with options (`Some(port)`), or a
+/// neighbour solicitation (`None`).
+fn ipv6(syn_to: Option<u16>) -> Vec<u8> {
+    let mut p = vec![0u8; 14 + 40];
+    p[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    p[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 9]);
+    p[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    p[14] = 0x60;
+    p[21] = 64;
+    p[22..38].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]);
+    p[38..54].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    match syn_to {
+        Some(port) => {
+            p[20] = 6;
+            let mut t = vec![0u8; 20];
+            t[0..2].copy_from_slice(&40000u16.to_be_bytes());
+            t[2..4].copy_from_slice(&port.to_be_bytes());
+            t[4..8].copy_from_slice(&5000u32.to_be_bytes());
+            t[12] = 6 << 4;
+            t[13] = 0x02;
+            t.extend([2, 4, 5, 0xa0]);
+            p.extend(t);
+        }
+        None => {
+            p[20] = 58;
+            p.extend([135, 0, 0, 0, 0, 0, 0, 0]);
+            p.extend([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        }
+    }
+    let len = (p.len() - 54) as u16;
+    p[18..20].copy_from_slice(&len.to_be_bytes());
+    p
+}
+
 const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 7);
 const PEER: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 9);
 const TC_ACT_OK: u32 = 0;
@@ -115,7 +174,7 @@ fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_prox
     assert_eq!(run(&tcp(PEER, Ipv4Addr::new(10, 9, 9, 9), 40000, 8080, true, false)), TC_ACT_OK, "no local pod");
     let mut v6 = tcp(PEER, POD, 40000, 8080, true, false);
     v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
-    assert_eq!(run(&v6), TC_ACT_OK, "IPv6 is the guard's (nftables), not this program's");
+    assert_eq!(run(&v6), TC_ACT_OK, "IPv6 to an address that is no meshed pod's passes (below: a meshed pod's)");
     assert_eq!(run(&tcp(PEER, POD, 40000, 8080, true, false)[..40]), TC_ACT_OK, "a truncated header is not parsed");
     assert!(events.read(Duration::from_millis(10)).is_empty(), "nothing above is a flow");
 
@@ -137,6 +196,152 @@ fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_prox
     // A stray segment of no connection is dropped too, but is no new flow.
     assert_eq!(run(&tcp(PEER, POD, 40002, 8080, false, true)), TC_ACT_SHOT);
     assert_eq!(count(3, DropReason::NoProxy), 1);
+}
+
+/// What is not TCP is decided per flow by the pod's two tc programs: a new
+/// flow meets the policy map at the end it enters or leaves by (UDP by
+/// port, ICMP and the rest under PROTO_OTHER at port 0), and a packet of a
+/// flow the pod took part in passes both ways, as conntrack lets replies
+/// through: a client isolated for ingress gets its answers, a server
+/// isolated for egress answers.
+#[test]
+fn udp_icmp_and_the_rest_meet_the_policy_at_both_ends_and_replies_pass() {
+    let d = Dir::new("flows");
+    let mut dp = Datapath::load(&d.0).unwrap();
+    let mut local: HashMap<MapData, u32, Local> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::LOCAL))).unwrap();
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: 0, pad: 0 }, 0).unwrap();
+    let mut policy = numbered(&d.0);
+    let (udp_p, other) = (abi::IPPROTO_UDP, abi::PROTO_OTHER);
+    // POD is isolated for ingress: of PEER's, only UDP to 53 gets in.
+    policy.insert(PolicyKey::new(udp_p, 3, 2, 1, 0), PolicyValue::deny(6, 0), 0).unwrap();
+    policy.insert(PolicyKey::new(udp_p, 3, 2, 1, 53), PolicyValue::allow(), 0).unwrap();
+    policy.insert(PolicyKey::new(other, 3, 2, 1, 0), PolicyValue::deny(7, 0), 0).unwrap();
+    // POD is isolated for egress towards OTHER: no UDP, no ICMP.
+    policy.insert(PolicyKey::new(udp_p, 3, 1, 3, 0), PolicyValue::deny(8, 0), 0).unwrap();
+    policy.insert(PolicyKey::new(other, 3, 1, 3, 0), PolicyValue::deny(9, 0), 0).unwrap();
+    let mut events = FlowReader::open(&d.0).unwrap();
+    let ing = |p: &[u8]| sys::prog_test_run(dp.prog_fd(Hook::TcIngress), p).expect("BPF_PROG_TEST_RUN");
+    let eg = |p: &[u8]| sys::prog_test_run(dp.prog_fd(Hook::TcEgress), p).expect("BPF_PROG_TEST_RUN");
+
+    // In: a new flow meets the destination's policy.
+    assert_eq!(ing(&udp4(PEER, POD, 5000, 9999)), TC_ACT_SHOT, "a port PEER may not send to");
+    assert_eq!(ing(&udp4(PEER, POD, 5000, 53)), TC_ACT_OK, "the port it may");
+    assert_eq!(ing(&icmp(PEER, POD, 8, 77, None)), TC_ACT_SHOT, "ICMP echo: no rule without ports lets PEER in");
+    // Replies: what POD sent opens the way back for that flow only.
+    assert_eq!(eg(&udp4(POD, PEER, 40000, 7000)), TC_ACT_OK);
+    assert_eq!(ing(&udp4(PEER, POD, 7000, 40000)), TC_ACT_OK, "the answer to POD's datagram");
+    assert_eq!(ing(&udp4(PEER, POD, 7000, 40001)), TC_ACT_SHOT, "another port of POD's is no answer");
+    assert_eq!(ing(&udp4(PEER, POD, 7001, 40000)), TC_ACT_SHOT, "nor another port of PEER's");
+    assert_eq!(eg(&icmp(POD, PEER, 8, 5, None)), TC_ACT_OK);
+    assert_eq!(ing(&icmp(PEER, POD, 0, 5, None)), TC_ACT_OK, "the echo reply to POD's ping");
+    assert_eq!(ing(&icmp(PEER, POD, 0, 6, None)), TC_ACT_SHOT, "another identifier is no reply");
+    assert_eq!(ing(&icmp(PEER, POD, 3, 0, Some(POD))), TC_ACT_OK, "an ICMP error about a packet POD sent");
+    assert_eq!(ing(&icmp(PEER, POD, 3, 0, Some(OTHER))), TC_ACT_SHOT, "one about somebody else's meets the policy");
+    // Out: a new flow meets the source's policy; TCP is connect()'s.
+    assert_eq!(eg(&udp4(POD, OTHER, 40000, 53)), TC_ACT_SHOT, "UDP POD may not send");
+    assert_eq!(eg(&icmp(POD, OTHER, 8, 1, None)), TC_ACT_SHOT, "ICMP POD may not send");
+    assert_eq!(eg(&tcp(POD, OTHER, 40000, 80, true, false)), TC_ACT_OK, "TCP was decided at connect()");
+    // A server isolated for egress answers the flows its ingress let in.
+    assert_eq!(ing(&udp4(OTHER, POD, 6000, 8125)), TC_ACT_OK, "OTHER may send to POD");
+    assert_eq!(eg(&udp4(POD, OTHER, 8125, 6000)), TC_ACT_OK, "POD's answer");
+    assert_eq!(eg(&udp4(POD, OTHER, 8126, 6000)), TC_ACT_SHOT, "not from another port");
+
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let denied: u64 = drops.get(&(3 * abi::DROP_MAX + DropReason::PolicyDenied as u32), 0).unwrap().iter().sum();
+    assert_eq!(denied, 9, "every drop counted once");
+    let ev = events.read(Duration::from_secs(1));
+    let got: Vec<(u8, u8, u32, u16)> = ev.iter().map(|e| (e.point, e.proto, e.rule, e.dst_port)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (abi::POINT_TC_INGRESS, 17, 6, 9999),
+            (abi::POINT_TC_INGRESS, 1, 7, 0),
+            (abi::POINT_TC_INGRESS, 17, 6, 40001),
+            (abi::POINT_TC_INGRESS, 17, 6, 40000),
+            (abi::POINT_TC_INGRESS, 1, 7, 0),
+            (abi::POINT_TC_INGRESS, 1, 7, 0),
+            (abi::POINT_TC_EGRESS, 17, 8, 53),
+            (abi::POINT_TC_EGRESS, 1, 9, 0),
+            (abi::POINT_TC_EGRESS, 17, 8, 6000),
+        ],
+        "each drop recorded where it was taken, with its rule"
+    );
+    // The pod goes: its flows go with it (a pod given its address later
+    // is owed no answers).
+    let flows = || -> usize {
+        let m: HashMap<MapData, abi::FlowKey, abi::Flow> = HashMap::try_from(Map::LruHashMap(map(&d.0, abi::maps::FLOWS))).unwrap();
+        m.keys().flatten().filter(|k| k.pod_ip == abi::ip_key(POD)).count()
+    };
+    assert_eq!(flows(), 4, "the flows the pod took part in (an answer adds none)");
+    dp.withdraw("nothing_attached", POD).unwrap();
+    assert_eq!(flows(), 0);
+}
+
+/// The mesh carries IPv4 only, so IPv6 must not be a way around it: on a
+/// meshed pod's eth0 a SYN is answered with a reset (the client fails at
+/// once), anything else but neighbour discovery dropped, both ways; a
+/// meshed pod's own connect() to an IPv6 address fails with EPERM; a pod
+/// outside the mesh is left alone.
+#[test]
+fn ipv6_is_refused_on_meshed_pods_with_a_reset_and_left_alone_elsewhere() {
+    let d = Dir::new("ipv6");
+    let mut dp = Datapath::load(&d.0).unwrap();
+    // The pod's eth0 has the address the crafted frames are sent to.
+    let pod = PodNs::new_with_mac(&mut dp, "ipv6", "02:00:00:00:00:01");
+    let (ing_fd, eg_fd) =
+        (dp.prog_fd(Hook::TcIngress).try_clone_to_owned().unwrap(), dp.prog_fd(Hook::TcEgress).try_clone_to_owned().unwrap());
+    let ing = |p: &[u8]| sys::prog_test_run_full(ing_fd.as_fd(), p, 0).expect("BPF_PROG_TEST_RUN");
+    let eg = |p: &[u8]| sys::prog_test_run(eg_fd.as_fd(), p).expect("BPF_PROG_TEST_RUN");
+    // Going out, the pod's address is the frame's source.
+    let out = |mut p: Vec<u8>| {
+        p.copy_within(0..6, 6);
+        p[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 9]);
+        p
+    };
+    let (verdict, rst) = ing(&ipv6(Some(8080)));
+    assert_eq!(verdict, TC_ACT_REDIRECT, "a SYN is answered");
+    assert_eq!(rst.len(), 14 + 40 + 20, "bare headers");
+    assert_eq!((&rst[0..6], &rst[6..12]), (&[2, 0, 0, 0, 0, 9][..], &[2, 0, 0, 0, 0, 1][..]), "MACs swapped");
+    assert_eq!((rst[22 + 15], rst[38 + 15]), (1, 9), "addresses swapped");
+    assert_eq!(u16::from_be_bytes([rst[18], rst[19]]), 20, "payload length");
+    let t = &rst[54..74];
+    assert_eq!((u16::from_be_bytes([t[0], t[1]]), u16::from_be_bytes([t[2], t[3]])), (8080, 40000));
+    assert_eq!(u32::from_be_bytes(t[8..12].try_into().unwrap()), 5001, "acknowledges the SYN");
+    assert_eq!((t[12], t[13]), (5 << 4, 0x14), "RST|ACK");
+    let mut pseudo = Vec::from(&rst[22..54]);
+    pseudo.extend([0, 0, 0, 20, 0, 0, 0, 6]);
+    pseudo.extend(t);
+    assert_eq!(csum(&pseudo), 0, "TCP checksum over the IPv6 pseudo-header");
+    assert_eq!(ing(&ipv6(None)).0, TC_ACT_OK, "neighbour discovery passes");
+    let mut udp6 = ipv6(None);
+    udp6[20] = 17;
+    assert_eq!(ing(&udp6).0, TC_ACT_SHOT, "anything else coming in is dropped");
+    assert_eq!(eg(&out(udp6.clone())), TC_ACT_SHOT, "and going out");
+    assert_eq!(eg(&out(ipv6(None))), TC_ACT_OK, "neighbour discovery goes out");
+    assert_eq!(eg(&rst), TC_ACT_OK, "the answer itself goes out (tc egress sees what tc ingress redirects)");
+    assert_eq!(eg(&out(ipv6(Some(80)))), TC_ACT_SHOT, "a SYN does not");
+    // Another interface's address: no pod of ours, nothing to refuse.
+    let mut elsewhere = udp6.clone();
+    elsewhere[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 7]);
+    assert_eq!(ing(&elsewhere).0, TC_ACT_OK, "not a meshed pod's frame");
+    // The app's own connect() and sendto(): refused at once, loopback excepted.
+    let (refused, local_ok) = sys::in_netns(&pod.path, || {
+        let l = std::net::TcpListener::bind("[::1]:0")?;
+        let local = std::net::TcpStream::connect(l.local_addr()?).is_ok();
+        let e = std::net::TcpStream::connect("[fd00::1]:80").err().and_then(|e| e.raw_os_error());
+        let u = std::net::UdpSocket::bind("[::]:0")?;
+        let ue = u.send_to(b"x", "[fd00::1]:53").err().and_then(|e| e.raw_os_error());
+        Ok(((e, ue), local))
+    })
+    .unwrap();
+    assert_eq!(refused, (Some(libc::EPERM), Some(libc::EPERM)), "IPv6 out of a meshed pod: EPERM at connect() and sendmsg()");
+    assert!(local_ok, "[::1] inside the pod still works");
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let v6: u64 = drops.get(&(5 * abi::DROP_MAX + DropReason::Ipv6 as u32), 0).unwrap().iter().sum();
+    assert_eq!(v6, 6, "every refusal counted under IPV6 (SYN in, other in, other out, SYN out, connect, sendto)");
+    // Withdrawn, its address names no pod any more.
+    dp.withdraw("test_ipv6", Ipv4Addr::new(10, 77, 0, 2)).unwrap();
+    assert_eq!(ing(&udp6).0, TC_ACT_OK, "the pod's hardware address is forgotten with it");
 }
 
 /// Identities 1 (POD), 2 (PEER), 3 (OTHER) in node 3's numbering; PEER
@@ -268,6 +473,10 @@ struct PodNs {
 
 impl PodNs {
     fn new(dp: &mut Datapath, tag: &str) -> PodNs {
+        Self::new_with_mac(dp, tag, "02:00:00:00:00:02")
+    }
+
+    fn new_with_mac(dp: &mut Datapath, tag: &str, mac: &str) -> PodNs {
         let name = format!("ss-{tag}-{}", std::process::id());
         let ip = |args: &[&str]| {
             let o = std::process::Command::new("ip").args(args).output().unwrap();
@@ -277,7 +486,7 @@ impl PodNs {
         let pod = PodNs { path: PathBuf::from("/run/netns").join(&name), name };
         // A veth pair (its host end goes with the namespace).
         let host_end = format!("ss{}{}", &tag[..2], std::process::id());
-        ip(&["link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &pod.name]);
+        ip(&["link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "address", mac, "netns", &pod.name]);
         ip(&["-n", &pod.name, "addr", "add", "10.77.0.2/24", "dev", "eth0"]);
         ip(&["-n", &pod.name, "link", "set", "eth0", "up"]);
         ip(&["-n", &pod.name, "link", "set", "lo", "up"]);

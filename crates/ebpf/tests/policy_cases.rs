@@ -10,9 +10,12 @@
 
 use slipstream_control::index::{mesh_from_manifests, IndexSettings};
 use slipstream_core::policy::engine;
+use slipstream_core::policy::network::Direction;
 use slipstream_core::policy::network::L4Protocol;
 use slipstream_core::MeshState;
-use slipstream_ebpf::abi::{IpcacheKey, PolicyKey, PolicyValue, IPPROTO_TCP, IPPROTO_UDP, POLICY_DENY, POLICY_F_ALL_PORTS};
+use slipstream_ebpf::abi::{
+    IpcacheKey, PolicyKey, PolicyValue, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, POLICY_DENY, POLICY_F_ALL_PORTS, PROTO_OTHER,
+};
 use slipstream_ebpf::policy::{compile, Identities, Prefix};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -51,8 +54,8 @@ impl Maps {
         self.lookup(IPPROTO_TCP, node, src, dst, port).is_some_and(|v| v.verdict == POLICY_DENY)
     }
 
-    fn denies_udp(&self, node: u16, src: IpAddr, dst: IpAddr, port: u16) -> bool {
-        self.lookup(IPPROTO_UDP, node, src, dst, port).is_some_and(|v| v.verdict == POLICY_DENY)
+    fn denies_proto(&self, proto: u8, node: u16, src: IpAddr, dst: IpAddr, port: u16) -> bool {
+        self.lookup(proto, node, src, dst, port).is_some_and(|v| v.verdict == POLICY_DENY)
     }
 
     /// tc ingress on an HBONE SYN.
@@ -129,18 +132,28 @@ fn the_kernel_map_agrees_with_the_engine_on_every_case() {
             if maps.denies_every_port(at_dst, src.address(), dst.address()) && !every_port_denied {
                 failures.push(format!("{}: {} -> {to}: HBONE refused though a port is allowed", case.id, chk.from));
             }
-            // UDP at the source: the network policies only.
-            for p in [port, port.saturating_add(1), 53, 65535] {
-                let c =
-                    engine::Connection { protocol: L4Protocol::Udp, src_ip: src.address(), peer: None, dst_ip: dst.address(), dst_port: p };
-                let egress = engine::network(&state, &src, slipstream_core::policy::network::Direction::Egress, &c).allowed;
-                let ingress = engine::network(&state, &dst, slipstream_core::policy::network::Direction::Ingress, &c).allowed;
-                let engine_denies = !(egress && ingress);
-                let kernel = maps.denies_udp(at_src, src.address(), dst.address(), p);
-                udp_compared += 1;
-                udp_denials += kernel as usize;
-                if kernel != engine_denies {
-                    failures.push(format!("{}: {} -> {}:{p}/udp: engine denies {engine_denies}", case.id, chk.from, to));
+            // UDP, SCTP and the rest: the network policies only. At the
+            // source, both ends' verdict exactly; at the destination, its
+            // ingress must hold, and nothing the two ends together allow
+            // may be denied (a source whose class has a member on the
+            // destination's node carries its egress verdict there too).
+            for (proto, l4) in [(IPPROTO_UDP, L4Protocol::Udp), (IPPROTO_SCTP, L4Protocol::Sctp), (PROTO_OTHER, L4Protocol::Any)] {
+                let ports: &[u16] = if proto == PROTO_OTHER { &[0] } else { &[port, port.saturating_add(1), 53, 65535] };
+                for &p in ports {
+                    let c = engine::Connection { protocol: l4, src_ip: src.address(), peer: None, dst_ip: dst.address(), dst_port: p };
+                    let egress = engine::network(&state, &src, Direction::Egress, &c).allowed;
+                    let ingress = engine::network(&state, &dst, Direction::Ingress, &c).allowed;
+                    let at_src = maps.denies_proto(proto, at_src, src.address(), dst.address(), p);
+                    let at_dst = maps.denies_proto(proto, at_dst, src.address(), dst.address(), p);
+                    udp_compared += 2;
+                    udp_denials += at_src as usize + at_dst as usize;
+                    let what = format!("{}: {} -> {}:{p}/protocol {proto}", case.id, chk.from, to);
+                    if at_src == (egress && ingress) {
+                        failures.push(format!("{what} at the source: engine egress {egress}, ingress {ingress}, kernel denies {at_src}"));
+                    }
+                    if (!ingress && !at_dst) || (egress && ingress && at_dst) {
+                        failures.push(format!("{what} at tc ingress: engine egress {egress}, ingress {ingress}, kernel denies {at_dst}"));
+                    }
                 }
             }
         }
@@ -149,7 +162,8 @@ fn the_kernel_map_agrees_with_the_engine_on_every_case() {
     // Identities group pods: replicas, and pods no policy tells apart.
     assert!(classes * 10 < workloads * 9, "{classes} identities for {workloads} workloads");
     eprintln!("{compared} lookups compared, {kernel_denials} kernel denials, {classes} identities for {workloads} workloads");
-    assert!(udp_compared > 400 && udp_denials > 50, "UDP: {udp_compared} compared, {udp_denials} kernel denials");
+    assert!(udp_compared > 2000 && udp_denials > 300, "UDP, SCTP, other: {udp_compared} compared, {udp_denials} kernel denials");
+    eprintln!("UDP, SCTP and other protocols: {udp_compared} lookups compared, {udp_denials} kernel denials");
     assert!(compared > 400 && kernel_denials > 100, "the table exercises the map: {compared} compared, {kernel_denials} kernel denials");
 }
 
@@ -358,7 +372,7 @@ spec: {mtls: {mode: STRICT}}
             let ext: IpAddr = ext.parse().unwrap();
             for port in [443, 8080, 80, 1, 65535] {
                 let out = engine::Connection { protocol: L4Protocol::Tcp, src_ip: w.address(), peer: None, dst_ip: ext, dst_port: port };
-                let engine_out = !engine::network(&state, w, slipstream_core::policy::network::Direction::Egress, &out).allowed;
+                let engine_out = !engine::network(&state, w, Direction::Egress, &out).allowed;
                 let inc = engine::Connection { protocol: L4Protocol::Tcp, src_ip: ext, peer: None, dst_ip: w.address(), dst_port: port };
                 let engine_in = !engine::ingress(&state, w, &inc).allowed();
                 let (k_out, k_in) = (maps.denies(node, w.address(), ext, port), maps.denies(node, ext, w.address(), port));
@@ -368,6 +382,25 @@ spec: {mtls: {mode: STRICT}}
                 }
                 if k_in != engine_in {
                     failures.push(format!("{ext} -> {}/{}:{port}: engine denies {engine_in}", w.namespace, w.name));
+                }
+            }
+            // UDP, SCTP and the rest, both ways: the network policies.
+            for (proto, l4) in [(IPPROTO_UDP, L4Protocol::Udp), (IPPROTO_SCTP, L4Protocol::Sctp), (PROTO_OTHER, L4Protocol::Any)] {
+                let ports: &[u16] = if proto == PROTO_OTHER { &[0] } else { &[443, 8080, 53, 65535] };
+                for &port in ports {
+                    let out = engine::Connection { protocol: l4, src_ip: w.address(), peer: None, dst_ip: ext, dst_port: port };
+                    let inc = engine::Connection { protocol: l4, src_ip: ext, peer: None, dst_ip: w.address(), dst_port: port };
+                    let engine_out = !engine::network(&state, w, Direction::Egress, &out).allowed;
+                    let engine_in = !engine::network(&state, w, Direction::Ingress, &inc).allowed;
+                    let k_out = maps.denies_proto(proto, node, w.address(), ext, port);
+                    let k_in = maps.denies_proto(proto, node, ext, w.address(), port);
+                    denials += k_out as usize + k_in as usize;
+                    if (k_out, k_in) != (engine_out, engine_in) {
+                        failures.push(format!(
+                            "{}/{} <-> {ext}:{port}/protocol {proto}: engine denies out {engine_out} in {engine_in}, kernel {k_out} {k_in}",
+                            w.namespace, w.name
+                        ));
+                    }
                 }
             }
             // HBONE from an address the node does not know may carry a

@@ -3,8 +3,10 @@
 //! pod's traffic is forwarded, as on a Kubernetes node), rebuilt from the
 //! mesh snapshot whenever it changes. Meshed pods are decided by the proxy
 //! itself (with identities); this covers the pods it never sees, so that
-//! NetworkPolicy and CiliumNetworkPolicy hold for them too. The eBPF
-//! datapath replaces it.
+//! NetworkPolicy and CiliumNetworkPolicy hold for them too. On a node
+//! running the eBPF datapath, the pods the CNI put on it are the programs'
+//! (every protocol, both ends, docs/datapath.md) and get no chain here;
+//! only pods kept on nftables (`slipstream.io/datapath: nftables`) do.
 //!
 //! The planner is pure ([`plan`]: snapshot and node in, nft script out);
 //! [`Kernel::apply`] runs `nft -f -` only when the script changed.
@@ -22,8 +24,9 @@
 use slipstream_core::policy::network::{L4Protocol, NetPeer, NetPolicy, NetPort, NetRule, PortSpec};
 use slipstream_core::policy::Cidr;
 use slipstream_core::{MeshState, MeshWorkload};
+use std::collections::BTreeSet;
 use std::fmt::Write;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 pub const TABLE: &str = "slipstream_netpol";
@@ -35,9 +38,15 @@ enum Dir {
 }
 
 /// The nft script that makes the node's table match the snapshot: the
-/// table is replaced whole, in one transaction.
-pub fn plan(state: &MeshState, node: &str) -> String {
-    let mut pods: Vec<&Arc<MeshWorkload>> = state.workloads().filter(|w| w.node == node && !w.meshed()).collect();
+/// table is replaced whole, in one transaction. Pods whose address is in
+/// `on_datapath` are the eBPF programs' (every protocol, both ends) and
+/// get no chain.
+pub fn plan(state: &MeshState, node: &str, on_datapath: &BTreeSet<Ipv4Addr>) -> String {
+    let mut pods: Vec<&Arc<MeshWorkload>> = state
+        .workloads()
+        .filter(|w| w.node == node && !w.meshed())
+        .filter(|w| !w.addresses.iter().all(|a| matches!(a, IpAddr::V4(v4) if on_datapath.contains(v4))))
+        .collect();
     pods.sort_by(|a, b| a.uid.cmp(&b.uid));
     let mut chains = String::new();
     let mut jumps = String::new();
@@ -305,7 +314,7 @@ mod tests {
         };
         let (state, errs) = MeshState::from_config(&cfg);
         assert!(errs.is_empty(), "{errs:?}");
-        let s = plan(&state, "node1");
+        let s = plan(&state, "node1", &BTreeSet::new());
         assert!(s.starts_with("table inet slipstream_netpol {}\ndelete table inet slipstream_netpol\n"), "{s}");
         assert!(s.contains("    ip daddr 10.244.1.7 jump in0\n"), "{s}");
         assert!(!s.contains("10.244.1.8 jump"), "a meshed pod is the proxy's: {s}");
@@ -324,7 +333,7 @@ mod tests {
         );
         assert!(!s.contains("jump eg0"), "egress is not isolated: {s}");
         // No pod of this node with a policy: an empty table.
-        let s = plan(&state, "node3");
+        let s = plan(&state, "node3", &BTreeSet::new());
         assert!(!s.contains("jump"), "{s}");
     }
 }

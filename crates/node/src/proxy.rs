@@ -238,11 +238,16 @@ impl NodeProxy {
 
     /// The network policies of this node's pods outside the mesh, into the
     /// node's kernel path.
+    /// On the eBPF datapath the policy map goes first, so that no pod the
+    /// nftables table leaves to the programs is left to neither.
     fn apply_kernel_netpol(&mut self) {
+        let synced = self.apply_kernel_policy();
         if let Some(k) = &mut self.netpol {
-            k.apply(crate::netpol::plan(&self.index.snapshot(), &self.shared.config.node));
+            // A policy map not brought up to date leaves every pod to
+            // nftables too (both enforce; neither is skipped).
+            let on_datapath = self.datapath.as_ref().filter(|_| synced).map(|m| m.pods_on_datapath()).unwrap_or_default();
+            k.apply(crate::netpol::plan(&self.index.snapshot(), &self.shared.config.node, &on_datapath));
         }
-        self.apply_kernel_policy();
     }
 
     /// Uses the eBPF datapath's maps: its policy map is kept equal to what
@@ -251,13 +256,13 @@ impl NodeProxy {
     pub fn use_datapath(&mut self, maps: Arc<slipstream_ebpf::NodeMaps>) {
         let _ = self.shared.telemetry.metrics.datapath.set(maps.clone());
         self.datapath = Some(maps);
-        self.apply_kernel_policy();
+        self.apply_kernel_netpol();
     }
 
     /// The kernel's share of policy: what the engine decides for this
     /// node's pods as sources, written to the policy map (docs/datapath.md).
-    fn apply_kernel_policy(&mut self) {
-        let Some(maps) = &self.datapath else { return };
+    fn apply_kernel_policy(&mut self) -> bool {
+        let Some(maps) = &self.datapath else { return false };
         let snap = self.index.snapshot();
         let node = &self.shared.config.node;
         let ids = self.identities.get_or_insert_with(|| maps.prior_identities());
@@ -273,8 +278,12 @@ impl NodeProxy {
                 "kernel policy map updated"
             ),
             Ok(_) => {}
-            Err(e) => tracing::error!("kernel policy map not updated (the node proxy still decides every connection): {e}"),
+            Err(e) => {
+                tracing::error!("kernel policy map not updated (the node proxy and nftables still decide every connection): {e}");
+                return false;
+            }
         }
+        true
     }
 
     /// Policy changes apply to open connections too.

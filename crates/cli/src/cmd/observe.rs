@@ -6,7 +6,7 @@
 use crate::common::{self, Ctx};
 use anyhow::{bail, Context};
 use slipstream_core::policy::engine;
-use slipstream_core::policy::network::L4Protocol;
+use slipstream_core::policy::network::{Direction, L4Protocol};
 use slipstream_core::MeshState;
 use slipstream_testbed::agent::flows::Flow;
 use slipstream_testbed::ipc::{Request, Response};
@@ -86,10 +86,33 @@ impl Explainer<'_> {
             .as_ref()?;
         let src = state.workload_by_ip(f.source.ip.parse().ok()?)?;
         let dst = state.workload_by_ip(f.destination.ip.parse().ok()?)?;
-        let v = engine::connection(state, &src, &dst, L4Protocol::Tcp, f.destination.port);
-        Some(match v.denial() {
-            Some(d) => d.explain(),
-            None => "allowed now (the policy changed since)".into(),
+        let now_allowed = "allowed now (the policy changed since)".to_string();
+        let l4 = match f.protocol.as_str() {
+            "TCP" | "" => {
+                let v = engine::connection(state, &src, &dst, L4Protocol::Tcp, f.destination.port);
+                return Some(v.denial().map(|d| d.explain()).unwrap_or(now_allowed));
+            }
+            "UDP" => L4Protocol::Udp,
+            "SCTP" => L4Protocol::Sctp,
+            _ => L4Protocol::Any,
+        };
+        // Not TCP: the network policies alone, as the kernel compiled them
+        // (docs/datapath.md, "UDP, ICMP and the rest").
+        let c = engine::Connection {
+            protocol: l4,
+            src_ip: src.address(),
+            peer: None,
+            dst_ip: dst.address(),
+            dst_port: if l4 == L4Protocol::Any { 0 } else { f.destination.port },
+        };
+        let e = engine::network(state, &src, Direction::Egress, &c);
+        let i = engine::network(state, &dst, Direction::Ingress, &c);
+        Some(if !e.allowed {
+            e.explain()
+        } else if !i.allowed {
+            i.explain()
+        } else {
+            now_allowed
         })
     }
 }
@@ -113,6 +136,9 @@ pub fn compact(f: &Flow, policy: Option<&str>) -> String {
     let mut s = format!("{t} [{}] {} -> {} {}", f.node, end(&f.source, false), end(&f.destination, true), f.verdict);
     if !f.drop_reason.is_empty() {
         s.push_str(&format!(" {} at {}", f.drop_reason, f.point));
+    }
+    if !f.protocol.is_empty() && f.protocol != "TCP" {
+        s.push_str(&format!(" ({})", f.protocol));
     }
     if let Some(p) = policy {
         s.push_str(&format!(": {p}"));
@@ -199,6 +225,7 @@ mod tests {
             verdict: verdict.into(),
             drop_reason: if verdict == "DROPPED" { "POLICY_DENIED".into() } else { String::new() },
             point: "connect".into(),
+            protocol: "TCP".into(),
         }
     }
 

@@ -55,6 +55,14 @@ struct ss_local {
 	__u32 pad;
 };
 
+/* A local pod by the hardware address of its eth0 (map ss_macs_v1, value
+ * struct ss_pod), for what the tc programs see without an IPv4 header
+ * (IPv6). */
+struct ss_mac_key {
+	__u8 addr[6];
+	__u16 pad;
+};
+
 /* An address and port (service endpoints in ss_backends_v1, the address
  * a balanced socket dialed in ss_lbsock_v1). */
 struct ss_origdst {
@@ -183,6 +191,32 @@ struct ss_sockstate {
 
 #define SS_SOCK_PENDING 1 /* counted in ss_pending_v1, not given back yet */
 
+/* The protocol of policy entries for what is neither TCP, UDP nor SCTP
+ * (ICMP, for one): decided at port 0 by the rules that name no port. */
+#define SS_PROTO_OTHER 0
+
+/* A flow a pod on the datapath took part in that is not TCP (map
+ * ss_flows_v1): UDP and SCTP by both ports, ICMP echo by its identifier
+ * (pod_port; peer_port 0), anything else by the protocol alone. Written
+ * when a pod sends (tc egress) or receives (tc ingress) a packet policy
+ * allowed; a packet of a flow seen in the last SS_FLOW_TIMEOUT_NS passes
+ * both ways without a policy lookup, so replies pass as conntrack lets
+ * them (a UDP server isolated for egress still answers its clients). */
+struct ss_flow_key {
+	__u32 pod_ip;  /* network order */
+	__u32 peer_ip; /* network order */
+	__u16 pod_port;
+	__u16 peer_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct ss_flow {
+	__u64 seen_ns; /* bpf_ktime_get_ns of the last packet */
+};
+
+#define SS_FLOW_TIMEOUT_NS (120ULL * 1000 * 1000 * 1000)
+
 /* Verdicts of flow events. Never renumbered. */
 #define SS_VERDICT_FORWARDED 1  /* passed on untouched (not meshed) */
 #define SS_VERDICT_REDIRECTED 2 /* steered to the node proxy */
@@ -193,11 +227,13 @@ struct ss_sockstate {
 #define SS_DROP_NO_PROXY 2      /* a meshed pod's node proxy is not listening */
 #define SS_DROP_NO_ENDPOINT 3   /* a service address with no ready endpoint */
 #define SS_DROP_TOO_MANY_PENDING 4 /* the pod has SS_MAX_PENDING steered connects not yet established */
+#define SS_DROP_IPV6 5          /* IPv6 from or to a meshed pod: the mesh carries IPv4 only */
 #define SS_DROP_MAX 8           /* counters per node */
 
 /* Where the verdict was taken. */
 #define SS_POINT_CONNECT 1   /* the source's connect() */
 #define SS_POINT_TC_INGRESS 2 /* the destination pod's eth0, inbound */
+#define SS_POINT_TC_EGRESS 3  /* the source pod's eth0, outbound */
 
 /* One flow event (ring buffer ss_events_v1). */
 struct ss_event {

@@ -30,6 +30,14 @@ struct {
 } ss_local_v1 SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ss_mac_key);
+	__type(value, struct ss_pod);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_macs_v1 SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 262144);
 	__type(key, __u64);
@@ -122,6 +130,17 @@ struct {
 	__type(value, struct ss_sockstate);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ss_sockstate_v1 SEC(".maps");
+
+/* Non-TCP flows of pods on the datapath, for replies (ss_abi.h). LRU: a
+ * flow whose entry was pushed out passes again with its next packet the
+ * policy allows, as a conntrack entry that timed out does. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct ss_flow_key);
+	__type(value, struct ss_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ss_flows_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -237,13 +256,67 @@ static __always_inline struct ss_pod *ss_pod_of(struct bpf_sock_addr *ctx, __u64
 	return pod;
 }
 
-/* A pod's UDP datagram or connected UDP socket towards dst:port (connect4
- * and sendmsg4): refused (0) when the network policies deny it; UDP is not
- * captured, so this is where a pod's UDP egress policy holds. */
-static __always_inline int ss_udp_egress(__u64 netns, struct ss_pod *pod, __u32 dst, __u16 port)
+/* The local port a socket address hook's socket is bound to (0: none
+ * yet), host order. */
+static __always_inline __u16 ss_sock_port(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	return sk ? (__u16)sk->src_port : 0;
+}
+
+/* Whether a flow had a packet in the last SS_FLOW_TIMEOUT_NS; refreshes
+ * it when it did (and `refresh`). */
+static __always_inline int ss_flow_live(struct ss_flow_key *k, int refresh)
+{
+	struct ss_flow *f = bpf_map_lookup_elem(&ss_flows_v1, k);
+	if (!f)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - f->seen_ns > SS_FLOW_TIMEOUT_NS)
+		return 0;
+	/* One write a second at most: a busy flow does not bounce the
+	 * entry's cache line between CPUs on every packet. */
+	if (refresh && now - f->seen_ns > 1000000000ULL)
+		f->seen_ns = now;
+	return 1;
+}
+
+static __always_inline void ss_flow_note(struct ss_flow_key *k)
+{
+	struct ss_flow f = { .seen_ns = bpf_ktime_get_ns() };
+	bpf_map_update_elem(&ss_flows_v1, k, &f, BPF_ANY);
+}
+
+/* A socket's real IPv6 destination (not IPv4-mapped; connect6.c,
+ * sendmsg6.c): refused (0) for a meshed pod, as the mesh carries IPv4
+ * only and IPv6 would go around it; loopback and the unspecified address
+ * stay inside the pod, pods outside the mesh go on. */
+static __always_inline int ss_ipv6_guard(struct bpf_sock_addr *ctx)
+{
+	if (!ctx->user_ip6[0] && !ctx->user_ip6[1] && !ctx->user_ip6[2] &&
+	    (!ctx->user_ip6[3] || ctx->user_ip6[3] == bpf_htonl(1)))
+		return 1;
+	__u64 netns;
+	struct ss_pod *pod = ss_pod_of(ctx, &netns);
+	if (!pod || !(pod->flags & SS_POD_MESHED))
+		return 1;
+	ss_count_drop(pod->node, SS_DROP_IPV6);
+	return 0;
+}
+
+/* A pod's UDP datagram or connected UDP socket from its port `sport` (0:
+ * not bound yet) towards dst:port (connect4 and sendmsg4): refused (0)
+ * when the network policies deny it and it answers no flow of the pod's;
+ * UDP is not captured, so this is where a pod's UDP egress policy holds. */
+static __always_inline int ss_udp_egress(__u64 netns, struct ss_pod *pod, __u16 sport, __u32 dst, __u16 port)
 {
 	if (ss_is_loopback(dst) || dst == pod->ip || dst == 0)
 		return 1;
+	if (sport) {
+		struct ss_flow_key k = { .pod_ip = pod->ip, .peer_ip = dst, .pod_port = sport, .peer_port = port, .proto = IPPROTO_UDP };
+		if (ss_flow_live(&k, 0))
+			return 1;
+	}
 	struct ss_policy_value *v = ss_policy_lookup_proto(IPPROTO_UDP, pod->node, pod->ip, dst, port);
 	if (!v || v->verdict != SS_POLICY_DENY)
 		return 1;

@@ -49,9 +49,13 @@ pub struct Flow {
     /// For drops: POLICY_DENIED, NO_PROXY.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub drop_reason: String,
-    /// Where: `connect` (the source's connect()) or `tc-ingress` (the
-    /// destination pod's interface).
+    /// Where: `connect` (the source's connect() or sendmsg()),
+    /// `tc-ingress` (the destination pod's interface) or `tc-egress` (the
+    /// source pod's).
     pub point: String,
+    /// TCP, UDP, SCTP, ICMP, or the IP protocol number.
+    #[serde(default)]
+    pub protocol: String,
 }
 
 /// A pod, or a service address (empty identity), as the flow log names it.
@@ -143,7 +147,15 @@ pub fn describe(e: &Event, seq: u64, time_ms: u64, pods: &[PodName], nodes: &[St
     let point = match e.point {
         abi::POINT_CONNECT => "connect",
         abi::POINT_TC_INGRESS => "tc-ingress",
+        abi::POINT_TC_EGRESS => "tc-egress",
         _ => "unknown",
+    };
+    let protocol = match e.proto {
+        6 => "TCP".to_string(),
+        17 => "UDP".to_string(),
+        132 => "SCTP".to_string(),
+        1 => "ICMP".to_string(),
+        n => format!("IP protocol {n}"),
     };
     // Node indexes are 1-based in the local cluster.
     let node = (e.node as usize).checked_sub(1).and_then(|i| nodes.get(i)).cloned().unwrap_or_default();
@@ -156,6 +168,7 @@ pub fn describe(e: &Event, seq: u64, time_ms: u64, pods: &[PodName], nodes: &[St
         verdict,
         drop_reason,
         point: point.into(),
+        protocol,
     }
 }
 

@@ -68,18 +68,6 @@ table inet {TABLE} {{
     )
 }
 
-/// The IPv6 refusal of [`ruleset`] alone, for pods the eBPF datapath
-/// captures: a guard, not capture (the programs see IPv4 only, so IPv6
-/// must not be a way around them).
-pub const GUARD_TABLE: &str = "slipstream_guard";
-
-pub fn ipv6_guard_ruleset() -> String {
-    let full = ruleset();
-    let start = full.find("  chain ipv6_in").expect("ipv6 chains in the ruleset");
-    let end = full.find("  chain output_route").expect("output_route chain in the ruleset");
-    format!("table inet {GUARD_TABLE} {{}}\ndelete table inet {GUARD_TABLE}\ntable inet {GUARD_TABLE} {{\n{}}}\n", &full[start..end])
-}
-
 /// Installs capture in a new pod network namespace.
 pub fn enable(pod_netns: &str) -> Result<(), CmdError> {
     run(&["ip", "netns", "exec", pod_netns, "nft", "-f", "-"], Some(&ruleset()))?;
@@ -87,14 +75,14 @@ pub fn enable(pod_netns: &str) -> Result<(), CmdError> {
 }
 
 /// What the eBPF datapath needs in a meshed pod's namespace besides its
-/// programs: the reply route of transparent inbound connections, and the
-/// IPv6 guard. `tcp_fwmark_accept` makes the app's side of a connection
+/// programs (which also refuse IPv6 there, so no nftables rule is left in
+/// the pod): the reply route of transparent inbound connections.
+/// `tcp_fwmark_accept` makes the app's side of a connection
 /// the proxy opened with INPOD_MARK carry that mark too, so its replies
 /// take the reply route back to the proxy, and `fwmark_reflect` does the
 /// same for what the kernel answers with no socket (the reset of a closed
 /// port); nftables capture restores the mark from conntrack instead.
 pub fn enable_ebpf_support(pod_netns: &str) -> Result<(), CmdError> {
-    run(&["ip", "netns", "exec", pod_netns, "nft", "-f", "-"], Some(&ipv6_guard_ruleset()))?;
     run(&["ip", "netns", "exec", pod_netns, "sysctl", "-qw", "net.ipv4.tcp_fwmark_accept=1", "net.ipv4.fwmark_reflect=1"], None)?;
     reply_route(pod_netns)
 }
@@ -111,15 +99,6 @@ fn reply_route(pod_netns: &str) -> Result<(), CmdError> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_ebpf_guard_refuses_ipv6_and_captures_nothing() {
-        let g = super::ipv6_guard_ruleset();
-        assert!(g.starts_with("table inet slipstream_guard {}\ndelete table inet slipstream_guard\n"), "{g}");
-        assert!(g.contains("chain ipv6_in") && g.contains("chain ipv6_out"), "{g}");
-        assert!(!g.contains("redirect") && !g.contains("nat") && !g.contains("ct mark"), "the guard captures nothing: {g}");
-        assert_eq!(g.matches('{').count(), g.matches('}').count(), "{g}");
-    }
-
     #[test]
     fn ruleset_replaces_atomically_and_skips_proxy_sockets() {
         let r = super::ruleset();
