@@ -568,6 +568,16 @@ fn udp_policy_holds_in_the_kernel_at_both_ends_with_answers_let_through() {
         assert_eq!(denied(&node2), before2 + 1, "{ns}: dropped and counted at the server's tc ingress");
         assert_eq!(ask(ns, "friend", &server), "echo ping", "{ns}: the friend still gets its answers");
     }
+    // observe shows them as hubble would, with the protocol and the policy.
+    let drops = c.ok(&["observe", "--protocol", "udp", "--type", "drop", "--last", "0"]);
+    let outsider_drops: Vec<&str> = drops.lines().filter(|l| l.contains("udpold/outsider")).collect();
+    assert_eq!(outsider_drops.len(), 2, "{drops}");
+    for l in &outsider_drops {
+        assert!(l.contains("DROPPED POLICY_DENIED at tc-ingress (UDP)") && l.contains("NetworkPolicy"), "{drops}");
+    }
+    assert_eq!(drops.lines().filter(|l| l.contains("/stranger") && l.contains("at connect (UDP)")).count(), 2, "{drops}");
+    let flows = c.ok(&["observe", "--protocol", "udp", "--verdict", "forwarded", "--last", "0"]);
+    assert!(flows.lines().any(|l| l.contains("udpm/friend") && l.contains("FORWARDED")), "a new UDP flow is recorded: {flows}");
     // The kernel alone holds these pods' policies: no chain in the node's
     // nftables table for them (the nftables path would have one for each
     // pod outside the mesh).

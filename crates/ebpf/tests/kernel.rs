@@ -176,7 +176,9 @@ fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_prox
     v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
     assert_eq!(run(&v6), TC_ACT_OK, "IPv6 to an address that is no meshed pod's passes (below: a meshed pod's)");
     assert_eq!(run(&tcp(PEER, POD, 40000, 8080, true, false)[..40]), TC_ACT_OK, "a truncated header is not parsed");
-    assert!(events.read(Duration::from_millis(10)).is_empty(), "nothing above is a flow");
+    let ev = events.read(Duration::from_millis(100));
+    let got: Vec<(u8, u8, u8)> = ev.iter().map(|e| (e.proto, e.verdict, e.point)).collect();
+    assert_eq!(got, vec![(17, Verdict::Forwarded as u8, abi::POINT_TC_INGRESS)], "of the above, only the UDP datagram is a new flow");
 
     // A new connection to the meshed pod while its proxy has no listener:
     // dropped (the client retries), counted once, recorded once.
@@ -250,7 +252,20 @@ fn udp_icmp_and_the_rest_meet_the_policy_at_both_ends_and_replies_pass() {
     let denied: u64 = drops.get(&(3 * abi::DROP_MAX + DropReason::PolicyDenied as u32), 0).unwrap().iter().sum();
     assert_eq!(denied, 9, "every drop counted once");
     let ev = events.read(Duration::from_secs(1));
-    let got: Vec<(u8, u8, u32, u16)> = ev.iter().map(|e| (e.point, e.proto, e.rule, e.dst_port)).collect();
+    let forwarded: Vec<(u8, u8, u16)> =
+        ev.iter().filter(|e| e.verdict == Verdict::Forwarded as u8).map(|e| (e.point, e.proto, e.dst_port)).collect();
+    assert_eq!(
+        forwarded,
+        vec![
+            (abi::POINT_TC_INGRESS, 17, 53),
+            (abi::POINT_TC_EGRESS, 17, 7000),
+            (abi::POINT_TC_EGRESS, 1, 0),
+            (abi::POINT_TC_INGRESS, 17, 8125)
+        ],
+        "a new flow is recorded once, where it was let through; its further packets and answers are not: {ev:?}"
+    );
+    let got: Vec<(u8, u8, u32, u16)> =
+        ev.iter().filter(|e| e.verdict == Verdict::Dropped as u8).map(|e| (e.point, e.proto, e.rule, e.dst_port)).collect();
     assert_eq!(
         got,
         vec![

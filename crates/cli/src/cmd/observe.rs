@@ -28,6 +28,10 @@ pub struct ObserveArgs {
     /// Flows with this port at either end.
     #[arg(long)]
     pub port: Option<u16>,
+    /// Flows of this protocol: tcp, udp, sctp or icmp (as hubble's
+    /// `--protocol`).
+    #[arg(long, value_parser = ["tcp", "udp", "sctp", "icmp", "TCP", "UDP", "SCTP", "ICMP"])]
+    pub protocol: Option<String>,
     /// FORWARDED, REDIRECTED (to the node proxy) or DROPPED.
     #[arg(long, value_parser = ["FORWARDED", "REDIRECTED", "DROPPED", "forwarded", "redirected", "dropped"])]
     pub verdict: Option<String>,
@@ -66,6 +70,7 @@ pub fn matches(a: &ObserveArgs, f: &Flow) -> bool {
         && a.port.is_none_or(|p| f.source.port == p || f.destination.port == p)
         && verdict_ok
         && kind_ok
+        && a.protocol.as_deref().is_none_or(|p| p.eq_ignore_ascii_case(if f.protocol.is_empty() { "TCP" } else { &f.protocol }))
 }
 
 /// The deciding policy of a policy drop, from the source node's state.
@@ -240,6 +245,10 @@ mod tests {
         };
         let from_legacy = a(&|a| a.from_pod = Some("pod:production/legacy-service".into()));
         assert!(matches(&from_legacy, &drop) && !matches(&from_legacy, &fwd));
+        let mut udp = drop.clone();
+        udp.protocol = "UDP".into();
+        let only_udp = a(&|a| a.protocol = Some("udp".into()));
+        assert!(matches(&only_udp, &udp) && !matches(&only_udp, &drop), "--protocol, case as hubble takes it");
         let to_billing = a(&|a| a.to_pod = Some("production/billing-service".into()));
         assert!(matches(&to_billing, &drop) && matches(&to_billing, &fwd));
         let drops = a(&|a| a.kind = Some("drop".into()));

@@ -137,7 +137,8 @@ static __always_inline int ss_tc_not_ip4(struct __sk_buff *skb, int ingress)
  * policy allowed); so does an ICMP error about a packet the pod sent.
  * Anything else is looked up in the policy map in the pod's node's
  * numbering (UDP and SCTP by port, the rest at port 0 under
- * SS_PROTO_OTHER); allowed, its flow is noted so its replies pass. */
+ * SS_PROTO_OTHER); allowed, its flow is noted so its replies pass and
+ * recorded as FORWARDED (once per flow and end, not per packet). */
 static __always_inline int ss_tc_flow(struct ss_pkt4 *p, int ingress)
 {
 	__u32 pod_ip = ingress ? p->daddr : p->saddr;
@@ -170,6 +171,8 @@ static __always_inline int ss_tc_flow(struct ss_pkt4 *p, int ingress)
 		return 0;
 	}
 	ss_flow_note(&k);
+	ss_emit_proto(p->proto, 0, p->saddr, p->sport, p->daddr, dport, SS_VERDICT_FORWARDED, 0,
+		      ingress ? SS_POINT_TC_INGRESS : SS_POINT_TC_EGRESS, 0, local->node);
 	return 1;
 }
 
