@@ -22,5 +22,5 @@ int ss_tc_egress(struct __sk_buff *skb)
 		return ss_tc_not_ip4(skb, 0);
 	if (r != 0)
 		return TC_ACT_OK; /* TCP: decided at connect(); or unreadable, which the stack drops */
-	return ss_tc_flow(&p, 0) ? TC_ACT_OK : TC_ACT_SHOT;
+	return ss_tc_flow(skb, &p, 0) ? TC_ACT_OK : TC_ACT_SHOT;
 }

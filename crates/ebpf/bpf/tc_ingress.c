@@ -110,7 +110,7 @@ int ss_tc_ingress(struct __sk_buff *skb)
 	if (r == SS_PARSE_NOT_IP4)
 		return ss_tc_not_ip4(skb, 1);
 	if (r == 0)
-		return ss_tc_flow(&p, 1) ? TC_ACT_OK : TC_ACT_SHOT;
+		return ss_tc_flow(skb, &p, 1) ? TC_ACT_OK : TC_ACT_SHOT;
 	struct ss_tcp4 t;
 	if (ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, &t))
 		return TC_ACT_OK;

@@ -38,6 +38,8 @@ pub mod maps {
 }
 
 pub const POD_MESHED: u16 = 1;
+/// Both tc programs are on the pod: they decide what is not TCP.
+pub const POD_FLOWS: u16 = 2;
 pub const POLICY_ALLOW: u8 = 1;
 pub const POLICY_DENY: u8 = 2;
 /// On a port-0 deny: no port of the pair is allowed.
@@ -509,6 +511,7 @@ mod tests {
         assert_eq!(define(&h, "SS_MAX_NODES"), MAX_NODES as u64);
         assert_eq!(define(&h, "SS_DROP_MAX"), DROP_MAX as u64);
         assert_eq!(define(&h, "SS_POD_MESHED"), POD_MESHED as u64);
+        assert_eq!(define(&h, "SS_POD_FLOWS"), POD_FLOWS as u64);
         assert_eq!(define(&h, "SS_POLICY_ALLOW"), POLICY_ALLOW as u64);
         assert_eq!(define(&h, "SS_POLICY_DENY"), POLICY_DENY as u64);
         assert_eq!(define(&h, "SS_POLICY_F_ALL_PORTS"), POLICY_F_ALL_PORTS as u64);

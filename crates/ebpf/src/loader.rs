@@ -277,7 +277,7 @@ impl Datapath {
 
     fn try_enrol(&mut self, p: &PodAttach) -> Result<(), Error> {
         let cookie = sys::netns_cookie_of(p.netns).map_err(io(format!("the network namespace cookie of {}", p.netns.display())))?;
-        let flags = if p.meshed { abi::POD_MESHED } else { 0 };
+        let flags = if p.meshed { abi::POD_MESHED } else { 0 } | abi::POD_FLOWS;
         let ip = abi::ip_key(p.ip);
         self.hash_map::<u64, Pod>(abi::maps::PODS)?
             .insert(cookie, Pod { ip, node: p.node, flags }, 0)
@@ -402,10 +402,11 @@ impl Datapath {
         if let Some(node) = node {
             let _ = self.hash_map::<IpcacheKey, u32>(abi::maps::IPCACHE)?.remove(&IpcacheKey::new(node, ip));
         }
-        // Its flows, so that a pod given its address later does not
-        // inherit the replies this one was owed.
+        // Its flows, and other pods' flows with it, so that a pod given
+        // its address later neither inherits the replies this one was owed
+        // nor passes as the peer of another pod's old flow.
         let mut flows = self.hash_map::<abi::FlowKey, abi::Flow>(abi::maps::FLOWS)?;
-        let stale: Vec<abi::FlowKey> = flows.keys().flatten().filter(|k| k.pod_ip == ipk).collect();
+        let stale: Vec<abi::FlowKey> = flows.keys().flatten().filter(|k| k.pod_ip == ipk || k.peer_ip == ipk).collect();
         for k in &stale {
             let _ = flows.remove(k);
         }

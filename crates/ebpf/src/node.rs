@@ -134,10 +134,17 @@ impl NodeMaps {
     }
 
     /// The addresses of this node's pods that the CNI put on the datapath
-    /// (`ss_local_v1`): their network policies are the programs', at both
-    /// ends and for every protocol, so the nftables path leaves them out.
+    /// with both tc programs (`ss_local_v1`, flag `POD_FLOWS`): their
+    /// network policies are the programs', at both ends and for every
+    /// protocol, so the nftables path may leave them out. A pod enrolled by
+    /// an older version lacks the flag and stays in nftables.
     pub fn pods_on_datapath(&self) -> std::collections::BTreeSet<Ipv4Addr> {
-        self.local.iter().flatten().filter(|(_, l)| l.node == self.node).map(|(ip, _)| abi::ip_from_key(ip)).collect()
+        self.local
+            .iter()
+            .flatten()
+            .filter(|(_, l)| l.node == self.node && l.flags & abi::POD_FLOWS != 0)
+            .map(|(ip, _)| abi::ip_from_key(ip))
+            .collect()
     }
 
     /// This node's index in the maps (the `--datapath-index` it runs with).

@@ -53,6 +53,11 @@ pub struct Compiled {
     pub rules: Vec<String>,
     /// Pairs of classes left to user space.
     pub skipped_pairs: usize,
+    /// This node's pods with a pair (or a service) the map cannot decide
+    /// exactly (a port range too wide to expand; a UDP or SCTP service
+    /// some endpoints of which their egress allows and some not): the node
+    /// proxy keeps them in the nftables table, which decides the rest.
+    pub left_to_nftables: BTreeSet<Ipv4Addr>,
     /// How many workload classes (identities) the snapshot has.
     pub classes: usize,
     /// The ipcache keys of this node's own pods.
@@ -454,6 +459,15 @@ fn emit(
     }
 }
 
+/// Counts a pair left to user space and keeps the local members of its
+/// ends in the nftables table (see [`Compiled::left_to_nftables`]).
+fn leave(out: &mut Compiled, node: &str, ends: &[&Group]) {
+    out.skipped_pairs += 1;
+    for g in ends {
+        out.left_to_nftables.extend(g.members.iter().filter(|w| w.node == node).filter_map(|w| v4(w.address())));
+    }
+}
+
 /// One class of workloads: its identity, members, and whether one of them
 /// runs on this node.
 struct Group<'a> {
@@ -531,7 +545,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                 continue;
             }
             let Some(ports) = significant_ports(state, src, dst) else {
-                out.skipped_pairs += 1;
+                leave(&mut out, node, &[s, d]);
                 continue;
             };
             let pair = Pair { proto: IPPROTO_TCP, node: node_index, src: s.id, dst: d.id, source_known: true };
@@ -566,7 +580,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                         (v.allowed, (!v.allowed).then_some(v))
                     });
                 } else {
-                    out.skipped_pairs += 1;
+                    leave(&mut out, node, &[g]);
                 }
             }
             if ingress {
@@ -579,7 +593,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                         (v.allowed(), v.denial().cloned())
                     });
                 } else {
-                    out.skipped_pairs += 1;
+                    leave(&mut out, node, &[g]);
                 }
             }
         }
@@ -625,7 +639,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                     continue;
                 }
                 let Some(ports) = ports_of(s.local.then_some((src, src.address())), Some(dst), dst.address()) else {
-                    out.skipped_pairs += 1;
+                    leave(&mut out, node, &[s, d]);
                     continue;
                 };
                 let pair = Pair { proto, node: node_index, src: s.id, dst: d.id, source_known: true };
@@ -658,7 +672,7 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                         (e.allowed, (!e.allowed).then_some(e))
                     });
                 } else {
-                    out.skipped_pairs += 1;
+                    leave(&mut out, node, &[g]);
                 }
                 // Ingress, from the world.
                 if let Some(ports) = ports_of(None, Some(w), w.address()) {
@@ -668,7 +682,47 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
                         (i.allowed, (!i.allowed).then_some(i))
                     });
                 } else {
-                    out.skipped_pairs += 1;
+                    leave(&mut out, node, &[g]);
+                }
+            }
+        }
+        // A service address (UDP and SCTP): the node's service table
+        // chooses the endpoint after the datagram left the pod, so the
+        // sender's egress is decided here when it is the same for every
+        // ready endpoint (all refused: a deny at the service address);
+        // when endpoints differ, the sender stays in the nftables table,
+        // which sees the endpoint. The endpoint's ingress holds at its own
+        // tc ingress either way.
+        if proto == PROTO_OTHER {
+            continue;
+        }
+        for s in groups.iter().filter(|g| g.local) {
+            let src = s.members[0];
+            if state.net_policies_for(&src.uid).is_empty() {
+                continue;
+            }
+            for svc in state.services() {
+                for vip in svc.addresses.iter().filter_map(|a| v4(a.address)) {
+                    let vip_id = numbers[&Class::Service(vip)];
+                    for port in &svc.ports {
+                        let eps = state.endpoints(svc, port.service_port);
+                        let verdicts: Vec<slipstream_core::policy::LayerVerdict> = eps
+                            .iter()
+                            .map(|e| {
+                                engine::network(state, src, Direction::Egress, &conn(src.address(), e.workload.address(), e.target_port))
+                            })
+                            .collect();
+                        let denied = verdicts.iter().filter(|v| !v.allowed).count();
+                        if denied == 0 {
+                            continue;
+                        }
+                        if denied < verdicts.len() {
+                            leave(&mut out, node, &[s]);
+                            continue;
+                        }
+                        let rule = rules.id_of(Some(&verdicts[0]));
+                        out.entries.insert(PolicyKey::new(proto, node_index, s.id, vip_id, port.service_port), PolicyValue::deny(rule, 0));
+                    }
                 }
             }
         }

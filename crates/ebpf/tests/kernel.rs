@@ -74,16 +74,17 @@ fn udp4(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
 }
 
 /// An ICMP echo (type 8) or echo reply (0) with its identifier, or an
-/// error (type 3) about a UDP packet `inner_src` sent to `src`.
-fn icmp(src: Ipv4Addr, dst: Ipv4Addr, kind: u8, id: u16, inner_src: Option<Ipv4Addr>) -> Vec<u8> {
+/// error (type 3) about a UDP packet (source, source port, destination
+/// port) sent to `src`.
+fn icmp(src: Ipv4Addr, dst: Ipv4Addr, kind: u8, id: u16, inner: Option<(Ipv4Addr, u16, u16)>) -> Vec<u8> {
     let mut p = tcp(src, dst, 0, 0, false, false);
     p[14 + 9] = 1;
     p.truncate(34);
     let mut h = vec![kind, 0, 0, 0, 0, 0, 0, 0];
     h[4..6].copy_from_slice(&id.to_be_bytes());
-    if let Some(inner) = inner_src {
+    if let Some((inner, sport, dport)) = inner {
         h[0] = 3;
-        h.extend(udp4(inner, src, 40000, 53)[14..42].iter());
+        h.extend(udp4(inner, src, sport, dport)[14..42].iter());
     }
     p.extend(h);
     let total = (p.len() - 14) as u16;
@@ -160,7 +161,7 @@ fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_prox
     let d = Dir::new("tc");
     let dp = Datapath::load(&d.0).unwrap();
     let mut local: HashMap<MapData, u32, Local> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::LOCAL))).unwrap();
-    local.insert(abi::ip_key(POD), Local { node: 3, flags: abi::POD_MESHED, pad: 0 }, 0).unwrap();
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: abi::POD_MESHED | abi::POD_FLOWS, pad: 0 }, 0).unwrap();
     let unmeshed = Ipv4Addr::new(10, 244, 1, 8);
     local.insert(abi::ip_key(unmeshed), Local { node: 3, flags: 0, pad: 0 }, 0).unwrap();
     let mut events = FlowReader::open(&d.0).unwrap();
@@ -211,7 +212,7 @@ fn udp_icmp_and_the_rest_meet_the_policy_at_both_ends_and_replies_pass() {
     let d = Dir::new("flows");
     let mut dp = Datapath::load(&d.0).unwrap();
     let mut local: HashMap<MapData, u32, Local> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::LOCAL))).unwrap();
-    local.insert(abi::ip_key(POD), Local { node: 3, flags: 0, pad: 0 }, 0).unwrap();
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: abi::POD_FLOWS, pad: 0 }, 0).unwrap();
     let mut policy = numbered(&d.0);
     let (udp_p, other) = (abi::IPPROTO_UDP, abi::PROTO_OTHER);
     // POD is isolated for ingress: of PEER's, only UDP to 53 gets in.
@@ -237,8 +238,9 @@ fn udp_icmp_and_the_rest_meet_the_policy_at_both_ends_and_replies_pass() {
     assert_eq!(eg(&icmp(POD, PEER, 8, 5, None)), TC_ACT_OK);
     assert_eq!(ing(&icmp(PEER, POD, 0, 5, None)), TC_ACT_OK, "the echo reply to POD's ping");
     assert_eq!(ing(&icmp(PEER, POD, 0, 6, None)), TC_ACT_SHOT, "another identifier is no reply");
-    assert_eq!(ing(&icmp(PEER, POD, 3, 0, Some(POD))), TC_ACT_OK, "an ICMP error about a packet POD sent");
-    assert_eq!(ing(&icmp(PEER, POD, 3, 0, Some(OTHER))), TC_ACT_SHOT, "one about somebody else's meets the policy");
+    assert_eq!(ing(&icmp(PEER, POD, 3, 0, Some((POD, 40000, 7000)))), TC_ACT_OK, "an ICMP error about POD's flow to PEER");
+    assert_eq!(ing(&icmp(PEER, POD, 3, 0, Some((POD, 40000, 9)))), TC_ACT_SHOT, "a made-up one, about no flow of POD's");
+    assert_eq!(ing(&icmp(PEER, POD, 3, 0, Some((OTHER, 40000, 7000)))), TC_ACT_SHOT, "one about somebody else's meets the policy");
     // Out: a new flow meets the source's policy; TCP is connect()'s.
     assert_eq!(eg(&udp4(POD, OTHER, 40000, 53)), TC_ACT_SHOT, "UDP POD may not send");
     assert_eq!(eg(&icmp(POD, OTHER, 8, 1, None)), TC_ACT_SHOT, "ICMP POD may not send");
@@ -250,7 +252,7 @@ fn udp_icmp_and_the_rest_meet_the_policy_at_both_ends_and_replies_pass() {
 
     let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
     let denied: u64 = drops.get(&(3 * abi::DROP_MAX + DropReason::PolicyDenied as u32), 0).unwrap().iter().sum();
-    assert_eq!(denied, 9, "every drop counted once");
+    assert_eq!(denied, 10, "every drop counted once");
     let ev = events.read(Duration::from_secs(1));
     let forwarded: Vec<(u8, u8, u16)> =
         ev.iter().filter(|e| e.verdict == Verdict::Forwarded as u8).map(|e| (e.point, e.proto, e.dst_port)).collect();
@@ -275,12 +277,22 @@ fn udp_icmp_and_the_rest_meet_the_policy_at_both_ends_and_replies_pass() {
             (abi::POINT_TC_INGRESS, 17, 6, 40000),
             (abi::POINT_TC_INGRESS, 1, 7, 0),
             (abi::POINT_TC_INGRESS, 1, 7, 0),
+            (abi::POINT_TC_INGRESS, 1, 7, 0),
             (abi::POINT_TC_EGRESS, 17, 8, 53),
             (abi::POINT_TC_EGRESS, 1, 9, 0),
             (abi::POINT_TC_EGRESS, 17, 8, 6000),
         ],
         "each drop recorded where it was taken, with its rule"
     );
+    // A fragment after the first has no ports: its first was decided.
+    let mut frag = udp4(PEER, POD, 5000, 9999);
+    frag[20..22].copy_from_slice(&0x00b9u16.to_be_bytes()); // offset 1480
+    assert_eq!(ing(&frag), TC_ACT_OK, "a later fragment passes (the stack drops it without its first)");
+    // A pod enrolled by an older datapath (no egress program noting its
+    // flows): what is not TCP is left to the nftables table.
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: 0, pad: 0 }, 0).unwrap();
+    assert_eq!(ing(&udp4(PEER, POD, 5000, 9999)), TC_ACT_OK, "not this program's to decide");
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: abi::POD_FLOWS, pad: 0 }, 0).unwrap();
     // The pod goes: its flows go with it (a pod given its address later
     // is owed no answers).
     let flows = || -> usize {

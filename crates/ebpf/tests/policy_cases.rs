@@ -414,3 +414,56 @@ spec: {mtls: {mode: STRICT}}
     assert!(failures.is_empty(), "the kernel disagrees with the engine:\n{}", failures.join("\n"));
     assert!(denials > 50, "the scenarios exercise the world entries: {denials} kernel denials");
 }
+
+/// UDP to a service address: the node's service table picks the endpoint
+/// after the datagram left the pod, so the sender's egress is decided at
+/// the service address when it is the same for every endpoint (all
+/// refused: a deny there; all allowed: nothing), and a sender whose egress
+/// allows some endpoints and not others stays in the nftables table,
+/// which sees the endpoint.
+#[test]
+fn udp_to_a_service_is_refused_when_every_endpoint_is_and_left_to_nftables_when_they_differ() {
+    let policies = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: billing, namespace: prod}
+spec: {clusterIP: 10.96.5.1, selector: {app: billing}, ports: [{name: dns, protocol: UDP, port: 53}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: prod}
+spec: {clusterIP: 10.96.5.2, selector: {app: db}, ports: [{name: dns, protocol: UDP, port: 53}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: backend, namespace: prod}
+spec: {clusterIP: 10.96.5.3, selector: {tier: backend}, ports: [{name: dns, protocol: UDP, port: 53}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: only-billing, namespace: plain}
+spec:
+  podSelector: {matchLabels: {app: outsider}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: prod}}, podSelector: {matchLabels: {app: billing}}}]
+    ports: [{protocol: UDP, port: 53}]
+"#;
+    let cfg = mesh_from_manifests(&format!("{}\n---\n{policies}", cases::WORLD), IndexSettings::default()).unwrap();
+    let (state, _) = MeshState::from_config(&cfg);
+    let c = compile(&state, "node1", 1, &mut Identities::new());
+    let outsider = state.workloads().find(|w| w.name == "outsider").unwrap().address();
+    let IpAddr::V4(outsider4) = outsider else { panic!("IPv4") };
+    let vip = |name: &str| -> IpAddr { state.services().find(|s| s.name == name).unwrap().addresses[0].address };
+    let mut maps = Maps::default();
+    maps.ipcache.extend(c.ipcache.clone());
+    maps.world.extend(c.world.clone());
+    maps.policy.extend(c.entries.clone());
+    assert!(maps.denies_proto(IPPROTO_UDP, 1, outsider, vip("db"), 53), "every endpoint of db is refused: the service address is");
+    assert!(!maps.denies_proto(IPPROTO_UDP, 1, outsider, vip("billing"), 53), "billing's only endpoint is allowed");
+    assert!(!maps.denies_proto(IPPROTO_UDP, 1, outsider, vip("backend"), 53), "backend's endpoints differ: no say at the address");
+    assert!(c.left_to_nftables.contains(&outsider4), "... so the sender stays in the nftables table: {:?}", c.left_to_nftables);
+    let legacy = state.workloads().find(|w| w.name == "legacy").unwrap().address();
+    let IpAddr::V4(legacy4) = legacy else { panic!("IPv4") };
+    assert!(!c.left_to_nftables.contains(&legacy4), "a pod the map decides exactly is the programs' alone");
+}

@@ -241,11 +241,15 @@ impl NodeProxy {
     /// On the eBPF datapath the policy map goes first, so that no pod the
     /// nftables table leaves to the programs is left to neither.
     fn apply_kernel_netpol(&mut self) {
-        let synced = self.apply_kernel_policy();
+        let left = self.apply_kernel_policy();
         if let Some(k) = &mut self.netpol {
             // A policy map not brought up to date leaves every pod to
-            // nftables too (both enforce; neither is skipped).
-            let on_datapath = self.datapath.as_ref().filter(|_| synced).map(|m| m.pods_on_datapath()).unwrap_or_default();
+            // nftables too (both enforce; neither is skipped), and so does
+            // a pod with a pair the map cannot decide exactly.
+            let on_datapath = match (&self.datapath, left) {
+                (Some(m), Some(left)) => m.pods_on_datapath().into_iter().filter(|a| !left.contains(a)).collect(),
+                _ => Default::default(),
+            };
             k.apply(crate::netpol::plan(&self.index.snapshot(), &self.shared.config.node, &on_datapath));
         }
     }
@@ -261,8 +265,10 @@ impl NodeProxy {
 
     /// The kernel's share of policy: what the engine decides for this
     /// node's pods as sources, written to the policy map (docs/datapath.md).
-    fn apply_kernel_policy(&mut self) -> bool {
-        let Some(maps) = &self.datapath else { return false };
+    /// Returns the pods the map could not decide exactly (for the nftables
+    /// table), or None when it was not written.
+    fn apply_kernel_policy(&mut self) -> Option<std::collections::BTreeSet<std::net::Ipv4Addr>> {
+        let Some(maps) = &self.datapath else { return None };
         let snap = self.index.snapshot();
         let node = &self.shared.config.node;
         let ids = self.identities.get_or_insert_with(|| maps.prior_identities());
@@ -280,10 +286,10 @@ impl NodeProxy {
             Ok(_) => {}
             Err(e) => {
                 tracing::error!("kernel policy map not updated (the node proxy and nftables still decide every connection): {e}");
-                return false;
+                return None;
             }
         }
-        true
+        Some(compiled.left_to_nftables)
     }
 
     /// Policy changes apply to open connections too.

@@ -209,8 +209,17 @@ fn labels_of(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> 
     m.labels.clone().unwrap_or_default()
 }
 
+/// The label the API server puts on every namespace (Kubernetes 1.21 and
+/// later), which policies select namespaces by: set here too, so that a
+/// directory of manifests (the local cluster) means what it means on a
+/// cluster.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 fn namespace(n: &core_v1::Namespace) -> NamespaceInput {
-    let labels = labels_of(&n.metadata);
+    let mut labels = labels_of(&n.metadata);
+    if let Some(name) = &n.metadata.name {
+        labels.insert(NAMESPACE_NAME_LABEL.into(), name.clone());
+    }
     NamespaceInput { use_waypoint: labels.get(USE_WAYPOINT).cloned(), labels }
 }
 

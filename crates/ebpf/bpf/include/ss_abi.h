@@ -46,6 +46,9 @@ struct ss_pod {
 
 /* The pod's outbound connections go to its node proxy. */
 #define SS_POD_MESHED 1
+/* Both tc programs are on the pod (enrolled by this datapath version):
+ * the programs decide its traffic that is not TCP, per flow. */
+#define SS_POD_FLOWS 2
 
 /* A local pod by address (map ss_local_v1), for the programs that see
  * packets rather than processes. */

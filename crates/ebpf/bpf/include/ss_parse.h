@@ -68,8 +68,14 @@ struct ss_pkt4 {
 	__u8 proto;  /* IPPROTO_UDP, IPPROTO_SCTP, IPPROTO_ICMP, other */
 	__u8 icmp_type;
 	__u8 icmp_error; /* an ICMP error (unreachable, time exceeded, parameter problem) */
-	__u8 pad;
-	__u32 inner_saddr; /* ICMP error: the source of the packet it is about */
+	__u8 frag_later; /* a fragment after the first: no ports of its own */
+	/* ICMP error: the packet it is about (inner_proto 0: unreadable) */
+	__u32 inner_saddr;
+	__u32 inner_daddr;
+	__u16 inner_sport; /* ICMP echo: the identifier */
+	__u16 inner_dport;
+	__u8 inner_proto;
+	__u8 pad[3];
 };
 
 #define SS_PARSE_NOT_IP4 1
@@ -98,10 +104,16 @@ static __always_inline int ss_parse_pkt4(void *data, void *data_end, struct ss_p
 	out->dport = 0;
 	out->icmp_type = 0;
 	out->icmp_error = 0;
-	out->pad = 0;
+	out->frag_later = 0;
 	out->inner_saddr = 0;
-	if (ip->frag_off & bpf_htons(0x1fff))
+	out->inner_daddr = 0;
+	out->inner_sport = 0;
+	out->inner_dport = 0;
+	out->inner_proto = 0;
+	if (ip->frag_off & bpf_htons(0x1fff)) {
+		out->frag_later = 1;
 		return 0;
+	}
 	void *l4 = (void *)ip + ip->ihl * 4;
 	if (ip->protocol == IPPROTO_UDP || ip->protocol == IPPROTO_SCTP) {
 		__u16 *ports = l4;
@@ -123,6 +135,20 @@ static __always_inline int ss_parse_pkt4(void *data, void *data_end, struct ss_p
 				return -1;
 			out->icmp_error = 1;
 			out->inner_saddr = inner->saddr;
+			out->inner_daddr = inner->daddr;
+			/* The first 8 bytes of the quoted packet's payload: its
+			 * ports (or the echo identifier). Options: not read. */
+			__u16 *q = (void *)(inner + 1);
+			if (inner->ihl == 5 && (void *)(q + 4) <= data_end && !(inner->frag_off & bpf_htons(0x1fff))) {
+				if (inner->protocol == IPPROTO_UDP || inner->protocol == IPPROTO_SCTP || inner->protocol == IPPROTO_TCP) {
+					out->inner_proto = inner->protocol;
+					out->inner_sport = bpf_ntohs(q[0]);
+					out->inner_dport = bpf_ntohs(q[1]);
+				} else if (inner->protocol == IPPROTO_ICMP) {
+					out->inner_proto = IPPROTO_ICMP;
+					out->inner_sport = bpf_ntohs(q[2]); /* type, code, checksum, id */
+				}
+			}
 		}
 	}
 	return 0;

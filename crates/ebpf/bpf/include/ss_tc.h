@@ -131,24 +131,70 @@ static __always_inline int ss_tc_not_ip4(struct __sk_buff *skb, int ingress)
 	return ingress ? ss_answer_reset6(skb) : TC_ACT_SHOT;
 }
 
+/* Whether an ICMP error (`p`) concerns a live flow of the pod at
+ * `pod_ip`: coming in (`ingress`), the packet it quotes is one the pod
+ * sent (a UDP or SCTP flow, an echo, or a TCP connection the pod has a
+ * socket for); going out, one the pod received (a flow the pod took part
+ * in). Anything else is no answer to anything and meets the policy. */
+static __always_inline int ss_icmp_error_of_flow(struct __sk_buff *skb, struct ss_pkt4 *p, __u32 pod_ip, int ingress)
+{
+	__u32 own = ingress ? p->inner_saddr : p->inner_daddr;
+	__u32 peer = ingress ? p->inner_daddr : p->inner_saddr;
+	if (own != pod_ip || !p->inner_proto)
+		return 0;
+	if (p->inner_proto == IPPROTO_TCP) {
+		if (!ingress)
+			return 0;
+		/* The connection as its packets coming in would name it. */
+		struct bpf_sock_tuple t = {};
+		t.ipv4.saddr = peer;
+		t.ipv4.daddr = own;
+		t.ipv4.sport = bpf_htons(p->inner_dport);
+		t.ipv4.dport = bpf_htons(p->inner_sport);
+		struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		if (!sk)
+			return 0;
+		int connected = sk->state != BPF_TCP_LISTEN;
+		bpf_sk_release(sk);
+		return connected;
+	}
+	struct ss_flow_key k = { .pod_ip = pod_ip, .peer_ip = peer, .proto = p->inner_proto };
+	if (p->inner_proto == IPPROTO_ICMP) {
+		k.pod_port = p->inner_sport;
+	} else {
+		k.pod_port = ingress ? p->inner_sport : p->inner_dport;
+		k.peer_port = ingress ? p->inner_dport : p->inner_sport;
+	}
+	return ss_flow_live(&k, 0);
+}
+
 /* A non-TCP IPv4 packet of a pod on the datapath at its eth0 (`ingress`:
  * the pod is the destination; else the source): 1 passes, 0 drops.
  * A packet of a live flow of the pod passes (a reply, or more of a flow
- * policy allowed); so does an ICMP error about a packet the pod sent.
+ * policy allowed); so does an ICMP error about one of the pod's live
+ * flows or connections, both ways, and a fragment after the first.
  * Anything else is looked up in the policy map in the pod's node's
  * numbering (UDP and SCTP by port, the rest at port 0 under
  * SS_PROTO_OTHER); allowed, its flow is noted so its replies pass and
  * recorded as FORWARDED (once per flow and end, not per packet). */
-static __always_inline int ss_tc_flow(struct ss_pkt4 *p, int ingress)
+static __always_inline int ss_tc_flow(struct __sk_buff *skb, struct ss_pkt4 *p, int ingress)
 {
 	__u32 pod_ip = ingress ? p->daddr : p->saddr;
 	__u32 peer_ip = ingress ? p->saddr : p->daddr;
 	struct ss_local *local = bpf_map_lookup_elem(&ss_local_v1, &pod_ip);
 	if (!local)
 		return 1; /* not one of our pods' addresses: broadcast, a route through */
+	/* A pod enrolled by an older datapath has no egress program to note
+	 * its flows: what is not TCP stays the nftables table's for it. */
+	if (!(local->flags & SS_POD_FLOWS))
+		return 1;
 	if (ss_is_loopback(peer_ip) || peer_ip == pod_ip || peer_ip == 0)
 		return 1;
-	if (p->icmp_error && (!ingress || p->inner_saddr == pod_ip))
+	/* A fragment after the first carries no ports: its first fragment was
+	 * decided, and without it the stack never reassembles this one. */
+	if (p->frag_later)
+		return 1;
+	if (p->icmp_error && ss_icmp_error_of_flow(skb, p, pod_ip, ingress))
 		return 1;
 	struct ss_flow_key k = { .pod_ip = pod_ip, .peer_ip = peer_ip, .proto = p->proto };
 	__u8 pproto = SS_PROTO_OTHER;
