@@ -64,11 +64,7 @@ static __always_inline int ss_answer_reset(struct __sk_buff *skb)
 	if ((void *)(tcp + 1) > end)
 		return TC_ACT_SHOT;
 
-	__u8 mac[ETH_ALEN];
-	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
-	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
-
+	ss_swap_macs(eth);
 	__u32 addr = ip->saddr;
 	ip->saddr = ip->daddr;
 	ip->daddr = addr;
@@ -80,16 +76,7 @@ static __always_inline int ss_answer_reset(struct __sk_buff *skb)
 	ip->check = 0;
 	ip->check = ss_csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
 
-	__u16 port = tcp->source;
-	tcp->source = tcp->dest;
-	tcp->dest = port;
-	tcp->seq = 0;
-	tcp->ack_seq = bpf_htonl(ack);
-	((__u8 *)tcp)[12] = 5 << 4;        /* data offset: no options */
-	((__u8 *)tcp)[13] = 0x04 | 0x10; /* RST, ACK */
-	tcp->window = 0;
-	tcp->urg_ptr = 0;
-	tcp->check = 0;
+	ss_tcp_to_reset(tcp, ack);
 	struct {
 		__u32 saddr, daddr;
 		__u8 zero, proto;

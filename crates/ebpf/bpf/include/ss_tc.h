@@ -23,6 +23,33 @@ static __always_inline __u16 ss_csum_fold(__s64 sum)
 	return (__u16)~s;
 }
 
+/* Swaps a frame's Ethernet addresses: its answer goes back the way it
+ * came. */
+static __always_inline void ss_swap_macs(struct ethhdr *eth)
+{
+	__u8 mac[ETH_ALEN];
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+}
+
+/* Turns a SYN's TCP header (trimmed to 20 bytes) into the RST|ACK a
+ * closed port answers it with, acknowledging `ack`; the checksum is left
+ * 0 for the caller, who knows the pseudo-header. */
+static __always_inline void ss_tcp_to_reset(struct tcphdr *tcp, __u32 ack)
+{
+	__u16 port = tcp->source;
+	tcp->source = tcp->dest;
+	tcp->dest = port;
+	tcp->seq = 0;
+	tcp->ack_seq = bpf_htonl(ack);
+	((__u8 *)tcp)[12] = 5 << 4;        /* data offset: no options */
+	((__u8 *)tcp)[13] = 0x04 | 0x10; /* RST, ACK */
+	tcp->window = 0;
+	tcp->urg_ptr = 0;
+	tcp->check = 0;
+}
+
 /* Answers an IPv6 TCP SYN with the RST a closed port would send, out of
  * the interface it came in on, so the client fails at once (as the
  * IPv4 answer in tc_ingress.c does): trimmed to bare headers, addresses
@@ -50,11 +77,7 @@ static __always_inline int ss_answer_reset6(struct __sk_buff *skb)
 	if ((void *)(tcp + 1) > end)
 		return TC_ACT_SHOT;
 
-	__u8 mac[ETH_ALEN];
-	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
-	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
-
+	ss_swap_macs(eth);
 	struct in6_addr a = ip6->saddr;
 	ip6->saddr = ip6->daddr;
 	ip6->daddr = a;
@@ -65,16 +88,7 @@ static __always_inline int ss_answer_reset6(struct __sk_buff *skb)
 	ip6->payload_len = bpf_htons(sizeof(*tcp));
 	ip6->hop_limit = 64;
 
-	__u16 port = tcp->source;
-	tcp->source = tcp->dest;
-	tcp->dest = port;
-	tcp->seq = 0;
-	tcp->ack_seq = bpf_htonl(ack);
-	((__u8 *)tcp)[12] = 5 << 4;        /* data offset: no options */
-	((__u8 *)tcp)[13] = 0x04 | 0x10; /* RST, ACK */
-	tcp->window = 0;
-	tcp->urg_ptr = 0;
-	tcp->check = 0;
+	ss_tcp_to_reset(tcp, ack);
 	struct {
 		struct in6_addr saddr, daddr;
 		__u32 len;
