@@ -15,6 +15,7 @@
 pub mod authorization;
 pub mod network_policy;
 pub mod peer_authentication;
+pub mod waypoint;
 
 use crate::objects::{ClusterObject, ObjectError, ObjectRef};
 use k8s_openapi::api::core::v1 as core_v1;
