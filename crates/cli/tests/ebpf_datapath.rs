@@ -587,6 +587,8 @@ fn udp_policy_holds_in_the_kernel_at_both_ends_with_answers_let_through() {
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "the node proxy keeps its nftables table (for pods kept on nftables): {}", text(&o));
+    assert!(table.contains("chain forward"), "{table}");
     assert!(!table.contains(&ip("udpp", "server")), "the nftables table still decides for a pod on the datapath:\n{table}");
     c.down();
 }

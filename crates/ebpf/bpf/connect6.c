@@ -15,12 +15,11 @@ int ss_connect6(struct bpf_sock_addr *ctx)
 {
 	if (ctx->type != 1 /* SOCK_STREAM */ && ctx->type != 2 /* SOCK_DGRAM */)
 		return 1;
-	if (ctx->user_ip6[0] || ctx->user_ip6[1] || ctx->user_ip6[2] != bpf_htonl(0xffff))
-		return ss_ipv6_guard(ctx);
 	__u64 cg;
-	struct ss_pod *pod = ss_pod_of(ctx, &cg);
+	int verdict;
+	struct ss_pod *pod = ss_pod_of_mapped(ctx, &cg, &verdict);
 	if (!pod)
-		return 1;
+		return verdict;
 	__u32 dst = ctx->user_ip6[3];
 	__u16 port = bpf_ntohs((__u16)ctx->user_port);
 	if (ctx->type == 2)

@@ -92,15 +92,17 @@ static __always_inline int ss_answer_reset(struct __sk_buff *skb)
 SEC("classifier")
 int ss_tc_ingress(struct __sk_buff *skb)
 {
-	struct ss_pkt4 p;
-	int r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
-	if (r == SS_PARSE_NOT_IP4)
-		return ss_tc_not_ip4(skb, 1);
-	if (r == 0)
-		return ss_tc_flow(skb, &p, 1) ? TC_ACT_OK : TC_ACT_SHOT;
+	/* TCP, most of what comes in, is parsed once; the rest after it. */
 	struct ss_tcp4 t;
-	if (ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, &t))
-		return TC_ACT_OK;
+	if (ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, &t)) {
+		struct ss_pkt4 p;
+		int r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
+		if (r == SS_PARSE_NOT_IP4)
+			return ss_tc_not_ip4(skb, 1);
+		if (r == 0)
+			return ss_tc_flow(skb, &p, 1) ? TC_ACT_OK : TC_ACT_SHOT;
+		return TC_ACT_OK; /* a TCP fragment after the first, or unreadable */
+	}
 	struct ss_local *local = bpf_map_lookup_elem(&ss_local_v1, &t.daddr);
 	if (!local)
 		return TC_ACT_OK;

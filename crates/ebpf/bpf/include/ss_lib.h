@@ -304,6 +304,20 @@ static __always_inline int ss_ipv6_guard(struct bpf_sock_addr *ctx)
 	return 0;
 }
 
+/* The pod a dual-stack socket belongs to when it addresses an
+ * IPv4-mapped destination (connect6.c, sendmsg6.c), or NULL with *verdict
+ * the hook's answer: a real IPv6 destination gets ss_ipv6_guard's, a
+ * socket that is no pod's goes on. */
+static __always_inline struct ss_pod *ss_pod_of_mapped(struct bpf_sock_addr *ctx, __u64 *netns, int *verdict)
+{
+	*verdict = 1;
+	if (ctx->user_ip6[0] || ctx->user_ip6[1] || ctx->user_ip6[2] != bpf_htonl(0xffff)) {
+		*verdict = ss_ipv6_guard(ctx);
+		return NULL;
+	}
+	return ss_pod_of(ctx, netns);
+}
+
 /* A pod's UDP datagram or connected UDP socket from its port `sport` (0:
  * not bound yet) towards dst:port (connect4 and sendmsg4): refused (0)
  * when the network policies deny it and it answers no flow of the pod's;
