@@ -6,7 +6,7 @@
 use crate::{security as sec, workload as wl};
 use prost::Message;
 use slipstream_core::policy::{Action, Authorization, Cidr, Clause, Match, Rule, Scope, StringMatch};
-use slipstream_core::{NetworkAddress, Port, Service, TunnelProtocol, Workload, WorkloadStatus, WorkloadType};
+use slipstream_core::{GatewayAddress, NetworkAddress, Port, Service, TunnelProtocol, Workload, WorkloadStatus, WorkloadType};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -112,8 +112,39 @@ impl From<&Workload> for wl::Workload {
             } as i32,
             cluster_id: w.cluster_id.clone(),
             capacity: (w.capacity != 0).then_some(w.capacity),
+            waypoint: w.waypoint.as_ref().map(gateway_to_wire),
             ..Default::default()
         }
+    }
+}
+
+fn gateway_to_wire(g: &GatewayAddress) -> wl::GatewayAddress {
+    wl::GatewayAddress {
+        destination: Some(wl::gateway_address::Destination::Hostname(wl::NamespacedHostname {
+            namespace: g.namespace.clone(),
+            hostname: g.hostname.clone(),
+        })),
+        hbone_mtls_port: u32::from(g.hbone_mtls_port),
+    }
+}
+
+/// A waypoint named by hostname. Istio may also name one by address (a
+/// waypoint outside the cluster's services); refused, naming the field,
+/// rather than taken without its waypoint, which would let traffic skip
+/// the waypoint's policy.
+fn gateway_from_wire(g: &wl::GatewayAddress, field: &str) -> Result<GatewayAddress, ConvertError> {
+    let hbone_mtls_port = port16(g.hbone_mtls_port, &format!("{field}.hbone_mtls_port"))?;
+    match &g.destination {
+        Some(wl::gateway_address::Destination::Hostname(h)) => {
+            if h.hostname.is_empty() || h.namespace.is_empty() {
+                return Err(err(format!("{field}.hostname"), "a waypoint needs both a namespace and a hostname"));
+            }
+            Ok(GatewayAddress { namespace: h.namespace.clone(), hostname: h.hostname.clone(), hbone_mtls_port })
+        }
+        Some(wl::gateway_address::Destination::Address(_)) => {
+            Err(err(format!("{field}.address"), "a waypoint named by address is not supported; name its Service by hostname"))
+        }
+        None => Err(err(field, "a waypoint without a destination")),
     }
 }
 
@@ -152,11 +183,7 @@ impl TryFrom<wl::Workload> for Workload {
         if w.network_gateway.is_some() {
             return Err(err("workload.network_gateway", "multi-network gateways are not supported"));
         }
-        // Taking the workload without its waypoint would let traffic skip
-        // the waypoint's L7 policy: refused until waypoints are supported.
-        if w.waypoint.is_some() {
-            return Err(err("workload.waypoint", "waypoints are not supported by this node proxy yet"));
-        }
+        let waypoint = w.waypoint.as_ref().map(|g| gateway_from_wire(g, "workload.waypoint")).transpose()?;
         let mut services = BTreeMap::new();
         for (k, pl) in w.services {
             let field = format!("workload.services[{k}]");
@@ -187,6 +214,7 @@ impl TryFrom<wl::Workload> for Workload {
             status,
             cluster_id: w.cluster_id,
             capacity: w.capacity.unwrap_or(1),
+            waypoint,
         })
     }
 }
@@ -206,6 +234,7 @@ impl From<&Service> for wl::Service {
                 .collect(),
             ports: s.ports.iter().map(port_to_wire).collect(),
             subject_alt_names: s.subject_alt_names.clone(),
+            waypoint: s.waypoint.as_ref().map(gateway_to_wire),
             ..Default::default()
         }
     }
@@ -214,9 +243,12 @@ impl From<&Service> for wl::Service {
 impl TryFrom<wl::Service> for Service {
     type Error = ConvertError;
     fn try_from(s: wl::Service) -> Result<Self, ConvertError> {
-        if s.waypoint.is_some() || !s.weighted_waypoints.is_empty() {
-            return Err(err("service.waypoint", "waypoints are not supported by this node proxy yet"));
+        // Weighted waypoints (Istio's waypoint migration) would be taken
+        // without their waypoint: refused, naming the field.
+        if !s.weighted_waypoints.is_empty() {
+            return Err(err("service.weighted_waypoints", "weighted waypoints are not supported; name one waypoint in `waypoint`"));
         }
+        let waypoint = s.waypoint.as_ref().map(|g| gateway_from_wire(g, "service.waypoint")).transpose()?;
         let addresses = s
             .addresses
             .iter()
@@ -231,7 +263,15 @@ impl TryFrom<wl::Service> for Service {
             .collect::<Result<Vec<_>, _>>()?;
         let ports =
             s.ports.iter().enumerate().map(|(i, p)| port_from_wire(p, &format!("service.ports[{i}]"))).collect::<Result<Vec<_>, _>>()?;
-        Ok(Service { name: s.name, namespace: s.namespace, hostname: s.hostname, addresses, ports, subject_alt_names: s.subject_alt_names })
+        Ok(Service {
+            name: s.name,
+            namespace: s.namespace,
+            hostname: s.hostname,
+            addresses,
+            ports,
+            subject_alt_names: s.subject_alt_names,
+            waypoint,
+        })
     }
 }
 

@@ -14,6 +14,7 @@
 //! | Namespace | the pods of that namespace, if its labels changed |
 //! | AuthorizationPolicy | the policy; the pods its old or new selector matches (every namespace's, for the root namespace) |
 //! | PeerAuthentication | the pods it can apply to: selected ones, its namespace's, or every pod for the mesh-wide one |
+//! | Gateway (a waypoint) | every service and pod: their waypoint binding may change (waypoints are few and change rarely) |
 //!
 //! A recomputed resource whose bytes did not change is not reported, so
 //! one pod change is one upserted resource. Pods are kept per namespace
@@ -26,12 +27,13 @@ use crate::resources::{Changes, ResourceKey, Resources, Versioned};
 use crate::translate::authorization::PolicyInput;
 use crate::translate::network_policy::{NetPolicyInput, PodView};
 use crate::translate::peer_authentication::{self, PeerAuthnInput};
+use crate::translate::waypoint::{self as wp, Binding, GatewayInput, Traffic, Waypoint};
 use crate::translate::{self, selector_matches, Input, Labels, NamespaceInput, PodInput, ServiceInput, SliceInput};
 use slipstream_api::convert::{authorization_any, to_any};
 use slipstream_api::netpol::net_policy_any;
 use slipstream_api::{workload as wl, TypeUrl};
 use slipstream_core::policy::Authorization;
-use slipstream_core::{MeshConfig, NetworkAddress, Port, Service, TunnelProtocol, Workload, WorkloadStatus};
+use slipstream_core::{GatewayAddress, MeshConfig, NetworkAddress, Port, Service, TunnelProtocol, Workload, WorkloadStatus};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -105,6 +107,10 @@ struct Ns {
     policies_by_selector: SelectorIndex,
     peer_authns: BTreeMap<String, PeerAuthnInput>,
     service_accounts: BTreeSet<String>,
+    /// Gateways of class `istio-waypoint`, by name.
+    waypoints: BTreeMap<String, (wp::TrafficType, wp::AllowedNamespaces)>,
+    /// Other Gateways (kept so the namespace is not forgotten).
+    other_gateways: BTreeSet<String>,
 }
 
 /// Objects with a label selector, filed under one pair of it: the
@@ -150,6 +156,8 @@ impl Ns {
             && self.policies.is_empty()
             && self.peer_authns.is_empty()
             && self.service_accounts.is_empty()
+            && self.waypoints.is_empty()
+            && self.other_gateways.is_empty()
     }
 
     fn add_pod(&mut self, p: PodInput) {
@@ -268,7 +276,11 @@ impl Index {
                 ns.namespace = Some(n);
                 if changed {
                     batch.pods.extend(ns.pods.keys().map(|p| (name.to_string(), p.clone())));
+                    // Their waypoint may be the namespace's.
+                    batch.services.extend(ns.services.keys().map(|s| (name.to_string(), s.clone())));
                     batch.net_all = true;
+                    // A waypoint's listener may select namespaces by label.
+                    batch.all_bindings |= self.namespaces.values().any(|n| !n.waypoints.is_empty());
                 }
             }
             Input::ServiceAccount => {
@@ -298,6 +310,21 @@ impl Index {
                 let key = net_key(r);
                 self.net_policies.insert(key.clone(), p);
                 batch.net_policies.insert(key);
+            }
+            Input::Gateway(g) => {
+                let ns = self.ns(ns_name);
+                let was = ns.waypoints.remove(name).is_some();
+                ns.other_gateways.remove(name);
+                match g {
+                    GatewayInput::Waypoint { takes, allowed } => {
+                        ns.waypoints.insert(name.to_string(), (takes, allowed));
+                        batch.all_bindings = true;
+                    }
+                    GatewayInput::Other => {
+                        ns.other_gateways.insert(name.to_string());
+                        batch.all_bindings |= was;
+                    }
+                }
             }
             Input::Opaque => {}
         }
@@ -346,6 +373,12 @@ impl Index {
                     batch.net_policies.insert(key);
                 }
             }
+            Kind::Gateway => {
+                if let Some(ns) = self.namespaces.get_mut(ns_name) {
+                    ns.other_gateways.remove(name);
+                    batch.all_bindings |= ns.waypoints.remove(name).is_some();
+                }
+            }
             _ => {}
         }
         if self.namespaces.get(ns_name).is_some_and(Ns::is_empty) {
@@ -357,9 +390,6 @@ impl Index {
     }
 
     fn set_service(&mut self, ns_name: &str, name: &str, new: Option<ServiceInput>, batch: &mut Batch) {
-        let hostname = self.hostname(name, ns_name);
-        let key = ResourceKey::new(TypeUrl::Address, &format!("{ns_name}/{hostname}"));
-        let resource = new.as_ref().map(|s| self.service_resource(s, &hostname));
         let ns = self.ns(ns_name);
         let mut affected = BTreeSet::new();
         if let Some(old) = ns.services.remove(name) {
@@ -382,7 +412,7 @@ impl Index {
             ns.services.insert(name.to_string(), s);
         }
         batch.pods.extend(affected.into_iter().map(|p| (ns_name.to_string(), p)));
-        batch.set(key, resource);
+        batch.services.insert((ns_name.to_string(), name.to_string()));
     }
 
     fn set_policy(&mut self, ns_name: &str, name: &str, new: Option<PolicyInput>, batch: &mut Batch) {
@@ -449,11 +479,28 @@ impl Index {
     /// reporting only those whose bytes changed.
     fn flush(&mut self, mut batch: Batch) -> Changes {
         self.resolve_net_policies(&mut batch);
+        if batch.all_bindings {
+            for (n, ns) in &self.namespaces {
+                batch.pods.extend(ns.pods.keys().map(|p| (n.clone(), p.clone())));
+                batch.services.extend(ns.services.keys().map(|s| (n.clone(), s.clone())));
+            }
+        }
+        let waypoints = self.waypoints();
+        for (ns_name, name) in std::mem::take(&mut batch.services) {
+            let hostname = self.hostname(&name, &ns_name);
+            let key = ResourceKey::new(TypeUrl::Address, &format!("{ns_name}/{hostname}"));
+            let resource = self
+                .namespaces
+                .get(&ns_name)
+                .and_then(|ns| Some((ns, ns.services.get(&name)?)))
+                .map(|(ns, s)| self.service_resource(ns, s, &hostname, &waypoints));
+            batch.set(key, resource);
+        }
         for (ns, pod) in std::mem::take(&mut batch.pods) {
             let uid = self.workload_uid(&ns, &pod);
             let policy_key = ResourceKey::new(TypeUrl::Authorization, &format!("{ns}/{}", peer_authentication::policy_name(&pod)));
             let (workload, policy) = match self.namespaces.get(&ns).and_then(|n| n.pods.get(&pod).map(|p| (n, p))) {
-                Some((n, p)) => self.pod_resources(n, p),
+                Some((n, p)) => self.pod_resources(n, p, &waypoints),
                 None => (None, None),
             };
             batch.set(ResourceKey::new(TypeUrl::Address, &uid), workload);
@@ -524,7 +571,37 @@ impl Index {
         format!("{}//Pod/{ns}/{name}", self.settings.cluster_id)
     }
 
-    fn service_resource(&self, s: &ServiceInput, hostname: &str) -> Versioned {
+    /// Every waypoint, as binding sees it. Always ready: binding fills the
+    /// waypoint fields whether or not a pod of it is ready (the node
+    /// proxy refuses the traffic until one is), so readiness changes no
+    /// resource; it is reported, not published.
+    fn waypoints(&self) -> Vec<Waypoint> {
+        let mut out = Vec::new();
+        for (n, ns) in &self.namespaces {
+            for (name, (takes, allowed)) in &ns.waypoints {
+                out.push(Waypoint { name: name.clone(), namespace: n.clone(), takes: *takes, allowed: allowed.clone(), ready: true });
+            }
+        }
+        out
+    }
+
+    /// The waypoint an object of `ns` with `labels` is bound to: named
+    /// whether or not the binding is in force (fail closed: a binding
+    /// that was asked for and cannot hold sends the traffic nowhere,
+    /// never around the waypoint).
+    fn waypoint_of(&self, traffic: Traffic, ns: &Ns, namespace: &str, labels: &Labels, waypoints: &[Waypoint]) -> Option<GatewayAddress> {
+        let is_waypoint = labels.contains_key(wp::GATEWAY_NAME_LABEL);
+        match wp::bind(traffic, namespace, labels, &ns.labels(), is_waypoint, waypoints) {
+            Binding::None => None,
+            Binding::Bound { namespace, name, .. } | Binding::Refused { namespace, name, .. } => Some(GatewayAddress {
+                hostname: self.hostname(&name, &namespace),
+                namespace,
+                hbone_mtls_port: wp::HBONE_LISTENER_PORT,
+            }),
+        }
+    }
+
+    fn service_resource(&self, ns: &Ns, s: &ServiceInput, hostname: &str, waypoints: &[Waypoint]) -> Versioned {
         let svc = Service {
             name: s.name.clone(),
             namespace: s.namespace.clone(),
@@ -532,6 +609,7 @@ impl Index {
             addresses: s.addresses.iter().map(|a| NetworkAddress { network: String::new(), address: *a }).collect(),
             ports: s.ports.iter().map(|p| Port { service_port: p.port, target_port: p.wire_target() }).collect(),
             subject_alt_names: Vec::new(),
+            waypoint: self.waypoint_of(Traffic::Service, ns, &s.namespace, &s.labels, waypoints),
         };
         let msg = wl::Address { r#type: Some(wl::address::Type::Service((&svc).into())) };
         Versioned::new(to_any(TypeUrl::Address, &msg))
@@ -539,7 +617,7 @@ impl Index {
 
     /// A pod's workload (none without an address, or once it has ended)
     /// and its converted PeerAuthentication policy.
-    fn pod_resources(&self, ns: &Ns, pod: &PodInput) -> (Option<Versioned>, Option<Authorization>) {
+    fn pod_resources(&self, ns: &Ns, pod: &PodInput, waypoints: &[Waypoint]) -> (Option<Versioned>, Option<Authorization>) {
         if pod.ips.is_empty() || pod.terminal {
             return (None, None);
         }
@@ -608,6 +686,9 @@ impl Index {
             status: if pod.ready && !pod.terminating { WorkloadStatus::Healthy } else { WorkloadStatus::Unhealthy },
             cluster_id: self.settings.cluster_id.clone(),
             capacity: 1,
+            // Only a meshed pod's traffic is captured, so only it can be
+            // sent through a waypoint.
+            waypoint: if meshed { self.waypoint_of(Traffic::Workload, ns, &pod.namespace, &pod.labels, waypoints) } else { None },
         };
         let msg = wl::Address { r#type: Some(wl::address::Type::Workload((&w).into())) };
         let mut v = Versioned::new(to_any(TypeUrl::Address, &msg));
@@ -724,6 +805,10 @@ fn slice_ports(ns: &Ns, s: &ServiceInput, pod: &PodInput) -> Option<Vec<Port>> {
 #[derive(Default)]
 struct Batch {
     pods: BTreeSet<(String, String)>,
+    /// Services (namespace, name) whose resource to compute again.
+    services: BTreeSet<(String, String)>,
+    /// A waypoint came, went or changed: every binding again.
+    all_bindings: bool,
     resources: BTreeMap<ResourceKey, Option<Versioned>>,
     /// Network policies to resolve again (by resource name).
     net_policies: BTreeSet<String>,

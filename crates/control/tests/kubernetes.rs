@@ -576,6 +576,7 @@ async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_
         // Named target ports are resolved per workload.
         ports: vec![Port { service_port: 80, target_port: 0 }],
         subject_alt_names: vec![],
+        waypoint: None,
     };
     let ext_service = MeshService {
         name: "ext-db".into(),
@@ -584,6 +585,7 @@ async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_
         addresses: vec![NetworkAddress { network: String::new(), address: cluster_ip(&ext_svc) }],
         ports: vec![Port { service_port: 5432, target_port: 5432 }],
         subject_alt_names: vec![],
+        waypoint: None,
     };
     proxy
         .until("the shop's workloads and services", |h| {

@@ -43,6 +43,7 @@ pub fn svc(name: &str, namespace: &str, vip: &str) -> Service {
         addresses: vec![NetworkAddress { network: String::new(), address: ip(vip) }],
         ports: vec![Port { service_port: 80, target_port: 8080 }],
         subject_alt_names: vec![],
+        waypoint: None,
     }
 }
 

@@ -317,6 +317,18 @@ impl MeshState {
             .collect()
     }
 
+    /// The waypoint `g` names: its Service and the ready endpoints of its
+    /// HBONE port. `Err` says why there is none (for the refusal's log
+    /// line): traffic bound to it is then refused, never sent around it.
+    pub fn waypoint(&self, g: &GatewayAddress) -> Result<(Arc<MeshService>, Vec<Endpoint>), &'static str> {
+        let svc = self.service(&g.service_key()).ok_or("does not exist")?;
+        let eps = self.endpoints(&svc, g.hbone_mtls_port);
+        if eps.is_empty() {
+            return Err("has no ready endpoint");
+        }
+        Ok((svc, eps))
+    }
+
     /// Chooses an endpoint weighted by capacity; `draw` is uniform in
     /// [0, total weight) and comes from the caller (tests pass fixed values).
     pub fn pick(endpoints: &[Endpoint], draw: u64) -> Option<&Endpoint> {

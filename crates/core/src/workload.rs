@@ -85,6 +85,10 @@ pub struct Workload {
     /// Load-balancing weight; 0 is read as the default, 1.
     #[serde(default)]
     pub capacity: u32,
+    /// The waypoint that traffic addressed to this pod's own IP goes
+    /// through (docs/waypoint.md, "Binding").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waypoint: Option<GatewayAddress>,
 }
 
 impl Workload {
@@ -131,6 +135,27 @@ pub struct Service {
     pub ports: Vec<Port>,
     #[serde(default)]
     pub subject_alt_names: Vec<String>,
+    /// The waypoint that traffic addressed to this service goes through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waypoint: Option<GatewayAddress>,
+}
+
+/// Where a waypoint is: the hostname of its Service (the workload API's
+/// `GatewayAddress` with a `NamespacedHostname`, the only form the control
+/// plane writes) and its HBONE port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Hash, PartialOrd, Ord)]
+pub struct GatewayAddress {
+    pub namespace: String,
+    /// `name.namespace.svc.cluster.local`.
+    pub hostname: String,
+    pub hbone_mtls_port: u16,
+}
+
+impl GatewayAddress {
+    /// The key of the waypoint's Service in the workload API.
+    pub fn service_key(&self) -> String {
+        format!("{}/{}", self.namespace, self.hostname)
+    }
 }
 
 impl Service {

@@ -38,6 +38,10 @@ pub enum ResponseFlag {
     /// The node proxy's own connection budget (from its open-file limit) is
     /// spent: refused, whoever asks.
     Overload,
+    /// The destination is bound to a waypoint that does not exist or has
+    /// no ready endpoint: refused, never sent around it (Istio fails open
+    /// here; docs/waypoint.md, "Fail closed").
+    NoWaypoint,
 }
 
 impl ResponseFlag {
@@ -54,6 +58,7 @@ impl ResponseFlag {
             Self::SelfCall => "SELF_CALL",
             Self::SourceLimit => "SOURCE_LIMIT",
             Self::Overload => "OVERLOAD",
+            Self::NoWaypoint => "NO_WAYPOINT",
         }
     }
 }

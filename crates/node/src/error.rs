@@ -57,6 +57,11 @@ pub enum ProxyError {
     NoOriginalDestination(Arc<io::Error>),
     #[error("service {service} has no healthy endpoint for port {port}")]
     NoEndpoints { service: Arc<str>, port: u16 },
+    /// The destination (`bound`: a service hostname or a pod's address) is
+    /// bound to `waypoint`, which the mesh does not know or which has no
+    /// ready endpoint: refused rather than sent around it.
+    #[error("{bound} is bound to waypoint {waypoint}, which {why}: refused (traffic never goes around its waypoint)")]
+    NoWaypoint { bound: Arc<str>, waypoint: Arc<str>, why: &'static str },
     /// Outbound: the source pod is not in the mesh configuration, so it
     /// has no identity to open a tunnel with.
     #[error("source {0} is not a workload of the mesh configuration: no identity to open a tunnel with")]
@@ -108,6 +113,7 @@ impl ProxyError {
             Self::Overload(_) => ResponseFlag::Overload,
             Self::NoOriginalDestination(_) => ResponseFlag::ProtocolError,
             Self::NoEndpoints { .. } | Self::NoWorkload(_) | Self::Connect { .. } => ResponseFlag::Connect,
+            Self::NoWaypoint { .. } => ResponseFlag::NoWaypoint,
             Self::UnknownSource(_) => ResponseFlag::IdentityError,
             Self::Denied(_) | Self::Revoked(_) => ResponseFlag::Deny,
             Self::Hbone(e) => e.flag(),
@@ -128,7 +134,7 @@ impl ProxyError {
         match self {
             Self::SelfCall(_) | Self::SourceLimit { .. } | Self::NoWorkload(_) | Self::Denied(_) | Self::Revoked(_) => Fault::Downstream,
             Self::Overload(_) | Self::NoOriginalDestination(_) | Self::UnknownSource(_) | Self::Drained | Self::Aborted => Fault::Local,
-            Self::NoEndpoints { .. } | Self::Connect { .. } | Self::Terminated(_) => Fault::Upstream,
+            Self::NoEndpoints { .. } | Self::NoWaypoint { .. } | Self::Connect { .. } | Self::Terminated(_) => Fault::Upstream,
             Self::Hbone(e) => e.fault(),
         }
     }
@@ -186,6 +192,13 @@ mod tests {
             (ProxyError::NoOriginalDestination(Arc::new(io())), "PROTOCOL_ERROR", 503, Fault::Local, false),
             (ProxyError::NoEndpoints { service: "echo".into(), port: 80 }, "CONNECT", 503, Fault::Upstream, false),
             (ProxyError::NoWorkload(addr), "CONNECT", 503, Fault::Downstream, false),
+            (
+                ProxyError::NoWaypoint { bound: "reviews".into(), waypoint: "bookinfo/waypoint".into(), why: "does not exist" },
+                "NO_WAYPOINT",
+                503,
+                Fault::Upstream,
+                false,
+            ),
             (ProxyError::UnknownSource(addr), "IDENTITY_ERROR", 503, Fault::Local, false),
             (ProxyError::Denied(Denial::other("no ALLOW policy matched")), "DENY", 401, Fault::Downstream, false),
             (ProxyError::connect(addr, io()), "CONNECT", 503, Fault::Upstream, false),

@@ -75,6 +75,16 @@ pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
         return Err(ProxyError::SelfCall(why));
     }
     let (target, service) = match state.destination(req.dst.ip()) {
+        // Bound to a waypoint: every connection goes through it, whatever
+        // endpoint the kernel chose (docs/waypoint.md, "Binding").
+        Destination::Service(svc) if svc.waypoint.is_some() => {
+            let g = svc.waypoint.clone().expect("checked");
+            return via_waypoint(state, req, &g, svc.hostname().clone(), Some(svc));
+        }
+        Destination::Workload(w) if w.waypoint.is_some() && w.meshed() => {
+            let g = w.waypoint.clone().expect("checked");
+            return via_waypoint(state, req, &g, Arc::from(req.dst.ip().to_string()), None);
+        }
         Destination::Service(svc) => {
             let eps = state.endpoints(&svc, req.dst.port());
             let chosen = req
@@ -122,6 +132,45 @@ pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
         Some((w, addr)) => Ok(Plan { route: Route::Passthrough { addr }, info: info(addr, None, Some(w), false) }),
         None => Ok(Plan { route: Route::Passthrough { addr: req.dst }, info: info(req.dst, None, None, false) }),
     }
+}
+
+/// The route through a waypoint: HBONE to one of its ready pods, with the
+/// original destination as `:authority` (PROTOCOLS.md section 2),
+/// expecting the waypoint's identity. The source's egress network policies
+/// are the waypoint's to apply, on the endpoint it picks per request: here
+/// the endpoint is not known yet.
+fn via_waypoint(
+    state: &MeshState,
+    req: &Request,
+    g: &slipstream_core::GatewayAddress,
+    bound: Arc<str>,
+    service: Option<Arc<slipstream_core::MeshService>>,
+) -> Result<Plan, ProxyError> {
+    let refuse = |why| ProxyError::NoWaypoint { bound: bound.clone(), waypoint: Arc::from(waypoint_name(g)), why };
+    let src = req.src.as_ref().ok_or(ProxyError::UnknownSource(req.src_addr))?;
+    let (_, eps) = state.waypoint(g).map_err(refuse)?;
+    let ep = MeshState::pick(&eps, req.draw).ok_or_else(|| refuse("has no ready endpoint"))?;
+    let hbone = SocketAddr::new(ep.workload.address(), ep.target_port);
+    let key = PoolKey::new(src.identity().clone(), [ep.workload.identity().clone()], hbone, req.pod_ip);
+    let service_host = service.as_ref().map(|s| Arc::from(s.hostname.as_str()));
+    let info = ConnInfo {
+        reporter: Reporter::Source,
+        src_addr: req.src_addr,
+        src: req.src.clone(),
+        src_id: SrcIdentity::OfWorkload,
+        dst_addr: hbone,
+        hbone_addr: Some(req.dst),
+        dst: Some(ep.workload.clone()),
+        service,
+        mutual_tls: true,
+    };
+    Ok(Plan { route: Route::Hbone { key, authority: req.dst, service_host }, info })
+}
+
+/// `namespace/name` of the waypoint's Gateway, from its Service hostname.
+fn waypoint_name(g: &slipstream_core::GatewayAddress) -> String {
+    let name = g.hostname.split('.').next().unwrap_or(&g.hostname);
+    format!("{}/{}", g.namespace, name)
 }
 
 /// Carries out the plan for one captured connection of `pod`.

@@ -106,6 +106,7 @@ impl Mesh {
                 addresses: vec![NetworkAddress { network: String::new(), address: vip.ip() }],
                 ports: vec![Port { service_port: 80, target_port: ECHO_PORT }],
                 subject_alt_names: vec![],
+                waypoint: None,
             }],
             policies: vec![],
             net_policies: vec![],

@@ -53,6 +53,7 @@ fn service_round_trip() {
         addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
         ports: vec![Port { service_port: 80, target_port: 0 }],
         subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/web".into()],
+        waypoint: None,
     };
     let back = address_from_any(&address_any(&AddressResource::Service(s.clone()))).unwrap();
     assert_eq!(back, AddressResource::Service(s.clone()));
@@ -131,7 +132,19 @@ fn refusals_name_the_field() {
 
     let mut w = workload::Workload::from(&workload());
     w.waypoint = Some(workload::GatewayAddress { hbone_mtls_port: 15008, ..Default::default() });
-    assert_eq!(Workload::try_from(w).unwrap_err().field, "workload.waypoint");
+    assert_eq!(Workload::try_from(w.clone()).unwrap_err().field, "workload.waypoint");
+    w.waypoint = Some(workload::GatewayAddress {
+        hbone_mtls_port: 15008,
+        destination: Some(workload::gateway_address::Destination::Address(workload::NetworkAddress::default())),
+    });
+    assert_eq!(Workload::try_from(w.clone()).unwrap_err().field, "workload.waypoint.address");
+    let g = slipstream_core::GatewayAddress { namespace: "bookinfo".into(), hostname: "waypoint.bookinfo.svc.cluster.local".into(), hbone_mtls_port: 15008 };
+    let mut with = workload();
+    with.waypoint = Some(g.clone());
+    assert_eq!(Workload::try_from(workload::Workload::from(&with)).unwrap().waypoint, Some(g.clone()));
+    let mut s = workload::Service::default();
+    s.weighted_waypoints.push(Default::default());
+    assert_eq!(Service::try_from(s).unwrap_err().field, "service.weighted_waypoints");
 
     let wire = security::Authorization { action: 7, ..Default::default() };
     assert_eq!(Authorization::try_from(wire).unwrap_err().field, "authorization.action");

@@ -136,6 +136,7 @@ fn workloads_and_services_from_objects() {
                 addresses: vec![],
                 ports: vec![Port { service_port: 80, target_port: 0 }, Port { service_port: 9000, target_port: 9000 }],
                 subject_alt_names: vec![],
+                waypoint: None,
             },
             Service {
                 name: "web".into(),
@@ -144,6 +145,7 @@ fn workloads_and_services_from_objects() {
                 addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
                 ports: vec![Port { service_port: 80, target_port: 0 }, Port { service_port: 9000, target_port: 9000 }],
                 subject_alt_names: vec![],
+                waypoint: None,
             },
         ]
     );
@@ -463,4 +465,62 @@ fn scale_10k_pods_1k_services_1k_policies() {
     let t = Instant::now();
     let c = ix.apply(ObjectEvent::Upsert(one(&peer_authn("istio-system", "default", "{mtls: {mode: STRICT}}")))).unwrap();
     println!("mesh-wide STRICT: {} changes in {:?}", c.upserted.len(), t.elapsed());
+}
+
+fn gateway(ns: &str, name: &str, labels: &str, port: u16) -> String {
+    format!(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: {ns}, labels: {{{labels}}}}}\nspec:\n  gatewayClassName: istio-waypoint\n  listeners: [{{name: mesh, port: {port}, protocol: HBONE}}]\n"
+    )
+}
+
+fn service_waypoint(ix: &Index, ns: &str, name: &str) -> Option<String> {
+    let cfg = ix.mesh_config();
+    let s = cfg.services.iter().find(|s| s.namespace == ns && s.name == name).expect("service");
+    s.waypoint.as_ref().map(|g| format!("{}/{}", g.namespace, g.hostname))
+}
+
+#[test]
+fn waypoint_labels_fill_the_waypoint_fields_and_fail_closed() {
+    let mut ix = index(&format!(
+        "{}{}{}{}",
+        namespace("bookinfo", "istio.io/dataplane-mode: ambient"),
+        service("bookinfo", "reviews", "app: reviews", "10.96.0.10"),
+        service("bookinfo", "ratings", "app: ratings", "10.96.0.11"),
+        pod("bookinfo", "reviews-v1-5d9f-a", "reviews", "10.244.1.10", "node1"),
+    ));
+    assert_eq!(service_waypoint(&ix, "bookinfo", "reviews"), None);
+    // The namespace asks for a waypoint that does not exist yet: the field
+    // names it anyway (the node proxy refuses the traffic; Istio would
+    // leave it empty and let traffic skip the waypoint).
+    upsert(&mut ix, &namespace("bookinfo", "istio.io/dataplane-mode: ambient, istio.io/use-waypoint: waypoint"));
+    let host = Some("bookinfo/waypoint.bookinfo.svc.cluster.local".to_string());
+    assert_eq!(service_waypoint(&ix, "bookinfo", "reviews"), host);
+    // A waypoint for services: pods inherit nothing from the namespace.
+    let changes = upsert(&mut ix, &gateway("bookinfo", "waypoint", "", 15008));
+    assert!(changes.upserted.is_empty(), "already named: nothing changes {:?}", names(&changes.upserted));
+    assert_eq!(workload(&ix, "bookinfo", "reviews-v1-5d9f-a").unwrap().waypoint, None);
+    // A service opts out; another names its own waypoint.
+    upsert(
+        &mut ix,
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: ratings, namespace: bookinfo, labels: {istio.io/use-waypoint: none}}\nspec:\n  selector: {app: ratings}\n  clusterIP: 10.96.0.11\n  ports: [{port: 9080}]\n",
+    );
+    assert_eq!(service_waypoint(&ix, "bookinfo", "ratings"), None);
+    // A waypoint for workloads too: the pod gets it.
+    upsert(&mut ix, &gateway("bookinfo", "waypoint", "istio.io/waypoint-for: all", 15008));
+    let w = workload(&ix, "bookinfo", "reviews-v1-5d9f-a").unwrap();
+    assert_eq!(w.waypoint.map(|g| g.hostname), Some("waypoint.bookinfo.svc.cluster.local".to_string()));
+    // The waypoint's own pods and service never get one.
+    upsert(&mut ix, &pod_with("bookinfo", "waypoint-5d9f-a", "gateway.networking.k8s.io/gateway-name: waypoint", "10.244.1.20", "node1", true));
+    assert_eq!(workload(&ix, "bookinfo", "waypoint-5d9f-a").unwrap().waypoint, None);
+    // An invalid waypoint is refused naming the field, and changes nothing.
+    let e = parse_manifests(&gateway("bookinfo", "bad", "", 80)).unwrap_err();
+    assert_eq!(e[0].field, "spec.listeners[0].port");
+    let e = parse_manifests(&gateway("bookinfo", "bad", "istio.io/waypoint-for: pods", 15008)).unwrap_err();
+    assert_eq!(e[0].field, "metadata.labels[istio.io/waypoint-for]");
+    assert_eq!(service_waypoint(&ix, "bookinfo", "reviews"), host);
+    // Deleting the Gateway keeps the field (fail closed), and the pod,
+    // bound only through the waypoint's `all`, loses it.
+    ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Gateway, "bookinfo", "waypoint"))).unwrap();
+    assert_eq!(service_waypoint(&ix, "bookinfo", "reviews"), host);
+    assert_eq!(workload(&ix, "bookinfo", "reviews-v1-5d9f-a").unwrap().waypoint, None);
 }

@@ -4,13 +4,10 @@
 //! object: whatever needs several objects (which services select a pod,
 //! which policies apply) is the index's work.
 //!
-//! Waypoints: the workload API binds workloads and services to a waypoint
-//! (`Workload.waypoint`, `Service.waypoint`), which the mesh model does not
-//! carry yet. The inputs record the `istio.io/use-waypoint` label
-//! (`PodInput::use_waypoint`, `ServiceInput::use_waypoint`,
-//! `NamespaceInput::use_waypoint`); the waypoint work resolves it to the
-//! waypoint's Gateway and fills those fields, and nothing else here needs
-//! to change.
+//! Waypoints: Gateways of class `istio-waypoint` become
+//! [`Input::Gateway`]; the index resolves each service's and pod's
+//! `istio.io/use-waypoint` against them ([`waypoint::bind`]) and fills the
+//! workload API's `waypoint` fields.
 
 pub mod authorization;
 pub mod network_policy;
@@ -63,6 +60,7 @@ pub enum Input {
     AuthorizationPolicy(authorization::PolicyInput),
     PeerAuthentication(peer_authentication::PeerAuthnInput),
     NetworkPolicy(network_policy::NetPolicyInput),
+    Gateway(waypoint::GatewayInput),
     /// A kind kept for later work; it changes no resource yet.
     Opaque,
 }
@@ -116,6 +114,8 @@ pub struct ServiceInput {
     pub addresses: Vec<IpAddr>,
     pub ports: Vec<ServicePortInput>,
     pub use_waypoint: Option<String>,
+    /// Its labels (the waypoint binding reads them).
+    pub labels: Labels,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,6 +202,7 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str) -> Result<Input,
         ClusterObject::PeerAuthentication(p) => Input::PeerAuthentication(peer_authentication::input(p)),
         ClusterObject::NetworkPolicy(p) => Input::NetworkPolicy(network_policy::network_policy(p, &r)?),
         ClusterObject::CiliumNetworkPolicy(p) => Input::NetworkPolicy(network_policy::cilium_network_policy(p, &r)?),
+        ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::Gateway => Input::Gateway(waypoint::gateway(o)?),
         ClusterObject::Opaque(_) => Input::Opaque,
     })
 }
@@ -365,6 +366,7 @@ fn service(s: &core_v1::Service, r: &ObjectRef) -> Result<ServiceInput, ObjectEr
         addresses,
         ports,
         use_waypoint: labels.get(USE_WAYPOINT).cloned(),
+        labels,
     })
 }
 

@@ -1,9 +1,8 @@
 //! Which waypoint a service or a pod is bound to: Istio's labels, Istio's
 //! precedence, and our one difference, failing closed (docs/waypoint.md,
 //! "Binding" and "Fail closed, where Istio fails open"). Pure: labels and
-//! the known waypoints in, a binding out, for table tests. Not wired into
-//! the resources yet: the node proxy refuses the workload API's waypoint
-//! fields until it can send traffic to a waypoint (issue 16, step 2).
+//! the known waypoints in, a binding out, for table tests. The index
+//! (`crate::index`) fills the workload API's `waypoint` fields from it.
 
 use super::{selector_matches, Labels, USE_WAYPOINT};
 
@@ -163,6 +162,12 @@ pub fn bind(
     let hostname = format!("{name}.{wp_namespace}.svc.cluster.local");
     let refused = |why| Binding::Refused { namespace: wp_namespace.into(), name: name.into(), hostname: hostname.clone(), why };
     let Some(w) = waypoints.iter().find(|w| w.name == name && w.namespace == wp_namespace) else {
+        // A pod inheriting its namespace's waypoint, which does not exist
+        // yet: a waypoint takes services only unless it says otherwise,
+        // so the pod has none (its services still fail closed).
+        if inherited && traffic == Traffic::Workload {
+            return Binding::None;
+        }
         return refused(NotBound::NotFound);
     };
     if !w.takes.takes(traffic) {
@@ -203,6 +208,73 @@ pub fn check_listeners(listeners: &[(String, u16, String)]) -> Result<(), (Strin
             Err(("spec.listeners".into(), format!("a waypoint has exactly one listener (port 15008, protocol HBONE), not {}", more.len())))
         }
     }
+}
+
+/// A Gateway as the index keeps it: a waypoint (class `istio-waypoint`),
+/// validated, or any other Gateway (kept, changes nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayInput {
+    Waypoint { takes: TrafficType, allowed: AllowedNamespaces },
+    Other,
+}
+
+/// Reads a Gateway object (`rest` is everything but metadata). A waypoint
+/// must have its one HBONE listener and a known `istio.io/waypoint-for`;
+/// every error names the field.
+pub fn gateway(o: &crate::objects::OpaqueObject) -> Result<GatewayInput, crate::objects::ObjectError> {
+    use crate::objects::{ObjectError, ObjectRef};
+    let r = ObjectRef::new(o.kind, o.metadata.namespace.as_deref().unwrap_or(""), o.metadata.name.as_deref().unwrap_or(""));
+    let spec = o.rest.get("spec").and_then(|s| s.as_object());
+    let class = spec.and_then(|s| s.get("gatewayClassName")).and_then(|c| c.as_str()).unwrap_or("");
+    if class != WAYPOINT_CLASS {
+        return Ok(GatewayInput::Other);
+    }
+    let labels = o.metadata.labels.clone().unwrap_or_default();
+    let takes =
+        TrafficType::parse(labels.get(WAYPOINT_FOR).map(String::as_str)).map_err(|e| ObjectError::new(&r, format!("metadata.labels[{WAYPOINT_FOR}]"), e))?;
+    let empty = Vec::new();
+    let listeners = spec.and_then(|s| s.get("listeners")).and_then(|l| l.as_array()).unwrap_or(&empty);
+    let mut parsed = Vec::new();
+    for (i, l) in listeners.iter().enumerate() {
+        let name = l.get("name").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let port = l
+            .get("port")
+            .and_then(|v| v.as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+            .ok_or_else(|| ObjectError::new(&r, format!("spec.listeners[{i}].port"), "a port number (1-65535) is required"))?;
+        let proto = l.get("protocol").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        parsed.push((name, port, proto));
+    }
+    check_listeners(&parsed).map_err(|(field, msg)| ObjectError::new(&r, field, msg))?;
+    let from = listeners[0].pointer("/allowedRoutes/namespaces/from").and_then(|v| v.as_str()).unwrap_or("Same");
+    let allowed = match from {
+        "Same" => AllowedNamespaces::Same,
+        "All" => AllowedNamespaces::All,
+        "Selector" => {
+            let sel = listeners[0].pointer("/allowedRoutes/namespaces/selector");
+            if sel.and_then(|s| s.get("matchExpressions")).is_some() {
+                return Err(ObjectError::new(
+                    &r,
+                    "spec.listeners[0].allowedRoutes.namespaces.selector.matchExpressions",
+                    "not supported for a waypoint; use matchLabels",
+                ));
+            }
+            let labels: Labels = sel
+                .and_then(|s| s.get("matchLabels"))
+                .and_then(|m| m.as_object())
+                .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+                .unwrap_or_default();
+            AllowedNamespaces::Selector(labels)
+        }
+        other => {
+            return Err(ObjectError::new(
+                &r,
+                "spec.listeners[0].allowedRoutes.namespaces.from",
+                format!("{other:?} is not one of Same, All, Selector"),
+            ))
+        }
+    };
+    Ok(GatewayInput::Waypoint { takes, allowed })
 }
 
 #[cfg(test)]
@@ -247,6 +319,24 @@ mod tests {
             ("the object's label wins", Svc, "bookinfo", labels(&[(USE_WAYPOINT, "all")]), ns_wp.clone(), false, bound("bookinfo", "all")),
             ("`none` opts out", Svc, "bookinfo", labels(&[(USE_WAYPOINT, "none")]), ns_wp.clone(), false, Binding::None),
             ("the waypoint's own service", Svc, "bookinfo", none.clone(), ns_wp.clone(), true, Binding::None),
+            (
+                "a pod inheriting a missing waypoint has none",
+                Wl,
+                "bookinfo",
+                none.clone(),
+                labels(&[(USE_WAYPOINT, "gone")]),
+                false,
+                Binding::None,
+            ),
+            (
+                "a pod's own label naming a missing waypoint: refused",
+                Wl,
+                "bookinfo",
+                labels(&[(USE_WAYPOINT, "gone")]),
+                none.clone(),
+                false,
+                refused("bookinfo", "gone", NotBound::NotFound),
+            ),
             (
                 "missing: refused, not skipped",
                 Svc,

@@ -54,6 +54,7 @@ fn state() -> Arc<MeshState> {
             addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
             ports: vec![Port { service_port: 80, target_port: 8080 }],
             subject_alt_names: vec![],
+            waypoint: None,
         }],
         policies: vec![
             // ALLOW only sa/client (and anyone on port 9090).

@@ -49,6 +49,7 @@ fn svc(name: &str, vip: &str, sans: &[&str]) -> Service {
         addresses: vec![NetworkAddress { network: String::new(), address: vip.parse().unwrap() }],
         ports: vec![Port { service_port: 80, target_port: 8080 }],
         subject_alt_names: sans.iter().map(|s| s.to_string()).collect(),
+        waypoint: None,
     }
 }
 
@@ -216,4 +217,80 @@ fn the_plan_carries_the_telemetry_labels() {
     assert_eq!(p.info.src.as_ref().unwrap().name, "client");
     assert_eq!(p.info.dst.as_ref().unwrap().name, "echo-a");
     assert_eq!(p.info.service.as_ref().unwrap().name, "echo");
+}
+
+fn gateway(name: &str) -> GatewayAddress {
+    GatewayAddress { namespace: "default".into(), hostname: format!("{name}.default.svc.cluster.local"), hbone_mtls_port: 15008 }
+}
+
+/// The table's mesh plus a waypoint `wp` (one ready pod, 10.244.3.3), a
+/// waypoint `idle` with no pod, and services and a pod bound to them or to
+/// one that does not exist.
+fn waypoint_state() -> Arc<MeshState> {
+    let mut cfg = MeshConfig::default();
+    let mut w = wl("client", OWN, true, "client", 1, None, true);
+    cfg.workloads.push(w.clone());
+    w = wl("wp-pod", "10.244.3.3", false, "wp", 1, None, true);
+    w.services.insert("default/wp.default.svc.cluster.local".into(), vec![Port { service_port: 15008, target_port: 15008 }]);
+    cfg.workloads.push(w);
+    let mut bound_pod = wl("echo-a", "10.244.2.2", true, "echo", 1, Some(8080), true);
+    bound_pod.waypoint = Some(gateway("wp"));
+    cfg.workloads.push(bound_pod);
+    let mut missing_pod = wl("echo-b", "10.244.2.3", true, "echo", 1, None, true);
+    missing_pod.waypoint = Some(gateway("gone"));
+    cfg.workloads.push(missing_pod);
+    let mut wp = svc("wp", "10.96.0.20", &[]);
+    wp.ports = vec![Port { service_port: 15008, target_port: 15008 }];
+    cfg.services.push(wp);
+    let mut idle = svc("idle", "10.96.0.21", &[]);
+    idle.ports = vec![Port { service_port: 15008, target_port: 15008 }];
+    cfg.services.push(idle);
+    for (name, vip, to) in [("echo", "10.96.0.10", Some("wp")), ("lost", "10.96.0.11", Some("gone")), ("waits", "10.96.0.12", Some("idle"))] {
+        let mut s = svc(name, vip, &[]);
+        s.waypoint = to.map(gateway);
+        cfg.services.push(s);
+    }
+    let (s, errors) = MeshState::from_config(&cfg);
+    assert!(errors.is_empty(), "{errors:?}");
+    s
+}
+
+#[test]
+fn waypoint_bound_destinations_go_through_the_waypoint_or_nowhere() {
+    let s = waypoint_state();
+    let me = Some(OWN);
+    let via = |authority: &'static str, host| Want::Hbone("10.244.3.3:15008", authority, vec!["wp"], host);
+    // (dialed, chosen at connect(), expected)
+    let rows: Vec<(&str, Option<&str>, Want)> = vec![
+        // A bound service: to the waypoint with the VIP as dialed, expecting
+        // the waypoint's identity; the kernel's endpoint choice is ignored.
+        ("10.96.0.10:80", None, via("10.96.0.10:80", Some("echo.default.svc.cluster.local"))),
+        ("10.96.0.10:80", Some("10.244.2.2:8080"), via("10.96.0.10:80", Some("echo.default.svc.cluster.local"))),
+        // Any port of it, even one the service does not list: the waypoint decides.
+        ("10.96.0.10:81", None, via("10.96.0.10:81", Some("echo.default.svc.cluster.local"))),
+        // A pod bound for workload traffic: its own address as authority.
+        ("10.244.2.2:8080", None, via("10.244.2.2:8080", None)),
+        // Fail closed: a waypoint that does not exist, or has no ready pod.
+        ("10.96.0.11:80", None, Want::Refused("NO_WAYPOINT")),
+        ("10.96.0.12:80", None, Want::Refused("NO_WAYPOINT")),
+        ("10.244.2.3:8080", None, Want::Refused("NO_WAYPOINT")),
+    ];
+    for (i, (dst, chosen, want)) in rows.into_iter().enumerate() {
+        assert_eq!(run_chosen(&s, me, dst, chosen, 0), want, "row {i}: {dst} chosen {chosen:?}");
+    }
+    // The refusal names what was bound and to which waypoint.
+    let req = Request {
+        src: s.workload_by_ip(OWN.parse::<IpAddr>().unwrap()),
+        src_addr: "10.244.1.5:40000".parse().unwrap(),
+        pod_ip: OWN.parse().unwrap(),
+        dst: "10.96.0.11:80".parse().unwrap(),
+        chosen: None,
+        draw: 0,
+        loopback_is_local: true,
+    };
+    let e = plan(&s, &req).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "lost.default.svc.cluster.local is bound to waypoint default/gone, which does not exist: refused (traffic never goes around its waypoint)"
+    );
 }
