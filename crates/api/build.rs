@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/istio/workload.proto",
         "proto/istio/authorization.proto",
         "proto/slipstream/network_policy.proto",
+        "proto/slipstream/route.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -11,6 +11,7 @@
 
 pub mod convert;
 pub mod netpol;
+pub mod routes;
 
 /// `envoy.service.discovery.v3`: the delta aggregated discovery service.
 pub mod discovery {
@@ -36,6 +37,12 @@ pub mod netpolicy {
     tonic::include_proto!("slipstream.policy");
 }
 
+/// `slipstream.route.v1`: the waypoint's routes (our own type).
+pub mod route {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("slipstream.route.v1");
+}
+
 /// `istio.v1.auth`: the certificate service.
 pub mod ca {
     #![allow(clippy::all, missing_docs)]
@@ -51,6 +58,8 @@ pub const AUTHORIZATION_TYPE_URL: &str = "type.googleapis.com/istio.security.Aut
 
 /// Type URL of network-policy resources (Slipstream's own).
 pub const NETWORK_POLICY_TYPE_URL: &str = "type.googleapis.com/slipstream.policy.NetworkPolicy";
+/// Type URL of the waypoint's routes, one resource per service (Slipstream's own).
+pub const ROUTE_TYPE_URL: &str = "type.googleapis.com/slipstream.route.v1.ServiceRoutes";
 
 /// The resource types served: the workload API's two, and the network
 /// policies.

@@ -13,6 +13,7 @@ pub mod abi;
 mod fixtures;
 pub mod index;
 pub mod policy;
+pub mod route;
 pub mod spiffe;
 pub mod state;
 pub mod workload;

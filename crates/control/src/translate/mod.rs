@@ -10,6 +10,7 @@
 //! workload API's `waypoint` fields.
 
 pub mod authorization;
+pub mod http_route;
 pub mod network_policy;
 pub mod peer_authentication;
 pub mod waypoint;

@@ -1,0 +1,380 @@
+//! The waypoint's routes (`slipstream.route.v1.ServiceRoutes`) to and from
+//! the model's [`ServiceRoutes`]. To the wire: total. From the wire: a
+//! field the model cannot take is an error naming it
+//! (`rules[0].matches[1].path`), so the waypoint NACKs the resource.
+
+use crate::convert::ConvertError;
+use crate::route as pb;
+use prost::Message;
+use slipstream_core::route::{
+    Backend, Filters, HeaderMatch, HeaderModifier, PathMatch, PathRewrite, QueryMatch, Redirect, Rewrite, RouteMatch, RouteRule,
+    ServiceRoutes,
+};
+use std::time::Duration;
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> ConvertError {
+    ConvertError { field: field.into(), message: message.into() }
+}
+
+// ---- to the wire ----
+
+fn duration(d: Duration) -> prost_types::Duration {
+    // `as_secs` beyond i64 is 292 billion years; saturate rather than fail.
+    prost_types::Duration { seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nanos: d.subsec_nanos() as i32 }
+}
+
+fn backend(b: &Backend) -> pb::Backend {
+    pb::Backend { service: b.service.clone(), port: b.port.into(), weight: b.weight }
+}
+
+fn path_rewrite(p: &PathRewrite) -> pb::PathRewrite {
+    pb::PathRewrite {
+        kind: Some(match p {
+            PathRewrite::ReplaceFullPath(s) => pb::path_rewrite::Kind::ReplaceFullPath(s.clone()),
+            PathRewrite::ReplacePrefixMatch(s) => pb::path_rewrite::Kind::ReplacePrefixMatch(s.clone()),
+        }),
+    }
+}
+
+fn headers(pairs: &[(String, String)]) -> Vec<pb::Header> {
+    pairs.iter().map(|(name, value)| pb::Header { name: name.clone(), value: value.clone() }).collect()
+}
+
+fn modifier(m: &HeaderModifier) -> Option<pb::HeaderModifier> {
+    (!m.is_empty()).then(|| pb::HeaderModifier { set: headers(&m.set), add: headers(&m.add), remove: m.remove.clone() })
+}
+
+fn route_match(m: &RouteMatch) -> pb::RouteMatch {
+    pb::RouteMatch {
+        path: Some(pb::PathMatch {
+            kind: Some(match &m.path {
+                PathMatch::Exact(p) => pb::path_match::Kind::Exact(p.clone()),
+                PathMatch::Prefix(p) => pb::path_match::Kind::Prefix(p.clone()),
+            }),
+        }),
+        headers: m.headers.iter().map(|h| pb::HeaderMatch { name: h.name.clone(), value: h.value.clone() }).collect(),
+        query: m.query.iter().map(|q| pb::QueryMatch { name: q.name.clone(), value: q.value.clone() }).collect(),
+        method: m.method.clone(),
+    }
+}
+
+fn filters(f: &Filters) -> pb::Filters {
+    pb::Filters {
+        request_headers: modifier(&f.request_headers),
+        response_headers: modifier(&f.response_headers),
+        redirect: f.redirect.as_ref().map(|r| pb::Redirect {
+            scheme: r.scheme.clone(),
+            hostname: r.hostname.clone(),
+            path: r.path.as_ref().map(path_rewrite),
+            port: r.port.map(u32::from),
+            status: r.status.into(),
+        }),
+        rewrite: f.rewrite.as_ref().map(|r| pb::Rewrite { hostname: r.hostname.clone(), path: r.path.as_ref().map(path_rewrite) }),
+        mirrors: f.mirrors.iter().map(backend).collect(),
+    }
+}
+
+impl From<&RouteRule> for pb::RouteRule {
+    fn from(r: &RouteRule) -> Self {
+        pb::RouteRule {
+            name: r.name.clone(),
+            port: r.port.into(),
+            matches: r.matches.iter().map(route_match).collect(),
+            backends: r.backends.iter().map(backend).collect(),
+            filters: Some(filters(&r.filters)),
+            timeout: r.timeout.map(duration),
+            backend_timeout: r.backend_timeout.map(duration),
+        }
+    }
+}
+
+impl From<&ServiceRoutes> for pb::ServiceRoutes {
+    fn from(s: &ServiceRoutes) -> Self {
+        pb::ServiceRoutes { service: s.service.clone(), rules: s.rules.iter().map(pb::RouteRule::from).collect() }
+    }
+}
+
+// ---- from the wire ----
+
+fn port16(v: u32, field: &str) -> Result<u16, ConvertError> {
+    u16::try_from(v).map_err(|_| err(field, format!("{v} is not a port (0-65535)")))
+}
+
+fn duration_from(d: Option<&prost_types::Duration>, field: &str) -> Result<Option<Duration>, ConvertError> {
+    let Some(d) = d else { return Ok(None) };
+    let secs = u64::try_from(d.seconds).map_err(|_| err(field, format!("{}s is negative", d.seconds)))?;
+    let nanos = u32::try_from(d.nanos)
+        .ok()
+        .filter(|n| *n < 1_000_000_000)
+        .ok_or_else(|| err(format!("{field}.nanos"), format!("{} is not 0-999999999", d.nanos)))?;
+    Ok(Some(Duration::new(secs, nanos)))
+}
+
+fn lower_name(name: &str, field: &str) -> Result<String, ConvertError> {
+    if name.is_empty() {
+        return Err(err(field, "required"));
+    }
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(err(field, format!("{name:?} is not lower-case")));
+    }
+    Ok(name.to_string())
+}
+
+fn backend_from(b: &pb::Backend, field: &str) -> Result<Backend, ConvertError> {
+    if b.service.is_empty() {
+        return Err(err(format!("{field}.service"), "required"));
+    }
+    Ok(Backend { service: b.service.clone(), port: port16(b.port, &format!("{field}.port"))?, weight: b.weight })
+}
+
+fn path_rewrite_from(p: &pb::PathRewrite, field: &str) -> Result<PathRewrite, ConvertError> {
+    match &p.kind {
+        Some(pb::path_rewrite::Kind::ReplaceFullPath(s)) => Ok(PathRewrite::ReplaceFullPath(s.clone())),
+        Some(pb::path_rewrite::Kind::ReplacePrefixMatch(s)) => Ok(PathRewrite::ReplacePrefixMatch(s.clone())),
+        None => Err(err(field, "has neither replace_full_path nor replace_prefix_match")),
+    }
+}
+
+fn pairs_from(hs: &[pb::Header], field: &str) -> Result<Vec<(String, String)>, ConvertError> {
+    hs.iter().enumerate().map(|(i, h)| Ok((lower_name(&h.name, &format!("{field}[{i}].name"))?, h.value.clone()))).collect()
+}
+
+fn modifier_from(m: Option<&pb::HeaderModifier>, field: &str) -> Result<HeaderModifier, ConvertError> {
+    let Some(m) = m else { return Ok(HeaderModifier::default()) };
+    Ok(HeaderModifier {
+        set: pairs_from(&m.set, &format!("{field}.set"))?,
+        add: pairs_from(&m.add, &format!("{field}.add"))?,
+        remove: m.remove.iter().enumerate().map(|(i, n)| lower_name(n, &format!("{field}.remove[{i}]"))).collect::<Result<_, _>>()?,
+    })
+}
+
+fn match_from(m: &pb::RouteMatch, field: &str) -> Result<RouteMatch, ConvertError> {
+    let path = match m.path.as_ref().and_then(|p| p.kind.as_ref()) {
+        Some(pb::path_match::Kind::Exact(p)) => PathMatch::Exact(p.clone()),
+        Some(pb::path_match::Kind::Prefix(p)) => PathMatch::Prefix(p.clone()),
+        None => return Err(err(format!("{field}.path"), "required (exact or prefix)")),
+    };
+    Ok(RouteMatch {
+        path,
+        headers: m
+            .headers
+            .iter()
+            .enumerate()
+            .map(|(i, h)| Ok(HeaderMatch { name: lower_name(&h.name, &format!("{field}.headers[{i}].name"))?, value: h.value.clone() }))
+            .collect::<Result<_, ConvertError>>()?,
+        query: m
+            .query
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                if q.name.is_empty() {
+                    return Err(err(format!("{field}.query[{i}].name"), "required"));
+                }
+                Ok(QueryMatch { name: q.name.clone(), value: q.value.clone() })
+            })
+            .collect::<Result<_, _>>()?,
+        method: m.method.clone(),
+    })
+}
+
+fn filters_from(f: Option<&pb::Filters>, field: &str) -> Result<Filters, ConvertError> {
+    let Some(f) = f else { return Ok(Filters::default()) };
+    let redirect = match &f.redirect {
+        None => None,
+        Some(r) => {
+            let status = match r.status {
+                301 => 301,
+                302 => 302,
+                other => return Err(err(format!("{field}.redirect.status"), format!("{other} is not 301 or 302"))),
+            };
+            let port = match r.port {
+                None => None,
+                Some(0) => return Err(err(format!("{field}.redirect.port"), "0 is not a port")),
+                Some(p) => Some(port16(p, &format!("{field}.redirect.port"))?),
+            };
+            Some(Redirect {
+                scheme: r.scheme.clone(),
+                hostname: r.hostname.clone(),
+                path: r.path.as_ref().map(|p| path_rewrite_from(p, &format!("{field}.redirect.path"))).transpose()?,
+                port,
+                status,
+            })
+        }
+    };
+    let rewrite = f
+        .rewrite
+        .as_ref()
+        .map(|r| {
+            Ok::<_, ConvertError>(Rewrite {
+                hostname: r.hostname.clone(),
+                path: r.path.as_ref().map(|p| path_rewrite_from(p, &format!("{field}.rewrite.path"))).transpose()?,
+            })
+        })
+        .transpose()?;
+    Ok(Filters {
+        request_headers: modifier_from(f.request_headers.as_ref(), &format!("{field}.request_headers"))?,
+        response_headers: modifier_from(f.response_headers.as_ref(), &format!("{field}.response_headers"))?,
+        redirect,
+        rewrite,
+        mirrors: f.mirrors.iter().enumerate().map(|(i, b)| backend_from(b, &format!("{field}.mirrors[{i}]"))).collect::<Result<_, _>>()?,
+    })
+}
+
+fn rule_from(r: &pb::RouteRule, field: &str) -> Result<RouteRule, ConvertError> {
+    Ok(RouteRule {
+        name: r.name.clone(),
+        port: port16(r.port, &format!("{field}.port"))?,
+        matches: r.matches.iter().enumerate().map(|(i, m)| match_from(m, &format!("{field}.matches[{i}]"))).collect::<Result<_, _>>()?,
+        backends: r
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| backend_from(b, &format!("{field}.backends[{i}]")))
+            .collect::<Result<_, _>>()?,
+        filters: filters_from(r.filters.as_ref(), &format!("{field}.filters"))?,
+        timeout: duration_from(r.timeout.as_ref(), &format!("{field}.timeout"))?,
+        backend_timeout: duration_from(r.backend_timeout.as_ref(), &format!("{field}.backend_timeout"))?,
+    })
+}
+
+impl TryFrom<pb::ServiceRoutes> for ServiceRoutes {
+    type Error = ConvertError;
+    fn try_from(s: pb::ServiceRoutes) -> Result<Self, ConvertError> {
+        if s.service.is_empty() {
+            return Err(err("service", "required"));
+        }
+        let rules = s.rules.iter().enumerate().map(|(i, r)| rule_from(r, &format!("rules[{i}]"))).collect::<Result<_, _>>()?;
+        Ok(ServiceRoutes { service: s.service, rules })
+    }
+}
+
+/// A `ServiceRoutes` resource, named by [`ServiceRoutes::service`].
+pub fn routes_any(r: &ServiceRoutes) -> prost_types::Any {
+    prost_types::Any { type_url: crate::ROUTE_TYPE_URL.to_string(), value: pb::ServiceRoutes::from(r).encode_to_vec() }
+}
+
+/// Unpacks a `ServiceRoutes` resource, checking its type URL.
+pub fn routes_from_any(any: &prost_types::Any) -> Result<ServiceRoutes, ConvertError> {
+    if any.type_url != crate::ROUTE_TYPE_URL {
+        return Err(err("resource.type_url", format!("expected {}, got {}", crate::ROUTE_TYPE_URL, any.type_url)));
+    }
+    let r = pb::ServiceRoutes::decode(any.value.as_slice()).map_err(|e| err("resource.value", format!("not a ServiceRoutes: {e}")))?;
+    r.try_into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ServiceRoutes {
+        let b = |s: &str, port, weight| Backend { service: format!("bookinfo/{s}.bookinfo.svc.cluster.local"), port, weight };
+        ServiceRoutes {
+            service: "bookinfo/reviews.bookinfo.svc.cluster.local".into(),
+            rules: vec![
+                RouteRule {
+                    name: "bookinfo/reviews.0".into(),
+                    port: 9080,
+                    matches: vec![RouteMatch {
+                        path: PathMatch::Exact("/reviews/1".into()),
+                        headers: vec![HeaderMatch { name: "end-user".into(), value: "jason".into() }],
+                        query: vec![QueryMatch { name: "v".into(), value: "2".into() }],
+                        method: Some("GET".into()),
+                    }],
+                    backends: vec![b("reviews-v1", 9080, 90), b("reviews-v2", 0, 10)],
+                    filters: Filters {
+                        request_headers: HeaderModifier {
+                            set: vec![("x-a".into(), "1".into())],
+                            add: vec![("x-b".into(), "2".into())],
+                            remove: vec!["x-c".into()],
+                        },
+                        response_headers: HeaderModifier { remove: vec!["server".into()], ..Default::default() },
+                        redirect: None,
+                        rewrite: Some(Rewrite {
+                            hostname: Some("reviews.internal".into()),
+                            path: Some(PathRewrite::ReplacePrefixMatch("/v2".into())),
+                        }),
+                        mirrors: vec![b("shadow", 9080, 0)],
+                    },
+                    timeout: Some(Duration::from_millis(10_500)),
+                    backend_timeout: Some(Duration::from_nanos(1)),
+                },
+                RouteRule {
+                    name: "bookinfo/old.1".into(),
+                    port: 0,
+                    matches: vec![RouteMatch::default()],
+                    backends: vec![],
+                    filters: Filters {
+                        redirect: Some(Redirect {
+                            scheme: Some("https".into()),
+                            hostname: Some("example.com".into()),
+                            path: Some(PathRewrite::ReplaceFullPath("/new".into())),
+                            port: Some(8443),
+                            status: 301,
+                        }),
+                        ..Default::default()
+                    },
+                    timeout: None,
+                    backend_timeout: None,
+                },
+                RouteRule { name: "bookinfo/any.0".into(), ..Default::default() },
+            ],
+        }
+    }
+
+    #[test]
+    fn route_round_trip() {
+        let s = sample();
+        assert_eq!(routes_from_any(&routes_any(&s)).unwrap(), s);
+        assert_eq!(ServiceRoutes::try_from(pb::ServiceRoutes::from(&s)).unwrap(), s);
+    }
+
+    #[test]
+    fn route_refusals_name_the_field() {
+        type Edit = Box<dyn Fn(&mut pb::ServiceRoutes)>;
+        let cases: Vec<(Edit, &str)> = vec![
+            (Box::new(|m| m.service.clear()), "service"),
+            (Box::new(|m| m.rules[1].port = 70_000), "rules[1].port"),
+            (Box::new(|m| m.rules[0].matches[0].path = None), "rules[0].matches[0].path"),
+            (Box::new(|m| m.rules[0].matches[0].path = Some(pb::PathMatch { kind: None })), "rules[0].matches[0].path"),
+            (Box::new(|m| m.rules[0].matches[0].headers[0].name = "End-User".into()), "rules[0].matches[0].headers[0].name"),
+            (Box::new(|m| m.rules[0].matches[0].query[0].name.clear()), "rules[0].matches[0].query[0].name"),
+            (Box::new(|m| m.rules[0].backends[1].service.clear()), "rules[0].backends[1].service"),
+            (Box::new(|m| m.rules[0].backends[0].port = 65_536), "rules[0].backends[0].port"),
+            (
+                Box::new(|m| m.rules[0].filters.as_mut().unwrap().request_headers.as_mut().unwrap().add[0].name = "X-B".into()),
+                "rules[0].filters.request_headers.add[0].name",
+            ),
+            (
+                Box::new(|m| m.rules[0].filters.as_mut().unwrap().response_headers.as_mut().unwrap().remove[0].clear()),
+                "rules[0].filters.response_headers.remove[0]",
+            ),
+            (Box::new(|m| m.rules[0].filters.as_mut().unwrap().mirrors[0].service.clear()), "rules[0].filters.mirrors[0].service"),
+            (
+                Box::new(|m| m.rules[0].filters.as_mut().unwrap().rewrite.as_mut().unwrap().path = Some(pb::PathRewrite { kind: None })),
+                "rules[0].filters.rewrite.path",
+            ),
+            (
+                Box::new(|m| m.rules[1].filters.as_mut().unwrap().redirect.as_mut().unwrap().status = 307),
+                "rules[1].filters.redirect.status",
+            ),
+            (
+                Box::new(|m| m.rules[1].filters.as_mut().unwrap().redirect.as_mut().unwrap().port = Some(0)),
+                "rules[1].filters.redirect.port",
+            ),
+            (
+                Box::new(|m| m.rules[1].filters.as_mut().unwrap().redirect.as_mut().unwrap().port = Some(65_536)),
+                "rules[1].filters.redirect.port",
+            ),
+            (Box::new(|m| m.rules[0].timeout.as_mut().unwrap().seconds = -1), "rules[0].timeout"),
+            (Box::new(|m| m.rules[0].backend_timeout.as_mut().unwrap().nanos = 1_000_000_000), "rules[0].backend_timeout.nanos"),
+        ];
+        for (edit, field) in cases {
+            let mut m = pb::ServiceRoutes::from(&sample());
+            edit(&mut m);
+            let e = ServiceRoutes::try_from(m).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+        }
+        let wrong = prost_types::Any { type_url: crate::NETWORK_POLICY_TYPE_URL.into(), value: vec![] };
+        assert_eq!(routes_from_any(&wrong).unwrap_err().field, "resource.type_url");
+    }
+}
