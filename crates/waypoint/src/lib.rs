@@ -1,0 +1,91 @@
+//! slipstream-waypoint: the shared L7 proxy of the services (and pods)
+//! bound to a Gateway of class `istio-waypoint` (docs/waypoint.md).
+//!
+//! A node proxy sends a bound destination's connections here over HBONE,
+//! with the original destination as `:authority`. The waypoint
+//! terminates the tunnel (verifying the caller's identity), serves HTTP on
+//! it, and per request: picks the route rule ([`plan`]), the backend and
+//! the endpoint, and sends the request to that endpoint's node proxy over
+//! an HBONE tunnel of its own ([`upstream`]). Decisions are pure
+//! ([`plan`]); [`handler`] and [`proxy`] do the I/O.
+#![forbid(unsafe_code)]
+
+pub mod handler;
+pub mod plan;
+pub mod proxy;
+pub mod upstream;
+
+use arc_swap::ArcSwap;
+use http_body_util::combinators::BoxBody;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use slipstream_core::route::ServiceRoutes;
+use slipstream_core::{MeshState, SpiffeId};
+use slipstream_hbone::Pool;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Who this waypoint is.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Its Gateway's namespace and name.
+    pub namespace: String,
+    pub name: String,
+    /// Its pod's address: the source address of its tunnels.
+    pub own_ip: IpAddr,
+    /// `spiffe://<td>/ns/<namespace>/sa/<name>`: the identity it presents
+    /// to callers and to endpoints.
+    pub identity: SpiffeId,
+    /// Idle upstream HTTP connections are closed after this long.
+    pub idle_timeout: Duration,
+}
+
+/// Routes by service key (`namespace/hostname`).
+pub type Routes = HashMap<String, Arc<ServiceRoutes>>;
+
+/// What every tunnel and request of the waypoint shares.
+pub struct Shared {
+    pub settings: Settings,
+    me: plan::Me,
+    mesh: Arc<ArcSwap<MeshState>>,
+    routes: ArcSwap<Routes>,
+    client: Client<upstream::Connector, BoxBody<bytes::Bytes, hyper::Error>>,
+}
+
+/// The waypoint: configuration in ([`Waypoint::set_mesh`],
+/// [`Waypoint::set_routes`]), an HBONE [`handler`] out.
+#[derive(Clone)]
+pub struct Waypoint {
+    shared: Arc<Shared>,
+}
+
+impl Waypoint {
+    /// `pool` opens its tunnels to endpoints (with its own certificate).
+    pub fn new(settings: Settings, pool: Pool) -> Waypoint {
+        let mesh: Arc<ArcSwap<MeshState>> = Arc::new(ArcSwap::from_pointee(MeshState::default()));
+        let connector =
+            upstream::Connector { pool, identity: Arc::new(settings.identity.clone()), own_ip: settings.own_ip, mesh: mesh.clone() };
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(settings.idle_timeout).build(connector);
+        let me = plan::Me {
+            namespace: settings.namespace.clone(),
+            hostname: format!("{}.{}.svc.cluster.local", settings.name, settings.namespace),
+        };
+        Waypoint { shared: Arc::new(Shared { settings, me, mesh, routes: ArcSwap::from_pointee(Routes::new()), client }) }
+    }
+
+    pub fn set_mesh(&self, state: Arc<MeshState>) {
+        self.shared.mesh.store(state);
+    }
+
+    pub fn set_routes(&self, routes: impl IntoIterator<Item = ServiceRoutes>) {
+        let map: Routes = routes.into_iter().map(|r| (r.service.clone(), Arc::new(r))).collect();
+        self.shared.routes.store(Arc::new(map));
+    }
+
+    /// What the HBONE server calls for each CONNECT.
+    pub fn handler(&self) -> Arc<handler::WaypointHandler> {
+        Arc::new(handler::WaypointHandler { shared: self.shared.clone() })
+    }
+}

@@ -1,0 +1,202 @@
+//! What the waypoint does with one tunnel and one request, decided over
+//! one mesh snapshot and the routes: pure, table-tested, no sockets.
+//!
+//! - [`target`]: whether a tunnel's `:authority` is something this
+//!   waypoint serves (a service or a pod bound to it).
+//! - [`decide`]: for one request to that target, the route rule, the
+//!   backend and endpoint, or the answer the waypoint gives itself
+//!   (redirect, 404, 500, 503).
+
+use slipstream_core::route::{pick_backend, rewrite_path, select, RequestView, RouteRule, ServiceRoutes};
+use slipstream_core::{Destination, Endpoint, MeshService, MeshState, MeshWorkload};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which waypoint this is: the Service its Gateway made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Me {
+    pub namespace: String,
+    /// `<gateway>.<namespace>.svc.cluster.local`.
+    pub hostname: String,
+}
+
+impl Me {
+    fn is(&self, g: Option<&slipstream_core::GatewayAddress>) -> bool {
+        g.is_some_and(|g| g.namespace == self.namespace && g.hostname == self.hostname)
+    }
+}
+
+/// What a tunnel was opened for.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A service bound to this waypoint, on the port the client dialed.
+    Service { service: Arc<MeshService>, port: u16 },
+    /// A pod bound to this waypoint (waypoint-for workload or all).
+    Workload { workload: Arc<MeshWorkload>, port: u16 },
+}
+
+impl Target {
+    /// `namespace/hostname` of the service, or the pod's name, for logs.
+    pub fn name(&self) -> String {
+        match self {
+            Target::Service { service, .. } => service.hostname().to_string(),
+            Target::Workload { workload, .. } => format!("{}/{}", workload.namespace, workload.name),
+        }
+    }
+}
+
+/// Why a tunnel is refused: the waypoint serves only what is bound to it,
+/// so a client cannot use it to reach anything else.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotServed {
+    #[error("{0} is not a service or pod of the mesh")]
+    Unknown(SocketAddr),
+    #[error("{what} is not bound to this waypoint")]
+    NotBound { what: String },
+}
+
+pub fn target(state: &MeshState, me: &Me, authority: SocketAddr) -> Result<Target, NotServed> {
+    match state.destination(authority.ip()) {
+        Destination::Service(s) if me.is(s.waypoint.as_ref()) => Ok(Target::Service { service: s, port: authority.port() }),
+        Destination::Workload(w) if me.is(w.waypoint.as_ref()) => Ok(Target::Workload { workload: w, port: authority.port() }),
+        Destination::Service(s) => Err(NotServed::NotBound { what: format!("service {}", s.hostname()) }),
+        Destination::Workload(w) => Err(NotServed::NotBound { what: format!("pod {}/{}", w.namespace, w.name) }),
+        Destination::Unknown => Err(NotServed::Unknown(authority)),
+    }
+}
+
+/// One request as the decision sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Req<'a> {
+    pub view: RequestView<'a>,
+    /// The `Host` (HTTP/1.1) or `:authority` (HTTP/2), as sent.
+    pub host: &'a str,
+    /// Uniform random numbers: which backend, which endpoint.
+    pub draw_backend: u64,
+    pub draw_endpoint: u64,
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone)]
+pub struct Forward {
+    /// The backend service (None: a pod addressed directly).
+    pub service: Option<Arc<MeshService>>,
+    pub endpoint: Endpoint,
+    /// The path and query to send (after a URLRewrite).
+    pub path_and_query: String,
+    /// The `Host` to send (after a URLRewrite).
+    pub host: Option<String>,
+    pub timeout: Option<Duration>,
+}
+
+/// What the waypoint does with a request.
+#[derive(Debug, Clone)]
+pub enum Action {
+    Forward(Forward),
+    /// A RequestRedirect filter: status and `location`.
+    Redirect { status: u16, location: String },
+    /// The waypoint answers itself: no rule matched (404), a rule whose
+    /// backends are all invalid (500), no ready endpoint (503).
+    Respond { status: u16, flag: &'static str, detail: String },
+}
+
+/// The decision and the rule that made it (for the access log).
+#[derive(Debug, Clone)]
+pub struct Decision<'r> {
+    pub rule: Option<&'r RouteRule>,
+    pub action: Action,
+}
+
+fn respond<'r>(rule: Option<&'r RouteRule>, status: u16, flag: &'static str, detail: String) -> Decision<'r> {
+    Decision { rule, action: Action::Respond { status, flag, detail } }
+}
+
+fn path_and_query(path: &str, query: &str) -> String {
+    if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{query}")
+    }
+}
+
+/// Decides one request to `target`. A service with routes takes the first
+/// matching rule (Gateway API: none matching is a 404); a service without
+/// routes goes to its own endpoints on the dialed port; a pod is the
+/// endpoint itself.
+pub fn decide<'r>(state: &MeshState, routes: Option<&'r ServiceRoutes>, target: &Target, req: &Req) -> Decision<'r> {
+    let pq = path_and_query(req.view.path, req.view.query);
+    let (service, port) = match target {
+        Target::Workload { workload, port } => {
+            let endpoint = Endpoint { workload: workload.clone(), target_port: *port };
+            return Decision {
+                rule: None,
+                action: Action::Forward(Forward { service: None, endpoint, path_and_query: pq, host: None, timeout: None }),
+            };
+        }
+        Target::Service { service, port } => (service, *port),
+    };
+    let rules = routes.map(|r| r.rules.as_slice()).unwrap_or(&[]);
+    let applies = rules.iter().any(|r| r.port == 0 || r.port == port);
+    if !applies {
+        return to_service(state, None, service.clone(), port, req, pq, None, None);
+    }
+    let Some((rule, m)) = select(rules, port, &req.view) else {
+        return respond(None, 404, "NR", format!("no route of {} matches {} {}", service.hostname(), req.view.method, req.view.path));
+    };
+    let matched = rule.matches.get(m).map(|m| &m.path).cloned().unwrap_or_default();
+    let f = &rule.filters;
+    if let Some(r) = &f.redirect {
+        let scheme = r.scheme.as_deref().unwrap_or("http");
+        let host = r.hostname.clone().unwrap_or_else(|| req.host.rsplit_once(':').map_or(req.host, |(h, _)| h).to_string());
+        let port = match (r.port, scheme) {
+            (Some(80), "http") | (Some(443), "https") | (None, _) => String::new(),
+            (Some(p), _) => format!(":{p}"),
+        };
+        let path = r.path.as_ref().map_or_else(|| req.view.path.to_string(), |p| rewrite_path(&matched, p, req.view.path));
+        return Decision {
+            rule: Some(rule),
+            action: Action::Redirect { status: r.status, location: format!("{scheme}://{host}{port}{}", path_and_query(&path, req.view.query)) },
+        };
+    }
+    let Some(b) = pick_backend(&rule.backends, req.draw_backend) else {
+        return respond(Some(rule), 500, "NR", format!("route {} has no valid backend", rule.name));
+    };
+    let Some(svc) = state.service(&b.service) else {
+        return respond(Some(rule), 500, "NR", format!("route {}: backend {} does not exist", rule.name, b.service));
+    };
+    let (pq, host) = match &f.rewrite {
+        Some(rw) => {
+            let path = rw.path.as_ref().map_or_else(|| req.view.path.to_string(), |p| rewrite_path(&matched, p, req.view.path));
+            (path_and_query(&path, req.view.query), rw.hostname.clone())
+        }
+        None => (pq, None),
+    };
+    let timeout = rule.backend_timeout.or(rule.timeout);
+    // Port 0: neither the backendRef nor the parentRef named one, so the
+    // port the client dialed.
+    let backend_port = if b.port == 0 { port } else { b.port };
+    to_service(state, Some(rule), svc, backend_port, req, pq, host, timeout)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn to_service<'r>(
+    state: &MeshState,
+    rule: Option<&'r RouteRule>,
+    service: Arc<MeshService>,
+    port: u16,
+    req: &Req,
+    path_and_query: String,
+    host: Option<String>,
+    timeout: Option<Duration>,
+) -> Decision<'r> {
+    let eps = state.endpoints(&service, port);
+    let Some(ep) = MeshState::pick(&eps, req.draw_endpoint) else {
+        return respond(rule, 503, "UH", format!("service {} has no ready endpoint for port {port}", service.hostname()));
+    };
+    let endpoint = ep.clone();
+    Decision { rule, action: Action::Forward(Forward { service: Some(service), endpoint, path_and_query, host, timeout }) }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,190 @@
+//! `target` and `decide` as tables over one small mesh: reviews (v1, v2)
+//! and ratings bound to the waypoint `bookinfo/waypoint`, details not.
+
+use super::*;
+use slipstream_core::route::{Backend, Filters, PathRewrite, Redirect, Rewrite, RouteMatch};
+use slipstream_core::*;
+use std::collections::BTreeMap;
+
+const WP: &str = "waypoint.bookinfo.svc.cluster.local";
+
+fn me() -> Me {
+    Me { namespace: "bookinfo".into(), hostname: WP.into() }
+}
+
+fn gw() -> GatewayAddress {
+    GatewayAddress { namespace: "bookinfo".into(), hostname: WP.into(), hbone_mtls_port: 15008 }
+}
+
+fn key(name: &str) -> String {
+    format!("bookinfo/{name}.bookinfo.svc.cluster.local")
+}
+
+fn pod(name: &str, ip: &str, service: &str, bound: bool) -> Workload {
+    let ports = vec![Port { service_port: 9080, target_port: 9080 }];
+    let mut services = BTreeMap::from([(key(service), ports.clone())]);
+    if name.starts_with("reviews") {
+        services.insert(key("reviews"), ports);
+    }
+    Workload {
+        uid: format!("c//Pod/bookinfo/{name}"),
+        name: name.into(),
+        namespace: "bookinfo".into(),
+        addresses: vec![ip.parse().unwrap()],
+        tunnel_protocol: TunnelProtocol::Hbone,
+        services,
+        waypoint: bound.then(gw),
+        ..Default::default()
+    }
+}
+
+fn svc(name: &str, vip: &str, bound: bool) -> Service {
+    Service {
+        name: name.into(),
+        namespace: "bookinfo".into(),
+        hostname: format!("{name}.bookinfo.svc.cluster.local"),
+        addresses: vec![NetworkAddress { network: String::new(), address: vip.parse().unwrap() }],
+        ports: vec![Port { service_port: 9080, target_port: 9080 }],
+        subject_alt_names: vec![],
+        waypoint: bound.then(gw),
+    }
+}
+
+fn state() -> Arc<MeshState> {
+    let cfg = MeshConfig {
+        workloads: vec![
+            pod("reviews-v1", "10.244.1.1", "reviews-v1", false),
+            pod("reviews-v2", "10.244.1.2", "reviews-v2", false),
+            pod("ratings", "10.244.1.3", "ratings", true),
+            pod("details", "10.244.1.4", "details", false),
+        ],
+        services: vec![
+            svc("reviews", "10.96.0.1", true),
+            svc("reviews-v1", "10.96.0.2", false),
+            svc("reviews-v2", "10.96.0.3", false),
+            svc("ratings", "10.96.0.4", true),
+            svc("details", "10.96.0.5", false),
+            svc("empty", "10.96.0.6", true),
+        ],
+        ..Default::default()
+    };
+    let (s, errors) = MeshState::from_config(&cfg);
+    assert!(errors.is_empty(), "{errors:?}");
+    s
+}
+
+fn rule(name: &str, matches: Vec<RouteMatch>, backends: &[(&str, u32)], filters: Filters) -> RouteRule {
+    RouteRule {
+        name: name.into(),
+        port: 0,
+        matches,
+        backends: backends.iter().map(|(s, w)| Backend { service: key(s), port: 9080, weight: *w }).collect(),
+        filters,
+        timeout: None,
+        backend_timeout: None,
+    }
+}
+
+fn routes() -> ServiceRoutes {
+    let header = RouteMatch {
+        headers: vec![route::HeaderMatch { name: "end-user".into(), value: "jason".into() }],
+        ..Default::default()
+    };
+    let prefix = |p: &str| RouteMatch { path: route::PathMatch::Prefix(p.into()), ..Default::default() };
+    ServiceRoutes {
+        service: key("reviews"),
+        rules: vec![
+            rule("bookinfo/jason.0", vec![header], &[("reviews-v2", 1)], Filters::default()),
+            rule(
+                "bookinfo/old.0",
+                vec![prefix("/old")],
+                &[],
+                Filters { redirect: Some(Redirect { path: Some(PathRewrite::ReplacePrefixMatch("/new".into())), status: 301, ..Default::default() }), ..Default::default() },
+            ),
+            rule(
+                "bookinfo/api.0",
+                vec![prefix("/api/v1")],
+                &[("reviews-v1", 1)],
+                Filters { rewrite: Some(Rewrite { path: Some(PathRewrite::ReplacePrefixMatch("/v1".into())), hostname: Some("internal".into()) }), ..Default::default() },
+            ),
+            rule("bookinfo/broken.0", vec![prefix("/broken")], &[("gone", 1)], Filters::default()),
+            rule("bookinfo/split.0", vec![prefix("/reviews")], &[("reviews-v1", 90), ("reviews-v2", 10)], Filters::default()),
+            {
+                // A backend without a port: the port the client dialed.
+                let mut r = rule("bookinfo/any-port.0", vec![prefix("/any")], &[("reviews-v2", 1)], Filters::default());
+                r.backends[0].port = 0;
+                r
+            },
+        ],
+    }
+}
+
+#[test]
+fn only_what_is_bound_to_this_waypoint_is_served() {
+    let s = state();
+    let t = |a: &str| target(&s, &me(), a.parse().unwrap()).map(|t| t.name());
+    assert_eq!(t("10.96.0.1:9080"), Ok("reviews.bookinfo.svc.cluster.local".into()));
+    assert_eq!(t("10.244.1.3:9080"), Ok("bookinfo/ratings".into()), "a pod bound for workload traffic");
+    assert_eq!(t("10.96.0.5:9080"), Err(NotServed::NotBound { what: "service details.bookinfo.svc.cluster.local".into() }));
+    assert_eq!(t("10.244.1.4:9080"), Err(NotServed::NotBound { what: "pod bookinfo/details".into() }));
+    assert!(matches!(t("192.0.2.1:80"), Err(NotServed::Unknown(_))));
+    let other = Me { namespace: "bookinfo".into(), hostname: "other.bookinfo.svc.cluster.local".into() };
+    assert!(target(&s, &other, "10.96.0.1:9080".parse().unwrap()).is_err(), "another waypoint's service");
+}
+
+/// (method, path, query, headers, draw) -> what happens, as text.
+fn run(s: &MeshState, r: Option<&ServiceRoutes>, dialed: &str, path: &str, headers: &[(&str, &str)], draw: u64) -> String {
+    let t = target(s, &me(), dialed.parse().unwrap()).unwrap();
+    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let req = Req { view: RequestView { method: "GET", path, query, headers: &headers }, host: "reviews:9080", draw_backend: draw, draw_endpoint: 0 };
+    let d = decide(s, r, &t, &req);
+    let rule = d.rule.map(|r| r.name.as_str()).unwrap_or("-");
+    match d.action {
+        Action::Forward(f) => format!(
+            "{rule} -> {} {}{}",
+            f.endpoint.workload.name,
+            f.path_and_query,
+            f.host.map(|h| format!(" host={h}")).unwrap_or_default()
+        ),
+        Action::Redirect { status, location } => format!("{rule} -> {status} {location}"),
+        Action::Respond { status, flag, .. } => format!("{rule} -> {status} {flag}"),
+    }
+}
+
+#[test]
+fn requests_take_the_first_matching_rule_and_its_weighted_backend() {
+    let s = state();
+    let r = routes();
+    // (dialed, path, headers, draw, what happens)
+    type Row<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, u64, &'a str);
+    let rows: Vec<Row> = vec![
+        ("10.96.0.1:9080", "/reviews/1", vec![], 0, "bookinfo/split.0 -> reviews-v1 /reviews/1"),
+        ("10.96.0.1:9080", "/reviews/1", vec![], 89, "bookinfo/split.0 -> reviews-v1 /reviews/1"),
+        ("10.96.0.1:9080", "/reviews/1", vec![], 90, "bookinfo/split.0 -> reviews-v2 /reviews/1"),
+        ("10.96.0.1:9080", "/reviews/1", vec![], 99, "bookinfo/split.0 -> reviews-v2 /reviews/1"),
+        ("10.96.0.1:9080", "/reviews/1?x=1", vec![], 0, "bookinfo/split.0 -> reviews-v1 /reviews/1?x=1"),
+        // A header match wins where it is listed first.
+        ("10.96.0.1:9080", "/reviews/1", vec![("end-user", "jason")], 0, "bookinfo/jason.0 -> reviews-v2 /reviews/1"),
+        // Filters: redirect, rewrite.
+        ("10.96.0.1:9080", "/old/x?y=1", vec![], 0, "bookinfo/old.0 -> 301 http://reviews/new/x?y=1"),
+        ("10.96.0.1:9080", "/api/v1/r", vec![], 0, "bookinfo/api.0 -> reviews-v1 /v1/r host=internal"),
+        // Gateway API: no rule matches, 404; a backend that does not exist, 500.
+        ("10.96.0.1:9080", "/other", vec![], 0, "- -> 404 NR"),
+        ("10.96.0.1:9080", "/broken", vec![], 0, "bookinfo/broken.0 -> 500 NR"),
+        ("10.96.0.1:9080", "/any", vec![], 0, "bookinfo/any-port.0 -> reviews-v2 /any"),
+        // A pod addressed directly is its own endpoint.
+        ("10.244.1.3:9080", "/ratings/0", vec![], 0, "- -> ratings /ratings/0"),
+    ];
+    for (i, (dialed, path, headers, draw, want)) in rows.into_iter().enumerate() {
+        assert_eq!(run(&s, Some(&r), dialed, path, &headers, draw), want, "row {i}: {path} {headers:?} draw {draw}");
+    }
+    // Without routes, or with routes for another port: the service itself.
+    assert_eq!(run(&s, None, "10.96.0.1:9080", "/x", &[], 0), "- -> reviews-v1 /x", "reviews' own endpoints");
+    assert_eq!(run(&s, None, "10.96.0.4:9080", "/r", &[], 0), "- -> ratings /r");
+    let mut other_port = routes();
+    other_port.rules.iter_mut().for_each(|r| r.port = 9999);
+    assert_eq!(run(&s, Some(&other_port), "10.96.0.4:9080", "/r", &[], 0), "- -> ratings /r");
+    // A bound service with no endpoint: 503.
+    assert_eq!(run(&s, None, "10.96.0.6:9080", "/", &[], 0), "- -> 503 UH");
+}

@@ -1,0 +1,155 @@
+//! One request: decide ([`crate::plan::decide`]), then answer it here or
+//! send it to the chosen endpoint, applying the rule's header filters and
+//! timeout, with one access-log line.
+
+use crate::handler::Peer;
+use crate::plan::{self, Action, Req, Target};
+use crate::Shared;
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, HOST, LOCATION};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use slipstream_core::route::{HeaderModifier, RequestView};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub type Body = BoxBody<Bytes, hyper::Error>;
+
+/// The header a request is traced by in the access log (set when absent).
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1): not forwarded.
+const HOP_BY_HOP: &[&str] = &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer"];
+
+fn text(status: u16, body: String) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|never: Infallible| match never {}).boxed());
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+fn modify(headers: &mut HeaderMap, m: &HeaderModifier) {
+    for (k, v) in &m.set {
+        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k.as_str()), HeaderValue::try_from(v.as_str())) {
+            headers.insert(k, v);
+        }
+    }
+    for (k, v) in &m.add {
+        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k.as_str()), HeaderValue::try_from(v.as_str())) {
+            headers.append(k, v);
+        }
+    }
+    for k in &m.remove {
+        headers.remove(k.as_str());
+    }
+}
+
+fn request_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+pub async fn handle(shared: Arc<Shared>, target: Arc<Target>, peer: Peer, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let start = Instant::now();
+    let id = match req.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
+        Some(v) => v.to_string(),
+        None => {
+            let v = request_id();
+            req.headers_mut().insert(REQUEST_ID, HeaderValue::try_from(v.as_str()).expect("hex is a header value"));
+            v
+        }
+    };
+    let method = req.method().as_str().to_string();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let host = req
+        .headers()
+        .get(HOST)
+        .and_then(|v| v.to_str().ok())
+        .or(req.uri().authority().map(|a| a.as_str()))
+        .unwrap_or("")
+        .to_string();
+    let headers: Vec<(String, String)> =
+        req.headers().iter().filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string()))).collect();
+    let state = shared.mesh.load_full();
+    let routes = shared.routes.load_full();
+    let service_routes = match target.as_ref() {
+        Target::Service { service, .. } => routes.get(service.key()).cloned(),
+        Target::Workload { .. } => None,
+    };
+    let view = RequestView { method: &method, path: &path, query: &query, headers: &headers };
+    let decision = plan::decide(
+        &state,
+        service_routes.as_deref(),
+        &target,
+        &Req { view, host: &host, draw_backend: rand::random(), draw_endpoint: rand::random() },
+    );
+    let rule = decision.rule.map(|r| r.name.clone()).unwrap_or_else(|| "-".into());
+    let filters = decision.rule.map(|r| r.filters.clone()).unwrap_or_default();
+    let (response, flag, upstream) = match decision.action {
+        Action::Respond { status, flag, detail } => (text(status, format!("{detail}\n")), flag, None),
+        Action::Redirect { status, location } => {
+            let mut r = text(status, String::new());
+            if let Ok(v) = HeaderValue::try_from(location) {
+                r.headers_mut().insert(LOCATION, v);
+            }
+            (r, "-", None)
+        }
+        Action::Forward(f) => {
+            let ep = std::net::SocketAddr::new(f.endpoint.workload.address(), f.endpoint.target_port);
+            let (mut parts, body) = req.into_parts();
+            parts.uri = match format!("http://{ep}{}", f.path_and_query).parse() {
+                Ok(u) => u,
+                Err(_) => return Ok(text(400, "the request's path cannot be forwarded\n".into())),
+            };
+            // HTTP/2 from the client has no Host; HTTP/1.1 to the endpoint needs it.
+            let new_host = f.host.clone().unwrap_or_else(|| host.clone());
+            if let Ok(v) = HeaderValue::try_from(new_host) {
+                parts.headers.insert(HOST, v);
+            }
+            for h in HOP_BY_HOP {
+                parts.headers.remove(*h);
+            }
+            parts.version = http::Version::HTTP_11;
+            modify(&mut parts.headers, &filters.request_headers);
+            let upstream_req = Request::from_parts(parts, body.boxed());
+            let sent = shared.client.request(upstream_req);
+            // None: the rule's timeout passed first.
+            let result = match f.timeout {
+                Some(t) => tokio::time::timeout(t, sent).await.ok(),
+                None => Some(sent.await),
+            };
+            match result {
+                Some(Ok(resp)) => {
+                    let (mut parts, body) = resp.into_parts();
+                    modify(&mut parts.headers, &filters.response_headers);
+                    (Response::from_parts(parts, body.boxed()), "-", Some((ep, f.endpoint.workload.identity().to_string())))
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(upstream = %ep, "upstream request failed: {e:?}");
+                    (text(503, format!("upstream connect error: {e}\n")), "UF", Some((ep, f.endpoint.workload.identity().to_string())))
+                }
+                None => (text(504, "upstream request timeout\n".into()), "UT", Some((ep, f.endpoint.workload.identity().to_string()))),
+            }
+        }
+    };
+    let (up, dst) = upstream.map_or(("-".to_string(), "-".to_string()), |(a, i)| (a.to_string(), i));
+    tracing::info!(
+        target: "slipstream::access",
+        method = %method,
+        path = %path,
+        authority = %host,
+        code = response.status().as_u16(),
+        flags = flag,
+        route = %rule,
+        upstream = %up,
+        duration_ms = start.elapsed().as_millis() as u64,
+        src = %peer.identity,
+        dst = %dst,
+        request_id = %id,
+        "request"
+    );
+    Ok(response)
+}

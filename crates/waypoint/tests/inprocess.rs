@@ -1,0 +1,254 @@
+//! The waypoint between two real node proxies, in one test process (the
+//! in-process tier of docs/testing.md: pods are 127.0.0.0/8 addresses,
+//! real TLS and HBONE on loopback). The client pod on node1 calls the
+//! `reviews` service, which is bound to the waypoint: node1 sends the
+//! connection to the waypoint, which routes each request 90/10 to
+//! reviews-v1 and reviews-v2 on node2, over tunnels of its own.
+
+use futures_util::future::BoxFuture;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper_util::rt::TokioIo;
+use slipstream_core::route::{Backend, Filters, RouteRule, ServiceRoutes};
+use slipstream_core::*;
+use slipstream_hbone::{CertResolver, Pool, PoolConfig, ResolveError, Server, ServerConfig};
+use slipstream_identity::tls::ServerTls;
+use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, TrustDomain, WorkloadCert};
+use slipstream_node::config::{Config, LimitArgs, Limits};
+use slipstream_node::proxy::{Deps, NodeProxy};
+use slipstream_node::sockets::Listener;
+use slipstream_node::telemetry::Sink;
+use slipstream_node::testing::LoopbackFactory;
+use slipstream_waypoint::{Settings, Waypoint};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+const APP_PORT: u16 = 9080;
+
+
+
+fn key(name: &str) -> String {
+    format!("default/{name}.default.svc.cluster.local")
+}
+
+fn gw(name: &str) -> GatewayAddress {
+    GatewayAddress { namespace: "default".into(), hostname: format!("{name}.default.svc.cluster.local"), hbone_mtls_port: 15008 }
+}
+
+fn workload(name: &str, ip: IpAddr, node: &str, meshed: bool, services: &[(&str, u16)]) -> Workload {
+    Workload {
+        uid: format!("test//Pod/default/{name}"),
+        name: name.into(),
+        namespace: "default".into(),
+        addresses: vec![ip],
+        tunnel_protocol: if meshed { TunnelProtocol::Hbone } else { TunnelProtocol::None },
+        service_account: name.split('-').next().unwrap_or(name).into(),
+        node: node.into(),
+        workload_name: name.into(),
+        services: services.iter().map(|(s, p)| (key(s), vec![Port { service_port: *p, target_port: *p }])).collect::<BTreeMap<_, _>>(),
+        ..Default::default()
+    }
+}
+
+fn service(name: &str, vip: IpAddr, port: u16, waypoint: Option<&str>) -> Service {
+    Service {
+        name: name.into(),
+        namespace: "default".into(),
+        hostname: format!("{name}.default.svc.cluster.local"),
+        addresses: vec![NetworkAddress { network: String::new(), address: vip }],
+        ports: vec![Port { service_port: port, target_port: port }],
+        subject_alt_names: vec![],
+        waypoint: waypoint.map(gw),
+    }
+}
+
+fn config(node: &str) -> Config {
+    let mut c = Config::defaults("test", node, Limits::derive(4096, &LimitArgs::default()));
+    c.admin_addr = "127.0.0.1:0".parse().unwrap();
+    c.stats_addr = "127.0.0.1:0".parse().unwrap();
+    c.readiness_addr = "127.0.0.1:0".parse().unwrap();
+    c
+}
+
+async fn proxy(node: &str, ca: &Arc<Ca>, sockets: &LoopbackFactory) -> NodeProxy {
+    let deps =
+        Deps { sockets: Arc::new(sockets.clone()), ca: ca.clone().into(), sink: Sink::Memory(Mutex::default()), report_served: false };
+    let mut p = NodeProxy::new(config(node), deps).await.unwrap();
+    p.serve();
+    p
+}
+
+/// The waypoint's own certificate, whatever address a tunnel came to.
+impl Mesh {
+    fn ip(&self, c: u8, d: u8) -> IpAddr {
+        IpAddr::from([127, self.net, c, d])
+    }
+}
+
+struct OwnCert {
+    certs: CertManager,
+    id: SpiffeId,
+}
+
+impl CertResolver for OwnCert {
+    fn resolve(&self, local_ip: IpAddr) -> BoxFuture<'_, Result<Arc<WorkloadCert>, ResolveError>> {
+        Box::pin(async move { self.certs.fetch_certificate(&self.id).await.map_err(|source| ResolveError::Fetch { ip: local_ip, source }) })
+    }
+}
+
+/// An app answering every request with its version and the path it got.
+async fn app(l: TcpListener, version: &'static str) {
+    loop {
+        let Ok((s, _)) = l.accept().await else { return };
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| async move {
+                let body = format!("{version} {}", req.uri().path());
+                Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(bytes::Bytes::from(body))))
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+        });
+    }
+}
+
+struct Mesh {
+    net: u8,
+    sockets: LoopbackFactory,
+    node1: NodeProxy,
+    /// Keeps the waypoint's HBONE server serving.
+    _drain: slipstream_hbone::drain::DrainTrigger,
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out after 10s waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint) {
+    let ip = |c: u8, d: u8| IpAddr::from([127, net, c, d]);
+    let ca = Arc::new(Ca::generate(&TrustDomain::default()).unwrap());
+    let sockets = LoopbackFactory::default();
+    let (mut node1, mut node2) = (proxy("node1", &ca, &sockets).await, proxy("node2", &ca, &sockets).await);
+    let wp_ip = ip(5, 1);
+    let cfg = MeshConfig {
+        workloads: vec![
+            workload("client", ip(1, 1), "node1", true, &[]),
+            workload("reviews-v1", ip(2, 1), "node2", true, &[("reviews", APP_PORT), ("reviews-v1", APP_PORT)]),
+            workload("reviews-v2", ip(2, 2), "node2", true, &[("reviews", APP_PORT), ("reviews-v2", APP_PORT)]),
+            workload("waypoint", wp_ip, "node2", false, &[("waypoint", 15008)]),
+        ],
+        services: vec![
+            service("reviews", ip(9, 1), APP_PORT, Some("waypoint")),
+            service("reviews-v1", ip(9, 2), APP_PORT, None),
+            service("reviews-v2", ip(9, 3), APP_PORT, None),
+            service("waypoint", ip(9, 5), 15008, None),
+            service("lost", ip(9, 6), APP_PORT, Some("gone")),
+        ],
+        ..Default::default()
+    };
+    assert!(node1.apply_mesh(&cfg).errors.is_empty());
+    assert!(node2.apply_mesh(&cfg).errors.is_empty());
+    tokio::spawn(app(TcpListener::bind(SocketAddr::new(ip(2, 1), APP_PORT)).await.unwrap(), "v1"));
+    tokio::spawn(app(TcpListener::bind(SocketAddr::new(ip(2, 2), APP_PORT)).await.unwrap(), "v2"));
+    let pods = |names: &[&str]| NodePods {
+        pods: names.iter().map(|n| PodRegistration { uid: format!("test//Pod/default/{n}"), netns: String::new() }).collect(),
+    };
+    node1.apply_pods(pods(&["client"]));
+    node2.apply_pods(pods(&["reviews-v1", "reviews-v2"]));
+    node1.reconcile().await;
+    node2.reconcile().await;
+    let (n1, n2) = (node1.shared().clone(), node2.shared().clone());
+    wait_for("both proxies ready", || n1.ready().is_ok() && n2.ready().is_ok()).await;
+
+    // The waypoint: its own certificate from the mesh's CA, its HBONE
+    // server on its pod's address, the same mesh configuration.
+    let id: SpiffeId = "spiffe://cluster.local/ns/default/sa/waypoint".parse().unwrap();
+    let certs = CertManager::new(Arc::new(LocalCaProvider::new(ca.clone(), Duration::from_secs(3600))), CertManagerConfig::default());
+    let pool = Pool::new(PoolConfig::default(), Arc::new(certs.clone()), Arc::new(slipstream_hbone::PlainConnector));
+    let settings =
+        Settings { namespace: "default".into(), name: "waypoint".into(), own_ip: wp_ip, identity: id.clone(), idle_timeout: Duration::from_secs(30) };
+    let wp = Waypoint::new(settings, pool);
+    let (state, errors) = MeshState::from_config(&cfg);
+    assert!(errors.is_empty(), "{errors:?}");
+    wp.set_mesh(state);
+    let tls = ServerTls::new(ca.roots(), TrustDomain::default()).unwrap();
+    let listener = TcpListener::bind(SocketAddr::new(wp_ip, 15008)).await.unwrap();
+    let server = Server::new(listener, tls, Arc::new(OwnCert { certs, id }), wp.handler(), ServerConfig::default());
+    let (trigger, drain) = slipstream_hbone::drain::channel();
+    tokio::spawn(server.serve(drain));
+    (Mesh { net, sockets, node1, _drain: trigger }, node2, wp)
+}
+
+/// GETs `path` `n` times on one keep-alive connection from the client pod
+/// to `dst` (captured by node1); the answers' bodies.
+async fn get(m: &Mesh, dst: SocketAddr, path: &str, n: usize) -> Vec<String> {
+    let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, dst).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+    tokio::spawn(conn);
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let req = hyper::Request::get(path).header("host", "reviews:9080").body(Empty::<bytes::Bytes>::new()).unwrap();
+        send.ready().await.unwrap_or_else(|e| panic!("{e}: node1 says {:?}", m.node1.shared().telemetry.lines()));
+        let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+            .await
+            .expect("answered in time")
+            .unwrap_or_else(|e| panic!("{e}: node1 says {:?}", m.node1.shared().telemetry.lines()));
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        out.push(format!("{status} {}", String::from_utf8_lossy(&body)));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_service_is_routed_by_the_waypoint_request_by_request() {
+    let (m, _node2, wp) = mesh(91).await;
+    let ip = |c, d| m.ip(c, d);
+    // No routes: the service's own endpoints, both versions.
+    let plain = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/0", 40).await;
+    assert!(plain.iter().all(|b| b == "200 v1 /reviews/0" || b == "200 v2 /reviews/0"), "{plain:?}");
+    assert!(plain.iter().any(|b| b.contains("v1")) && plain.iter().any(|b| b.contains("v2")), "both endpoints: {plain:?}");
+
+    // The canary: 90/10 between the two versions' services, on one
+    // client connection (the waypoint decides per request).
+    let rule = RouteRule {
+        name: "default/reviews.0".into(),
+        backends: vec![
+            Backend { service: key("reviews-v1"), port: APP_PORT, weight: 90 },
+            Backend { service: key("reviews-v2"), port: APP_PORT, weight: 10 },
+        ],
+        filters: Filters::default(),
+        ..Default::default()
+    };
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![rule] }]);
+    let n = 1000;
+    let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/1", n).await;
+    let v2 = answers.iter().filter(|b| *b == "200 v2 /reviews/1").count();
+    let v1 = answers.iter().filter(|b| *b == "200 v1 /reviews/1").count();
+    assert_eq!(v1 + v2, n, "every answer from one of the two versions: {:?}", answers.iter().find(|b| !b.starts_with("200 v")));
+    // Binomial(1000, 0.1): mean 100, standard deviation 9.5; 5 of them either way.
+    assert!((52..=148).contains(&v2), "v2 took {v2} of {n}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_bound_to_a_missing_waypoint_is_refused_never_sent_around_it() {
+    let (m, _node2, _wp) = mesh(92).await;
+    let ip = |c, d| m.ip(c, d);
+    let dst = SocketAddr::new(ip(9, 6), APP_PORT);
+    let s = m.sockets.connect_captured(ip(1, 1), Listener::Outbound, dst).await;
+    if let Ok(s) = s {
+        let handshake = hyper::client::conn::http1::handshake::<_, Empty<bytes::Bytes>>(TokioIo::new(s)).await;
+        if let Ok((mut send, conn)) = handshake {
+            tokio::spawn(conn);
+            let req = hyper::Request::get("/").body(Empty::new()).unwrap();
+            assert!(send.send_request(req).await.is_err(), "no answer through a missing waypoint");
+        }
+    }
+    wait_for("the refusal logged", || m.node1.shared().telemetry.lines().iter().any(|l| l.contains("NO_WAYPOINT"))).await;
+    let line = m.node1.shared().telemetry.lines().into_iter().find(|l| l.contains("NO_WAYPOINT")).unwrap();
+    assert!(line.contains("lost.default.svc.cluster.local is bound to waypoint default/gone, which does not exist"), "{line}");
+}
