@@ -593,11 +593,9 @@ impl Index {
         let is_waypoint = labels.contains_key(wp::GATEWAY_NAME_LABEL);
         match wp::bind(traffic, namespace, labels, &ns.labels(), is_waypoint, waypoints) {
             Binding::None => None,
-            Binding::Bound { namespace, name, .. } | Binding::Refused { namespace, name, .. } => Some(GatewayAddress {
-                hostname: self.hostname(&name, &namespace),
-                namespace,
-                hbone_mtls_port: wp::HBONE_LISTENER_PORT,
-            }),
+            Binding::Bound { namespace, name, .. } | Binding::Refused { namespace, name, .. } => {
+                Some(GatewayAddress { hostname: self.hostname(&name, &namespace), namespace, hbone_mtls_port: wp::HBONE_LISTENER_PORT })
+            }
         }
     }
 

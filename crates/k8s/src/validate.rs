@@ -390,7 +390,11 @@ spec:
             &Source("t.yaml".into()),
         )
         .unwrap();
-        assert!(v[0].warnings[0].contains("Gateway demo/gw: stored; services and pods labelled istio.io/use-waypoint are bound to it"), "{:?}", v[0].warnings);
+        assert!(
+            v[0].warnings[0].contains("Gateway demo/gw: stored; services and pods labelled istio.io/use-waypoint are bound to it"),
+            "{:?}",
+            v[0].warnings
+        );
         // Enforced kinds load without a note.
         let v = load_str(
             "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: demo}\nspec: {podSelector: {}}\n",

@@ -95,10 +95,17 @@ pub struct Forward {
 pub enum Action {
     Forward(Forward),
     /// A RequestRedirect filter: status and `location`.
-    Redirect { status: u16, location: String },
+    Redirect {
+        status: u16,
+        location: String,
+    },
     /// The waypoint answers itself: no rule matched (404), a rule whose
     /// backends are all invalid (500), no ready endpoint (503).
-    Respond { status: u16, flag: &'static str, detail: String },
+    Respond {
+        status: u16,
+        flag: &'static str,
+        detail: String,
+    },
 }
 
 /// The decision and the rule that made it (for the access log).
@@ -156,7 +163,10 @@ pub fn decide<'r>(state: &MeshState, routes: Option<&'r ServiceRoutes>, target: 
         let path = r.path.as_ref().map_or_else(|| req.view.path.to_string(), |p| rewrite_path(&matched, p, req.view.path));
         return Decision {
             rule: Some(rule),
-            action: Action::Redirect { status: r.status, location: format!("{scheme}://{host}{port}{}", path_and_query(&path, req.view.query)) },
+            action: Action::Redirect {
+                status: r.status,
+                location: format!("{scheme}://{host}{port}{}", path_and_query(&path, req.view.query)),
+            },
         };
     }
     let Some(b) = pick_backend(&rule.backends, req.draw_backend) else {

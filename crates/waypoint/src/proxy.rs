@@ -51,7 +51,12 @@ fn request_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-pub async fn handle(shared: Arc<Shared>, target: Arc<Target>, peer: Peer, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    target: Arc<Target>,
+    peer: Peer,
+    mut req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let start = Instant::now();
     let id = match req.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
         Some(v) => v.to_string(),
@@ -64,13 +69,8 @@ pub async fn handle(shared: Arc<Shared>, target: Arc<Target>, peer: Peer, mut re
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
-    let host = req
-        .headers()
-        .get(HOST)
-        .and_then(|v| v.to_str().ok())
-        .or(req.uri().authority().map(|a| a.as_str()))
-        .unwrap_or("")
-        .to_string();
+    let host =
+        req.headers().get(HOST).and_then(|v| v.to_str().ok()).or(req.uri().authority().map(|a| a.as_str())).unwrap_or("").to_string();
     let headers: Vec<(String, String)> =
         req.headers().iter().filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string()))).collect();
     let state = shared.mesh.load_full();

@@ -27,8 +27,6 @@ use tokio::net::TcpListener;
 
 const APP_PORT: u16 = 9080;
 
-
-
 fn key(name: &str) -> String {
     format!("default/{name}.default.svc.cluster.local")
 }
@@ -169,8 +167,13 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint) {
     let id: SpiffeId = "spiffe://cluster.local/ns/default/sa/waypoint".parse().unwrap();
     let certs = CertManager::new(Arc::new(LocalCaProvider::new(ca.clone(), Duration::from_secs(3600))), CertManagerConfig::default());
     let pool = Pool::new(PoolConfig::default(), Arc::new(certs.clone()), Arc::new(slipstream_hbone::PlainConnector));
-    let settings =
-        Settings { namespace: "default".into(), name: "waypoint".into(), own_ip: wp_ip, identity: id.clone(), idle_timeout: Duration::from_secs(30) };
+    let settings = Settings {
+        namespace: "default".into(),
+        name: "waypoint".into(),
+        own_ip: wp_ip,
+        identity: id.clone(),
+        idle_timeout: Duration::from_secs(30),
+    };
     let wp = Waypoint::new(settings, pool);
     let (state, errors) = MeshState::from_config(&cfg);
     assert!(errors.is_empty(), "{errors:?}");

@@ -138,7 +138,11 @@ fn refusals_name_the_field() {
         destination: Some(workload::gateway_address::Destination::Address(workload::NetworkAddress::default())),
     });
     assert_eq!(Workload::try_from(w.clone()).unwrap_err().field, "workload.waypoint.address");
-    let g = slipstream_core::GatewayAddress { namespace: "bookinfo".into(), hostname: "waypoint.bookinfo.svc.cluster.local".into(), hbone_mtls_port: 15008 };
+    let g = slipstream_core::GatewayAddress {
+        namespace: "bookinfo".into(),
+        hostname: "waypoint.bookinfo.svc.cluster.local".into(),
+        hbone_mtls_port: 15008,
+    };
     let mut with = workload();
     with.waypoint = Some(g.clone());
     assert_eq!(Workload::try_from(workload::Workload::from(&with)).unwrap().waypoint, Some(g.clone()));

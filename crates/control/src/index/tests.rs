@@ -510,7 +510,10 @@ fn waypoint_labels_fill_the_waypoint_fields_and_fail_closed() {
     let w = workload(&ix, "bookinfo", "reviews-v1-5d9f-a").unwrap();
     assert_eq!(w.waypoint.map(|g| g.hostname), Some("waypoint.bookinfo.svc.cluster.local".to_string()));
     // The waypoint's own pods and service never get one.
-    upsert(&mut ix, &pod_with("bookinfo", "waypoint-5d9f-a", "gateway.networking.k8s.io/gateway-name: waypoint", "10.244.1.20", "node1", true));
+    upsert(
+        &mut ix,
+        &pod_with("bookinfo", "waypoint-5d9f-a", "gateway.networking.k8s.io/gateway-name: waypoint", "10.244.1.20", "node1", true),
+    );
     assert_eq!(workload(&ix, "bookinfo", "waypoint-5d9f-a").unwrap().waypoint, None);
     // An invalid waypoint is refused naming the field, and changes nothing.
     let e = parse_manifests(&gateway("bookinfo", "bad", "", 80)).unwrap_err();

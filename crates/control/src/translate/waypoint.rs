@@ -230,8 +230,8 @@ pub fn gateway(o: &crate::objects::OpaqueObject) -> Result<GatewayInput, crate::
         return Ok(GatewayInput::Other);
     }
     let labels = o.metadata.labels.clone().unwrap_or_default();
-    let takes =
-        TrafficType::parse(labels.get(WAYPOINT_FOR).map(String::as_str)).map_err(|e| ObjectError::new(&r, format!("metadata.labels[{WAYPOINT_FOR}]"), e))?;
+    let takes = TrafficType::parse(labels.get(WAYPOINT_FOR).map(String::as_str))
+        .map_err(|e| ObjectError::new(&r, format!("metadata.labels[{WAYPOINT_FOR}]"), e))?;
     let empty = Vec::new();
     let listeners = spec.and_then(|s| s.get("listeners")).and_then(|l| l.as_array()).unwrap_or(&empty);
     let mut parsed = Vec::new();

@@ -245,7 +245,8 @@ fn waypoint_state() -> Arc<MeshState> {
     let mut idle = svc("idle", "10.96.0.21", &[]);
     idle.ports = vec![Port { service_port: 15008, target_port: 15008 }];
     cfg.services.push(idle);
-    for (name, vip, to) in [("echo", "10.96.0.10", Some("wp")), ("lost", "10.96.0.11", Some("gone")), ("waits", "10.96.0.12", Some("idle"))] {
+    for (name, vip, to) in [("echo", "10.96.0.10", Some("wp")), ("lost", "10.96.0.11", Some("gone")), ("waits", "10.96.0.12", Some("idle"))]
+    {
         let mut s = svc(name, vip, &[]);
         s.waypoint = to.map(gateway);
         cfg.services.push(s);

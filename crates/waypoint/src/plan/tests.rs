@@ -86,10 +86,7 @@ fn rule(name: &str, matches: Vec<RouteMatch>, backends: &[(&str, u32)], filters:
 }
 
 fn routes() -> ServiceRoutes {
-    let header = RouteMatch {
-        headers: vec![route::HeaderMatch { name: "end-user".into(), value: "jason".into() }],
-        ..Default::default()
-    };
+    let header = RouteMatch { headers: vec![route::HeaderMatch { name: "end-user".into(), value: "jason".into() }], ..Default::default() };
     let prefix = |p: &str| RouteMatch { path: route::PathMatch::Prefix(p.into()), ..Default::default() };
     ServiceRoutes {
         service: key("reviews"),
@@ -99,13 +96,23 @@ fn routes() -> ServiceRoutes {
                 "bookinfo/old.0",
                 vec![prefix("/old")],
                 &[],
-                Filters { redirect: Some(Redirect { path: Some(PathRewrite::ReplacePrefixMatch("/new".into())), status: 301, ..Default::default() }), ..Default::default() },
+                Filters {
+                    redirect: Some(Redirect {
+                        path: Some(PathRewrite::ReplacePrefixMatch("/new".into())),
+                        status: 301,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
             ),
             rule(
                 "bookinfo/api.0",
                 vec![prefix("/api/v1")],
                 &[("reviews-v1", 1)],
-                Filters { rewrite: Some(Rewrite { path: Some(PathRewrite::ReplacePrefixMatch("/v1".into())), hostname: Some("internal".into()) }), ..Default::default() },
+                Filters {
+                    rewrite: Some(Rewrite { path: Some(PathRewrite::ReplacePrefixMatch("/v1".into())), hostname: Some("internal".into()) }),
+                    ..Default::default()
+                },
             ),
             rule("bookinfo/broken.0", vec![prefix("/broken")], &[("gone", 1)], Filters::default()),
             rule("bookinfo/split.0", vec![prefix("/reviews")], &[("reviews-v1", 90), ("reviews-v2", 10)], Filters::default()),
@@ -137,7 +144,12 @@ fn run(s: &MeshState, r: Option<&ServiceRoutes>, dialed: &str, path: &str, heade
     let t = target(s, &me(), dialed.parse().unwrap()).unwrap();
     let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
-    let req = Req { view: RequestView { method: "GET", path, query, headers: &headers }, host: "reviews:9080", draw_backend: draw, draw_endpoint: 0 };
+    let req = Req {
+        view: RequestView { method: "GET", path, query, headers: &headers },
+        host: "reviews:9080",
+        draw_backend: draw,
+        draw_endpoint: 0,
+    };
     let d = decide(s, r, &t, &req);
     let rule = d.rule.map(|r| r.name.as_str()).unwrap_or("-");
     match d.action {
