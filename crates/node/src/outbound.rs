@@ -149,7 +149,16 @@ fn via_waypoint(
     let refuse = |why| ProxyError::NoWaypoint { bound: bound.clone(), waypoint: Arc::from(waypoint_name(g)), why };
     let src = req.src.as_ref().ok_or(ProxyError::UnknownSource(req.src_addr))?;
     let (_, eps) = state.waypoint(g).map_err(refuse)?;
-    let ep = MeshState::pick(&eps, req.draw).ok_or_else(|| refuse("has no ready endpoint"))?;
+    // Only a pod that runs as the waypoint's own service account (the
+    // Gateway's name, in its namespace) is the waypoint: another pod that
+    // joined its Service, or a Service of that name made by someone else
+    // while the Gateway is missing, gets nothing.
+    let name = gateway_name(g);
+    let eps: Vec<_> = eps
+        .into_iter()
+        .filter(|e| e.workload.identity().namespace() == g.namespace && e.workload.identity().service_account() == name)
+        .collect();
+    let ep = MeshState::pick(&eps, req.draw).ok_or_else(|| refuse("has no ready pod running as its own service account"))?;
     let hbone = SocketAddr::new(ep.workload.address(), ep.target_port);
     let key = PoolKey::new(src.identity().clone(), [ep.workload.identity().clone()], hbone, req.pod_ip);
     let service_host = service.as_ref().map(|s| Arc::from(s.hostname.as_str()));
@@ -167,10 +176,14 @@ fn via_waypoint(
     Ok(Plan { route: Route::Hbone { key, authority: req.dst, service_host }, info })
 }
 
-/// `namespace/name` of the waypoint's Gateway, from its Service hostname.
+/// The waypoint's Gateway name: the first label of its Service hostname.
+fn gateway_name(g: &slipstream_core::GatewayAddress) -> &str {
+    g.hostname.split('.').next().unwrap_or(&g.hostname)
+}
+
+/// `namespace/name` of the waypoint's Gateway.
 fn waypoint_name(g: &slipstream_core::GatewayAddress) -> String {
-    let name = g.hostname.split('.').next().unwrap_or(&g.hostname);
-    format!("{}/{}", g.namespace, name)
+    format!("{}/{}", g.namespace, gateway_name(g))
 }
 
 /// Carries out the plan for one captured connection of `pod`.

@@ -24,6 +24,10 @@ pub const REQUEST_ID: &str = "x-request-id";
 /// Hop-by-hop headers (RFC 9110 section 7.6.1): not forwarded.
 const HOP_BY_HOP: &[&str] = &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer"];
 
+/// Headers that say who the caller is: only the mesh may set them, so a
+/// client's own are dropped, never passed on as if verified.
+const IDENTITY_HEADERS: &[&str] = &["forwarded", "x-forwarded-client-cert", "x-slipstream-peer"];
+
 fn text(status: u16, body: String) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|never: Infallible| match never {}).boxed());
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -109,8 +113,17 @@ pub async fn handle(
             if let Ok(v) = HeaderValue::try_from(new_host) {
                 parts.headers.insert(HOST, v);
             }
-            for h in HOP_BY_HOP {
-                parts.headers.remove(*h);
+            // Headers the client's `Connection` names are hop-by-hop too.
+            let named: Vec<String> = parts
+                .headers
+                .get_all(http::header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(',').map(|h| h.trim().to_ascii_lowercase()).collect::<Vec<_>>())
+                .filter(|h| h != "host")
+                .collect();
+            for h in HOP_BY_HOP.iter().chain(IDENTITY_HEADERS).copied().chain(named.iter().map(String::as_str)) {
+                parts.headers.remove(h);
             }
             parts.version = http::Version::HTTP_11;
             modify(&mut parts.headers, &filters.request_headers);

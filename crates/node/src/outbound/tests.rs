@@ -233,6 +233,13 @@ fn waypoint_state() -> Arc<MeshState> {
     w = wl("wp-pod", "10.244.3.3", false, "wp", 1, None, true);
     w.services.insert("default/wp.default.svc.cluster.local".into(), vec![Port { service_port: 15008, target_port: 15008 }]);
     cfg.workloads.push(w);
+    // A pod of another service account that joined both waypoint
+    // Services (by their selectors' labels): never a waypoint endpoint.
+    let mut impostor = wl("impostor", "10.244.3.9", false, "impostor", 1, None, true);
+    for s in ["wp", "idle"] {
+        impostor.services.insert(format!("default/{s}.default.svc.cluster.local"), vec![Port { service_port: 15008, target_port: 15008 }]);
+    }
+    cfg.workloads.push(impostor);
     let mut bound_pod = wl("echo-a", "10.244.2.2", true, "echo", 1, Some(8080), true);
     bound_pod.waypoint = Some(gateway("wp"));
     cfg.workloads.push(bound_pod);
@@ -263,7 +270,7 @@ fn waypoint_bound_destinations_go_through_the_waypoint_or_nowhere() {
     let via = |authority: &'static str, host| Want::Hbone("10.244.3.3:15008", authority, vec!["wp"], host);
     // (dialed, chosen at connect(), expected)
     let rows: Vec<(&str, Option<&str>, Want)> = vec![
-        // A bound service: to the waypoint with the VIP as dialed, expecting
+        // A bound service: to the waypoint (never the impostor, whatever the draw) with the VIP as dialed, expecting
         // the waypoint's identity; the kernel's endpoint choice is ignored.
         ("10.96.0.10:80", None, via("10.96.0.10:80", Some("echo.default.svc.cluster.local"))),
         ("10.96.0.10:80", Some("10.244.2.2:8080"), via("10.96.0.10:80", Some("echo.default.svc.cluster.local"))),
@@ -277,7 +284,9 @@ fn waypoint_bound_destinations_go_through_the_waypoint_or_nowhere() {
         ("10.244.2.3:8080", None, Want::Refused("NO_WAYPOINT")),
     ];
     for (i, (dst, chosen, want)) in rows.into_iter().enumerate() {
-        assert_eq!(run_chosen(&s, me, dst, chosen, 0), want, "row {i}: {dst} chosen {chosen:?}");
+        for draw in 0..4 {
+            assert_eq!(run_chosen(&s, me, dst, chosen, draw), want, "row {i}: {dst} chosen {chosen:?} draw {draw}");
+        }
     }
     // The refusal names what was bound and to which waypoint.
     let req = Request {
