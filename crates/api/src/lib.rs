@@ -61,23 +61,29 @@ pub const NETWORK_POLICY_TYPE_URL: &str = "type.googleapis.com/slipstream.policy
 /// Type URL of the waypoint's routes, one resource per service (Slipstream's own).
 pub const ROUTE_TYPE_URL: &str = "type.googleapis.com/slipstream.route.v1.ServiceRoutes";
 
-/// The resource types served: the workload API's two, and the network
-/// policies.
+/// The resource types served: the workload API's two, the network
+/// policies, and the waypoints' routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TypeUrl {
     Address,
     Authorization,
     NetworkPolicy,
+    Route,
 }
 
 impl TypeUrl {
-    pub const ALL: [TypeUrl; 3] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::NetworkPolicy];
+    pub const ALL: [TypeUrl; 4] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::NetworkPolicy, TypeUrl::Route];
+    /// What a node proxy subscribes to (ztunnel's two, and ours).
+    pub const NODE: [TypeUrl; 3] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::NetworkPolicy];
+    /// What a waypoint subscribes to.
+    pub const WAYPOINT: [TypeUrl; 3] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::Route];
 
     pub fn as_str(self) -> &'static str {
         match self {
             TypeUrl::Address => ADDRESS_TYPE_URL,
             TypeUrl::Authorization => AUTHORIZATION_TYPE_URL,
             TypeUrl::NetworkPolicy => NETWORK_POLICY_TYPE_URL,
+            TypeUrl::Route => ROUTE_TYPE_URL,
         }
     }
 
@@ -91,6 +97,7 @@ impl TypeUrl {
             TypeUrl::Address => "Address",
             TypeUrl::Authorization => "Authorization",
             TypeUrl::NetworkPolicy => "NetworkPolicy",
+            TypeUrl::Route => "Route",
         }
     }
 }

@@ -15,6 +15,7 @@
 //! | AuthorizationPolicy | the policy; the pods its old or new selector matches (every namespace's, for the root namespace) |
 //! | PeerAuthentication | the pods it can apply to: selected ones, its namespace's, or every pod for the mesh-wide one |
 //! | Gateway (a waypoint) | every service and pod: their waypoint binding may change (waypoints are few and change rarely) |
+//! | HTTPRoute | the routes of the services its old or new version names as parents |
 //!
 //! A recomputed resource whose bytes did not change is not reported, so
 //! one pod change is one upserted resource. Pods are kept per namespace
@@ -111,6 +112,7 @@ struct Ns {
     waypoints: BTreeMap<String, (wp::TrafficType, wp::AllowedNamespaces)>,
     /// Other Gateways (kept so the namespace is not forgotten).
     other_gateways: BTreeSet<String>,
+    http_routes: BTreeMap<String, crate::translate::http_route::HttpRouteInput>,
 }
 
 /// Objects with a label selector, filed under one pair of it: the
@@ -158,6 +160,7 @@ impl Ns {
             && self.service_accounts.is_empty()
             && self.waypoints.is_empty()
             && self.other_gateways.is_empty()
+            && self.http_routes.is_empty()
     }
 
     fn add_pod(&mut self, p: PodInput) {
@@ -326,7 +329,19 @@ impl Index {
                     }
                 }
             }
+            Input::HttpRoute(h) => self.set_http_route(ns_name, name, Some(*h), batch),
             Input::Opaque => {}
+        }
+    }
+
+    fn set_http_route(&mut self, ns_name: &str, name: &str, new: Option<crate::translate::http_route::HttpRouteInput>, batch: &mut Batch) {
+        let ns = self.ns(ns_name);
+        let old = ns.http_routes.remove(name);
+        for r in old.iter().chain(new.iter()) {
+            batch.routes.extend(r.parents.iter().map(|p| (p.namespace.clone(), p.name.clone())));
+        }
+        if let Some(h) = new {
+            ns.http_routes.insert(name.to_string(), h);
         }
     }
 
@@ -373,6 +388,7 @@ impl Index {
                     batch.net_policies.insert(key);
                 }
             }
+            Kind::HTTPRoute => self.set_http_route(ns_name, name, None, batch),
             Kind::Gateway => {
                 if let Some(ns) = self.namespaces.get_mut(ns_name) {
                     ns.other_gateways.remove(name);
@@ -413,6 +429,7 @@ impl Index {
         }
         batch.pods.extend(affected.into_iter().map(|p| (ns_name.to_string(), p)));
         batch.services.insert((ns_name.to_string(), name.to_string()));
+        batch.routes.insert((ns_name.to_string(), name.to_string()));
     }
 
     fn set_policy(&mut self, ns_name: &str, name: &str, new: Option<PolicyInput>, batch: &mut Batch) {
@@ -494,6 +511,16 @@ impl Index {
                 .get(&ns_name)
                 .and_then(|ns| Some((ns, ns.services.get(&name)?)))
                 .map(|(ns, s)| self.service_resource(ns, s, &hostname, &waypoints));
+            batch.set(key, resource);
+        }
+        for (ns_name, name) in std::mem::take(&mut batch.routes) {
+            let hostname = self.hostname(&name, &ns_name);
+            let key = ResourceKey::new(TypeUrl::Route, &format!("{ns_name}/{hostname}"));
+            let resource = self.namespaces.get(&ns_name).filter(|ns| ns.services.contains_key(&name)).and_then(|ns| {
+                let routes: Vec<&crate::translate::http_route::HttpRouteInput> = ns.http_routes.values().collect();
+                let compiled = crate::translate::http_route::compile(&routes, &ns_name, &name, &hostname);
+                (!compiled.rules.is_empty()).then(|| Versioned::new(slipstream_api::routes::routes_any(&compiled)))
+            });
             batch.set(key, resource);
         }
         for (ns, pod) in std::mem::take(&mut batch.pods) {
@@ -737,6 +764,8 @@ pub fn decode(resources: &Resources) -> MeshConfig {
             },
             TypeUrl::Authorization => cfg.policies.extend(authorization_from_any(&v.body).ok()),
             TypeUrl::NetworkPolicy => cfg.net_policies.extend(slipstream_api::netpol::net_policy_from_any(&v.body).ok()),
+            // Not part of the mesh model: `Index::routes` has them.
+            TypeUrl::Route => {}
         }
     }
     cfg.workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
@@ -807,6 +836,8 @@ struct Batch {
     services: BTreeSet<(String, String)>,
     /// A waypoint came, went or changed: every binding again.
     all_bindings: bool,
+    /// Services (namespace, name) whose routes to compile again.
+    routes: BTreeSet<(String, String)>,
     resources: BTreeMap<ResourceKey, Option<Versioned>>,
     /// Network policies to resolve again (by resource name).
     net_policies: BTreeSet<String>,

@@ -56,7 +56,7 @@ pub struct Published {
     log: imbl::Vector<Arc<LogEntry>>,
     log_keys: usize,
     /// Resources of each type, kept as changes arrive.
-    counts: [usize; 3],
+    counts: [usize; 4],
 }
 
 fn type_index(t: TypeUrl) -> usize {
@@ -64,6 +64,7 @@ fn type_index(t: TypeUrl) -> usize {
         TypeUrl::Address => 0,
         TypeUrl::Authorization => 1,
         TypeUrl::NetworkPolicy => 2,
+        TypeUrl::Route => 3,
     }
 }
 
@@ -111,7 +112,7 @@ impl Store {
     }
 
     pub fn with_limits(resources: Resources, limits: LogLimits) -> Store {
-        let mut counts = [0; 3];
+        let mut counts = [0; 4];
         for k in resources.keys() {
             counts[type_index(k.type_url)] += 1;
         }

@@ -286,6 +286,7 @@ impl Held {
                 TypeUrl::NetworkPolicy => {
                     self.net_policies.remove(name);
                 }
+                TypeUrl::Route => {}
             }
         }
         for u in &d.upserts {
@@ -302,6 +303,7 @@ impl Held {
                 Upsert::NetPolicy(p) => {
                     self.net_policies.insert(p.key(), p.clone());
                 }
+                Upsert::Routes(_) => {}
             }
         }
     }
@@ -325,6 +327,7 @@ fn names(d: &Delta) -> Vec<String> {
             Upsert::Service(s) => s.key(),
             Upsert::Policy(p) => p.key(),
             Upsert::NetPolicy(p) => p.key(),
+            Upsert::Routes(r) => r.service.clone(),
         })
         .chain(d.removals.iter().cloned())
         .collect();

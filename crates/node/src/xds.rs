@@ -67,6 +67,8 @@ pub enum Upsert {
     Service(Service),
     Policy(Authorization),
     NetPolicy(NetPolicy),
+    /// A waypoint's routes for one service (waypoints only subscribe).
+    Routes(slipstream_core::route::ServiceRoutes),
 }
 
 /// One response, converted.
@@ -193,11 +195,24 @@ pub struct XdsClient {
     complete: bool,
     /// Unknown type URLs already logged.
     unknown: BTreeSet<String>,
+    /// The types it subscribes to.
+    types: Vec<TypeUrl>,
 }
 
 impl XdsClient {
-    /// The client, and the updates the proxy's main loop applies.
+    /// The client of a node proxy, and the updates its main loop applies.
     pub fn new(channel: ControlChannel, node: &NodeInfo, backoff: Backoff) -> (XdsClient, mpsc::Receiver<Update>) {
+        Self::with_types(channel, node, backoff, &TypeUrl::NODE)
+    }
+
+    /// A client subscribing to `types` (a waypoint's are
+    /// [`TypeUrl::WAYPOINT`]).
+    pub fn with_types(
+        channel: ControlChannel,
+        node: &NodeInfo,
+        backoff: Backoff,
+        types: &[TypeUrl],
+    ) -> (XdsClient, mpsc::Receiver<Update>) {
         // One update at a time: the client waits for each to be applied
         // before it answers the response.
         let (updates, rx) = mpsc::channel(1);
@@ -210,6 +225,7 @@ impl XdsClient {
             seen: BTreeSet::new(),
             complete: false,
             unknown: BTreeSet::new(),
+            types: types.to_vec(),
         };
         (client, rx)
     }
@@ -262,8 +278,8 @@ impl XdsClient {
         down: &mut Option<(Instant, u32)>,
         ever_up: &mut bool,
     ) -> Result<std::convert::Infallible, StreamEnd> {
-        let (requests, rx) = mpsc::channel(4);
-        for t in TypeUrl::ALL {
+        let (requests, rx) = mpsc::channel(TypeUrl::ALL.len() + 1);
+        for &t in &self.types {
             let initial = DeltaDiscoveryRequest {
                 node: Some(self.node.clone()),
                 type_url: t.as_str().into(),
@@ -298,7 +314,7 @@ impl XdsClient {
 
     /// Converts, has the proxy apply, records versions; the ACK or NACK.
     async fn handle(&mut self, resp: DeltaDiscoveryResponse) -> Result<Option<DeltaDiscoveryRequest>, StreamEnd> {
-        let Some(t) = TypeUrl::parse(&resp.type_url) else {
+        let Some(t) = TypeUrl::parse(&resp.type_url).filter(|t| self.types.contains(t)) else {
             if self.unknown.len() < 16 && self.unknown.insert(resp.type_url.clone()) {
                 tracing::warn!(type_url = %resp.type_url, "the control plane sent a type this proxy did not ask for: ignored");
             }
@@ -306,7 +322,7 @@ impl XdsClient {
         };
         let Converted { upserts, versions, removals, mut refused } = convert(t, &resp);
         self.seen.insert(t);
-        let complete = !self.complete && TypeUrl::ALL.iter().all(|t| self.seen.contains(t));
+        let complete = !self.complete && self.types.iter().all(|t| self.seen.contains(t));
         self.complete |= complete;
         let delta = Delta { type_url: t, upserts, removals, complete };
         let (reply, applied) = oneshot::channel();
@@ -358,6 +374,7 @@ fn convert(t: TypeUrl, resp: &DeltaDiscoveryResponse) -> Converted {
             }),
             TypeUrl::Authorization => authorization_from_any(any).map(|p| (p.key(), Upsert::Policy(p))),
             TypeUrl::NetworkPolicy => net_policy_from_any(any).map(|p| (p.key(), Upsert::NetPolicy(p))),
+            TypeUrl::Route => slipstream_api::routes::routes_from_any(any).map(|r| (r.service.clone(), Upsert::Routes(r))),
         };
         match converted {
             Err(e) => out.refused.push(refuse(e.to_string())),

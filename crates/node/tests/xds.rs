@@ -186,7 +186,7 @@ async fn a_node_proxy_follows_the_control_plane_keeps_its_configuration_without_
     assert!(snap.policy("default/deny-all").is_some());
     let reg1 = xds1.registry().clone();
     wait_for("the proxy ACKed the first push", || {
-        reg1.proxies().first().is_some_and(|p| p.in_sync() && p.types.len() == TypeUrl::ALL.len())
+        reg1.proxies().first().is_some_and(|p| p.in_sync() && p.types.len() == TypeUrl::NODE.len())
     })
     .await;
     let p = &reg1.proxies()[0];

@@ -323,10 +323,10 @@ async fn full_push(notes: &mut mpsc::UnboundedReceiver<Note>, proxies: usize, co
             continue;
         }
         let Some(t) = r.type_url else { continue };
-        s.0 |= 1 << TypeUrl::ALL.iter().position(|x| *x == t).unwrap_or(0);
+        s.0 |= 1 << TypeUrl::NODE.iter().position(|x| *x == t).unwrap_or(0);
         s.1 += r.bytes;
         s.2 += r.resources;
-        if s.0 == (1 << TypeUrl::ALL.len()) - 1 {
+        if s.0 == (1 << TypeUrl::NODE.len()) - 1 {
             s.3 = Some(r.at);
             complete += 1;
         }

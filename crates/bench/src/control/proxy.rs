@@ -116,7 +116,7 @@ pub async fn run(proxy: usize, channel: ControlChannel, node: NodeInfo, notes: m
 
 async fn stream(proxy: usize, channel: &ControlChannel, node: &NodeInfo, notes: &mpsc::UnboundedSender<Note>) -> Result<(), String> {
     let (requests, rx) = mpsc::channel(8);
-    for t in TypeUrl::ALL {
+    for t in TypeUrl::NODE {
         let first = DeltaDiscoveryRequest { node: Some(node.node()), type_url: t.as_str().into(), ..Default::default() };
         requests.try_send(first).map_err(|e| e.to_string())?;
     }

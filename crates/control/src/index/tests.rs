@@ -527,3 +527,41 @@ fn waypoint_labels_fill_the_waypoint_fields_and_fail_closed() {
     assert_eq!(service_waypoint(&ix, "bookinfo", "reviews"), host);
     assert_eq!(workload(&ix, "bookinfo", "reviews-v1-5d9f-a").unwrap().waypoint, None);
 }
+
+#[test]
+fn http_routes_become_route_resources_of_their_parent_services() {
+    let mut ix = index(&format!(
+        "{}{}{}",
+        service("bookinfo", "reviews", "app: reviews", "10.96.0.10"),
+        service("bookinfo", "reviews-v1", "app: reviews, version: v1", "10.96.0.11"),
+        service("bookinfo", "reviews-v2", "app: reviews, version: v2", "10.96.0.12"),
+    ));
+    let route = "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  parentRefs: [{group: '', kind: Service, name: reviews, port: 9080}]\n  rules:\n  - backendRefs: [{name: reviews-v1, port: 9080, weight: 90}, {name: reviews-v2, port: 9080, weight: 10}]\n";
+    let changes = upsert(&mut ix, route);
+    let key = ResourceKey::new(TypeUrl::Route, "bookinfo/reviews.bookinfo.svc.cluster.local");
+    assert_eq!(changes.upserted, vec![key.clone()]);
+    let r = slipstream_api::routes::routes_from_any(&ix.resources().get(&key).unwrap().body).unwrap();
+    assert_eq!(r.service, "bookinfo/reviews.bookinfo.svc.cluster.local");
+    assert_eq!(r.rules.len(), 1);
+    let weights: Vec<(String, u32)> = r.rules[0].backends.iter().map(|b| (b.service.clone(), b.weight)).collect();
+    assert_eq!(
+        weights,
+        vec![
+            ("bookinfo/reviews-v1.bookinfo.svc.cluster.local".to_string(), 90),
+            ("bookinfo/reviews-v2.bookinfo.svc.cluster.local".to_string(), 10)
+        ]
+    );
+    assert_eq!(r.rules[0].port, 9080);
+    // The service goes: so do its routes; it comes back: they return.
+    let changes = ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Service, "bookinfo", "reviews"))).unwrap();
+    assert!(changes.removed.contains(&key), "{:?}", names(&changes.removed));
+    let changes = upsert(&mut ix, &service("bookinfo", "reviews", "app: reviews", "10.96.0.10"));
+    assert!(changes.upserted.contains(&key));
+    // The route goes.
+    let changes = ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::HTTPRoute, "bookinfo", "reviews"))).unwrap();
+    assert_eq!(changes.removed, vec![key]);
+    // An invalid route is refused, naming the field.
+    let bad = route.replace("backendRefs: [", "matches: [{path: {type: RegularExpression, value: '.*'}}]\n    backendRefs: [");
+    let e = parse_manifests(&bad).unwrap_err();
+    assert_eq!(e[0].field, "spec.rules[0].matches[0].path.type", "{e:?}");
+}

@@ -62,6 +62,7 @@ pub enum Input {
     PeerAuthentication(peer_authentication::PeerAuthnInput),
     NetworkPolicy(network_policy::NetPolicyInput),
     Gateway(waypoint::GatewayInput),
+    HttpRoute(Box<http_route::HttpRouteInput>),
     /// A kind kept for later work; it changes no resource yet.
     Opaque,
 }
@@ -204,6 +205,7 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str) -> Result<Input,
         ClusterObject::NetworkPolicy(p) => Input::NetworkPolicy(network_policy::network_policy(p, &r)?),
         ClusterObject::CiliumNetworkPolicy(p) => Input::NetworkPolicy(network_policy::cilium_network_policy(p, &r)?),
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::Gateway => Input::Gateway(waypoint::gateway(o)?),
+        ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::HTTPRoute => Input::HttpRoute(Box::new(http_route::http_route(o)?)),
         ClusterObject::Opaque(_) => Input::Opaque,
     })
 }

@@ -116,6 +116,7 @@ fn idx(t: TypeUrl) -> usize {
         TypeUrl::Address => 0,
         TypeUrl::Authorization => 1,
         TypeUrl::NetworkPolicy => 2,
+        TypeUrl::Route => 3,
     }
 }
 
@@ -124,7 +125,7 @@ pub struct Session {
     proxy: Arc<str>,
     current: Arc<Published>,
     held: Resources,
-    types: [TypeState; 3],
+    types: [TypeState; 4],
     next_nonce: u64,
     unknown_types: BTreeSet<String>,
 }
@@ -165,7 +166,14 @@ impl Session {
             // The first request of a type: an empty subscribe list is the
             // wildcard (as are "*" entries); ztunnel's "subscribe to
             // nothing" is subscribe ["*"] with unsubscribe ["*"].
+            // Keys of this type the session held only because it shared
+            // the published map (see `flush`) were never sent: forget them.
+            let stale: Vec<ResourceKey> = self.held.keys().filter(|k| k.type_url == t).cloned().collect();
+            for k in stale {
+                self.held.remove(&k);
+            }
             let ts = &mut self.types[idx(t)];
+            ts.held = 0;
             ts.subscribed = true;
             ts.first_due = true;
             ts.full_due = true;
@@ -363,18 +371,21 @@ impl Session {
     /// Builds the responses that are due, one per type at most.
     fn flush(&mut self) -> Vec<Outgoing> {
         let out: Vec<_> = TypeUrl::ALL.into_iter().filter_map(|t| self.flush_type(t)).collect();
-        // In sync with everything by wildcard: share the published map. A
-        // type the proxy never asked for (Istio's own proxies do not know
-        // the network-policy type) may stay unsubscribed while it is empty.
-        let current = &self.current;
+        // In sync with everything it subscribed to by wildcard: share the
+        // published map. A type the proxy never asked for (node proxies do
+        // not take routes, Istio's own proxies do not know the
+        // network-policy type) rides along unsent: its keys in the shared
+        // map are forgotten if the proxy subscribes to it later, and it
+        // counts as nothing held.
         let shared = TypeUrl::ALL.into_iter().all(|t| {
             let ts = &self.types[idx(t)];
-            (ts.subscribed && ts.wildcard && !ts.due()) || (!ts.subscribed && current.count(t) == 0)
-        });
+            !ts.subscribed || (ts.wildcard && !ts.due())
+        }) && self.types.iter().any(|ts| ts.subscribed);
         if shared {
             self.held = self.current.resources.clone();
             for t in TypeUrl::ALL {
-                self.types[idx(t)].held = self.current.count(t);
+                let ts = &mut self.types[idx(t)];
+                ts.held = if ts.subscribed { self.current.count(t) } else { 0 };
             }
         }
         out
