@@ -224,6 +224,11 @@ enum Command {
     /// Built-in sample applications (run inside pods).
     #[command(subcommand)]
     App(AppCommand),
+    /// The waypoint: the L7 proxy of the services and pods bound to a
+    /// Gateway of class istio-waypoint (docs/waypoint.md). Runs in the
+    /// waypoint's pods, which the local cluster makes for each such
+    /// Gateway; its settings come from the environment they are given.
+    Waypoint(slipstream_waypoint::run::WaypointArgs),
     /// The init of a pod's container: its own PID namespace, then the
     /// command, confined (started by the agent and `exec`; not for direct use).
     #[command(hide = true)]
@@ -302,6 +307,7 @@ fn main() {
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
         Command::BenchControl(args) => slipstream_bench::control::run(args),
         Command::BenchPolicy(args) => slipstream_bench::policy::run(args),
+        Command::Waypoint(args) => cmd::waypoint::run(args),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
             Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas, datapath } => {
                 common::set_load_options("up", validate);
@@ -334,7 +340,9 @@ fn main() {
             Command::Agent { nodes, ca_cert, ca_key, control_replicas, datapath } => {
                 cmd::agent::run(&ctx, nodes, control_replicas, datapath, ca_cert, ca_key)
             }
-            Command::App(_) | Command::PodInit { .. } | Command::BenchControl(_) | Command::BenchPolicy(_) => unreachable!("handled above"),
+            Command::App(_) | Command::PodInit { .. } | Command::BenchControl(_) | Command::BenchPolicy(_) | Command::Waypoint(_) => {
+                unreachable!("handled above")
+            }
         }),
     };
     if let Err(e) = result {

@@ -21,6 +21,10 @@ pub struct Caller {
     pub node: String,
     /// Who, for logs (`node-token:node1`, `system:serviceaccount:istio-system:ztunnel`).
     pub subject: String,
+    /// A workload calling for itself (a waypoint): the one identity
+    /// (`spiffe://...`) the CA signs for it. None for a node proxy, which
+    /// obtains the identities of the pods on its node.
+    pub identity: Option<String>,
 }
 
 /// Why a caller was not let in. Messages never echo the credential.
@@ -115,11 +119,84 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The local cluster's workload credentials: one random token per
+/// waypoint pod, written by the agent (which plays the kubelet that would
+/// project a ServiceAccount token) into a file only root reads, and read
+/// again whenever the file changes, as pods come and go. The file maps
+/// tokens to `{namespace, service_account, node, pod}`.
+pub struct WorkloadTokens {
+    path: std::path::PathBuf,
+    trust_domain: String,
+    cache: std::sync::Mutex<(Option<std::time::SystemTime>, BTreeMap<String, WorkloadEntry>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub struct WorkloadEntry {
+    pub namespace: String,
+    pub service_account: String,
+    pub node: String,
+    pub pod: String,
+}
+
+impl WorkloadTokens {
+    pub fn new(path: &Path, trust_domain: &str) -> WorkloadTokens {
+        WorkloadTokens { path: path.to_path_buf(), trust_domain: trust_domain.to_string(), cache: Default::default() }
+    }
+
+    fn check(&self, token: &str) -> Option<WorkloadEntry> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let modified = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
+        if modified != cache.0 {
+            let read: BTreeMap<String, WorkloadEntry> = match std::fs::read_to_string(&self.path) {
+                Ok(text) => serde_json::from_str(&text).unwrap_or_else(|e| {
+                    tracing::warn!(path = %self.path.display(), "workload tokens unreadable, none accepted: {e}");
+                    BTreeMap::new()
+                }),
+                Err(_) => BTreeMap::new(),
+            };
+            *cache = (modified, read.into_iter().filter(|(t, _)| t.len() >= 16).collect());
+        }
+        let mut found = None;
+        for (t, e) in &cache.1 {
+            if constant_time_eq(t.as_bytes(), token.as_bytes()) {
+                found = Some(e.clone());
+            }
+        }
+        found
+    }
+}
+
+/// Node tokens first, then workload tokens.
+pub struct LocalTokens {
+    pub nodes: NodeTokens,
+    pub workloads: Option<WorkloadTokens>,
+}
+
+impl Authenticator for LocalTokens {
+    fn authenticate<'a>(&'a self, md: &'a tonic::metadata::MetadataMap) -> BoxFuture<'a, Result<Caller, AuthError>> {
+        let r = bearer(md).and_then(|t| {
+            if let Some(node) = self.nodes.check(t) {
+                return Ok(Caller { node: node.to_string(), subject: format!("node-token:{node}"), identity: None });
+            }
+            let w = self.workloads.as_ref().and_then(|w| Some((w.check(t)?, &w.trust_domain)));
+            match w {
+                Some((e, td)) => Ok(Caller {
+                    node: e.node.clone(),
+                    subject: format!("workload-token:{}/{}", e.namespace, e.pod),
+                    identity: Some(format!("spiffe://{td}/ns/{}/sa/{}", e.namespace, e.service_account)),
+                }),
+                None => Err(AuthError::Rejected("not a token of any node or workload of this cluster".into())),
+            }
+        });
+        Box::pin(async move { r })
+    }
+}
+
 impl Authenticator for NodeTokens {
     fn authenticate<'a>(&'a self, md: &'a tonic::metadata::MetadataMap) -> BoxFuture<'a, Result<Caller, AuthError>> {
         let r = bearer(md).and_then(|t| {
             self.check(t)
-                .map(|node| Caller { node: node.to_string(), subject: format!("node-token:{node}") })
+                .map(|node| Caller { node: node.to_string(), subject: format!("node-token:{node}"), identity: None })
                 .ok_or_else(|| AuthError::Rejected("not a token of any node of this cluster".into()))
         });
         Box::pin(async move { r })

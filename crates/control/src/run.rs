@@ -105,6 +105,12 @@ pub struct ControlArgs {
     /// Without it, callers are checked with TokenReview (Kubernetes).
     #[arg(long)]
     pub node_tokens: Option<PathBuf>,
+    /// With --node-tokens: the local cluster's per-pod tokens of its
+    /// waypoints (JSON: token to namespace, service account, node, pod),
+    /// read again when the file changes. Each may obtain only its own
+    /// identity.
+    #[arg(long, requires = "node_tokens")]
+    pub workload_tokens: Option<PathBuf>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -469,7 +475,12 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
                 bail!("--source dir: needs --node-tokens (there is no API server to review tokens)")
             };
             tracing::info!(dir = %root.display(), "objects from a directory");
-            (dir_source(root.clone(), args.dir_interval), None, Arc::new(NodeTokens::load(tokens)?))
+            let workloads = args.workload_tokens.as_deref().map(|p| crate::auth::WorkloadTokens::new(p, &args.trust_domain));
+            (
+                dir_source(root.clone(), args.dir_interval),
+                None,
+                Arc::new(crate::auth::LocalTokens { nodes: NodeTokens::load(tokens)?, workloads }),
+            )
         }
         SourceArg::Kubernetes => {
             let client = kube_source::client(args.kubeconfig.as_deref()).await?;

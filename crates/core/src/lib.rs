@@ -32,3 +32,7 @@ pub use workload::*;
 /// flooding source must not use up a call site's lines and hide another
 /// source's refusals.
 pub const PER_SOURCE_LOG_TARGET: &str = "slipstream::per_source";
+
+/// The `tracing` target of the waypoint's access-log lines: one per
+/// request, the record of what happened, so never rate-limited either.
+pub const ACCESS_LOG_TARGET: &str = "slipstream::access";

@@ -67,6 +67,107 @@ pub fn selector_matches(selector: &Labels, labels: &Labels) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
+/// The label every object made for a waypoint Gateway carries (Istio's
+/// value): users cannot apply objects with it.
+pub const WAYPOINT_MANAGED_LABEL: &str = "gateway.istio.io/managed";
+pub const WAYPOINT_MANAGED_VALUE: &str = "istio.io-mesh-controller";
+/// Names the Gateway on the objects made for it and on its pods.
+pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+/// The status port of a waypoint pod (`/healthz/ready`).
+pub const WAYPOINT_STATUS_PORT: i64 = 15021;
+
+/// What Istio's gateway controller makes for a Gateway of class
+/// `istio-waypoint`, named after it: a ServiceAccount (its identity), a
+/// Deployment of one pod running `slipstream waypoint` outside the mesh
+/// (`istio.io/dataplane-mode: none`), and a Service with its HBONE port
+/// `mesh` (15008) and `status-port` (15021). None for any other Gateway.
+pub fn waypoint_objects(gw: &KeptObject) -> Option<Vec<Object>> {
+    if gw.kind != "Gateway" || gw.spec.get("gatewayClassName").and_then(|c| c.as_str()) != Some("istio-waypoint") {
+        return None;
+    }
+    let name = gw.metadata.name.clone();
+    let ns = gw.metadata.namespace.clone();
+    let mut labels = Labels::new();
+    labels.insert(WAYPOINT_MANAGED_LABEL.into(), WAYPOINT_MANAGED_VALUE.into());
+    labels.insert(GATEWAY_NAME_LABEL.into(), name.clone());
+    let meta = ObjectMeta { name: name.clone(), namespace: ns.clone(), labels: labels.clone(), annotations: Labels::new() };
+    let mut pod_labels = labels.clone();
+    pod_labels.insert("istio.io/dataplane-mode".into(), "none".into());
+    let field = |n: &str, path: &str| EnvVar {
+        name: n.into(),
+        value: None,
+        value_from: Some(EnvVarSource { field_ref: Some(FieldRef { field_path: path.into() }) }),
+    };
+    let container = Container {
+        name: "istio-proxy".into(),
+        command: vec!["slipstream".into(), "waypoint".into()],
+        env: vec![
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+            field("INSTANCE_IP", "status.podIP"),
+            field("NODE_NAME", "spec.nodeName"),
+            EnvVar { name: "GATEWAY_NAME".into(), value: Some(name.clone()), value_from: None },
+        ],
+        ports: vec![
+            ContainerPort { name: Some("mesh".into()), container_port: 15008, protocol: Protocol::TCP },
+            ContainerPort { name: Some("status-port".into()), container_port: WAYPOINT_STATUS_PORT, protocol: Protocol::TCP },
+        ],
+        readiness_probe: Some(Probe {
+            http_get: Some(HttpGetAction { path: Some("/healthz/ready".into()), port: IntOrString::Int(WAYPOINT_STATUS_PORT) }),
+            period_seconds: Some(1),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let deployment = Deployment {
+        metadata: meta.clone(),
+        spec: DeploymentSpec {
+            replicas: Some(1),
+            selector: LabelSelector { match_labels: [(GATEWAY_NAME_LABEL.to_string(), name.clone())].into(), match_expressions: vec![] },
+            template: PodTemplateSpec {
+                metadata: ObjectMeta { name: String::new(), namespace: String::new(), labels: pod_labels, annotations: Labels::new() },
+                spec: PodSpec { containers: vec![container], service_account_name: Some(name.clone()), ..Default::default() },
+            },
+        },
+    };
+    let port = |n: &str, p: i64, app: Option<&str>| ServicePort {
+        name: Some(n.into()),
+        port: p,
+        target_port: Some(IntOrString::Int(p)),
+        protocol: Protocol::TCP,
+        app_protocol: app.map(String::from),
+    };
+    let service = Service {
+        metadata: meta.clone(),
+        spec: ServiceSpec {
+            selector: Some([(GATEWAY_NAME_LABEL.to_string(), name)].into()),
+            ports: vec![port("status-port", WAYPOINT_STATUS_PORT, None), port("mesh", 15008, Some("hbone"))],
+            cluster_ip: None,
+            type_: None,
+        },
+    };
+    Some(vec![Object::ServiceAccount(ServiceAccount { metadata: meta }), Object::Deployment(deployment), Object::Service(service)])
+}
+
+/// Whether a pod's labels say a waypoint Gateway made it (users cannot
+/// apply objects with the label, so only the agent's own Deployment's
+/// pods carry it).
+pub fn is_waypoint_pod(labels: &Labels) -> bool {
+    labels.get(WAYPOINT_MANAGED_LABEL).map(String::as_str) == Some(WAYPOINT_MANAGED_VALUE)
+}
+
+/// Whether an object was made for a waypoint Gateway.
+pub fn is_waypoint_made(o: &Object) -> bool {
+    let m = match o {
+        Object::ServiceAccount(x) => &x.metadata,
+        Object::Deployment(x) => &x.metadata,
+        Object::Service(x) => &x.metadata,
+        Object::Pod(x) => &x.metadata,
+        _ => return false,
+    };
+    m.labels.get(WAYPOINT_MANAGED_LABEL).map(String::as_str) == Some(WAYPOINT_MANAGED_VALUE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -454,12 +454,10 @@ pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     // Enforced by the node proxies (docs/authorization.md).
     ("networking.k8s.io", "NetworkPolicy", ""),
     ("cilium.io", "CiliumNetworkPolicy", ""),
-    (
-        "gateway.networking.k8s.io",
-        "Gateway",
-        "stored; services and pods labelled istio.io/use-waypoint are bound to it, but the local cluster does not run waypoint pods yet, so their traffic is refused (NO_WAYPOINT), never sent around the waypoint",
-    ),
-    ("gateway.networking.k8s.io", "HTTPRoute", "stored; the control plane does not serve routes to waypoints yet"),
+    // Gateways of class istio-waypoint make waypoints; HTTPRoutes with a
+    // Service parent route at that service's waypoint (docs/waypoint.md).
+    ("gateway.networking.k8s.io", "Gateway", ""),
+    ("gateway.networking.k8s.io", "HTTPRoute", ""),
     ("networking.istio.io", "VirtualService", "stored; not acted on yet (waypoints take Gateway API routes first)"),
     ("networking.istio.io", "DestinationRule", "stored; not acted on yet (waypoints take Gateway API routes first)"),
     ("", "ConfigMap", "stored; the local cluster mounts no volumes"),

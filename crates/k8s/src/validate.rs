@@ -386,15 +386,11 @@ spec:
     #[test]
     fn kept_kinds_load_with_a_note() {
         let v = load_str(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: demo}\nspec: {gatewayClassName: x}\n",
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: vs, namespace: demo}\nspec: {hosts: [x]}\n",
             &Source("t.yaml".into()),
         )
         .unwrap();
-        assert!(
-            v[0].warnings[0].contains("Gateway demo/gw: stored; services and pods labelled istio.io/use-waypoint are bound to it"),
-            "{:?}",
-            v[0].warnings
-        );
+        assert!(v[0].warnings[0].contains("VirtualService demo/vs: stored; not acted on yet"), "{:?}", v[0].warnings);
         // Enforced kinds load without a note.
         let v = load_str(
             "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: demo}\nspec: {podSelector: {}}\n",

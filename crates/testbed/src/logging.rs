@@ -34,7 +34,7 @@ pub const SWEEP_EVERY: Duration = Duration::from_millis(200);
 
 /// Whether the call-site limiter leaves lines of `target` alone.
 fn exempt(target: &str) -> bool {
-    target == SUMMARY_TARGET || target == slipstream_core::PER_SOURCE_LOG_TARGET
+    target == SUMMARY_TARGET || target == slipstream_core::PER_SOURCE_LOG_TARGET || target == slipstream_core::ACCESS_LOG_TARGET
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -303,6 +303,7 @@ mod tests {
     fn per_source_lines_and_summaries_pass_the_call_site_limit() {
         assert!(exempt(SUMMARY_TARGET));
         assert!(exempt(slipstream_core::PER_SOURCE_LOG_TARGET));
+        assert!(exempt(slipstream_core::ACCESS_LOG_TARGET));
         assert!(!exempt("slipstream_node::conn"));
     }
 

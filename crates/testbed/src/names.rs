@@ -105,6 +105,10 @@ impl Paths {
     }
     /// Every node's token (readable by root only): what the control plane
     /// checks callers against.
+    /// The waypoint pods' tokens (the control plane's `--workload-tokens`).
+    pub fn workload_tokens_file(&self) -> PathBuf {
+        self.control_dir().join("workload-tokens.json")
+    }
     pub fn node_tokens_file(&self) -> PathBuf {
         self.control_dir().join("node-tokens.json")
     }

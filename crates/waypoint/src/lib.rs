@@ -13,6 +13,7 @@
 pub mod handler;
 pub mod plan;
 pub mod proxy;
+pub mod run;
 pub mod upstream;
 
 use arc_swap::ArcSwap;

@@ -150,7 +150,7 @@ pub async fn handle(
     };
     let (up, dst) = upstream.map_or(("-".to_string(), "-".to_string()), |(a, i)| (a.to_string(), i));
     tracing::info!(
-        target: "slipstream::access",
+        target: slipstream_core::ACCESS_LOG_TARGET,
         method = %method,
         path = %path,
         authority = %host,

@@ -12,3 +12,4 @@ pub mod proxy_config;
 pub mod proxy_status;
 pub mod status;
 pub mod up;
+pub mod waypoint;

@@ -126,10 +126,10 @@ mod tests {
             Box::pin(async move {
                 self.calls.fetch_add(1, Ordering::SeqCst);
                 match super::super::bearer(md)? {
-                    "good" => Ok(Caller { node: "node1".into(), subject: "t".into() }),
+                    "good" => Ok(Caller { node: "node1".into(), subject: "t".into(), identity: None }),
                     "slow" => {
                         self.release.notified().await;
-                        Ok(Caller { node: "node1".into(), subject: "t".into() })
+                        Ok(Caller { node: "node1".into(), subject: "t".into(), identity: None })
                     }
                     "down" => Err(AuthError::Unavailable("the API server is away".into())),
                     _ => Err(AuthError::Rejected("not a token of any node of this cluster".into())),

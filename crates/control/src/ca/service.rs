@@ -62,6 +62,8 @@ pub enum Refusal {
     TrustDomain { identity: SpiffeId, trust_domain: TrustDomain },
     #[error("no pod on {node} runs as {identity}")]
     NotOnNode { node: String, identity: SpiffeId },
+    #[error("{caller} may obtain only its own identity, not {identity}")]
+    NotOwnIdentity { caller: String, identity: SpiffeId },
     #[error("signing failed: {0}")]
     Signing(String),
 }
@@ -75,7 +77,7 @@ impl Refusal {
             Refusal::Csr(_) | Refusal::BadImpersonation { .. } | Refusal::ImpersonationMismatch { .. } | Refusal::TrustDomain { .. } => {
                 Code::InvalidArgument
             }
-            Refusal::NotOnNode { .. } => Code::PermissionDenied,
+            Refusal::NotOnNode { .. } | Refusal::NotOwnIdentity { .. } => Code::PermissionDenied,
             Refusal::Signing(_) => Code::Internal,
         }
     }
@@ -89,6 +91,7 @@ impl Refusal {
             Refusal::BadImpersonation { .. } | Refusal::ImpersonationMismatch { .. } => "invalid_impersonation",
             Refusal::TrustDomain { .. } => "foreign_trust_domain",
             Refusal::NotOnNode { .. } => "not_on_node",
+            Refusal::NotOwnIdentity { .. } => "not_own_identity",
             Refusal::Signing(_) => "signing_failed",
         }
     }
@@ -129,6 +132,13 @@ pub fn decide(
     }
     if asked.trust_domain() != trust_domain {
         return Err(Refusal::TrustDomain { identity: asked.clone(), trust_domain: trust_domain.clone() });
+    }
+    // A workload calling for itself gets exactly its own identity.
+    if let Some(own) = &caller.identity {
+        if *own != asked.to_string() {
+            return Err(Refusal::NotOwnIdentity { caller: caller.subject.clone(), identity: asked.clone() });
+        }
+        return Ok(asked.clone());
     }
     if !placement.runs_on(&caller.node, &asked.to_string()) {
         return Err(Refusal::NotOnNode { node: caller.node.clone(), identity: asked.clone() });
@@ -317,14 +327,32 @@ mod tests {
 
     #[test]
     fn decisions() {
-        let node1 = Caller { node: "node1".into(), subject: "node-token:node1".into() };
-        let node2 = Caller { node: "node2".into(), subject: "node-token:node2".into() };
+        let node1 = Caller { node: "node1".into(), subject: "node-token:node1".into(), identity: None };
+        let node2 = Caller { node: "node2".into(), subject: "node-token:node2".into(), identity: None };
+        // A waypoint on node2 (where `web` does not run), calling for itself.
+        let waypoint = Caller {
+            node: "node2".into(),
+            subject: "workload-token:default/waypoint-abc".into(),
+            identity: Some("spiffe://cluster.local/ns/default/sa/waypoint".into()),
+        };
+        let own = id("spiffe://cluster.local/ns/default/sa/waypoint");
         let web = id("spiffe://cluster.local/ns/default/sa/web");
         let admin = id("spiffe://cluster.local/ns/default/sa/admin");
         let foreign = id("spiffe://other.org/ns/default/sa/web");
         let td = TrustDomain::default();
         type Case<'a> = (&'a Caller, &'a SpiffeId, Option<&'a SpiffeId>, Result<SpiffeId, (Code, &'a str)>);
         let cases: Vec<Case> = vec![
+            (&waypoint, &own, None, Ok(own.clone())),
+            (&waypoint, &own, Some(&own), Ok(own.clone())),
+            (
+                &waypoint,
+                &web,
+                None,
+                Err((
+                    Code::PermissionDenied,
+                    "workload-token:default/waypoint-abc may obtain only its own identity, not spiffe://cluster.local/ns/default/sa/web",
+                )),
+            ),
             (&node1, &web, None, Ok(web.clone())),
             (&node1, &web, Some(&web), Ok(web.clone())),
             (&node2, &web, Some(&web), Err((Code::PermissionDenied, "no pod on node2 runs as spiffe://cluster.local/ns/default/sa/web"))),

@@ -88,7 +88,7 @@ pub fn caller_from_review(status: &TokenReviewStatus, policy: &ReviewPolicy) -> 
                 "the token of {ns}/{sa} is not bound to a pod ({NODE_NAME_EXTRA} is absent): use a projected, pod-bound token (Kubernetes 1.30 or later)"
             ))
         })?;
-    Ok(Caller { node: node.clone(), subject: username.to_string() })
+    Ok(Caller { node: node.clone(), subject: username.to_string(), identity: None })
 }
 
 /// Asks the API server, through a kube client, who a token belongs to.

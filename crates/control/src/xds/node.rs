@@ -70,7 +70,7 @@ mod tests {
 
     #[test]
     fn node_name_must_be_the_callers() {
-        let caller = Caller { node: "node1".into(), subject: "node-token:node1".into() };
+        let caller = Caller { node: "node1".into(), subject: "node-token:node1".into(), identity: None };
         let id = "ztunnel~10.0.0.1~ztunnel-abc.istio-system~istio-system.svc.cluster.local";
         assert_eq!(check(&req(node(id, &[(NODE_NAME, "node1")])), &caller), Ok(ProxyNode { node: "node1".into(), id: id.into() }));
         // Liberal about the id.

@@ -65,6 +65,11 @@ pub struct Agent {
     /// written with them (`objects::GENERATION_FILE`).
     last_objects: Option<String>,
     objects_generation: u64,
+    /// The workload tokens file as last written.
+    last_workload_tokens: Option<String>,
+    /// Waypoint pod addresses the control plane namespaces route back to,
+    /// with their node's address.
+    control_routes: BTreeMap<std::net::Ipv4Addr, std::net::Ipv4Addr>,
     /// Pods that could not be placed, reported once each (not every tick).
     unplaceable: BTreeSet<(String, String)>,
     /// How pods reach their node proxy (docs/datapath.md).
@@ -98,6 +103,8 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         served: BTreeMap::new(),
         last_mesh: BTreeMap::new(),
         last_objects: None,
+        last_workload_tokens: None,
+        control_routes: BTreeMap::new(),
         objects_generation: 0,
         unplaceable: BTreeSet::new(),
         capture: datapath::Capture::Nftables { fallback: None },
@@ -293,10 +300,79 @@ impl Agent {
             let ns_labels = mesh::namespace_labels(&self.store, &inst.namespace);
             let meshed = mesh::is_meshed(&ns_labels, &inst.labels);
             let nft = mesh::wants_nftables(&ns_labels, &inst.labels);
-            let pod = PodRuntime::create(&self.paths, inst, node, ip, meshed, nft, &mut self.capture);
+            let waypoint = slipstream_k8s::expand::is_waypoint_pod(&inst.labels);
+            let mut pod = PodRuntime::create(&self.paths, inst, node, ip, meshed, nft, &mut self.capture);
+            if waypoint {
+                let token = random_token();
+                pod.extra_env = self.waypoint_env(&token);
+                pod.workload_token = Some(token);
+            }
             self.pods.insert(key, pod);
         }
         self.sync_services();
+    }
+
+    /// What a waypoint pod is told, as the kubelet would mount a projected
+    /// token and istiod's address: where the control plane is, the mesh
+    /// root, its token. In the environment, which only its own PID
+    /// namespace (and root on the machine) can read: a pod's /run and /tmp
+    /// are its own, so no file could carry it there.
+    fn waypoint_env(&self, token: &str) -> Vec<(String, String)> {
+        let control: Vec<String> = (1..=self.controls.len().max(1)).map(|r| plan::control_addr(r).to_string()).collect();
+        let root = std::fs::read_to_string(self.paths.ca_dir().join("root-cert.pem")).unwrap_or_default();
+        vec![
+            ("SLIPSTREAM_WAYPOINT_CONTROL_PLANE".into(), control.join(",")),
+            ("SLIPSTREAM_WAYPOINT_ROOT_PEM".into(), root),
+            ("SLIPSTREAM_WAYPOINT_TOKEN".into(), token.to_string()),
+            ("SLIPSTREAM_WAYPOINT_CLUSTER_ID".into(), self.paths.cluster.to_string()),
+        ]
+    }
+
+    /// The workload tokens file the control plane reads: one entry per
+    /// waypoint pod alive (rewritten only when it changes).
+    fn sync_workload_tokens(&mut self) {
+        let mut all = BTreeMap::new();
+        for p in self.pods.values() {
+            let Some(t) = &p.workload_token else { continue };
+            let node = self.nodes.get(p.node - 1).map(|n| n.name.clone()).unwrap_or_default();
+            all.insert(
+                t.clone(),
+                serde_json::json!({"namespace": p.inst.namespace, "service_account": p.inst.spec.service_account(), "node": node, "pod": p.inst.name}),
+            );
+        }
+        let text = serde_json::to_string_pretty(&all).unwrap_or_default();
+        if self.last_workload_tokens.as_deref() != Some(text.as_str()) {
+            match write_private(&self.paths.workload_tokens_file(), &text) {
+                Ok(()) => self.last_workload_tokens = Some(text),
+                Err(e) => tracing::error!("writing the workload tokens: {e}"),
+            }
+        }
+        // Pods cannot reach the control plane: its namespaces have no route
+        // back to the pod network. A waypoint pod, which must, gets one
+        // (its own address only), and loses it when it goes.
+        let wanted: BTreeMap<std::net::Ipv4Addr, std::net::Ipv4Addr> = self
+            .pods
+            .values()
+            .filter(|p| p.workload_token.is_some())
+            .filter_map(|p| Some((p.ip, self.nodes.get(p.node - 1)?.ip)))
+            .collect();
+        if wanted == self.control_routes {
+            return;
+        }
+        for r in 1..=self.controls.len() {
+            let netns = self.paths.control_netns(r);
+            for ip in self.control_routes.keys().filter(|ip| !wanted.contains_key(ip)) {
+                if let Err(e) = crate::sys::net::del_route(&netns, &format!("{ip}/32")) {
+                    tracing::warn!("removing the control plane's route to waypoint pod {ip}: {e}");
+                }
+            }
+            for (ip, via) in &wanted {
+                if let Err(e) = crate::sys::net::route_to_node(&netns, &format!("{ip}/32"), *via) {
+                    tracing::warn!("routing the control plane to waypoint pod {ip}: {e}");
+                }
+            }
+        }
+        self.control_routes = wanted;
     }
 
     fn tick(&mut self) {
@@ -322,6 +398,7 @@ impl Agent {
         if changed || before != self.stopping.len() {
             self.sync_services();
         }
+        self.sync_workload_tokens();
         self.sync_mesh();
         self.persist();
     }
@@ -635,13 +712,18 @@ fn write_atomic(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 
 /// One random token per node (the local cluster's node credentials): each
 /// node proxy reads its own; the control plane reads them all. Root only.
-fn write_node_tokens(paths: &Paths, nodes: &[String]) -> anyhow::Result<()> {
+/// 32 random bytes in hex.
+fn random_token() -> String {
     use rand::RngCore;
+    let mut raw = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut raw);
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn write_node_tokens(paths: &Paths, nodes: &[String]) -> anyhow::Result<()> {
     let mut all = BTreeMap::new();
     for n in nodes {
-        let mut raw = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut raw);
-        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let token = random_token();
         write_private(&paths.node_token_file(n), &token)?;
         all.insert(n.clone(), token);
     }

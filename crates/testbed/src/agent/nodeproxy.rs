@@ -222,6 +222,8 @@ pub fn control_spec(paths: &Paths, replica: usize) -> ProcSpec {
             paths.ca_dir().join("root-key.pem").display().to_string(),
             "--node-tokens".into(),
             paths.node_tokens_file().display().to_string(),
+            "--workload-tokens".into(),
+            paths.workload_tokens_file().display().to_string(),
         ],
         env_prefix: "SLIPSTREAM_CONTROL_",
         env: vec![("POD_NAME".into(), format!("control{replica}"))],

@@ -40,6 +40,11 @@ pub struct PodRuntime {
     pub sandbox_error: Option<String>,
     /// Carried by the node proxy (capture installed before containers start).
     pub meshed: bool,
+    /// A waypoint's pod: its credential for the control plane (the
+    /// kubelet's projected token), and the environment that tells it where
+    /// the control plane is (see `Agent::waypoint_env`).
+    pub workload_token: Option<String>,
+    pub extra_env: Vec<(String, String)>,
 }
 
 /// Where the agent records what a container runs as, for `exec`, which
@@ -119,6 +124,8 @@ impl PodRuntime {
             kill_at: None,
             sandbox_error: None,
             meshed,
+            workload_token: None,
+            extra_env: Vec::new(),
         };
         if let Err(e) = pod.create_sandbox(node, nftables, capture) {
             tracing::error!(pod = %pod.key(), "sandbox failed: {e}");
@@ -335,6 +342,10 @@ impl PodRuntime {
             };
             env.retain(|(k, _)| k != &e.name);
             env.push((e.name.clone(), v));
+        }
+        for (k, v) in &self.extra_env {
+            env.retain(|(x, _)| x != k);
+            env.push((k.clone(), v.clone()));
         }
         env
     }

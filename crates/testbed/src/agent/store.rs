@@ -83,9 +83,16 @@ impl Store {
             if let Some(e) = check_immutable(self.get(&key), &o, facts) {
                 errors.push(format!("{key}: {e}"));
             }
+            if slipstream_k8s::expand::is_waypoint_made(&o) {
+                errors.push(format!(
+                    "{key}: metadata.labels[{}]: objects with this label are made for waypoint Gateways and cannot be applied",
+                    slipstream_k8s::expand::WAYPOINT_MANAGED_LABEL
+                ));
+            }
             lines.push(format!("{} {verb}", resource_name(&o)));
             next.insert(o);
         }
+        errors.extend(next.sync_waypoints(&mut lines));
         errors.extend(next.check_references(facts));
         errors.extend(next.check_capacity(&applied, facts.nodes.len()));
         if errors.is_empty() {
@@ -122,11 +129,56 @@ impl Store {
                 None => errors.push(format!("{k}: not found")),
             }
         }
+        errors.extend(next.sync_waypoints(&mut lines));
         if errors.is_empty() {
             Ok((next, lines))
         } else {
             Err(errors)
         }
+    }
+
+    /// The Gateway controller's part: every waypoint Gateway has the
+    /// objects `expand::waypoint_objects` makes for it, and objects made
+    /// for a Gateway that is gone are deleted. A made object whose name is
+    /// taken by one the user applied is an error naming both.
+    fn sync_waypoints(&mut self, lines: &mut Vec<String>) -> Vec<String> {
+        let mut errors = Vec::new();
+        let mut wanted: BTreeMap<ObjectKey, (String, Object)> = BTreeMap::new();
+        for o in self.objects() {
+            let Object::Kept(k) = o else { continue };
+            let Some(made) = slipstream_k8s::expand::waypoint_objects(k) else { continue };
+            for m in made {
+                wanted.insert(m.key(), (format!("{}/{}", k.metadata.namespace, k.metadata.name), m));
+            }
+        }
+        let stale: Vec<ObjectKey> = self
+            .objects
+            .iter()
+            .filter(|(k, (_, o))| slipstream_k8s::expand::is_waypoint_made(o) && !wanted.contains_key(k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            if let Some((_, o)) = self.objects.remove(&k) {
+                lines.push(format!("{} deleted (its waypoint Gateway is gone)", resource_name(&o)));
+            }
+        }
+        for (k, (gw, o)) in wanted {
+            match self.get(&k) {
+                Some(old) if !slipstream_k8s::expand::is_waypoint_made(old) => {
+                    errors.push(format!("Gateway {gw}: would make {k}, which exists and was not made for a waypoint"))
+                }
+                Some(old) if *old == o => {}
+                Some(_) => {
+                    lines.push(format!("{} configured (for waypoint {gw})", resource_name(&o)));
+                    self.insert(o);
+                }
+                None => {
+                    lines.push(format!("{} created (for waypoint {gw})", resource_name(&o)));
+                    self.insert(o);
+                }
+            }
+        }
+        errors
     }
 
     /// Cross-object rules of the whole store.

@@ -65,6 +65,14 @@ pub fn create_node(fabric: &str, netns: &str, name: &str, ip: Ipv4Addr) -> Resul
 }
 
 /// Routes from one node to another node's pod CIDR.
+/// Removes a route (absent is fine).
+pub fn del_route(netns: &str, cidr: &str) -> Result<(), CmdError> {
+    match ip_batch(Some(netns), &[format!("route del {cidr}")]) {
+        Err(e) if e.to_string().contains("No such process") => Ok(()),
+        r => r,
+    }
+}
+
 pub fn route_to_node(netns: &str, cidr: &str, via: Ipv4Addr) -> Result<(), CmdError> {
     ip_batch(Some(netns), &[format!("route replace {cidr} via {via} dev eth0")])
 }

@@ -23,7 +23,7 @@ fn review_answers() {
     let p = ReviewPolicy::default();
     let zt = "system:serviceaccount:istio-system:ztunnel";
     let ok = caller_from_review(&status(true, zt, Some("node1"), &["istio-ca"]), &p).unwrap();
-    assert_eq!(ok, Caller { node: "node1".into(), subject: zt.into() });
+    assert_eq!(ok, Caller { node: "node1".into(), subject: zt.into(), identity: None });
 
     let refused = |s: TokenReviewStatus| caller_from_review(&s, &p).unwrap_err().to_string();
     assert_eq!(refused(status(false, "", None, &[])), "the token was refused: TokenReview: the token is not valid");

@@ -1,0 +1,79 @@
+//! The waypoint in the local cluster, as a user runs it: bookinfo, then
+//! the canary of examples/bookinfo/canary (a waypoint Gateway, `reviews`
+//! bound to it, an HTTPRoute splitting 90/10 between v1 and v2). Real
+//! processes, namespaces, TLS and curl; the waypoint is a pod the Gateway
+//! made, running `slipstream waypoint`.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+/// `n` GETs of reviews on one curl (one keep-alive connection, so any
+/// split is the waypoint's, request by request), from productpage.
+fn reviews(c: &Cluster, n: usize) -> (i32, String) {
+    let script = format!("curl -sS --max-time 60 -w '\\n' $(for i in $(seq {n}); do printf 'http://reviews:9080/reviews/0 '; done)");
+    c.exec("bookinfo", "deploy/productpage-v1", &["sh", "-c", &script])
+}
+
+#[test]
+fn bookinfo_canary_through_a_waypoint_and_fail_closed_without_it() {
+    require_root();
+    let bi = repo().join("examples/bookinfo").display().to_string();
+    let canary = repo().join("examples/bookinfo/canary").display().to_string();
+    let c = Cluster::up("t-waypoint", &["-f", &bi]);
+    let applied = c.ok(&["apply", "-f", &canary]);
+    for made in
+        ["serviceaccount/waypoint (bookinfo) created", "deployment.apps/waypoint (bookinfo) created", "service/waypoint (bookinfo) created"]
+    {
+        assert!(applied.contains(made), "{made:?} missing from:\n{applied}");
+    }
+    wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
+    let wp = &c.pods("waypoint-")[0];
+    assert_eq!(wp["meshed"], false, "the waypoint is not captured by a node proxy: {wp}");
+
+    let n = 1000;
+    let (code, out) = reviews(&c, n);
+    assert_eq!(code, 0, "{out}");
+    let answers: Vec<serde_json::Value> =
+        serde_json::Deserializer::from_str(&out).into_iter().collect::<Result<_, _>>().unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(answers.len(), n);
+    let by = |v: &str| answers.iter().filter(|a| a["served_by"] == v).count();
+    let (v1, v2, v3) = (by("reviews-v1"), by("reviews-v2"), by("reviews-v3"));
+    assert_eq!(v3, 0, "v3 is not a backend of the route");
+    assert_eq!(v1 + v2, n);
+    // Binomial(1000, 0.1): mean 100, standard deviation 9.5; 5 either way.
+    assert!((52..=148).contains(&v2), "v2 served {v2} of {n}");
+
+    // Every request went through the waypoint: one access-log line each,
+    // with the caller's verified identity, the route and the endpoint's.
+    let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
+    let log = c.ok(&["logs", "-n", "bookinfo", &pod]);
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("slipstream::access") && l.contains("route=bookinfo/reviews.0")).collect();
+    assert_eq!(lines.len(), n, "one access-log line per request:\n{log}");
+    assert!(lines.iter().all(|l| l.contains("code=200") && l.contains("src=spiffe://cluster.local/ns/bookinfo/sa/bookinfo-productpage")));
+    assert!(lines.iter().all(|l| l.contains("dst=spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")));
+
+    // Without its waypoint, reviews is refused, never reached around it.
+    let deleted = c.ok(&["delete", "-f", &canary]);
+    assert!(deleted.contains("deployment.apps/waypoint (bookinfo) deleted"), "{deleted}");
+    // The canary's objects are gone, reviews too: put it back, still bound
+    // to the waypoint that no longer exists.
+    let dir = tempfile::tempdir().unwrap();
+    let bound = write_manifest(
+        &dir,
+        "reviews.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: reviews\n  namespace: bookinfo\n  labels: {app: reviews, istio.io/use-waypoint: waypoint}\nspec:\n  selector: {app: reviews}\n  ports:\n  - {name: http, port: 9080, targetPort: 9080}\n",
+    );
+    c.ok(&["apply", "-f", &bound]);
+    wait_until("the waypoint pod gone", Duration::from_secs(60), || c.pods("waypoint-").is_empty());
+    let (code, out) = reviews(&c, 1);
+    assert_ne!(code, 0, "reviews answered without its waypoint: {out}");
+    wait_until("NO_WAYPOINT in a node proxy's log", Duration::from_secs(10), || {
+        ["node1", "node2"].iter().any(|n| {
+            std::fs::read_to_string(format!("/run/slipstream/t-waypoint/nodes/{n}.log"))
+                .unwrap_or_default()
+                .contains("reviews.bookinfo.svc.cluster.local is bound to waypoint bookinfo/waypoint, which does not exist")
+        })
+    });
+    c.down();
+}

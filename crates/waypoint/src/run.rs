@@ -1,0 +1,230 @@
+//! `slipstream waypoint`: the process. Its certificate and its
+//! configuration come from the control plane, as a node proxy's do, but
+//! authenticated as the workload it is (its own token, so the CA signs its
+//! own identity and nothing else); its HBONE server listens on 15008 and
+//! its readiness on 15021 (`/healthz/ready`: configuration complete and a
+//! certificate in hand).
+
+use crate::{Settings, Waypoint};
+use anyhow::Context;
+use futures_util::future::BoxFuture;
+use slipstream_api::TypeUrl;
+use slipstream_core::{Change, MeshIndex, SpiffeId, TrustDomain};
+use slipstream_hbone::{CertResolver, Pool, PoolConfig, ResolveError, Server, ServerConfig};
+use slipstream_identity::tls::ServerTls;
+use slipstream_identity::{CertManager, CertManagerConfig, SharedTrust, TrustBundle, WorkloadCert};
+use slipstream_node::caclient::RemoteCa;
+use slipstream_node::certs::TrustedCerts;
+use slipstream_node::control::{ControlChannel, ControlSettings};
+use slipstream_node::xds::{self, Backoff, NodeInfo, Refusal, Upsert, XdsClient};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The waypoint's flags. Each may come from the environment instead
+/// (`SLIPSTREAM_WAYPOINT_<FLAG>`, or the downward-API names a Deployment
+/// gives it); the local cluster sets them all.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WaypointArgs {
+    /// The namespace of its Gateway (and pod).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: String,
+    /// The name of its Gateway, which is also its service account.
+    #[arg(long, env = "GATEWAY_NAME")]
+    pub gateway: String,
+    /// Its pod's address: where it listens, and the source of its tunnels.
+    #[arg(long, env = "INSTANCE_IP")]
+    pub ip: IpAddr,
+    /// The node its pod runs on (its xDS node metadata).
+    #[arg(long, env = "NODE_NAME")]
+    pub node: String,
+    /// The pod's name (its xDS node id).
+    #[arg(long, env = "POD_NAME", default_value = "waypoint")]
+    pub pod: String,
+    /// `host:port` of each control plane replica, comma-separated.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_CONTROL_PLANE", value_delimiter = ',', required = true)]
+    pub control_plane: Vec<String>,
+    /// The name on the control plane's certificate.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_CONTROL_PLANE_SAN", default_value = slipstream_api::DEFAULT_CONTROL_PLANE_SAN)]
+    pub control_plane_san: String,
+    /// The mesh root, PEM (the text itself: a pod's /run is its own).
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_ROOT_PEM", hide_env_values = true)]
+    pub root_pem: String,
+    /// Its bearer token for the control plane.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_TOKEN", hide_env_values = true)]
+    pub token: String,
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_TRUST_DOMAIN", default_value = slipstream_core::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+}
+
+/// The waypoint's own certificate, whatever address a tunnel came to.
+pub struct OwnCert {
+    pub certs: CertManager,
+    pub id: SpiffeId,
+}
+
+impl CertResolver for OwnCert {
+    fn resolve(&self, local_ip: IpAddr) -> BoxFuture<'_, Result<Arc<WorkloadCert>, ResolveError>> {
+        Box::pin(async move { self.certs.fetch_certificate(&self.id).await.map_err(|source| ResolveError::Fetch { ip: local_ip, source }) })
+    }
+}
+
+/// Files only this process reads: the control-plane channel reads its
+/// root and token from files (so a rotated one is picked up on the node
+/// proxy); here they come from the environment and go into the pod's
+/// private temporary directory.
+fn private_files(args: &WaypointArgs) -> anyhow::Result<(PathBuf, PathBuf)> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = std::env::temp_dir().join(format!("slipstream-waypoint-{}", std::process::id()));
+    std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let write = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
+        let p = dir.join(name);
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&p)?;
+        f.write_all(text.as_bytes())?;
+        Ok(p)
+    };
+    Ok((write("root-cert.pem", &args.root_pem)?, write("token", &args.token)?))
+}
+
+pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
+    let td = TrustDomain::new(&args.trust_domain).with_context(|| format!("--trust-domain {:?}", args.trust_domain))?;
+    let id: SpiffeId = format!("spiffe://{}/ns/{}/sa/{}", args.trust_domain, args.namespace, args.gateway)
+        .parse()
+        .with_context(|| format!("waypoint {}/{}: not a valid identity", args.namespace, args.gateway))?;
+    let roots = TrustBundle::from_pem(&args.root_pem).context("SLIPSTREAM_WAYPOINT_ROOT_PEM: not a PEM certificate")?;
+    let (root_file, token_file) = private_files(&args)?;
+    let channel = ControlChannel::new(ControlSettings {
+        addresses: args.control_plane.clone(),
+        san: args.control_plane_san.clone(),
+        root_cert: root_file,
+        token_file,
+        cluster_id: args.cluster_id.clone(),
+        connect_timeout: Duration::from_secs(5),
+    })?;
+    let trust = SharedTrust::new(roots);
+    let certs = CertManager::new(
+        Arc::new(RemoteCa::new(channel.clone(), Duration::from_secs(24 * 3600), trust.clone())),
+        CertManagerConfig::default(),
+    );
+    let pool = Pool::new(
+        PoolConfig::default(),
+        Arc::new(TrustedCerts::new(certs.clone(), trust.clone())),
+        Arc::new(slipstream_hbone::PlainConnector),
+    );
+    let settings = Settings {
+        namespace: args.namespace.clone(),
+        name: args.gateway.clone(),
+        own_ip: args.ip,
+        identity: id.clone(),
+        idle_timeout: Duration::from_secs(60),
+    };
+    let wp = Waypoint::new(settings, pool);
+
+    let listen = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), slipstream_core::HBONE_PORT);
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let tls = ServerTls::following(&trust, td)?;
+    let server =
+        Server::new(listener, tls, Arc::new(OwnCert { certs: certs.clone(), id: id.clone() }), wp.handler(), ServerConfig::default());
+    let (_drain_trigger, drain) = slipstream_hbone::drain::channel();
+    tokio::spawn(server.serve(drain));
+
+    let ready = Arc::new(AtomicBool::new(false));
+    let status = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 15021);
+    let status_listener = tokio::net::TcpListener::bind(status).await.with_context(|| format!("binding {status}"))?;
+    tokio::spawn(serve_status(status_listener, ready.clone()));
+    tracing::info!(identity = %id, hbone = %listen, "waypoint {}/{} starting", args.namespace, args.gateway);
+
+    let node = NodeInfo {
+        node_name: args.node.clone(),
+        cluster_id: args.cluster_id.clone(),
+        ip: args.ip.to_string(),
+        pod: args.pod.clone(),
+        namespace: args.namespace.clone(),
+    };
+    let (client, mut updates) = XdsClient::with_types(channel, &node, Backoff::default(), &TypeUrl::WAYPOINT);
+    tokio::spawn(client.run());
+    let mut index = MeshIndex::default();
+    let mut routes = BTreeMap::new();
+    let mut complete = false;
+    while let Some(u) = updates.recv().await {
+        let refused = apply(&mut index, &mut routes, &u.delta);
+        wp.set_mesh(index.snapshot());
+        wp.set_routes(routes.values().cloned());
+        complete |= u.delta.complete;
+        u.done(refused);
+        // Ready with the whole configuration and a certificate in hand:
+        // the first caller must not wait for the CA.
+        if complete && !ready.load(Ordering::Relaxed) {
+            match certs.fetch_certificate(&id).await {
+                Ok(_) => {
+                    ready.store(true, Ordering::Relaxed);
+                    tracing::info!("configuration complete and certificate issued: ready");
+                }
+                Err(e) => tracing::warn!("configuration complete, but no certificate yet (retried with the next update): {e}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Applies one delta; the resources refused, for the NACK.
+fn apply(index: &mut MeshIndex, routes: &mut BTreeMap<String, slipstream_core::route::ServiceRoutes>, d: &xds::Delta) -> Vec<Refusal> {
+    for name in &d.removals {
+        match d.type_url {
+            TypeUrl::Address => {
+                if index.remove_workload(name) == Change::Absent {
+                    index.remove_service(name);
+                }
+            }
+            TypeUrl::Authorization => {
+                index.remove_policy(name);
+            }
+            TypeUrl::Route => {
+                routes.remove(name);
+            }
+            TypeUrl::NetworkPolicy => {}
+        }
+    }
+    let mut refused = Vec::new();
+    for u in &d.upserts {
+        let r = match u.clone() {
+            Upsert::Workload(w) => index.upsert_workload(w).map(|_| ()),
+            Upsert::Service(s) => index.upsert_service(s).map(|_| ()),
+            Upsert::Policy(p) => index.upsert_policy(p).map(|_| ()),
+            Upsert::NetPolicy(_) => Ok(()),
+            Upsert::Routes(r) => {
+                routes.insert(r.service.clone(), r);
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            refused.push(Refusal { name: e.name.clone(), reason: e.to_string() });
+        }
+    }
+    refused
+}
+
+/// `GET /healthz/ready`: 200 once ready, 503 before.
+async fn serve_status(l: tokio::net::TcpListener, ready: Arc<AtomicBool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut s, _)) = l.accept().await else { continue };
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+            let answer: &[u8] = if ready.load(Ordering::Relaxed) {
+                b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nready\n"
+            } else {
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 10\r\nconnection: close\r\n\r\nnot ready\n"
+            };
+            let _ = s.write_all(answer).await;
+        });
+    }
+}
