@@ -13,6 +13,8 @@ pub const HTTP_PORT: u16 = 8080;
 pub const IPERF_PORT: u16 = 5201;
 /// fortio's TCP echo server: the target of the held connections (R1).
 pub const TCP_ECHO_PORT: u16 = 8078;
+/// The waypoint Gateway of a namespace labelled `istio.io/use-waypoint`.
+pub const WAYPOINT: &str = "waypoint";
 
 /// YAML for every measurable scenario among `scenarios`.
 pub fn render(scenarios: &[&Scenario]) -> String {
@@ -20,6 +22,9 @@ pub fn render(scenarios: &[&Scenario]) -> String {
     for s in scenarios {
         if let Setup::Namespace { namespace, labels } = s.setup {
             docs.push(namespace_doc(namespace, labels));
+            if labels.iter().any(|(k, _)| *k == "istio.io/use-waypoint") {
+                docs.push(waypoint_doc(namespace));
+            }
             docs.push(server_doc(namespace));
             docs.push(service_doc(namespace));
             docs.push(client_doc(namespace));
@@ -37,6 +42,21 @@ fn namespace_doc(ns: &str, labels: &[(&str, &str)]) -> String {
         }
     }
     s
+}
+
+fn waypoint_doc(ns: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: {WAYPOINT}
+  namespace: {ns}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners:
+  - {{name: mesh, port: 15008, protocol: HBONE}}
+"
+    )
 }
 
 fn server_doc(ns: &str) -> String {
@@ -109,9 +129,10 @@ mod tests {
     fn one_namespace_per_measurable_scenario_with_its_labels() {
         let all: Vec<&Scenario> = SCENARIOS.iter().collect();
         let y = render(&all);
-        assert_eq!(y.matches("kind: Namespace").count(), 3);
-        assert_eq!(y.matches("kind: Pod").count(), 6);
-        assert_eq!(y.matches("kind: Service").count(), 3);
+        assert_eq!(y.matches("kind: Namespace").count(), 4);
+        assert_eq!(y.matches("kind: Pod").count(), 8);
+        assert_eq!(y.matches("kind: Service").count(), 4);
+        assert_eq!(y.matches("kind: Gateway").count(), 1, "the l7 namespace has its waypoint");
         assert!(
             y.contains("  name: bench-none\n  labels:\n    slipstream.io/datapath: nftables\n---"),
             "the baseline namespace is outside the mesh and off BPF:\n{y}"
@@ -121,8 +142,8 @@ mod tests {
             "{y}"
         );
         assert!(y.contains("  name: bench-l4e\n  labels:\n    istio.io/dataplane-mode: ambient\n---"), "{y}");
-        assert_eq!(y.matches("nodeName: node2").count(), 3);
-        assert_eq!(y.matches("nodeName: node1").count(), 3);
+        assert_eq!(y.matches("nodeName: node2").count(), 4);
+        assert_eq!(y.matches("nodeName: node1").count(), 4);
     }
 
     #[test]
@@ -130,7 +151,7 @@ mod tests {
         let all: Vec<&Scenario> = SCENARIOS.iter().collect();
         let loaded =
             slipstream_k8s::load_str(&render(&all), &slipstream_k8s::Source("bench.yaml".into())).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(loaded.len(), 12);
+        assert_eq!(loaded.len(), 17);
         assert!(loaded.iter().all(|l| l.warnings.is_empty()), "no warnings");
     }
 

@@ -1,5 +1,7 @@
 //! CPU and memory of the mesh processes: every cgroup under
-//! `<cgroup2>/slipstream/<cluster>/nodes/` (one node proxy per node). CPU
+//! `<cgroup2>/slipstream/<cluster>/nodes/` (one node proxy per node), and
+//! the waypoints' pods (`pods/<ns>.waypoint-...`: the waypoint process and
+//! its pod's two small supervisors, pod-init and PID 1). CPU
 //! from the cgroup's `cpu.stat`; memory from `/proc/<pid>/status` (VmHWM
 //! reset by writing 5 to `clear_refs`), since hybrid cgroup layouts have no
 //! memory controller in v2.
@@ -28,6 +30,21 @@ pub fn discover(cgroup_root: &Path) -> Vec<MeshProcess> {
         })
         .unwrap_or_default();
     out.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut waypoints: Vec<MeshProcess> = std::fs::read_dir(cgroup_root.join("pods"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    let (ns, pod) = name.split_once('.')?;
+                    pod.starts_with(&format!("{}-", crate::manifests::WAYPOINT))
+                        .then(|| MeshProcess { name: format!("waypoint {ns}/{pod}"), cgroup: e.path() })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    waypoints.sort_by(|a, b| a.name.cmp(&b.name));
+    out.extend(waypoints);
     out
 }
 

@@ -55,7 +55,7 @@ mod tests {
     #[test]
     fn order_is_rep_experiment_scenario_over_measurable_scenarios() {
         let all: Vec<&'static Scenario> = SCENARIOS.iter().take(2).collect();
-        assert_eq!(steps(&SCENARIOS.iter().collect::<Vec<_>>(), &EXPERIMENTS, 1).len(), EXPERIMENTS.len() * 3, "none, l4-nft, l4-ebpf");
+        assert_eq!(steps(&SCENARIOS.iter().collect::<Vec<_>>(), &EXPERIMENTS, 1).len(), EXPERIMENTS.len() * 4, "none, l4-nft, l4-ebpf, l7");
         let s = steps(&all, &EXPERIMENTS, 3);
         assert_eq!(s.len(), 3 * EXPERIMENTS.len() * 2);
         let first: Vec<(u32, ExperimentId, &str)> = s.iter().take(3).map(|x| (x.rep, x.experiment, x.scenario.name)).collect();

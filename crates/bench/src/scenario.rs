@@ -49,8 +49,11 @@ pub const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "l7",
-        description: "through a waypoint proxy (L7)",
-        setup: Setup::NotAvailable { reason: "there is no waypoint yet" },
+        description: "through a waypoint (L7): node proxy, waypoint (HTTP routed per request; iperf3 and the TCP echo passed through as TCP), node proxy, eBPF capture",
+        setup: Setup::Namespace {
+            namespace: "bench-l7",
+            labels: &[("istio.io/dataplane-mode", "ambient"), ("istio.io/use-waypoint", crate::manifests::WAYPOINT)],
+        },
         l4_targets: false,
     },
     Scenario {
@@ -162,7 +165,7 @@ mod tests {
         ns.sort();
         ns.dedup();
         assert_eq!(ns.len(), n, "one namespace per scenario");
-        assert!(!find("l7").unwrap().available());
+        assert!(find("l7").unwrap().available());
         assert!(find("denied").unwrap().info().not_available.unwrap().starts_with("not available in this version"));
     }
 }

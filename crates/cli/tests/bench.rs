@@ -83,14 +83,14 @@ fn quick_bench_measures_every_experiment_of_every_available_scenario() {
             }
         }
     }
-    assert_eq!(checked, 3 * FIGURES.len(), "none, l4-nft and l4-ebpf are measurable in this version");
+    assert_eq!(checked, 4 * FIGURES.len(), "none, l4-nft, l4-ebpf and l7 are measurable in this version");
 
     let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
-    assert!(report.contains("| experiment | figure | none | l4-nft | l4-ebpf |"), "{report}");
+    assert!(report.contains("| experiment | figure | none | l4-nft | l4-ebpf | l7 |"), "{report}");
     assert!(report.contains("## Targets for the eBPF datapath"), "{report}");
     assert!(report.contains("](chart.svg)"));
     let svg = std::fs::read_to_string(out.path().join("chart.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    assert_eq!(svg.matches("class=\"bar\"").count(), 22, "one bar per ratio figure for l4-nft and for l4-ebpf");
+    assert_eq!(svg.matches("class=\"bar\"").count(), 33, "one bar per ratio figure for l4-nft, l4-ebpf and l7");
     assert!(out.path().join("raw").read_dir().unwrap().count() >= 10, "raw tool outputs are kept");
 }

@@ -72,8 +72,51 @@ fn bookinfo_canary_through_a_waypoint_and_fail_closed_without_it() {
         ["node1", "node2"].iter().any(|n| {
             std::fs::read_to_string(format!("/run/slipstream/t-waypoint/nodes/{n}.log"))
                 .unwrap_or_default()
-                .contains("reviews.bookinfo.svc.cluster.local is bound to waypoint bookinfo/waypoint, which does not exist")
+                .contains("reviews.bookinfo.svc.cluster.local is bound to waypoint bookinfo/waypoint, which does not take this traffic")
         })
     });
+    c.down();
+}
+
+/// `curl` from a pod of `production`: the HTTP status and the body.
+fn call(c: &Cluster, from: &str, method: &str, path: &str) -> (String, String) {
+    let url = format!("http://billing-service.production:8080{path}");
+    let (code, out) = c.exec("production", from, &["curl", "-sS", "--max-time", "5", "-X", method, "-w", "\n%{http_code}", &url]);
+    assert_eq!(code, 0, "curl {method} {path} from {from}: {out}");
+    let (body, status) = out.rsplit_once('\n').unwrap_or(("", &out));
+    (status.to_string(), body.to_string())
+}
+
+#[test]
+fn billing_answers_only_get_invoices_to_frontend_at_the_waypoint() {
+    require_root();
+    let dir = repo().join("examples/policies/billing-l7").display().to_string();
+    let c = Cluster::up("t-waypoint-l7", &["-f", &dir]);
+    wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
+    // The seed policy: frontend may only GET /api/v1/invoices.
+    let (status, body) = call(&c, "deploy/frontend", "GET", "/api/v1/invoices");
+    assert_eq!(status, "200", "{body}");
+    let seen: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert!(seen.to_string().contains("billing-service"), "billing answered (its /headers, by the route's rewrite): {seen}");
+    for (from, method, path) in [
+        ("deploy/frontend", "POST", "/api/v1/invoices"),
+        ("deploy/frontend", "GET", "/api/v1/admin"),
+        ("deploy/legacy-service", "GET", "/api/v1/invoices"),
+    ] {
+        let (status, body) = call(&c, from, method, path);
+        assert_eq!((status.as_str(), body.trim_end()), ("403", "RBAC: access denied"), "{method} {path} from {from}");
+    }
+    // Not HTTP is no way around it: the ALLOW names methods and paths, so it
+    // allows no TCP connection (Istio's semantics).
+    let probe = "import socket\ns = socket.create_connection(('billing-service.production', 8080), timeout=5)\ns.sendall(b'\\x00not http')\ntry:\n    print('answered' if s.recv(100) else 'closed')\nexcept OSError:\n    print('closed')\n";
+    let (code, out) = c.exec("production", "deploy/legacy-service", &["python3", "-c", probe]);
+    assert_eq!((code, out.trim()), (0, "closed"), "TCP through the waypoint");
+    // The access log names the policy of each denial, with the caller.
+    let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
+    let log = c.ok(&["logs", "-n", "production", &pod]);
+    let denied: Vec<&str> = log.lines().filter(|l| l.contains("code=403") && l.contains("flags=\"RBAC\"")).collect();
+    assert_eq!(denied.len(), 3, "{log}");
+    assert!(denied.iter().all(|l| l.contains("policy=production/billing-invoices-only")), "{log}");
+    assert!(denied.iter().any(|l| l.contains("src=spiffe://cluster.local/ns/production/sa/legacy-sa")), "{log}");
     c.down();
 }

@@ -437,6 +437,11 @@ impl Index {
         batch.set(key, new.as_ref().and_then(|p| p.policy.as_ref()).map(|a| Versioned::new(authorization_any(a))));
         let ns = self.ns(ns_name);
         let old = ns.policies.remove(name);
+        // A waypoint's policy: the routes resource of what it targets.
+        for l7 in old.iter().chain(new.iter()).filter_map(|p| p.l7.as_ref()) {
+            batch.routes.extend(l7.services.iter().map(|s| (ns_name.to_string(), s.clone())));
+            batch.all_routes |= !l7.gateways.is_empty();
+        }
         let mut selectors: Vec<Labels> = Vec::new();
         if let Some(old) = &old {
             ns.policies_by_selector.remove(name, old.selector.as_ref());
@@ -502,6 +507,11 @@ impl Index {
                 batch.services.extend(ns.services.keys().map(|s| (n.clone(), s.clone())));
             }
         }
+        if batch.all_bindings || batch.all_routes {
+            for (n, ns) in &self.namespaces {
+                batch.routes.extend(ns.services.keys().map(|s| (n.clone(), s.clone())));
+            }
+        }
         let waypoints = self.waypoints();
         for (ns_name, name) in std::mem::take(&mut batch.services) {
             let hostname = self.hostname(&name, &ns_name);
@@ -516,10 +526,33 @@ impl Index {
         for (ns_name, name) in std::mem::take(&mut batch.routes) {
             let hostname = self.hostname(&name, &ns_name);
             let key = ResourceKey::new(TypeUrl::Route, &format!("{ns_name}/{hostname}"));
-            let resource = self.namespaces.get(&ns_name).filter(|ns| ns.services.contains_key(&name)).and_then(|ns| {
+            let resource = self.namespaces.get(&ns_name).and_then(|ns| Some((ns, ns.services.get(&name)?))).and_then(|(ns, svc)| {
                 let routes: Vec<&crate::translate::http_route::HttpRouteInput> = ns.http_routes.values().collect();
-                let compiled = crate::translate::http_route::compile(&routes, &ns_name, &name, &hostname);
-                (!compiled.rules.is_empty()).then(|| Versioned::new(slipstream_api::routes::routes_any(&compiled)))
+                let mut compiled = crate::translate::http_route::compile(&routes, &ns_name, &name, &hostname);
+                // The waypoint's policies on this service: those naming it,
+                // and those naming the waypoint it is bound to.
+                let gateway = self
+                    .waypoint_of(Traffic::Service, ns, &ns_name, &svc.labels, &waypoints)
+                    .filter(|g| g.hbone_mtls_port != 0)
+                    .map(|g| (g.namespace.clone(), g.hostname.split('.').next().unwrap_or("").to_string()));
+                let mut policies = Vec::new();
+                for l7 in ns.policies.values().filter_map(|p| p.l7.as_ref()) {
+                    if l7.services.contains(&name) {
+                        policies.push(l7.policy.clone());
+                    }
+                }
+                if let Some((gw_ns, gw)) = &gateway {
+                    if let Some(gns) = self.namespaces.get(gw_ns) {
+                        for l7 in gns.policies.values().filter_map(|p| p.l7.as_ref()) {
+                            if l7.gateways.contains(gw) && !policies.contains(&l7.policy) {
+                                policies.push(l7.policy.clone());
+                            }
+                        }
+                    }
+                }
+                compiled.policies = policies;
+                (!compiled.rules.is_empty() || !compiled.policies.is_empty())
+                    .then(|| Versioned::new(slipstream_api::routes::routes_any(&compiled)))
             });
             batch.set(key, resource);
         }
@@ -620,8 +653,15 @@ impl Index {
         let is_waypoint = labels.contains_key(wp::GATEWAY_NAME_LABEL);
         match wp::bind(traffic, namespace, labels, &ns.labels(), is_waypoint, waypoints) {
             Binding::None => None,
-            Binding::Bound { namespace, name, .. } | Binding::Refused { namespace, name, .. } => {
+            Binding::Bound { namespace, name, .. } => {
                 Some(GatewayAddress { hostname: self.hostname(&name, &namespace), namespace, hbone_mtls_port: wp::HBONE_LISTENER_PORT })
+            }
+            // Asked for and not in force: named, with no port, so no node
+            // proxy can reach it (NO_WAYPOINT) and the waypoint does not
+            // serve it (it does not exist yet, its listener does not allow
+            // the namespace, or it does not take that kind of traffic).
+            Binding::Refused { namespace, name, .. } => {
+                Some(GatewayAddress { hostname: self.hostname(&name, &namespace), namespace, hbone_mtls_port: 0 })
             }
         }
     }
@@ -838,6 +878,8 @@ struct Batch {
     all_bindings: bool,
     /// Services (namespace, name) whose routes to compile again.
     routes: BTreeSet<(String, String)>,
+    /// A policy on a waypoint Gateway changed: every service's routes.
+    all_routes: bool,
     resources: BTreeMap<ResourceKey, Option<Versioned>>,
     /// Network policies to resolve again (by resource name).
     net_policies: BTreeSet<String>,

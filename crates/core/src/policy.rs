@@ -14,6 +14,7 @@
 //! only deny what this denies) all ask this module.
 
 pub mod engine;
+pub mod l7;
 pub mod network;
 
 use serde::{Deserialize, Serialize};

@@ -20,6 +20,10 @@ pub struct ServiceRoutes {
     /// `namespace/hostname`, the workload API's service key.
     pub service: String,
     pub rules: Vec<RouteRule>,
+    /// The AuthorizationPolicies the waypoint enforces on this service's
+    /// requests (bound to the Service or to the waypoint's Gateway).
+    #[serde(default)]
+    pub policies: Vec<crate::policy::l7::L7Policy>,
 }
 
 /// One HTTPRoute rule as it applies to one service. After [`sort_rules`]

@@ -148,6 +148,10 @@ fn via_waypoint(
 ) -> Result<Plan, ProxyError> {
     let refuse = |why| ProxyError::NoWaypoint { bound: bound.clone(), waypoint: Arc::from(waypoint_name(g)), why };
     let src = req.src.as_ref().ok_or(ProxyError::UnknownSource(req.src_addr))?;
+    if g.hbone_mtls_port == 0 {
+        // The control plane's mark of a binding it could not make hold.
+        return Err(refuse("does not take this traffic (it does not exist, or does not allow this namespace or this kind of traffic)"));
+    }
     let (_, eps) = state.waypoint(g).map_err(refuse)?;
     // Only a pod that runs as the waypoint's own service account (the
     // Gateway's name, in its namespace) is the waypoint: another pod that

@@ -14,6 +14,8 @@ use std::sync::Arc;
 /// How much each direction of a tunnel buffers between the HBONE copy and
 /// the HTTP server.
 const TUNNEL_BUFFER: usize = 64 << 10;
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub struct WaypointHandler {
     pub(crate) shared: Arc<Shared>,
@@ -36,7 +38,7 @@ impl Handler for WaypointHandler {
             })?;
             let peer = Peer { identity: request.peer_identity.clone(), addr: request.peer_addr };
             let (ours, theirs) = tokio::io::duplex(TUNNEL_BUFFER);
-            tokio::spawn(serve(self.shared.clone(), TokioIo::new(theirs), target, peer));
+            tokio::spawn(serve(self.shared.clone(), theirs, target, peer));
             Ok(Box::new(ours) as Box<dyn Upstream>)
         })
     }
@@ -46,11 +48,42 @@ impl Handler for WaypointHandler {
     }
 }
 
-/// HTTP/1.1 or HTTP/2 (prior knowledge) on one tunnel, request by request.
-async fn serve(shared: Arc<Shared>, io: TokioIo<tokio::io::DuplexStream>, target: Target, peer: Peer) {
+/// How long the waypoint waits for a client's first bytes before it takes
+/// the connection for a protocol where the server speaks first (TCP).
+const SNIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// HTTP/1.1 or HTTP/2 (prior knowledge) on one tunnel, request by request;
+/// anything else passed through as TCP (`crate::sniff`).
+async fn serve(shared: Arc<Shared>, mut io: tokio::io::DuplexStream, target: Target, peer: Peer) {
+    use crate::sniff::{sniff, Sniffed, MAX_SNIFF};
+    use tokio::io::AsyncReadExt;
+    let mut first = Vec::with_capacity(MAX_SNIFF);
+    let deadline = tokio::time::Instant::now() + SNIFF_TIMEOUT;
+    let http = loop {
+        match sniff(&first) {
+            Sniffed::Http => break true,
+            Sniffed::Tcp => break false,
+            Sniffed::Undecided => {}
+        }
+        let mut buf = [0u8; MAX_SNIFF];
+        let want = MAX_SNIFF - first.len();
+        match tokio::time::timeout_at(deadline, io.read(&mut buf[..want])).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => first.extend_from_slice(&buf[..n]),
+            // The server speaks first, or a client this slow is not HTTP.
+            Err(_) => break false,
+        }
+    };
+    let io = crate::tcp::Prefixed::new(first, io);
+    if !http {
+        return crate::tcp::passthrough(shared, &target, &peer, io).await;
+    }
+    let io = TokioIo::new(io);
     let target = Arc::new(target);
     let service = hyper::service::service_fn(move |req| crate::proxy::handle(shared.clone(), target.clone(), peer.clone(), req));
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A client that never finishes its headers does not hold the tunnel.
+    builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     if let Err(e) = builder.serve_connection(io, service).await {
         tracing::debug!("tunnel's HTTP connection ended: {e}");
     }

@@ -14,6 +14,8 @@ pub mod handler;
 pub mod plan;
 pub mod proxy;
 pub mod run;
+pub mod sniff;
+pub mod tcp;
 pub mod upstream;
 
 use arc_swap::ArcSwap;
@@ -53,6 +55,8 @@ pub struct Shared {
     mesh: Arc<ArcSwap<MeshState>>,
     routes: ArcSwap<Routes>,
     client: Client<upstream::Connector, BoxBody<bytes::Bytes, hyper::Error>>,
+    /// What the client uses, for TCP passed through.
+    connector: upstream::Connector,
 }
 
 /// The waypoint: configuration in ([`Waypoint::set_mesh`],
@@ -68,12 +72,12 @@ impl Waypoint {
         let mesh: Arc<ArcSwap<MeshState>> = Arc::new(ArcSwap::from_pointee(MeshState::default()));
         let connector =
             upstream::Connector { pool, identity: Arc::new(settings.identity.clone()), own_ip: settings.own_ip, mesh: mesh.clone() };
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(settings.idle_timeout).build(connector);
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(settings.idle_timeout).build(connector.clone());
         let me = plan::Me {
             namespace: settings.namespace.clone(),
             hostname: format!("{}.{}.svc.cluster.local", settings.name, settings.namespace),
         };
-        Waypoint { shared: Arc::new(Shared { settings, me, mesh, routes: ArcSwap::from_pointee(Routes::new()), client }) }
+        Waypoint { shared: Arc::new(Shared { settings, me, mesh, routes: ArcSwap::from_pointee(Routes::new()), client, connector }) }
     }
 
     pub fn set_mesh(&self, state: Arc<MeshState>) {

@@ -22,8 +22,11 @@ pub struct Me {
 }
 
 impl Me {
+    /// `g` names this waypoint in force (port 0 marks a binding the
+    /// control plane refused: its listener does not allow the namespace,
+    /// or it does not take that kind of traffic).
     fn is(&self, g: Option<&slipstream_core::GatewayAddress>) -> bool {
-        g.is_some_and(|g| g.namespace == self.namespace && g.hostname == self.hostname)
+        g.is_some_and(|g| g.namespace == self.namespace && g.hostname == self.hostname && g.hbone_mtls_port != 0)
     }
 }
 
@@ -127,11 +130,66 @@ fn path_and_query(path: &str, query: &str) -> String {
     }
 }
 
+/// The waypoint's authorization of one request (or, `http` false, one
+/// connection passed through as TCP) to `target`: the policies bound to
+/// its service (`routes`), evaluated with Istio's semantics.
+pub fn authorize(
+    routes: Option<&ServiceRoutes>,
+    target: &Target,
+    peer: &slipstream_core::SpiffeId,
+    source_ip: std::net::IpAddr,
+    req: Option<(&RequestView, &str)>,
+) -> slipstream_core::policy::l7::L7Verdict {
+    use slipstream_core::policy::l7::{evaluate, L7Request};
+    let port = match target {
+        Target::Service { port, .. } | Target::Workload { port, .. } => *port,
+    };
+    let principal = peer.to_string();
+    let principal = principal.strip_prefix("spiffe://").unwrap_or(&principal);
+    let empty: [(String, String); 0] = [];
+    let r = L7Request {
+        principal: Some(principal),
+        namespace: Some(peer.namespace()),
+        source_ip,
+        method: req.map_or("", |(v, _)| v.method),
+        path: req.map_or("", |(v, _)| v.path),
+        host: req.map_or("", |(_, h)| h),
+        port,
+        headers: req.map_or(&empty[..], |(v, _)| v.headers),
+        http: req.is_some(),
+    };
+    evaluate(routes.map(|r| r.policies.as_slice()).unwrap_or(&[]).iter(), &r)
+}
+
+/// Why a path is refused before any rule sees it: a path an app would
+/// read as another (`/public/../admin` is `/admin`) must not slip past a
+/// rule written for that other. Istio normalizes such paths; we refuse
+/// them (400), which no well-behaved client sends.
+pub fn unsafe_path(path: &str) -> Option<&'static str> {
+    if !path.starts_with('/') {
+        return Some("the path must start with /");
+    }
+    if path.contains("//") {
+        return Some("empty path segment (//)");
+    }
+    if path.split('/').any(|seg| seg == "." || seg == "..") {
+        return Some("dot segment (/./ or /../)");
+    }
+    let lower = path.to_ascii_lowercase();
+    if ["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e)) || path.contains('\\') {
+        return Some("encoded dot, slash or backslash");
+    }
+    None
+}
+
 /// Decides one request to `target`. A service with routes takes the first
 /// matching rule (Gateway API: none matching is a 404); a service without
 /// routes goes to its own endpoints on the dialed port; a pod is the
 /// endpoint itself.
 pub fn decide<'r>(state: &MeshState, routes: Option<&'r ServiceRoutes>, target: &Target, req: &Req) -> Decision<'r> {
+    if let Some(why) = unsafe_path(req.view.path) {
+        return respond(None, 400, "DPE", format!("path refused: {why}"));
+    }
     let pq = path_and_query(req.view.path, req.view.query);
     let (service, port) = match target {
         Target::Workload { workload, port } => {

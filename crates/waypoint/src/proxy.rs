@@ -84,6 +84,28 @@ pub async fn handle(
         Target::Workload { .. } => None,
     };
     let view = RequestView { method: &method, path: &path, query: &query, headers: &headers };
+    // Authorization first: a denied request learns nothing of the routes.
+    let verdict = plan::authorize(service_routes.as_deref(), &target, &peer.identity, peer.addr.ip(), Some((&view, &host)));
+    for d in &verdict.dry_run_denials {
+        tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), "dry-run: {method} {path} would be denied");
+    }
+    let policy = verdict.by.as_ref().map(|b| format!("{}/{}", b.namespace, b.name)).unwrap_or_else(|| "-".into());
+    if !verdict.allowed {
+        tracing::info!(
+            target: slipstream_core::ACCESS_LOG_TARGET,
+            method = %method,
+            path = %path,
+            authority = %host,
+            code = 403u16,
+            flags = "RBAC",
+            policy = %policy,
+            duration_ms = start.elapsed().as_millis() as u64,
+            src = %peer.identity,
+            request_id = %id,
+            "request"
+        );
+        return Ok(text(403, "RBAC: access denied\n".into()));
+    }
     let decision = plan::decide(
         &state,
         service_routes.as_deref(),
@@ -101,8 +123,19 @@ pub async fn handle(
             }
             (r, "-", None)
         }
-        Action::Forward(f) => {
+        Action::Forward(f) => 'forward: {
             let ep = std::net::SocketAddr::new(f.endpoint.workload.address(), f.endpoint.target_port);
+            // The source's egress network policies, on the endpoint this
+            // request goes to: its node proxy could not apply them (it
+            // did not know the endpoint), so they hold here. The source is
+            // the workload at the tunnel's address with the verified
+            // identity (node proxies open tunnels from the pod's address).
+            let src = state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity);
+            if let Some(src) = &src {
+                if let Err(d) = slipstream_node::authz::outbound(&state, src, peer.addr, ep) {
+                    break 'forward (text(403, format!("{d}\n")), "RBAC", Some((ep, f.endpoint.workload.identity().to_string())));
+                }
+            }
             let (mut parts, body) = req.into_parts();
             parts.uri = match format!("http://{ep}{}", f.path_and_query).parse() {
                 Ok(u) => u,
@@ -157,6 +190,7 @@ pub async fn handle(
         code = response.status().as_u16(),
         flags = flag,
         route = %rule,
+        policy = %policy,
         upstream = %up,
         duration_ms = start.elapsed().as_millis() as u64,
         src = %peer.identity,

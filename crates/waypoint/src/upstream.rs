@@ -49,21 +49,29 @@ impl tower_service::Service<http::Uri> for Connector {
                 .authority()
                 .and_then(|a| a.as_str().parse().ok())
                 .ok_or_else(|| io::Error::other(format!("{uri}: the upstream is named by address")))?;
-            let state = this.mesh.load_full();
-            match state.workload_by_ip(addr.ip()) {
-                Some(w) if w.meshed() => {
-                    let expected: SpiffeId = w.identity().clone();
-                    let key = PoolKey::new((*this.identity).clone(), [expected], hbone_addr(w.address()), this.own_ip);
-                    let tunnel = this.pool.connect(&key, ConnectRequest::new(addr)).await?;
-                    Ok(Io(TokioIo::new(Stream::Tunnel(Box::new(tunnel)))))
-                }
-                _ => {
-                    let tcp = TcpStream::connect(addr).await?;
-                    tcp.set_nodelay(true)?;
-                    Ok(Io(TokioIo::new(Stream::Tcp(tcp))))
-                }
-            }
+            Ok(Io(TokioIo::new(this.open(addr).await?)))
         })
+    }
+}
+
+impl Connector {
+    /// A connection to the endpoint `addr`: an HBONE tunnel to its node
+    /// proxy expecting its identity when it is meshed, plain TCP when not.
+    pub async fn open(&self, addr: SocketAddr) -> Result<Stream, BoxError> {
+        let state = self.mesh.load_full();
+        match state.workload_by_ip(addr.ip()) {
+            Some(w) if w.meshed() => {
+                let expected: SpiffeId = w.identity().clone();
+                let key = PoolKey::new((*self.identity).clone(), [expected], hbone_addr(w.address()), self.own_ip);
+                let tunnel = self.pool.connect(&key, ConnectRequest::new(addr)).await?;
+                Ok(Stream::Tunnel(Box::new(tunnel)))
+            }
+            _ => {
+                let tcp = TcpStream::connect(addr).await?;
+                tcp.set_nodelay(true)?;
+                Ok(Stream::Tcp(tcp))
+            }
+        }
     }
 }
 

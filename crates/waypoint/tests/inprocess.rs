@@ -110,6 +110,27 @@ async fn app(l: TcpListener, version: &'static str) {
     }
 }
 
+/// A TCP app: says `greeting` first if it has one, then echoes.
+async fn tcp_app(l: TcpListener, greeting: Option<&'static [u8]>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut s, _)) = l.accept().await else { return };
+        tokio::spawn(async move {
+            if let Some(g) = greeting {
+                if s.write_all(g).await.is_err() {
+                    return;
+                }
+            }
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
 struct Mesh {
     net: u8,
     sockets: LoopbackFactory,
@@ -126,7 +147,7 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint) {
+async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
     let ip = |c: u8, d: u8| IpAddr::from([127, net, c, d]);
     let ca = Arc::new(Ca::generate(&TrustDomain::default()).unwrap());
     let sockets = LoopbackFactory::default();
@@ -135,8 +156,8 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint) {
     let cfg = MeshConfig {
         workloads: vec![
             workload("client", ip(1, 1), "node1", true, &[]),
-            workload("reviews-v1", ip(2, 1), "node2", true, &[("reviews", APP_PORT), ("reviews-v1", APP_PORT)]),
-            workload("reviews-v2", ip(2, 2), "node2", true, &[("reviews", APP_PORT), ("reviews-v2", APP_PORT)]),
+            workload("reviews-v1", ip(2, 1), "node2", true, &[("reviews", APP_PORT), ("reviews-v1", APP_PORT), ("echo", 7000)]),
+            workload("reviews-v2", ip(2, 2), "node2", true, &[("reviews", APP_PORT), ("reviews-v2", APP_PORT), ("greeter", 7001)]),
             workload("waypoint", wp_ip, "node2", false, &[("waypoint", 15008)]),
         ],
         services: vec![
@@ -145,6 +166,8 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint) {
             service("reviews-v2", ip(9, 3), APP_PORT, None),
             service("waypoint", ip(9, 5), 15008, None),
             service("lost", ip(9, 6), APP_PORT, Some("gone")),
+            service("echo", ip(9, 7), 7000, Some("waypoint")),
+            service("greeter", ip(9, 8), 7001, Some("waypoint")),
         ],
         ..Default::default()
     };
@@ -152,6 +175,8 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint) {
     assert!(node2.apply_mesh(&cfg).errors.is_empty());
     tokio::spawn(app(TcpListener::bind(SocketAddr::new(ip(2, 1), APP_PORT)).await.unwrap(), "v1"));
     tokio::spawn(app(TcpListener::bind(SocketAddr::new(ip(2, 2), APP_PORT)).await.unwrap(), "v2"));
+    tokio::spawn(tcp_app(TcpListener::bind(SocketAddr::new(ip(2, 1), 7000)).await.unwrap(), None));
+    tokio::spawn(tcp_app(TcpListener::bind(SocketAddr::new(ip(2, 2), 7001)).await.unwrap(), Some(b"hello\n")));
     let pods = |names: &[&str]| NodePods {
         pods: names.iter().map(|n| PodRegistration { uid: format!("test//Pod/default/{n}"), netns: String::new() }).collect(),
     };
@@ -183,7 +208,7 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint) {
     let server = Server::new(listener, tls, Arc::new(OwnCert { certs, id }), wp.handler(), ServerConfig::default());
     let (trigger, drain) = slipstream_hbone::drain::channel();
     tokio::spawn(server.serve(drain));
-    (Mesh { net, sockets, node1, _drain: trigger }, node2, wp)
+    (Mesh { net, sockets, node1, _drain: trigger }, node2, wp, cfg)
 }
 
 /// GETs `path` `n` times on one keep-alive connection from the client pod
@@ -209,7 +234,7 @@ async fn get(m: &Mesh, dst: SocketAddr, path: &str, n: usize) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bound_service_is_routed_by_the_waypoint_request_by_request() {
-    let (m, _node2, wp) = mesh(91).await;
+    let (m, _node2, wp, cfg) = mesh(91).await;
     let ip = |c, d| m.ip(c, d);
     // No routes: the service's own endpoints, both versions.
     let plain = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/0", 40).await;
@@ -227,7 +252,7 @@ async fn a_bound_service_is_routed_by_the_waypoint_request_by_request() {
         filters: Filters::default(),
         ..Default::default()
     };
-    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![rule] }]);
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![rule], policies: vec![] }]);
     let n = 1000;
     let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/1", n).await;
     let v2 = answers.iter().filter(|b| *b == "200 v2 /reviews/1").count();
@@ -235,11 +260,36 @@ async fn a_bound_service_is_routed_by_the_waypoint_request_by_request() {
     assert_eq!(v1 + v2, n, "every answer from one of the two versions: {:?}", answers.iter().find(|b| !b.starts_with("200 v")));
     // Binomial(1000, 0.1): mean 100, standard deviation 9.5; 5 of them either way.
     assert!((52..=148).contains(&v2), "v2 took {v2} of {n}");
+
+    // The client's egress network policy allows reviews-v1 only: its node
+    // proxy cannot know the endpoint of a request, so the waypoint applies
+    // it, on each request's endpoint.
+    let mut isolated = cfg.clone();
+    isolated.net_policies.push(policy::network::NetPolicy {
+        namespace: "default".into(),
+        name: "client-egress".into(),
+        selected: vec!["test//Pod/default/client".into()],
+        isolates_egress: true,
+        egress: vec![policy::network::NetRule {
+            peers: Some(vec![policy::network::NetPeer::Addresses(vec![ip(2, 1)])]),
+            ports: None,
+            path: "spec.egress[0]".into(),
+        }],
+        ..Default::default()
+    });
+    let (state, errors) = MeshState::from_config(&isolated);
+    assert!(errors.is_empty(), "{errors:?}");
+    wp.set_mesh(state);
+    let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/1", 200).await;
+    let denied = answers.iter().filter(|b| b.starts_with("403 ")).count();
+    assert!(answers.iter().all(|b| b == "200 v1 /reviews/1" || b.starts_with("403 ")), "{answers:?}");
+    assert!(denied > 0, "some requests drew v2 and were refused: {answers:?}");
+    assert!(answers.iter().any(|b| b.starts_with("403 ") && b.contains("client-egress")), "{answers:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_bound_to_a_missing_waypoint_is_refused_never_sent_around_it() {
-    let (m, _node2, _wp) = mesh(92).await;
+    let (m, _node2, _wp, _cfg) = mesh(92).await;
     let ip = |c, d| m.ip(c, d);
     let dst = SocketAddr::new(ip(9, 6), APP_PORT);
     let s = m.sockets.connect_captured(ip(1, 1), Listener::Outbound, dst).await;
@@ -254,4 +304,26 @@ async fn a_service_bound_to_a_missing_waypoint_is_refused_never_sent_around_it()
     wait_for("the refusal logged", || m.node1.shared().telemetry.lines().iter().any(|l| l.contains("NO_WAYPOINT"))).await;
     let line = m.node1.shared().telemetry.lines().into_iter().find(|l| l.contains("NO_WAYPOINT")).unwrap();
     assert!(line.contains("lost.default.svc.cluster.local is bound to waypoint default/gone, which does not exist"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_not_http_passes_through_the_waypoint_as_tcp() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (m, _node2, _wp, _cfg) = mesh(93).await;
+    let ip = |c, d| m.ip(c, d);
+    // The client speaks first, not HTTP: passed through to an endpoint.
+    let mut s = m.sockets.connect_captured(ip(1, 1), Listener::Outbound, SocketAddr::new(ip(9, 7), 7000)).await.unwrap();
+    s.write_all(b"\x00binary ping").await.unwrap();
+    let mut got = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got)).await.expect("echoed in time").unwrap();
+    assert_eq!(&got, b"\x00binary ping");
+    // The server speaks first: the waypoint stops waiting for the client.
+    let mut s = m.sockets.connect_captured(ip(1, 1), Listener::Outbound, SocketAddr::new(ip(9, 8), 7001)).await.unwrap();
+    let mut hello = [0u8; 6];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut hello)).await.expect("greeted in time").unwrap();
+    assert_eq!(&hello, b"hello\n");
+    s.write_all(b"abc").await.unwrap();
+    let mut back = [0u8; 3];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back)).await.expect("echoed in time").unwrap();
+    assert_eq!(&back, b"abc");
 }

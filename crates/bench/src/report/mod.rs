@@ -232,18 +232,23 @@ fn resources_table(s: &mut String, v: &View) {
         let _ = writeln!(s, "| {label} | {} |", cells.join(" | "));
     };
     for e in EXPERIMENTS.into_iter().filter(|e| *e != ExperimentId::R1) {
-        row(s, format!("CPU seconds during {e}, all node proxies"), figure_id(e, MESH_CPU), e);
+        row(s, format!("CPU seconds during {e}, all mesh processes (node proxies and waypoints)"), figure_id(e, MESH_CPU), e);
     }
     for e in [ExperimentId::T1, ExperimentId::Q1] {
-        row(s, format!("peak RSS during {e}, largest node proxy (MB)"), figure_id(e, MESH_PEAK_RSS), e);
+        row(s, format!("peak RSS during {e}, largest mesh process (MB)"), figure_id(e, MESH_PEAK_RSS), e);
     }
     row(
         s,
-        format!("RSS with {} connections open, largest node proxy (MB)", v.r.settings.hold_connections),
+        format!("RSS with {} connections open, largest mesh process (MB)", v.r.settings.hold_connections),
         figure_id(ExperimentId::R1, "rss_mb"),
         ExperimentId::R1,
     );
-    row(s, "RSS 2 s after they are closed, largest node proxy (MB)".into(), figure_id(ExperimentId::R1, "rss_after_mb"), ExperimentId::R1);
+    row(
+        s,
+        "RSS 2 s after they are closed, largest mesh process (MB)".into(),
+        figure_id(ExperimentId::R1, "rss_after_mb"),
+        ExperimentId::R1,
+    );
     s.push('\n');
 }
 
@@ -436,7 +441,7 @@ pub(crate) mod tests {
     /// others not available.
     pub fn sample() -> Results {
         let mut runs = Vec::new();
-        for (sc, k, cpu) in [("none", 1.0, 0.0), ("l4-nft", 0.25, 4.0), ("l4-ebpf", 0.5, 3.0)] {
+        for (sc, k, cpu) in [("none", 1.0, 0.0), ("l4-nft", 0.25, 4.0), ("l4-ebpf", 0.5, 3.0), ("l7", 0.2, 5.0)] {
             let lat = 1.0 / k;
             runs.push(run(sc, ExperimentId::T1, 1, &[("gbps", 12.0 * k)], cpu));
             runs.push(run(sc, ExperimentId::T2, 1, &[("gbps", 14.0 * k)], cpu));
@@ -501,17 +506,23 @@ pub(crate) mod tests {
     #[test]
     fn table_has_every_ratio_figure_with_its_ratio() {
         let md = markdown(&sample(), &page());
-        assert_eq!(line(&md, "| experiment |"), "| experiment | figure | none | l4-nft | l4-ebpf |");
-        assert_eq!(line(&md, "| T1 "), "| T1 single-connection throughput | throughput (Gb/s) | 12.00 | 3.00 (0.25×) | 6.00 (0.50×) |");
+        assert_eq!(line(&md, "| experiment |"), "| experiment | figure | none | l4-nft | l4-ebpf | l7 |");
+        assert_eq!(
+            line(&md, "| T1 "),
+            "| T1 single-connection throughput | throughput (Gb/s) | 12.00 | 3.00 (0.25×) | 6.00 (0.50×) | 2.40 (0.20×) |"
+        );
         assert_eq!(
             line(&md, "| L1 latency at fixed load | p99 (ms)"),
-            "| L1 latency at fixed load | p99 (ms) | 3.00 | 12.00 (4.00×, +9.00 ms) | 6.00 (2.00×, +3.00 ms) |"
+            "| L1 latency at fixed load | p99 (ms) | 3.00 | 12.00 (4.00×, +9.00 ms) | 6.00 (2.00×, +3.00 ms) | 15.00 (5.00×, +12.00 ms) |"
         );
         assert_eq!(
             line(&md, "| Q1 maximum request rate | requests/s"),
-            "| Q1 maximum request rate | requests/s (req/s) | 20000 | 5000 (0.25×) | 10000 (0.50×) |"
+            "| Q1 maximum request rate | requests/s (req/s) | 20000 | 5000 (0.25×) | 10000 (0.50×) | 4000 (0.20×) |"
         );
-        assert_eq!(line(&md, "| C1 "), "| C1 new connections per second | connections/s (conn/s) | 4000 | 1000 (0.25×) | 2000 (0.50×) |");
+        assert_eq!(
+            line(&md, "| C1 "),
+            "| C1 new connections per second | connections/s (conn/s) | 4000 | 1000 (0.25×) | 2000 (0.50×) | 800.0 (0.20×) |"
+        );
         let section = &md[md.find("## Results").unwrap()..md.find("## R1").unwrap()];
         let rows = section.lines().filter(|l| l.starts_with("| ")).count() - 1;
         let ratio_figures: usize = EXPERIMENTS.iter().map(|e| e.figures().iter().filter(|f| f.ratio).count()).sum();
@@ -523,9 +534,15 @@ pub(crate) mod tests {
     fn resources_targets_and_scenarios() {
         let md = markdown(&sample(), &page());
         assert!(md.contains("node proxy node1 13.9 MB (1.8 MB its own, the rest the binary's shared code pages), node proxy node2 14.2 MB"));
-        assert_eq!(line(&md, "| CPU seconds during T1"), "| CPU seconds during T1, all node proxies | 0.00 | 8.00 | 6.00 |");
-        assert_eq!(line(&md, "| peak RSS during Q1"), "| peak RSS during Q1, largest node proxy (MB) | 18.00 | 18.00 | 18.00 |");
-        assert_eq!(line(&md, "| RSS with 10000"), "| RSS with 10000 connections open, largest node proxy (MB) | 15.00 | 38.00 | 38.00 |");
+        assert_eq!(
+            line(&md, "| CPU seconds during T1"),
+            "| CPU seconds during T1, all mesh processes (node proxies and waypoints) | 0.00 | 8.00 | 6.00 | 10.00 |"
+        );
+        assert_eq!(line(&md, "| peak RSS during Q1"), "| peak RSS during Q1, largest mesh process (MB) | 18.00 | 18.00 | 18.00 | 18.00 |");
+        assert_eq!(
+            line(&md, "| RSS with 10000"),
+            "| RSS with 10000 connections open, largest mesh process (MB) | 15.00 | 38.00 | 38.00 | 38.00 |"
+        );
         assert_eq!(line(&md, "| T1 throughput ≥"), "| T1 throughput ≥ 0.50 × none | 0.25×: **missed** | 0.50×: met |");
         assert_eq!(line(&md, "| L1 p50 ≤"), "| L1 p50 ≤ none + 1.5 ms | +3.00 ms: **missed** | +1.00 ms: met |");
         assert_eq!(line(&md, "| node proxy RSS idle"), "| node proxy RSS idle ≤ 15 MB | 14.2 MB: met | 14.2 MB: met |");
@@ -538,9 +555,8 @@ pub(crate) mod tests {
         assert_eq!(line(&md, "| Q1 requests/s ≥ 0.60"), "| Q1 requests/s ≥ 0.60 × none | 0.50×: **missed** |");
         assert_eq!(line(&md, "| Q1 requests/s ≥ 1.2"), "| Q1 requests/s ≥ 1.2 × l4-nft | 2.00×: met |");
         assert_eq!(line(&md, "| L1 p99 below l4-nft"), "| L1 p99 below l4-nft | 6.000 ms vs 12.000 ms: met |");
-        for name in ["l7", "denied"] {
-            assert!(line(&md, &format!("- `{name}`")).contains("**not available in this version"), "{name}");
-        }
+        assert!(line(&md, "- `denied`").contains("**not available in this version"));
+        assert!(!line(&md, "- `l7`").contains("not available"), "the waypoint is measured");
         assert!(md.contains("/var/tmp/slipstream-target/release/slipstream bench --update-docs"));
         assert!(md.contains("commit `0123456789ab`"));
         assert!(!md.contains("Failed runs"));
@@ -564,8 +580,8 @@ pub(crate) mod tests {
         r.runs.retain(|x| !(x.scenario == "l4-nft" && x.experiment == ExperimentId::C1));
         r.complete = false;
         let md = markdown(&r, &page());
-        assert!(line(&md, "| Q1 maximum request rate | requests/s").ends_with("| 20000 | failed | 10000 (0.50×) |"));
-        assert!(line(&md, "| C1 ").ends_with("| 4000 | not run | 2000 (0.50×) |"));
+        assert!(line(&md, "| Q1 maximum request rate | requests/s").ends_with("| 20000 | failed | 10000 (0.50×) | 4000 (0.20×) |"));
+        assert!(line(&md, "| C1 ").ends_with("| 4000 | not run | 2000 (0.50×) | 800.0 (0.20×) |"));
         assert!(md.contains("- l4-nft Q1 rep 1: fortio: no JSON"));
         assert!(md.contains("interrupted"));
         assert!(!md.contains("## Warnings"));
@@ -580,11 +596,12 @@ pub(crate) mod tests {
         let svg = svg(&r);
         chart::tests::well_formed(&svg).unwrap();
         let ratio_figures: usize = EXPERIMENTS.iter().map(|e| e.figures().iter().filter(|f| f.ratio).count()).sum();
-        assert_eq!(svg.matches("class=\"bar\"").count(), 2 * ratio_figures, "two compared scenarios (l4-nft, l4-ebpf)");
+        assert_eq!(svg.matches("class=\"bar\"").count(), 3 * ratio_figures, "three compared scenarios (l4-nft, l4-ebpf, l7)");
         let rows = chart_rows(&r);
         assert_eq!(rows.len(), ratio_figures);
         let t1 = rows.iter().find(|x| x.figure == "T1.gbps").unwrap();
-        assert_eq!((t1.ratios.clone(), t1.target), (vec![Some(0.25), Some(0.5)], Some(0.5)));
+        assert_eq!((t1.ratios[..2].to_vec(), t1.target), (vec![Some(0.25), Some(0.5)], Some(0.5)));
+        assert!(t1.ratios[2].is_some_and(|r| (r - 0.2).abs() < 1e-9), "l7: {:?}", t1.ratios);
         assert!(svg.contains(">0.25×<") && svg.contains(">4.00×<"));
         assert!(scenario::find("l4-nft").is_some());
     }

@@ -496,8 +496,17 @@ fn waypoint_labels_fill_the_waypoint_fields_and_fail_closed() {
     let host = Some("bookinfo/waypoint.bookinfo.svc.cluster.local".to_string());
     assert_eq!(service_waypoint(&ix, "bookinfo", "reviews"), host);
     // A waypoint for services: pods inherit nothing from the namespace.
+    let port = |ix: &Index| {
+        ix.mesh_config().services.iter().find(|s| s.name == "reviews").and_then(|s| s.waypoint.as_ref()).map(|g| g.hbone_mtls_port)
+    };
+    assert_eq!(port(&ix), Some(0), "named, with no port while the waypoint does not exist");
     let changes = upsert(&mut ix, &gateway("bookinfo", "waypoint", "", 15008));
-    assert!(changes.upserted.is_empty(), "already named: nothing changes {:?}", names(&changes.upserted));
+    assert_eq!(
+        names(&changes.upserted),
+        vec!["Address bookinfo/ratings.bookinfo.svc.cluster.local", "Address bookinfo/reviews.bookinfo.svc.cluster.local"],
+        "the namespace's services: the binding holds now"
+    );
+    assert_eq!(port(&ix), Some(15008));
     assert_eq!(workload(&ix, "bookinfo", "reviews-v1-5d9f-a").unwrap().waypoint, None);
     // A service opts out; another names its own waypoint.
     upsert(
@@ -525,6 +534,7 @@ fn waypoint_labels_fill_the_waypoint_fields_and_fail_closed() {
     // bound only through the waypoint's `all`, loses it.
     ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Gateway, "bookinfo", "waypoint"))).unwrap();
     assert_eq!(service_waypoint(&ix, "bookinfo", "reviews"), host);
+    assert_eq!(port(&ix), Some(0));
     assert_eq!(workload(&ix, "bookinfo", "reviews-v1-5d9f-a").unwrap().waypoint, None);
 }
 

@@ -6,7 +6,9 @@
 //!   workloads it selects; in the root namespace, workloads of every
 //!   namespace); otherwise it is GLOBAL in the root namespace and
 //!   NAMESPACE elsewhere. A policy bound with `targetRef(s)` is a
-//!   waypoint's or gateway's, not a node proxy's: no resource.
+//!   waypoint's, not a node proxy's: no Authorization resource; its L7
+//!   form ([`L7Bound`], every attribute Istio has at L7) goes to the
+//!   waypoint with the routes of the services it applies to.
 //! - action: ALLOW and DENY; AUDIT never changes a verdict, so nothing is
 //!   sent; CUSTOM (external authorization) is refused with an error.
 //! - a rule that needs L7 attributes (request principals, hosts, methods,
@@ -36,6 +38,19 @@ pub struct PolicyInput {
     /// The resource node proxies get; None when they have nothing to
     /// enforce (AUDIT, or bound to a waypoint or gateway).
     pub policy: Option<Authorization>,
+    /// Bound with targetRefs: what the waypoint enforces, and on what.
+    pub l7: Option<L7Bound>,
+}
+
+/// A policy a waypoint enforces.
+#[derive(Debug, Clone, PartialEq)]
+pub struct L7Bound {
+    /// Services of the policy's namespace it names.
+    pub services: Vec<String>,
+    /// Waypoint Gateways of the policy's namespace it names: every service
+    /// bound to them.
+    pub gateways: Vec<String>,
+    pub policy: slipstream_core::policy::l7::L7Policy,
 }
 
 /// One part of a rule after translation.
@@ -79,8 +94,15 @@ pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -
         rules.push(translate_rule(rule, &format!("spec.rules[{i}]"), action.unwrap_or(Action::Allow), r)?);
     }
     let selector = spec.selector.as_ref().map(|s| s.match_labels.clone()).filter(|l| !l.is_empty());
-    let (Some(action), false) = (action, targeted) else {
-        return Ok(PolicyInput { selector: None, policy: None });
+    if targeted {
+        let l7 = match action {
+            Some(action) => Some(l7_bound(p, r, action)?),
+            None => None,
+        };
+        return Ok(PolicyInput { selector: None, policy: None, l7 });
+    }
+    let Some(action) = action else {
+        return Ok(PolicyInput { selector: None, policy: None, l7: None });
     };
     let scope = match (&selector, r.namespace == root_namespace) {
         (Some(_), _) => Scope::WorkloadSelector,
@@ -89,7 +111,114 @@ pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -
     };
     let dry_run = p.metadata.annotations.as_ref().and_then(|a| a.get(super::DRY_RUN_ANNOTATION)).is_some_and(|v| v == "true");
     let policy = Authorization { name: r.name.clone(), namespace: r.namespace.clone(), scope, action, rules, dry_run };
-    Ok(PolicyInput { selector, policy: Some(policy) })
+    Ok(PolicyInput { selector, policy: Some(policy), l7: None })
+}
+
+/// A targeted policy's L7 form: its targets (a Service or a Gateway of its
+/// own namespace, as Istio allows) and its rules with every attribute.
+fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7Bound, ObjectError> {
+    use slipstream_core::policy::l7::*;
+    let spec = &p.spec;
+    let mut services = Vec::new();
+    let mut gateways = Vec::new();
+    let refs: Vec<(String, &crate::objects::PolicyTargetReference)> = match &spec.target_ref {
+        Some(t) => vec![("spec.targetRef".to_string(), t)],
+        None => spec.target_refs.iter().enumerate().map(|(i, t)| (format!("spec.targetRefs[{i}]"), t)).collect(),
+    };
+    for (field, t) in refs {
+        if !t.namespace.is_empty() && t.namespace != r.namespace {
+            return Err(ObjectError::new(r, format!("{field}.namespace"), "must be the policy's own namespace"));
+        }
+        match (t.group.as_str(), t.kind.as_str()) {
+            ("" | "core", "Service") => services.push(t.name.clone()),
+            ("gateway.networking.k8s.io", "Gateway") => gateways.push(t.name.clone()),
+            ("gateway.networking.k8s.io", "GatewayClass") => {
+                return Err(ObjectError::new(r, format!("{field}.kind"), "GatewayClass targets are not supported; target the Gateway"))
+            }
+            (g, k) => {
+                return Err(ObjectError::new(
+                    r,
+                    format!("{field}.kind"),
+                    format!("{k:?} (group {g:?}) is not a target a waypoint enforces: use a Service, or a Gateway of class istio-waypoint"),
+                ))
+            }
+        }
+    }
+    let sm = |v: &[String]| strings(v);
+    let mut rules = Vec::new();
+    for (i, rule) in spec.rules.iter().enumerate() {
+        let path = format!("spec.rules[{i}]");
+        let mut from = Vec::new();
+        for (j, f) in rule.from.iter().enumerate() {
+            let field = format!("{path}.from[{j}].source");
+            let s = f.source.as_ref().ok_or_else(|| ObjectError::new(r, &field, "required"))?;
+            if !s.request_principals.is_empty() || !s.not_request_principals.is_empty() {
+                return Err(ObjectError::new(
+                    r,
+                    format!("{field}.requestPrincipals"),
+                    "request principals need JWT validation, which the waypoint does not do yet",
+                ));
+            }
+            let mut ip_blocks = cidrs(&s.ip_blocks, &format!("{field}.ipBlocks"), r)?;
+            ip_blocks.extend(cidrs(&s.remote_ip_blocks, &format!("{field}.remoteIpBlocks"), r)?);
+            let mut not_ip_blocks = cidrs(&s.not_ip_blocks, &format!("{field}.notIpBlocks"), r)?;
+            not_ip_blocks.extend(cidrs(&s.not_remote_ip_blocks, &format!("{field}.notRemoteIpBlocks"), r)?);
+            from.push(L7Source {
+                principals: sm(&s.principals),
+                not_principals: sm(&s.not_principals),
+                namespaces: sm(&s.namespaces),
+                not_namespaces: sm(&s.not_namespaces),
+                ip_blocks,
+                not_ip_blocks,
+            });
+        }
+        let mut to = Vec::new();
+        for (j, t) in rule.to.iter().enumerate() {
+            let field = format!("{path}.to[{j}].operation");
+            let o = t.operation.as_ref().ok_or_else(|| ObjectError::new(r, &field, "required"))?;
+            to.push(L7Operation {
+                hosts: sm(&o.hosts),
+                not_hosts: sm(&o.not_hosts),
+                methods: sm(&o.methods),
+                not_methods: sm(&o.not_methods),
+                paths: sm(&o.paths),
+                not_paths: sm(&o.not_paths),
+                ports: ports(&o.ports, &format!("{field}.ports"), r)?,
+                not_ports: ports(&o.not_ports, &format!("{field}.notPorts"), r)?,
+            });
+        }
+        let mut when = Vec::new();
+        for (j, c) in rule.when.iter().enumerate() {
+            let field = format!("{path}.when[{j}]");
+            if c.values.is_empty() && c.not_values.is_empty() {
+                return Err(ObjectError::new(r, &field, "needs values or notValues"));
+            }
+            let key = match c.key.as_str() {
+                "source.ip" | "remote.ip" => ConditionKey::SourceIp,
+                "source.namespace" => ConditionKey::SourceNamespace,
+                "source.principal" => ConditionKey::SourcePrincipal,
+                "destination.port" => ConditionKey::DestinationPort,
+                k => match k.strip_prefix("request.headers[").and_then(|h| h.strip_suffix(']')) {
+                    Some(h) if !h.is_empty() => ConditionKey::RequestHeader(h.to_ascii_lowercase()),
+                    _ => {
+                        return Err(ObjectError::new(
+                            r,
+                            format!("{field}.key"),
+                            format!("{k:?} is not supported at the waypoint (request.headers[...], source.ip, remote.ip, source.namespace, source.principal, destination.port)"),
+                        ))
+                    }
+                },
+            };
+            if key == ConditionKey::SourceIp {
+                cidrs(&c.values, &format!("{field}.values"), r)?;
+                cidrs(&c.not_values, &format!("{field}.notValues"), r)?;
+            }
+            when.push(L7Condition { key, values: sm(&c.values), not_values: sm(&c.not_values) });
+        }
+        rules.push(L7Rule { from, to, when });
+    }
+    let dry_run = p.metadata.annotations.as_ref().and_then(|a| a.get(super::DRY_RUN_ANNOTATION)).is_some_and(|v| v == "true");
+    Ok(L7Bound { services, gateways, policy: L7Policy { namespace: r.namespace.clone(), name: r.name.clone(), action, dry_run, rules } })
 }
 
 /// One rule; [`Rule::never`] in its place when it is dropped (an ALLOW

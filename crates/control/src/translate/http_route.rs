@@ -663,7 +663,7 @@ pub fn compile(routes: &[&HttpRouteInput], service_namespace: &str, service_name
             }
         }
     }
-    ServiceRoutes { service: format!("{service_namespace}/{hostname}"), rules: sort_rules(rules) }
+    ServiceRoutes { service: format!("{service_namespace}/{hostname}"), rules: sort_rules(rules), policies: Vec::new() }
 }
 
 #[cfg(test)]

@@ -258,6 +258,11 @@ fn waypoint_state() -> Arc<MeshState> {
         s.waypoint = to.map(gateway);
         cfg.services.push(s);
     }
+    // A binding the control plane refused (port 0): the waypoint exists,
+    // but does not take this service's traffic.
+    let mut s = svc("foreign", "10.96.0.13", &[]);
+    s.waypoint = Some(GatewayAddress { hbone_mtls_port: 0, ..gateway("wp") });
+    cfg.services.push(s);
     let (s, errors) = MeshState::from_config(&cfg);
     assert!(errors.is_empty(), "{errors:?}");
     s
@@ -281,6 +286,7 @@ fn waypoint_bound_destinations_go_through_the_waypoint_or_nowhere() {
         // Fail closed: a waypoint that does not exist, or has no ready pod.
         ("10.96.0.11:80", None, Want::Refused("NO_WAYPOINT")),
         ("10.96.0.12:80", None, Want::Refused("NO_WAYPOINT")),
+        ("10.96.0.13:80", None, Want::Refused("NO_WAYPOINT")),
         ("10.244.2.3:8080", None, Want::Refused("NO_WAYPOINT")),
     ];
     for (i, (dst, chosen, want)) in rows.into_iter().enumerate() {

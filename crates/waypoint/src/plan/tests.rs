@@ -65,6 +65,7 @@ fn state() -> Arc<MeshState> {
             svc("ratings", "10.96.0.4", true),
             svc("details", "10.96.0.5", false),
             svc("empty", "10.96.0.6", true),
+            Service { waypoint: Some(GatewayAddress { hbone_mtls_port: 0, ..gw() }), ..svc("refused", "10.96.0.7", false) },
         ],
         ..Default::default()
     };
@@ -123,6 +124,7 @@ fn routes() -> ServiceRoutes {
                 r
             },
         ],
+        policies: vec![],
     }
 }
 
@@ -135,6 +137,8 @@ fn only_what_is_bound_to_this_waypoint_is_served() {
     assert_eq!(t("10.96.0.5:9080"), Err(NotServed::NotBound { what: "service details.bookinfo.svc.cluster.local".into() }));
     assert_eq!(t("10.244.1.4:9080"), Err(NotServed::NotBound { what: "pod bookinfo/details".into() }));
     assert!(matches!(t("192.0.2.1:80"), Err(NotServed::Unknown(_))));
+    // Named with port 0: a binding the control plane refused.
+    assert_eq!(t("10.96.0.7:9080"), Err(NotServed::NotBound { what: "service refused.bookinfo.svc.cluster.local".into() }));
     let other = Me { namespace: "bookinfo".into(), hostname: "other.bookinfo.svc.cluster.local".into() };
     assert!(target(&s, &other, "10.96.0.1:9080".parse().unwrap()).is_err(), "another waypoint's service");
 }
@@ -185,6 +189,11 @@ fn requests_take_the_first_matching_rule_and_its_weighted_backend() {
         ("10.96.0.1:9080", "/other", vec![], 0, "- -> 404 NR"),
         ("10.96.0.1:9080", "/broken", vec![], 0, "bookinfo/broken.0 -> 500 NR"),
         ("10.96.0.1:9080", "/any", vec![], 0, "bookinfo/any-port.0 -> reviews-v2 /any"),
+        // Paths an app could read as another are refused before any rule.
+        ("10.96.0.1:9080", "/old/../reviews/1", vec![], 0, "- -> 400 DPE"),
+        ("10.96.0.1:9080", "/reviews//1", vec![], 0, "- -> 400 DPE"),
+        ("10.96.0.1:9080", "/reviews/%2e%2e/admin", vec![], 0, "- -> 400 DPE"),
+        ("10.96.0.1:9080", "/reviews/%2F", vec![], 0, "- -> 400 DPE"),
         // A pod addressed directly is its own endpoint.
         ("10.244.1.3:9080", "/ratings/0", vec![], 0, "- -> ratings /ratings/0"),
     ];

@@ -101,10 +101,13 @@ fn scope_action_and_binding() {
     // An empty selector selects the whole namespace.
     assert_eq!(policy("demo", "{selector: {matchLabels: {}}}", "").unwrap().policy.map(|p| p.scope), Some(Scope::Namespace));
     // AUDIT and waypoint-bound policies give node proxies nothing.
-    assert_eq!(policy("demo", "{action: AUDIT, rules: [{}]}", "").unwrap(), PolicyInput { selector: None, policy: None });
+    assert_eq!(policy("demo", "{action: AUDIT, rules: [{}]}", "").unwrap(), PolicyInput { selector: None, policy: None, l7: None });
     let p = policy("demo", "{targetRefs: [{kind: Service, group: '', name: web}], rules: [{to: [{operation: {methods: [GET]}}]}]}", "")
         .unwrap();
-    assert_eq!(p, PolicyInput { selector: None, policy: None });
+    assert_eq!((p.selector, p.policy), (None, None));
+    let l7 = p.l7.expect("the waypoint's form");
+    assert_eq!((l7.services, l7.gateways), (vec!["web".to_string()], vec![]));
+    assert_eq!(l7.policy.rules[0].to[0].methods, vec![StringMatch::Exact("GET".into())]);
     let p = policy("demo", "{}", "istio.io/dry-run: 'true'").unwrap();
     assert!(p.policy.unwrap().dry_run);
 }
@@ -146,5 +149,51 @@ fn errors_name_the_field() {
     for (spec, want) in cases {
         let e = policy("demo", spec, "").unwrap_err();
         assert!(e.starts_with(want), "{spec}:\n got {e}\nwant {want}");
+    }
+}
+
+#[test]
+fn targeted_policies_keep_every_l7_attribute_for_the_waypoint() {
+    use slipstream_core::policy::l7::ConditionKey;
+    let p = policy(
+        "production",
+        concat!(
+            "{targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}, {kind: Service, group: '', name: billing}], ",
+            "action: DENY, rules: [{from: [{source: {principals: [cluster.local/ns/production/sa/legacy], ipBlocks: [10.0.0.0/8]}}], ",
+            "to: [{operation: {paths: ['/api/*', '*/admin'], hosts: ['billing*'], ports: ['8080']}}], ",
+            "when: [{key: 'request.headers[X-User]', values: [alice]}, {key: source.ip, notValues: [10.1.0.0/16]}]}]}"
+        ),
+        "",
+    )
+    .unwrap();
+    let l7 = p.l7.unwrap();
+    assert_eq!((l7.gateways, l7.services), (vec!["waypoint".to_string()], vec!["billing".to_string()]));
+    let r = &l7.policy.rules[0];
+    assert_eq!(l7.policy.action, Action::Deny);
+    assert_eq!(r.to[0].paths, vec![StringMatch::Prefix("/api/".into()), StringMatch::Suffix("/admin".into())]);
+    assert_eq!(r.to[0].ports, vec![8080]);
+    assert_eq!(r.when[0].key, ConditionKey::RequestHeader("x-user".into()));
+    assert_eq!(r.when[1].key, ConditionKey::SourceIp);
+    assert_eq!(r.from[0].ip_blocks.len(), 1);
+    // Refusals name the field.
+    let cases = [
+        ("{targetRefs: [{kind: Deployment, group: apps, name: x}]}", "spec.targetRefs[0].kind"),
+        ("{targetRefs: [{kind: Service, group: '', name: x, namespace: other}]}", "spec.targetRefs[0].namespace"),
+        (
+            "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{when: [{key: 'request.auth.claims[iss]', values: [a]}]}]}",
+            "spec.rules[0].when[0].key",
+        ),
+        (
+            "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{from: [{source: {requestPrincipals: ['*']}}]}]}",
+            "spec.rules[0].from[0].source.requestPrincipals",
+        ),
+        (
+            "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{when: [{key: source.ip, values: [nope]}]}]}",
+            "spec.rules[0].when[0].values[0]",
+        ),
+    ];
+    for (spec, field) in cases {
+        let e = policy("production", spec, "").unwrap_err();
+        assert!(e.contains(&format!(": {field}: ")), "{spec}: {e}");
     }
 }

@@ -1,0 +1,117 @@
+//! What is not HTTP passes through as TCP: to an endpoint of the service
+//! (or the pod addressed), after the source's egress network policies,
+//! with one access-log line when it closes.
+
+use crate::handler::Peer;
+use crate::plan::Target;
+use crate::Shared;
+use slipstream_core::MeshState;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// A stream whose first bytes were already read (to sniff the protocol):
+/// they are read again first.
+pub struct Prefixed<T> {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: T,
+}
+
+impl<T> Prefixed<T> {
+    pub fn new(prefix: Vec<u8>, inner: T) -> Self {
+        Prefixed { prefix, at: 0, inner }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.prefix.len() {
+            let n = (this.prefix.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.prefix[this.at..this.at + n]);
+            this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// The endpoint a TCP connection to `target` goes to, or why none.
+pub fn endpoint(state: &MeshState, target: &Target, draw: u64) -> Result<(SocketAddr, Arc<slipstream_core::MeshWorkload>), String> {
+    match target {
+        Target::Workload { workload, port } => Ok((SocketAddr::new(workload.address(), *port), workload.clone())),
+        Target::Service { service, port } => {
+            let eps = state.endpoints(service, *port);
+            let ep = MeshState::pick(&eps, draw)
+                .ok_or_else(|| format!("service {} has no ready endpoint for port {port}", service.hostname()))?;
+            Ok((SocketAddr::new(ep.workload.address(), ep.target_port), ep.workload.clone()))
+        }
+    }
+}
+
+pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, target: &Target, peer: &Peer, mut client: T) {
+    let start = Instant::now();
+    let state = shared.mesh.load_full();
+    let log = |flag: &str, upstream: &str, dst: &str, sent: u64, received: u64, error: &str| {
+        tracing::info!(
+            target: slipstream_core::ACCESS_LOG_TARGET,
+            protocol = "tcp",
+            target = %target.name(),
+            flags = flag,
+            upstream = upstream,
+            bytes_sent = sent,
+            bytes_received = received,
+            duration_ms = start.elapsed().as_millis() as u64,
+            src = %peer.identity,
+            dst = dst,
+            error = error,
+            "connection"
+        );
+    };
+    let routes = shared.routes.load_full();
+    let service_routes = match target {
+        Target::Service { service, .. } => routes.get(service.key()).cloned(),
+        Target::Workload { .. } => None,
+    };
+    let verdict = crate::plan::authorize(service_routes.as_deref(), target, &peer.identity, peer.addr.ip(), None);
+    if !verdict.allowed {
+        let by = verdict.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default();
+        return log("RBAC", "-", "-", 0, 0, &by);
+    }
+    let (ep, w) = match endpoint(&state, target, rand::random()) {
+        Ok(e) => e,
+        Err(why) => return log("UH", "-", "-", 0, 0, &why),
+    };
+    let dst = w.identity().to_string();
+    let src = state.workload_by_ip(peer.addr.ip()).filter(|s| s.identity() == &peer.identity);
+    if let Some(src) = &src {
+        if let Err(d) = slipstream_node::authz::outbound(&state, src, peer.addr, ep) {
+            return log("RBAC", &ep.to_string(), &dst, 0, 0, &d.to_string());
+        }
+    }
+    let mut upstream = match shared.connector.open(ep).await {
+        Ok(s) => s,
+        Err(e) => return log("UF", &ep.to_string(), &dst, 0, 0, &e.to_string()),
+    };
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((up, down)) => log("-", &ep.to_string(), &dst, up, down, "-"),
+        Err(e) => log("-", &ep.to_string(), &dst, 0, 0, &e.to_string()),
+    }
+}
