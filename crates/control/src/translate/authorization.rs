@@ -159,9 +159,25 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
                     "request principals need JWT validation, which the waypoint does not do yet",
                 ));
             }
-            let mut ip_blocks = cidrs(&s.ip_blocks, &format!("{field}.ipBlocks"), r)?;
-            ip_blocks.extend(cidrs(&s.remote_ip_blocks, &format!("{field}.remoteIpBlocks"), r)?);
+            // Both are the peer's address here too (no forwarded header
+            // is trusted): it must be in both lists, their intersection.
+            let direct = cidrs(&s.ip_blocks, &format!("{field}.ipBlocks"), r)?;
+            let remote = cidrs(&s.remote_ip_blocks, &format!("{field}.remoteIpBlocks"), r)?;
             let mut not_ip_blocks = cidrs(&s.not_ip_blocks, &format!("{field}.notIpBlocks"), r)?;
+            let ip_blocks = match (direct.is_empty(), remote.is_empty()) {
+                (false, false) => {
+                    let both = intersect(&direct, &remote);
+                    if both.is_empty() {
+                        // No address is in both: the source matches nothing.
+                        let any =
+                            [Cidr { address: IpAddr::from([0u8; 4]), length: 0 }, Cidr { address: IpAddr::from([0u8; 16]), length: 0 }];
+                        not_ip_blocks.extend(any);
+                    }
+                    both
+                }
+                (false, true) => direct,
+                _ => remote,
+            };
             not_ip_blocks.extend(cidrs(&s.not_remote_ip_blocks, &format!("{field}.notRemoteIpBlocks"), r)?);
             from.push(L7Source {
                 principals: sm(&s.principals),
