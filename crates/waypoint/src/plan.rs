@@ -214,7 +214,9 @@ pub fn decide<'r>(state: &MeshState, routes: Option<&'r ServiceRoutes>, target: 
     if let Some(r) = &f.redirect {
         let scheme = r.scheme.as_deref().unwrap_or("http");
         let host = r.hostname.clone().unwrap_or_else(|| req.host.rsplit_once(':').map_or(req.host, |(h, _)| h).to_string());
-        let port = match (r.port, scheme) {
+        // Gateway API: no port given, the scheme's well-known port when a
+        // scheme is given, else the port the request came to.
+        let port = match (r.port.or(if r.scheme.is_some() { None } else { Some(port) }), scheme) {
             (Some(80), "http") | (Some(443), "https") | (None, _) => String::new(),
             (Some(p), _) => format!(":{p}"),
         };

@@ -51,6 +51,69 @@ fn modify(headers: &mut HeaderMap, m: &HeaderModifier) {
     }
 }
 
+/// The largest body a mirrored request may have: it is held in memory to
+/// be sent twice. A request with a larger (or unknown, streamed) body is
+/// forwarded without its mirror, and the access log says so.
+const MIRROR_BODY_LIMIT: u64 = 1 << 20;
+
+/// RequestMirror: a copy of the request to each mirror backend (one of its
+/// endpoints), `Host` suffixed `-shadow` as Envoy does, its answer
+/// discarded; the original's body, read once, for the original.
+async fn mirror(
+    shared: &Arc<Shared>,
+    state: &slipstream_core::MeshState,
+    mirrors: &[slipstream_core::route::Backend],
+    parts: &http::request::Parts,
+    path_and_query: &str,
+    body: Incoming,
+    id: &str,
+) -> Body {
+    use http_body_util::BodyExt;
+    let length = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    let small = match length {
+        Some(n) => n <= MIRROR_BODY_LIMIT,
+        None => !chunked && hyper::body::Body::is_end_stream(&body),
+    };
+    if !small {
+        tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, request_id = id, "not mirrored: the body is larger than 1 MiB or streamed");
+        return body.boxed();
+    }
+    let bytes = match http_body_util::Limited::new(body, MIRROR_BODY_LIMIT as usize).collect().await {
+        Ok(c) => c.to_bytes(),
+        // The client broke off: nothing to forward either.
+        Err(_) => Bytes::new(),
+    };
+    for m in mirrors {
+        let Some(svc) = state.service(&m.service) else { continue };
+        let eps = state.endpoints(&svc, m.port);
+        let Some(ep) = slipstream_core::MeshState::pick(&eps, rand::random()) else { continue };
+        let addr = std::net::SocketAddr::new(ep.workload.address(), ep.target_port);
+        let Ok(uri) = format!("http://{addr}{path_and_query}").parse::<http::Uri>() else { continue };
+        let mut req = Request::new(Full::new(bytes.clone()).map_err(|never: Infallible| match never {}).boxed());
+        *req.method_mut() = parts.method.clone();
+        *req.uri_mut() = uri;
+        *req.headers_mut() = parts.headers.clone();
+        if let Some(h) = parts.headers.get(HOST).and_then(|v| v.to_str().ok()) {
+            let (name, port) = h.rsplit_once(':').map_or((h, None), |(n, p)| (n, Some(p)));
+            let shadow = match port {
+                Some(p) => format!("{name}-shadow:{p}"),
+                None => format!("{name}-shadow"),
+            };
+            if let Ok(v) = HeaderValue::try_from(shadow) {
+                req.headers_mut().insert(HOST, v);
+            }
+        }
+        let client = shared.client.clone();
+        tokio::spawn(async move {
+            if let Ok(resp) = client.request(req).await {
+                let _ = resp.into_body().collect().await;
+            }
+        });
+    }
+    Full::new(bytes).map_err(|never: Infallible| match never {}).boxed()
+}
+
 fn request_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
@@ -160,7 +223,12 @@ pub async fn handle(
             }
             parts.version = http::Version::HTTP_11;
             modify(&mut parts.headers, &filters.request_headers);
-            let upstream_req = Request::from_parts(parts, body.boxed());
+            let body = if filters.mirrors.is_empty() {
+                body.boxed()
+            } else {
+                mirror(&shared, &state, &filters.mirrors, &parts, &f.path_and_query, body, &id).await
+            };
+            let upstream_req = Request::from_parts(parts, body);
             let sent = shared.client.request(upstream_req);
             // None: the rule's timeout passed first.
             let result = match f.timeout {

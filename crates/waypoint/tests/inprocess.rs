@@ -96,12 +96,21 @@ impl CertResolver for OwnCert {
     }
 }
 
+/// Requests that arrived with a mirror's `Host` (`...-shadow`), per test
+/// network (the tests of this file run in parallel).
+static SHADOWED: Mutex<Vec<(IpAddr, String)>> = Mutex::new(Vec::new());
+
 /// An app answering every request with its version and the path it got.
 async fn app(l: TcpListener, version: &'static str) {
+    let local = l.local_addr().unwrap().ip();
     loop {
         let Ok((s, _)) = l.accept().await else { return };
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| async move {
+                let host = req.headers().get("host").and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
+                if host.contains("-shadow") {
+                    SHADOWED.lock().unwrap().push((local, format!("{host} {}", req.uri().path())));
+                }
                 let body = format!("{version} {}", req.uri().path());
                 Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(bytes::Bytes::from(body))))
             });
@@ -326,4 +335,22 @@ async fn what_is_not_http_passes_through_the_waypoint_as_tcp() {
     let mut back = [0u8; 3];
     tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back)).await.expect("echoed in time").unwrap();
     assert_eq!(&back, b"abc");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_gets_a_copy_of_every_request_and_its_answer_is_dropped() {
+    let (m, _node2, wp, _cfg) = mesh(94).await;
+    let ip = |c, d| m.ip(c, d);
+    let rule = RouteRule {
+        name: "default/reviews.0".into(),
+        backends: vec![Backend { service: key("reviews-v1"), port: APP_PORT, weight: 1 }],
+        filters: Filters { mirrors: vec![Backend { service: key("reviews-v2"), port: APP_PORT, weight: 1 }], ..Default::default() },
+        ..Default::default()
+    };
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![rule], policies: vec![] }]);
+    let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/7", 20).await;
+    assert!(answers.iter().all(|a| a == "200 v1 /reviews/7"), "the answers are the backend's only: {answers:?}");
+    let v2 = ip(2, 2);
+    wait_for("20 copies at the mirror", || SHADOWED.lock().unwrap().iter().filter(|(a, _)| *a == v2).count() == 20).await;
+    assert!(SHADOWED.lock().unwrap().iter().filter(|(a, _)| *a == v2).all(|(_, r)| r == "reviews-shadow:9080 /reviews/7"));
 }

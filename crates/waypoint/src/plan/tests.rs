@@ -183,7 +183,7 @@ fn requests_take_the_first_matching_rule_and_its_weighted_backend() {
         // A header match wins where it is listed first.
         ("10.96.0.1:9080", "/reviews/1", vec![("end-user", "jason")], 0, "bookinfo/jason.0 -> reviews-v2 /reviews/1"),
         // Filters: redirect, rewrite.
-        ("10.96.0.1:9080", "/old/x?y=1", vec![], 0, "bookinfo/old.0 -> 301 http://reviews/new/x?y=1"),
+        ("10.96.0.1:9080", "/old/x?y=1", vec![], 0, "bookinfo/old.0 -> 301 http://reviews:9080/new/x?y=1"),
         ("10.96.0.1:9080", "/api/v1/r", vec![], 0, "bookinfo/api.0 -> reviews-v1 /v1/r host=internal"),
         // Gateway API: no rule matches, 404; a backend that does not exist, 500.
         ("10.96.0.1:9080", "/other", vec![], 0, "- -> 404 NR"),
