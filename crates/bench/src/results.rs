@@ -106,9 +106,16 @@ impl Run {
     }
 
     /// The largest peak RSS among the mesh processes.
+    /// The largest node proxy's peak (the targets are the node proxy's;
+    /// a waypoint's memory is reported on its own line).
     pub fn mesh_peak_rss_mb(&self) -> Option<f64> {
-        self.mesh.iter().map(|p| p.peak_rss_mb).reduce(f64::max)
+        self.mesh.iter().filter(|p| is_node_proxy(&p.process)).map(|p| p.peak_rss_mb).reduce(f64::max)
     }
+}
+
+/// Whether a mesh process (by its name, `bench::mesh`) is a node proxy.
+pub fn is_node_proxy(process: &str) -> bool {
+    process.starts_with("node proxy ")
 }
 
 /// A mesh process (one cgroup, e.g. a node proxy) during a run.

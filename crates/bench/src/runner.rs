@@ -346,7 +346,7 @@ fn hold_step(target: &Target, count: usize, settings: &Settings, procs: &[MeshPr
         return Err(Interrupted.into());
     }
     std::thread::sleep(Duration::from_millis(settings.hold_settle_ms));
-    let largest = || mesh::sample(procs).iter().map(|p| p.rss_mb).reduce(f64::max);
+    let largest = || mesh::sample(procs).iter().filter(|p| crate::results::is_node_proxy(&p.process)).map(|p| p.rss_mb).reduce(f64::max);
     let rss_mb = largest();
     let (failed, first_error, open_s) = (held.failed, held.first_error.clone(), held.open_s);
     let established = held.release();
