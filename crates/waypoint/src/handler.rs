@@ -7,7 +7,7 @@ use crate::Shared;
 use futures_util::future::BoxFuture;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use slipstream_core::SpiffeId;
-use slipstream_hbone::{Handler, HboneError, InboundRequest, Upstream};
+use slipstream_hbone::{Admission, AdmissionRefused, Handler, HandshakeFailureKind, HboneError, InboundRequest, ResponseFlag, Upstream};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -41,6 +41,21 @@ impl Handler for WaypointHandler {
             tokio::spawn(serve(self.shared.clone(), theirs, target, peer));
             Ok(Box::new(ours) as Box<dyn Upstream>)
         })
+    }
+
+    /// As the node proxy's HBONE port: a peer address holds a bounded
+    /// number of connections and handshakes, and the process a bounded
+    /// number of descriptors; one over its bound is reset before TLS.
+    fn admit(&self, peer_addr: SocketAddr, _local: SocketAddr) -> Result<Admission, AdmissionRefused> {
+        use slipstream_node::limits::Kind;
+        let peer = self.shared.limits.peer(peer_addr.ip());
+        let refused = |over: slipstream_node::limits::OverLimit, kind| {
+            let kind = if over.flag == ResponseFlag::Overload { HandshakeFailureKind::Overload } else { kind };
+            AdmissionRefused { kind, detail: over.to_string() }
+        };
+        let conn = peer.take(Kind::PeerConnections, 1).map_err(|o| refused(o, HandshakeFailureKind::PeerConnectionLimit))?;
+        let handshake = peer.take(Kind::PeerHandshakes, 0).map_err(|o| refused(o, HandshakeFailureKind::PeerHandshakeLimit))?;
+        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)), context: None })
     }
 
     fn accepts_foreign_target(&self, _tunnel_local: SocketAddr, target: SocketAddr) -> bool {

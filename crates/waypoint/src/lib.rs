@@ -57,6 +57,36 @@ pub struct Shared {
     client: Client<upstream::Connector, BoxBody<bytes::Bytes, hyper::Error>>,
     /// What the client uses, for TCP passed through.
     connector: upstream::Connector,
+    /// Per-peer bounds on connections and handshakes, and the process's
+    /// descriptor budget: the node proxy's limiter, so one pod cannot hold
+    /// the waypoint that every bound service shares.
+    limits: slipstream_node::limits::NodeLimits,
+}
+
+impl Shared {
+    /// The routes and policies of the service a tunnel is for.
+    fn routes_of(&self, target: &plan::Target) -> Option<Arc<ServiceRoutes>> {
+        match target {
+            plan::Target::Service { service, .. } => self.routes.load().get(service.key()).cloned(),
+            plan::Target::Workload { .. } => None,
+        }
+    }
+
+    /// The source's egress network policies on the endpoint `ep`: its node
+    /// proxy could not apply them (it did not know the endpoint). The
+    /// source is the workload at the tunnel's address with the verified
+    /// identity (node proxies open tunnels from the pod's address).
+    fn source_egress(
+        &self,
+        state: &MeshState,
+        peer: &handler::Peer,
+        ep: std::net::SocketAddr,
+    ) -> Result<(), Arc<slipstream_node::error::Denial>> {
+        match state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity) {
+            Some(src) => slipstream_node::authz::outbound(state, &src, peer.addr, ep),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The waypoint: configuration in ([`Waypoint::set_mesh`],
@@ -77,7 +107,16 @@ impl Waypoint {
             namespace: settings.namespace.clone(),
             hostname: format!("{}.{}.svc.cluster.local", settings.name, settings.namespace),
         };
-        Waypoint { shared: Arc::new(Shared { settings, me, mesh, routes: ArcSwap::from_pointee(Routes::new()), client, connector }) }
+        // The node proxy's derivation from the open-files limit, with its
+        // per-peer defaults.
+        let open_files = slipstream_node::sys::rlimit::current().map(|l| l.soft).unwrap_or(1024);
+        let limits = slipstream_node::limits::NodeLimits::new(&slipstream_node::config::Limits::derive(
+            open_files,
+            &slipstream_node::config::LimitArgs::default(),
+        ));
+        Waypoint {
+            shared: Arc::new(Shared { settings, me, mesh, routes: ArcSwap::from_pointee(Routes::new()), client, connector, limits }),
+        }
     }
 
     pub fn set_mesh(&self, state: Arc<MeshState>) {

@@ -141,11 +141,7 @@ pub async fn handle(
     let headers: Vec<(String, String)> =
         req.headers().iter().filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string()))).collect();
     let state = shared.mesh.load_full();
-    let routes = shared.routes.load_full();
-    let service_routes = match target.as_ref() {
-        Target::Service { service, .. } => routes.get(service.key()).cloned(),
-        Target::Workload { .. } => None,
-    };
+    let service_routes = shared.routes_of(&target);
     let view = RequestView { method: &method, path: &path, query: &query, headers: &headers };
     // Authorization first: a denied request learns nothing of the routes.
     let verdict = plan::authorize(service_routes.as_deref(), &target, &peer.identity, peer.addr.ip(), Some((&view, &host)));
@@ -188,16 +184,8 @@ pub async fn handle(
         }
         Action::Forward(f) => 'forward: {
             let ep = std::net::SocketAddr::new(f.endpoint.workload.address(), f.endpoint.target_port);
-            // The source's egress network policies, on the endpoint this
-            // request goes to: its node proxy could not apply them (it
-            // did not know the endpoint), so they hold here. The source is
-            // the workload at the tunnel's address with the verified
-            // identity (node proxies open tunnels from the pod's address).
-            let src = state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity);
-            if let Some(src) = &src {
-                if let Err(d) = slipstream_node::authz::outbound(&state, src, peer.addr, ep) {
-                    break 'forward (text(403, format!("{d}\n")), "RBAC", Some((ep, f.endpoint.workload.identity().to_string())));
-                }
+            if let Err(d) = shared.source_egress(&state, &peer, ep) {
+                break 'forward (text(403, format!("{d}\n")), "RBAC", Some((ep, f.endpoint.workload.identity().to_string())));
             }
             let (mut parts, body) = req.into_parts();
             parts.uri = match format!("http://{ep}{}", f.path_and_query).parse() {

@@ -85,11 +85,7 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
             "connection"
         );
     };
-    let routes = shared.routes.load_full();
-    let service_routes = match target {
-        Target::Service { service, .. } => routes.get(service.key()).cloned(),
-        Target::Workload { .. } => None,
-    };
+    let service_routes = shared.routes_of(target);
     let verdict = crate::plan::authorize(service_routes.as_deref(), target, &peer.identity, peer.addr.ip(), None);
     if !verdict.allowed {
         let by = verdict.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default();
@@ -100,11 +96,8 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
         Err(why) => return log("UH", "-", "-", 0, 0, &why),
     };
     let dst = w.identity().to_string();
-    let src = state.workload_by_ip(peer.addr.ip()).filter(|s| s.identity() == &peer.identity);
-    if let Some(src) = &src {
-        if let Err(d) = slipstream_node::authz::outbound(&state, src, peer.addr, ep) {
-            return log("RBAC", &ep.to_string(), &dst, 0, 0, &d.to_string());
-        }
+    if let Err(d) = shared.source_egress(&state, peer, ep) {
+        return log("RBAC", &ep.to_string(), &dst, 0, 0, &d.to_string());
     }
     let mut upstream = match shared.connector.open(ep).await {
         Ok(s) => s,

@@ -354,3 +354,32 @@ async fn a_mirror_gets_a_copy_of_every_request_and_its_answer_is_dropped() {
     wait_for("20 copies at the mirror", || SHADOWED.lock().unwrap().iter().filter(|(a, _)| *a == v2).count() == 20).await;
     assert!(SHADOWED.lock().unwrap().iter().filter(|(a, _)| *a == v2).all(|(_, r)| r == "reviews-shadow:9080 /reviews/7"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_address_holds_a_bounded_share_of_the_waypoint() {
+    use slipstream_hbone::{Handler, HandshakeFailureKind};
+    let (m, _node2, wp, _cfg) = mesh(95).await;
+    let h = wp.handler();
+    let local: SocketAddr = SocketAddr::new(m.ip(5, 1), 15008);
+    let hostile: SocketAddr = SocketAddr::new(m.ip(1, 66), 40000);
+    // Admissions held, as open connections would hold them, until refused.
+    let mut held = Vec::new();
+    let refused = loop {
+        match h.admit(hostile, local) {
+            Ok(a) => held.push(a),
+            Err(r) => break r,
+        }
+        assert!(held.len() < 100_000, "no bound on one peer's connections");
+    };
+    assert!(
+        matches!(refused.kind, HandshakeFailureKind::PeerHandshakeLimit | HandshakeFailureKind::PeerConnectionLimit),
+        "{:?}: {}",
+        refused.kind,
+        refused.detail
+    );
+    // Another pod is served meanwhile, and the hostile one again once its
+    // connections are gone.
+    assert!(h.admit(SocketAddr::new(m.ip(1, 1), 40001), local).is_ok());
+    drop(held);
+    assert!(h.admit(hostile, local).is_ok());
+}
