@@ -316,17 +316,21 @@ impl Index {
             }
             Input::Gateway(g) => {
                 let ns = self.ns(ns_name);
-                let was = ns.waypoints.remove(name).is_some();
+                let was = ns.waypoints.remove(name);
                 ns.other_gateways.remove(name);
-                match g {
-                    GatewayInput::Waypoint { takes, allowed } => {
-                        ns.waypoints.insert(name.to_string(), (takes, allowed));
-                        batch.all_bindings = true;
-                    }
+                let now = match g {
+                    GatewayInput::Waypoint { takes, allowed } => Some((takes, allowed)),
                     GatewayInput::Other => {
                         ns.other_gateways.insert(name.to_string());
-                        batch.all_bindings |= was;
+                        None
                     }
+                };
+                // Only a change of what binding reads recomputes every
+                // binding: a Gateway written again unchanged (its status,
+                // on Kubernetes) costs nothing.
+                batch.all_bindings |= was != now;
+                if let Some(w) = now {
+                    ns.waypoints.insert(name.to_string(), w);
                 }
             }
             Input::HttpRoute(h) => self.set_http_route(ns_name, name, Some(*h), batch),
