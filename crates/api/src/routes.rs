@@ -6,9 +6,12 @@
 use crate::convert::ConvertError;
 use crate::route as pb;
 use prost::Message;
+use slipstream_core::route::traffic::{
+    Fault, FaultAbort, FaultDelay, HashOn, LoadBalancer, OutlierDetection, Retry, RetryOn, TrafficPolicy,
+};
 use slipstream_core::route::{
     Backend, Filters, HeaderMatch, HeaderModifier, PathMatch, PathRewrite, QueryMatch, Redirect, Rewrite, RouteMatch, RouteRule,
-    ServiceRoutes,
+    ServiceRoutes, Subset,
 };
 use std::time::Duration;
 
@@ -24,7 +27,61 @@ fn duration(d: Duration) -> prost_types::Duration {
 }
 
 fn backend(b: &Backend) -> pb::Backend {
-    pb::Backend { service: b.service.clone(), port: b.port.into(), weight: b.weight }
+    pb::Backend {
+        service: b.service.clone(),
+        port: b.port.into(),
+        weight: b.weight,
+        subset: b.subset.as_ref().map(|s| pb::Subset {
+            name: s.name.clone(),
+            workloads: s.workloads.clone(),
+            traffic: s.traffic.as_ref().map(traffic_policy),
+        }),
+    }
+}
+
+fn traffic_policy(t: &TrafficPolicy) -> pb::TrafficPolicy {
+    use pb::load_balancer::Kind;
+    pb::TrafficPolicy {
+        lb: Some(pb::LoadBalancer {
+            kind: Some(match &t.lb {
+                LoadBalancer::LeastRequest => Kind::LeastRequest(true),
+                LoadBalancer::RoundRobin => Kind::RoundRobin(true),
+                LoadBalancer::Random => Kind::Random(true),
+                LoadBalancer::Hash(HashOn::Header(h)) => Kind::HashHeader(h.clone()),
+                LoadBalancer::Hash(HashOn::Cookie(c)) => Kind::HashCookie(c.clone()),
+                LoadBalancer::Hash(HashOn::SourceIp) => Kind::HashSourceIp(true),
+                LoadBalancer::Hash(HashOn::Query(q)) => Kind::HashQuery(q.clone()),
+            }),
+        }),
+        max_requests: t.max_requests,
+        outlier: t.outlier.as_ref().map(|o| pb::OutlierDetection {
+            consecutive_5xx: o.consecutive_5xx,
+            consecutive_gateway: o.consecutive_gateway,
+            base_ejection: Some(duration(o.base_ejection)),
+            max_ejection_percent: o.max_ejection_percent,
+        }),
+    }
+}
+
+fn retry(r: &Retry) -> pb::Retry {
+    pb::Retry {
+        attempts: r.attempts,
+        per_try_timeout: r.per_try_timeout.map(duration),
+        five_xx: r.on.five_xx,
+        gateway_error: r.on.gateway_error,
+        connect_failure: r.on.connect_failure,
+        reset: r.on.reset,
+        refused_stream: r.on.refused_stream,
+        retriable_4xx: r.on.retriable_4xx,
+        status_codes: r.on.status_codes.iter().map(|c| u32::from(*c)).collect(),
+    }
+}
+
+fn fault(f: &Fault) -> pb::Fault {
+    pb::Fault {
+        delay: f.delay.as_ref().map(|d| pb::FaultDelay { per_million: d.per_million, delay: Some(duration(d.delay)) }),
+        abort: f.abort.as_ref().map(|a| pb::FaultAbort { per_million: a.per_million, status: a.status.into() }),
+    }
 }
 
 fn path_rewrite(p: &PathRewrite) -> pb::PathRewrite {
@@ -50,11 +107,15 @@ fn route_match(m: &RouteMatch) -> pb::RouteMatch {
             kind: Some(match &m.path {
                 PathMatch::Exact(p) => pb::path_match::Kind::Exact(p.clone()),
                 PathMatch::Prefix(p) => pb::path_match::Kind::Prefix(p.clone()),
+                PathMatch::StringPrefix(p) => pb::path_match::Kind::StringPrefix(p.clone()),
             }),
         }),
         headers: m.headers.iter().map(|h| pb::HeaderMatch { name: h.name.clone(), value: h.value.clone() }).collect(),
         query: m.query.iter().map(|q| pb::QueryMatch { name: q.name.clone(), value: q.value.clone() }).collect(),
         method: m.method.clone(),
+        header_prefixes: m.header_prefixes.iter().map(|h| pb::HeaderMatch { name: h.name.clone(), value: h.value.clone() }).collect(),
+        query_prefixes: m.query_prefixes.iter().map(|q| pb::QueryMatch { name: q.name.clone(), value: q.value.clone() }).collect(),
+        ignore_case: m.ignore_case,
     }
 }
 
@@ -71,6 +132,7 @@ fn filters(f: &Filters) -> pb::Filters {
         }),
         rewrite: f.rewrite.as_ref().map(|r| pb::Rewrite { hostname: r.hostname.clone(), path: r.path.as_ref().map(path_rewrite) }),
         mirrors: f.mirrors.iter().map(backend).collect(),
+        mirror_per_million: f.mirror_per_million,
     }
 }
 
@@ -84,6 +146,8 @@ impl From<&RouteRule> for pb::RouteRule {
             filters: Some(filters(&r.filters)),
             timeout: r.timeout.map(duration),
             backend_timeout: r.backend_timeout.map(duration),
+            retry: r.retry.as_ref().map(retry),
+            fault: r.fault.as_ref().map(fault),
         }
     }
 }
@@ -94,6 +158,8 @@ impl From<&ServiceRoutes> for pb::ServiceRoutes {
             service: s.service.clone(),
             rules: s.rules.iter().map(pb::RouteRule::from).collect(),
             policies: s.policies.iter().map(l7::policy).collect(),
+            traffic: (s.traffic != TrafficPolicy::default()).then(|| traffic_policy(&s.traffic)),
+            source: s.source.clone(),
         }
     }
 }
@@ -306,7 +372,99 @@ fn backend_from(b: &pb::Backend, field: &str) -> Result<Backend, ConvertError> {
     if b.service.is_empty() {
         return Err(err(format!("{field}.service"), "required"));
     }
-    Ok(Backend { service: b.service.clone(), port: port16(b.port, &format!("{field}.port"))?, weight: b.weight })
+    let subset = match &b.subset {
+        None => None,
+        Some(s) => {
+            if s.name.is_empty() {
+                return Err(err(format!("{field}.subset.name"), "required"));
+            }
+            Some(Subset {
+                name: s.name.clone(),
+                workloads: s.workloads.clone(),
+                traffic: s.traffic.as_ref().map(|t| traffic_from(t, &format!("{field}.subset.traffic"))).transpose()?,
+            })
+        }
+    };
+    Ok(Backend { service: b.service.clone(), port: port16(b.port, &format!("{field}.port"))?, weight: b.weight, subset })
+}
+
+fn traffic_from(t: &pb::TrafficPolicy, field: &str) -> Result<TrafficPolicy, ConvertError> {
+    use pb::load_balancer::Kind;
+    let lb = match t.lb.as_ref().and_then(|l| l.kind.as_ref()) {
+        None | Some(Kind::LeastRequest(_)) => LoadBalancer::LeastRequest,
+        Some(Kind::RoundRobin(_)) => LoadBalancer::RoundRobin,
+        Some(Kind::Random(_)) => LoadBalancer::Random,
+        Some(Kind::HashHeader(h)) => LoadBalancer::Hash(HashOn::Header(lower_name(h, &format!("{field}.lb.hash_header"))?)),
+        Some(Kind::HashCookie(c)) if !c.is_empty() => LoadBalancer::Hash(HashOn::Cookie(c.clone())),
+        Some(Kind::HashCookie(_)) => return Err(err(format!("{field}.lb.hash_cookie"), "required")),
+        Some(Kind::HashSourceIp(_)) => LoadBalancer::Hash(HashOn::SourceIp),
+        Some(Kind::HashQuery(q)) if !q.is_empty() => LoadBalancer::Hash(HashOn::Query(q.clone())),
+        Some(Kind::HashQuery(_)) => return Err(err(format!("{field}.lb.hash_query"), "required")),
+    };
+    let outlier = match &t.outlier {
+        None => None,
+        Some(o) => Some(OutlierDetection {
+            consecutive_5xx: o.consecutive_5xx,
+            consecutive_gateway: o.consecutive_gateway,
+            base_ejection: duration_from(o.base_ejection.as_ref(), &format!("{field}.outlier.base_ejection"))?.unwrap_or_default(),
+            max_ejection_percent: o.max_ejection_percent.min(100),
+        }),
+    };
+    Ok(TrafficPolicy { lb, max_requests: t.max_requests, outlier })
+}
+
+fn per_million(v: u32, field: &str) -> Result<u32, ConvertError> {
+    if v > slipstream_core::route::traffic::MILLION {
+        return Err(err(field, format!("{v} is more than a million")));
+    }
+    Ok(v)
+}
+
+fn retry_from(r: &pb::Retry, field: &str) -> Result<Retry, ConvertError> {
+    Ok(Retry {
+        attempts: r.attempts,
+        per_try_timeout: duration_from(r.per_try_timeout.as_ref(), &format!("{field}.per_try_timeout"))?,
+        on: RetryOn {
+            five_xx: r.five_xx,
+            gateway_error: r.gateway_error,
+            connect_failure: r.connect_failure,
+            reset: r.reset,
+            refused_stream: r.refused_stream,
+            retriable_4xx: r.retriable_4xx,
+            status_codes: r
+                .status_codes
+                .iter()
+                .map(|c| {
+                    u16::try_from(*c)
+                        .ok()
+                        .filter(|c| (100..600).contains(c))
+                        .ok_or_else(|| err(format!("{field}.status_codes"), format!("{c} is not an HTTP status")))
+                })
+                .collect::<Result<_, _>>()?,
+        },
+    })
+}
+
+fn fault_from(f: &pb::Fault, field: &str) -> Result<Fault, ConvertError> {
+    let delay = match &f.delay {
+        None => None,
+        Some(d) => Some(FaultDelay {
+            per_million: per_million(d.per_million, &format!("{field}.delay.per_million"))?,
+            delay: duration_from(d.delay.as_ref(), &format!("{field}.delay.delay"))?
+                .ok_or_else(|| err(format!("{field}.delay.delay"), "required"))?,
+        }),
+    };
+    let abort = match &f.abort {
+        None => None,
+        Some(a) => Some(FaultAbort {
+            per_million: per_million(a.per_million, &format!("{field}.abort.per_million"))?,
+            status: u16::try_from(a.status)
+                .ok()
+                .filter(|s| (200..600).contains(s))
+                .ok_or_else(|| err(format!("{field}.abort.status"), format!("{} is not an HTTP status 200-599", a.status)))?,
+        }),
+    };
+    Ok(Fault { delay, abort })
 }
 
 fn path_rewrite_from(p: &pb::PathRewrite, field: &str) -> Result<PathRewrite, ConvertError> {
@@ -334,28 +492,34 @@ fn match_from(m: &pb::RouteMatch, field: &str) -> Result<RouteMatch, ConvertErro
     let path = match m.path.as_ref().and_then(|p| p.kind.as_ref()) {
         Some(pb::path_match::Kind::Exact(p)) => PathMatch::Exact(p.clone()),
         Some(pb::path_match::Kind::Prefix(p)) => PathMatch::Prefix(p.clone()),
+        Some(pb::path_match::Kind::StringPrefix(p)) => PathMatch::StringPrefix(p.clone()),
         None => return Err(err(format!("{field}.path"), "required (exact or prefix)")),
     };
-    Ok(RouteMatch {
-        path,
-        headers: m
-            .headers
-            .iter()
+    let header_list = |hs: &[pb::HeaderMatch], name: &str| {
+        hs.iter()
             .enumerate()
-            .map(|(i, h)| Ok(HeaderMatch { name: lower_name(&h.name, &format!("{field}.headers[{i}].name"))?, value: h.value.clone() }))
-            .collect::<Result<_, ConvertError>>()?,
-        query: m
-            .query
-            .iter()
+            .map(|(i, h)| Ok(HeaderMatch { name: lower_name(&h.name, &format!("{field}.{name}[{i}].name"))?, value: h.value.clone() }))
+            .collect::<Result<Vec<_>, ConvertError>>()
+    };
+    let query_list = |qs: &[pb::QueryMatch], name: &str| {
+        qs.iter()
             .enumerate()
             .map(|(i, q)| {
                 if q.name.is_empty() {
-                    return Err(err(format!("{field}.query[{i}].name"), "required"));
+                    return Err(err(format!("{field}.{name}[{i}].name"), "required"));
                 }
                 Ok(QueryMatch { name: q.name.clone(), value: q.value.clone() })
             })
-            .collect::<Result<_, _>>()?,
+            .collect::<Result<Vec<_>, ConvertError>>()
+    };
+    Ok(RouteMatch {
+        path,
+        headers: header_list(&m.headers, "headers")?,
+        query: query_list(&m.query, "query")?,
         method: m.method.clone(),
+        header_prefixes: header_list(&m.header_prefixes, "header_prefixes")?,
+        query_prefixes: query_list(&m.query_prefixes, "query_prefixes")?,
+        ignore_case: m.ignore_case,
     })
 }
 
@@ -399,6 +563,7 @@ fn filters_from(f: Option<&pb::Filters>, field: &str) -> Result<Filters, Convert
         redirect,
         rewrite,
         mirrors: f.mirrors.iter().enumerate().map(|(i, b)| backend_from(b, &format!("{field}.mirrors[{i}]"))).collect::<Result<_, _>>()?,
+        mirror_per_million: f.mirror_per_million.map(|v| per_million(v, &format!("{field}.mirror_per_million"))).transpose()?,
     })
 }
 
@@ -416,6 +581,8 @@ fn rule_from(r: &pb::RouteRule, field: &str) -> Result<RouteRule, ConvertError> 
         filters: filters_from(r.filters.as_ref(), &format!("{field}.filters"))?,
         timeout: duration_from(r.timeout.as_ref(), &format!("{field}.timeout"))?,
         backend_timeout: duration_from(r.backend_timeout.as_ref(), &format!("{field}.backend_timeout"))?,
+        retry: r.retry.as_ref().map(|x| retry_from(x, &format!("{field}.retry"))).transpose()?,
+        fault: r.fault.as_ref().map(|x| fault_from(x, &format!("{field}.fault"))).transpose()?,
     })
 }
 
@@ -428,7 +595,8 @@ impl TryFrom<pb::ServiceRoutes> for ServiceRoutes {
         let rules = s.rules.iter().enumerate().map(|(i, r)| rule_from(r, &format!("rules[{i}]"))).collect::<Result<_, _>>()?;
         let policies =
             s.policies.iter().enumerate().map(|(i, p)| l7::policy_from(p, &format!("policies[{i}]"))).collect::<Result<_, _>>()?;
-        Ok(ServiceRoutes { service: s.service, rules, policies })
+        let traffic = s.traffic.as_ref().map(|t| traffic_from(t, "traffic")).transpose()?.unwrap_or_default();
+        Ok(ServiceRoutes { service: s.service, rules, policies, traffic, source: s.source })
     }
 }
 
@@ -451,7 +619,15 @@ mod tests {
     use super::*;
 
     fn sample() -> ServiceRoutes {
-        let b = |s: &str, port, weight| Backend { service: format!("bookinfo/{s}.bookinfo.svc.cluster.local"), port, weight };
+        let b = |s: &str, port, weight| Backend { service: format!("bookinfo/{s}.bookinfo.svc.cluster.local"), port, weight, subset: None };
+        let v3 = Backend {
+            subset: Some(Subset {
+                name: "v3".into(),
+                workloads: vec!["c//Pod/bookinfo/reviews-v3-0".into()],
+                traffic: Some(TrafficPolicy { lb: LoadBalancer::Hash(HashOn::Cookie("user".into())), ..Default::default() }),
+            }),
+            ..b("reviews", 9080, 5)
+        };
         ServiceRoutes {
             service: "bookinfo/reviews.bookinfo.svc.cluster.local".into(),
             rules: vec![
@@ -463,8 +639,11 @@ mod tests {
                         headers: vec![HeaderMatch { name: "end-user".into(), value: "jason".into() }],
                         query: vec![QueryMatch { name: "v".into(), value: "2".into() }],
                         method: Some("GET".into()),
+                        header_prefixes: vec![HeaderMatch { name: "x-p".into(), value: "ab".into() }],
+                        query_prefixes: vec![QueryMatch { name: "q".into(), value: "1".into() }],
+                        ignore_case: true,
                     }],
-                    backends: vec![b("reviews-v1", 9080, 90), b("reviews-v2", 0, 10)],
+                    backends: vec![b("reviews-v1", 9080, 90), b("reviews-v2", 0, 10), v3],
                     filters: Filters {
                         request_headers: HeaderModifier {
                             set: vec![("x-a".into(), "1".into())],
@@ -478,14 +657,24 @@ mod tests {
                             path: Some(PathRewrite::ReplacePrefixMatch("/v2".into())),
                         }),
                         mirrors: vec![b("shadow", 9080, 0)],
+                        mirror_per_million: Some(250_000),
                     },
                     timeout: Some(Duration::from_millis(10_500)),
                     backend_timeout: Some(Duration::from_nanos(1)),
+                    retry: Some(Retry {
+                        attempts: 3,
+                        per_try_timeout: Some(Duration::from_secs(2)),
+                        on: RetryOn { five_xx: true, reset: true, status_codes: vec![429], ..Default::default() },
+                    }),
+                    fault: Some(Fault {
+                        delay: Some(FaultDelay { per_million: 100_000, delay: Duration::from_secs(5) }),
+                        abort: Some(FaultAbort { per_million: 1, status: 500 }),
+                    }),
                 },
                 RouteRule {
                     name: "bookinfo/old.1".into(),
                     port: 0,
-                    matches: vec![RouteMatch::default()],
+                    matches: vec![RouteMatch { path: PathMatch::StringPrefix("/old".into()), ..Default::default() }],
                     backends: vec![],
                     filters: Filters {
                         redirect: Some(Redirect {
@@ -499,6 +688,8 @@ mod tests {
                     },
                     timeout: None,
                     backend_timeout: None,
+                    retry: None,
+                    fault: None,
                 },
                 RouteRule { name: "bookinfo/any.0".into(), ..Default::default() },
             ],
@@ -538,6 +729,17 @@ mod tests {
                     }],
                 }
             }],
+            traffic: TrafficPolicy {
+                lb: LoadBalancer::RoundRobin,
+                max_requests: Some(3),
+                outlier: Some(OutlierDetection {
+                    consecutive_5xx: Some(2),
+                    consecutive_gateway: None,
+                    base_ejection: Duration::from_secs(30),
+                    max_ejection_percent: 50,
+                }),
+            },
+            source: "VirtualService".into(),
         }
     }
 

@@ -28,6 +28,7 @@ use crate::resources::{Changes, ResourceKey, Resources, Versioned};
 use crate::translate::authorization::PolicyInput;
 use crate::translate::network_policy::{NetPolicyInput, PodView};
 use crate::translate::peer_authentication::{self, PeerAuthnInput};
+use crate::translate::virtual_service as vs;
 use crate::translate::waypoint::{self as wp, Binding, GatewayInput, Traffic, Waypoint};
 use crate::translate::{self, selector_matches, Input, Labels, NamespaceInput, PodInput, ServiceInput, SliceInput};
 use slipstream_api::convert::{authorization_any, to_any};
@@ -113,6 +114,8 @@ struct Ns {
     /// Other Gateways (kept so the namespace is not forgotten).
     other_gateways: BTreeSet<String>,
     http_routes: BTreeMap<String, crate::translate::http_route::HttpRouteInput>,
+    virtual_services: BTreeMap<String, vs::VirtualServiceInput>,
+    destination_rules: BTreeMap<String, vs::DestinationRuleInput>,
 }
 
 /// Objects with a label selector, filed under one pair of it: the
@@ -161,6 +164,8 @@ impl Ns {
             && self.waypoints.is_empty()
             && self.other_gateways.is_empty()
             && self.http_routes.is_empty()
+            && self.virtual_services.is_empty()
+            && self.destination_rules.is_empty()
     }
 
     fn add_pod(&mut self, p: PodInput) {
@@ -334,6 +339,18 @@ impl Index {
                 }
             }
             Input::HttpRoute(h) => self.set_http_route(ns_name, name, Some(*h), batch),
+            // Either may change any service's routes (a VirtualService
+            // names hosts anywhere; a DestinationRule's subsets are read
+            // by every route naming them): all are compiled again, and
+            // only those whose bytes change are pushed.
+            Input::VirtualService(v) => {
+                let ns = self.ns(ns_name);
+                batch.all_routes |= ns.virtual_services.insert(name.to_string(), *v.clone()).as_ref() != Some(&*v);
+            }
+            Input::DestinationRule(d) => {
+                let ns = self.ns(ns_name);
+                batch.all_routes |= ns.destination_rules.insert(name.to_string(), *d.clone()).as_ref() != Some(&*d);
+            }
             Input::Opaque => {}
         }
     }
@@ -393,13 +410,22 @@ impl Index {
                 }
             }
             Kind::HTTPRoute => self.set_http_route(ns_name, name, None, batch),
+            Kind::VirtualService => {
+                if let Some(ns) = self.namespaces.get_mut(ns_name) {
+                    batch.all_routes |= ns.virtual_services.remove(name).is_some();
+                }
+            }
+            Kind::DestinationRule => {
+                if let Some(ns) = self.namespaces.get_mut(ns_name) {
+                    batch.all_routes |= ns.destination_rules.remove(name).is_some();
+                }
+            }
             Kind::Gateway => {
                 if let Some(ns) = self.namespaces.get_mut(ns_name) {
                     ns.other_gateways.remove(name);
                     batch.all_bindings |= ns.waypoints.remove(name).is_some();
                 }
             }
-            _ => {}
         }
         if self.namespaces.get(ns_name).is_some_and(Ns::is_empty) {
             self.namespaces.remove(ns_name);
@@ -515,6 +541,17 @@ impl Index {
             for (n, ns) in &self.namespaces {
                 batch.routes.extend(ns.services.keys().map(|s| (n.clone(), s.clone())));
             }
+        } else if !batch.pods.is_empty() && self.namespaces.values().any(|n| n.destination_rules.values().any(|d| !d.subsets.is_empty())) {
+            // A pod's labels decide which subsets it is in: the routes of
+            // its namespace's services, compiled again.
+            let touched: BTreeSet<&String> = batch.pods.iter().map(|(n, _)| n).collect();
+            let mut more = Vec::new();
+            for n in touched {
+                if let Some(ns) = self.namespaces.get(n) {
+                    more.extend(ns.services.keys().map(|s| (n.clone(), s.clone())));
+                }
+            }
+            batch.routes.extend(more);
         }
         let waypoints = self.waypoints();
         for (ns_name, name) in std::mem::take(&mut batch.services) {
@@ -533,6 +570,19 @@ impl Index {
             let resource = self.namespaces.get(&ns_name).and_then(|ns| Some((ns, ns.services.get(&name)?))).and_then(|(ns, svc)| {
                 let routes: Vec<&crate::translate::http_route::HttpRouteInput> = ns.http_routes.values().collect();
                 let mut compiled = crate::translate::http_route::compile(&routes, &ns_name, &name, &hostname);
+                let service_key = format!("{ns_name}/{hostname}");
+                // HTTPRoutes first (Gateway API is what the waypoint is
+                // for); without them, the oldest VirtualService naming
+                // the service.
+                if compiled.rules.is_empty() {
+                    if let Some(v) = self.virtual_service_for(&service_key, &ns_name) {
+                        compiled.rules = vs::compile(v, &|svc: &str, subset: &str| self.subset(svc, subset));
+                        compiled.source = "VirtualService".into();
+                    }
+                }
+                if let Some(d) = self.destination_rule_for(&service_key) {
+                    compiled.traffic = vs::TrafficInput::merged(d.traffic.as_ref(), None);
+                }
                 // The waypoint's policies on this service: those naming it,
                 // and those naming the waypoint it is bound to.
                 let gateway = self
@@ -555,7 +605,7 @@ impl Index {
                     }
                 }
                 compiled.policies = policies;
-                (!compiled.rules.is_empty() || !compiled.policies.is_empty())
+                (!compiled.rules.is_empty() || !compiled.policies.is_empty() || compiled.traffic != Default::default())
                     .then(|| Versioned::new(slipstream_api::routes::routes_any(&compiled)))
             });
             batch.set(key, resource);
@@ -629,6 +679,63 @@ impl Index {
 
     pub fn hostname(&self, name: &str, ns: &str) -> String {
         format!("{name}.{ns}.svc.{}", self.settings.domain_suffix)
+    }
+
+    /// The VirtualService for the service of key `service` (namespace
+    /// `service_ns`): one in the service's own namespace first, else any;
+    /// among several, the oldest, then by `namespace/name` (Istio merges
+    /// none for the mesh and takes the oldest).
+    fn virtual_service_for(&self, service: &str, service_ns: &str) -> Option<&vs::VirtualServiceInput> {
+        self.namespaces
+            .values()
+            .flat_map(|n| n.virtual_services.values())
+            .filter(|v| v.hosts.iter().any(|h| h == service) && !v.rules.is_empty())
+            .min_by(|a, b| {
+                (a.namespace != service_ns, &a.creation, &a.namespace, &a.name).cmp(&(
+                    b.namespace != service_ns,
+                    &b.creation,
+                    &b.namespace,
+                    &b.name,
+                ))
+            })
+    }
+
+    /// The DestinationRule for the service of key `service`: by name
+    /// before a wildcard, the service's namespace first, then the oldest.
+    fn destination_rule_for(&self, service: &str) -> Option<&vs::DestinationRuleInput> {
+        let service_ns = service.split_once('/').map_or("", |(n, _)| n);
+        self.namespaces.values().flat_map(|n| n.destination_rules.values()).filter(|d| d.applies(service) > 0).min_by(|a, b| {
+            (std::cmp::Reverse(a.applies(service)), a.namespace != service_ns, &a.creation, &a.namespace, &a.name).cmp(&(
+                std::cmp::Reverse(b.applies(service)),
+                b.namespace != service_ns,
+                &b.creation,
+                &b.namespace,
+                &b.name,
+            ))
+        })
+    }
+
+    /// A subset of a service's DestinationRule: the UIDs of the pods of
+    /// the service's namespace whose labels it selects, and its merged
+    /// traffic policy. A subset no rule defines selects nothing (the
+    /// waypoint answers 503, as Envoy does for a missing cluster).
+    fn subset(&self, service: &str, name: &str) -> slipstream_core::route::Subset {
+        let mut out = slipstream_core::route::Subset { name: name.to_string(), ..Default::default() };
+        let Some(d) = self.destination_rule_for(service) else { return out };
+        let Some(s) = d.subsets.iter().find(|s| s.name == name) else { return out };
+        let service_ns = service.split_once('/').map_or("", |(n, _)| n);
+        if let Some(ns) = self.namespaces.get(service_ns) {
+            let mut uids: Vec<String> = ns
+                .pods
+                .values()
+                .filter(|p| crate::translate::selector_matches(&s.labels, &p.labels))
+                .map(|p| self.workload_uid(service_ns, &p.name))
+                .collect();
+            uids.sort();
+            out.workloads = uids;
+        }
+        out.traffic = s.traffic.as_ref().map(|t| vs::TrafficInput::merged(d.traffic.as_ref(), Some(t)));
+        out
     }
 
     pub fn workload_uid(&self, ns: &str, name: &str) -> String {

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::time::Duration;
 
+pub mod traffic;
+
 /// Every rule that applies to one service, in precedence order: the first
 /// rule that matches a request is the one it takes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -24,6 +26,14 @@ pub struct ServiceRoutes {
     /// requests (bound to the Service or to the waypoint's Gateway).
     #[serde(default)]
     pub policies: Vec<crate::policy::l7::L7Policy>,
+    /// The service's DestinationRule `trafficPolicy` (Istio's defaults
+    /// when it has none).
+    #[serde(default)]
+    pub traffic: traffic::TrafficPolicy,
+    /// Where the rules came from: `HTTPRoute`, `VirtualService` (which
+    /// are walked in the order written) or empty (no routes).
+    #[serde(default)]
+    pub source: String,
 }
 
 /// One HTTPRoute rule as it applies to one service. After [`sort_rules`]
@@ -52,6 +62,13 @@ pub struct RouteRule {
     /// `timeouts.backendRequest`: one attempt at a backend.
     #[serde(default)]
     pub backend_timeout: Option<Duration>,
+    /// VirtualService `retries` (Istio's default when the route says
+    /// nothing); None: one attempt (HTTPRoute).
+    #[serde(default)]
+    pub retry: Option<traffic::Retry>,
+    /// VirtualService `fault`.
+    #[serde(default)]
+    pub fault: Option<traffic::Fault>,
 }
 
 /// All of its conditions hold.
@@ -68,6 +85,15 @@ pub struct RouteMatch {
     /// Case-sensitive, as HTTP methods are.
     #[serde(default)]
     pub method: Option<String>,
+    /// VirtualService header matches by `prefix`; names lower-case.
+    #[serde(default)]
+    pub header_prefixes: Vec<HeaderMatch>,
+    /// VirtualService query parameter matches by `prefix`.
+    #[serde(default)]
+    pub query_prefixes: Vec<QueryMatch>,
+    /// VirtualService `ignoreUriCase`: the path compared without case.
+    #[serde(default)]
+    pub ignore_case: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,6 +102,9 @@ pub enum PathMatch {
     /// Gateway API `PathPrefix`: whole path elements, a trailing `/`
     /// ignored: `/foo` takes `/foo`, `/foo/` and `/foo/bar`, not `/foobar`.
     Prefix(String),
+    /// VirtualService `uri.prefix`: a plain string prefix, as Envoy's
+    /// `prefix`: `/foo` takes `/foobar` too.
+    StringPrefix(String),
 }
 
 impl Default for PathMatch {
@@ -107,6 +136,22 @@ pub struct Backend {
     pub port: u16,
     /// Relative to the rule's other backends; 0 is never chosen.
     pub weight: u32,
+    /// A DestinationRule subset (VirtualService `destination.subset`):
+    /// only its endpoints are chosen.
+    #[serde(default)]
+    pub subset: Option<Subset>,
+}
+
+/// A DestinationRule subset, resolved by the control plane to the
+/// workloads of the service whose labels it selects (so the waypoint needs
+/// no pod labels), with the subset's own traffic policy if it has one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Subset {
+    pub name: String,
+    /// Workload UIDs, sorted.
+    pub workloads: Vec<String>,
+    #[serde(default)]
+    pub traffic: Option<traffic::TrafficPolicy>,
 }
 
 /// The filters of a rule, by kind (Gateway API allows each at most once,
@@ -126,6 +171,10 @@ pub struct Filters {
     /// their weight is not used.
     #[serde(default)]
     pub mirrors: Vec<Backend>,
+    /// The fraction of requests mirrored, per million (VirtualService
+    /// `mirrorPercentage`); None: every request.
+    #[serde(default)]
+    pub mirror_per_million: Option<u32>,
 }
 
 /// Header names lower-case; `set` replaces, `add` appends, `remove` drops.
@@ -203,7 +252,22 @@ impl PathMatch {
                 let stem = prefix_stem(p);
                 path.strip_prefix(stem).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
             }
+            PathMatch::StringPrefix(p) => path.starts_with(p.as_str()),
         }
+    }
+
+    /// As [`PathMatch::matches`], ASCII case ignored when `ignore_case`.
+    pub fn matches_case(&self, path: &str, ignore_case: bool) -> bool {
+        if !ignore_case {
+            return self.matches(path);
+        }
+        let lower = |s: &str| s.to_ascii_lowercase();
+        let m = match self {
+            PathMatch::Exact(p) => PathMatch::Exact(lower(p)),
+            PathMatch::Prefix(p) => PathMatch::Prefix(lower(p)),
+            PathMatch::StringPrefix(p) => PathMatch::StringPrefix(lower(p)),
+        };
+        m.matches(&lower(path))
     }
 }
 
@@ -216,10 +280,12 @@ impl RouteMatch {
     /// `key=value` pairs split on `&` and the first `=`, not
     /// percent-decoded, so `a%20b` does not match `a b`.
     pub fn matches(&self, req: &RequestView) -> bool {
-        self.path.matches(req.path)
+        self.path.matches_case(req.path, self.ignore_case)
             && self.method.as_deref().is_none_or(|m| m == req.method)
             && self.headers.iter().all(|h| header_value(req.headers, &h.name).is_some_and(|v| v == h.value))
             && self.query.iter().all(|q| query_value(req.query, &q.name) == Some(q.value.as_str()))
+            && self.header_prefixes.iter().all(|h| header_value(req.headers, &h.name).is_some_and(|v| v.starts_with(h.value.as_str())))
+            && self.query_prefixes.iter().all(|q| query_value(req.query, &q.name).is_some_and(|v| v.starts_with(q.value.as_str())))
     }
 }
 
@@ -287,6 +353,14 @@ pub fn rewrite_path(matched: &PathMatch, rewrite: &PathRewrite, path: &str) -> S
     let rest = match matched {
         PathMatch::Exact(_) => "",
         PathMatch::Prefix(p) => path.strip_prefix(prefix_stem(p)).unwrap_or(path),
+        // Istio's `rewrite.uri` under `uri.prefix`: the matched characters
+        // replaced by the value as written (Envoy's `prefix_rewrite`).
+        PathMatch::StringPrefix(p) => {
+            let PathRewrite::ReplacePrefixMatch(r) = rewrite else { unreachable!("returned above") };
+            let rest = path.get(p.len()..).unwrap_or("");
+            let out = format!("{r}{rest}");
+            return if out.is_empty() { "/".into() } else { out };
+        }
     };
     let out = format!("{replacement}{rest}");
     if out.is_empty() {
@@ -318,6 +392,7 @@ fn specificity(m: Option<&RouteMatch>) -> (bool, Reverse<usize>, bool, Reverse<u
     let (exact, prefix_len) = match &m.path {
         PathMatch::Exact(p) => (true, p.len()),
         PathMatch::Prefix(p) => (false, prefix_stem(p).len()),
+        PathMatch::StringPrefix(p) => (false, p.len()),
     };
     (!exact, Reverse(prefix_len), m.method.is_none(), Reverse(m.headers.len()), Reverse(m.query.len()))
 }
@@ -377,7 +452,7 @@ mod tests {
     }
 
     fn backend(service: &str, weight: u32) -> Backend {
-        Backend { service: service.into(), port: 9080, weight }
+        Backend { service: service.into(), port: 9080, weight, subset: None }
     }
 
     #[test]
@@ -404,12 +479,41 @@ mod tests {
     }
 
     #[test]
+    fn virtual_service_matches_are_string_prefixes_and_may_ignore_case() {
+        let sp = |p: &str| PathMatch::StringPrefix(p.into());
+        assert!(sp("/foo").matches("/foobar"));
+        assert!(sp("/foo").matches("/foo/bar"));
+        assert!(!sp("/foo").matches("/fo"));
+        assert!(!sp("/foo").matches("/FOO"));
+        assert!(sp("/foo").matches_case("/FOObar", true));
+        assert!(PathMatch::Exact("/Api".into()).matches_case("/aPI", true));
+        let m = RouteMatch {
+            path: sp("/"),
+            header_prefixes: vec![HeaderMatch { name: "end-user".into(), value: "jas".into() }],
+            query_prefixes: vec![QueryMatch { name: "v".into(), value: "2".into() }],
+            ..Default::default()
+        };
+        let h = hdrs(&[("end-user", "jason")]);
+        assert!(m.matches(&req("GET", "/x", "v=2.1", &h)));
+        assert!(!m.matches(&req("GET", "/x", "v=1", &h)));
+        assert!(!m.matches(&req("GET", "/x", "v=2", &hdrs(&[("end-user", "ja")]))));
+        assert!(!m.matches(&req("GET", "/x", "", &h)), "an absent parameter has no prefix");
+        // rewrite.uri under uri.prefix: the characters matched, replaced as written.
+        let rw = |m: &str, r: &str, p: &str| rewrite_path(&sp(m), &PathRewrite::ReplacePrefixMatch(r.into()), p);
+        assert_eq!(rw("/foo", "/bar", "/foo/x"), "/bar/x");
+        assert_eq!(rw("/foo", "/bar/", "/foo/x"), "/bar//x");
+        assert_eq!(rw("/", "/v2/", "/ratings"), "/v2/ratings");
+        assert_eq!(rw("/foo", "", "/foo"), "/");
+    }
+
+    #[test]
     fn matches_need_every_condition() {
         let m = RouteMatch {
             path: PathMatch::Prefix("/api".into()),
             headers: vec![HeaderMatch { name: "x-user".into(), value: "jason".into() }],
             query: vec![QueryMatch { name: "v".into(), value: "2".into() }],
             method: Some("GET".into()),
+            ..Default::default()
         };
         let jason = hdrs(&[("x-user", "jason")]);
         let two = hdrs(&[("x-user", "jason"), ("x-user", "ann")]);
@@ -561,7 +665,7 @@ mod tests {
                 assert_eq!(r.matches.len().min(1), r.matches.len(), "at most one match per entry");
                 let p = match r.matches.first().map(|m| &m.path) {
                     Some(PathMatch::Exact(p)) => format!("={p}"),
-                    Some(PathMatch::Prefix(p)) => p.clone(),
+                    Some(PathMatch::Prefix(p)) | Some(PathMatch::StringPrefix(p)) => p.clone(),
                     None => "(none)".into(),
                 };
                 (r.name.as_str(), p)

@@ -458,8 +458,10 @@ pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     // Service parent route at that service's waypoint (docs/waypoint.md).
     ("gateway.networking.k8s.io", "Gateway", ""),
     ("gateway.networking.k8s.io", "HTTPRoute", ""),
-    ("networking.istio.io", "VirtualService", "stored; not acted on yet (waypoints take Gateway API routes first)"),
-    ("networking.istio.io", "DestinationRule", "stored; not acted on yet (waypoints take Gateway API routes first)"),
+    // Routes and traffic policies at the waypoint of the services they
+    // name (docs/waypoint.md, "VirtualService and DestinationRule").
+    ("networking.istio.io", "VirtualService", ""),
+    ("networking.istio.io", "DestinationRule", ""),
     ("", "ConfigMap", "stored; the local cluster mounts no volumes"),
 ];
 

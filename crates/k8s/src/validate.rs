@@ -385,12 +385,10 @@ spec:
 
     #[test]
     fn kept_kinds_load_with_a_note() {
-        let v = load_str(
-            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: vs, namespace: demo}\nspec: {hosts: [x]}\n",
-            &Source("t.yaml".into()),
-        )
-        .unwrap();
-        assert!(v[0].warnings[0].contains("VirtualService demo/vs: stored; not acted on yet"), "{:?}", v[0].warnings);
+        let v =
+            load_str("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm, namespace: demo}\ndata: {a: b}\n", &Source("t.yaml".into()))
+                .unwrap();
+        assert!(v[0].warnings[0].contains("ConfigMap demo/cm: stored; the local cluster mounts no volumes"), "{:?}", v[0].warnings);
         // Enforced kinds load without a note.
         let v = load_str(
             "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: demo}\nspec: {podSelector: {}}\n",

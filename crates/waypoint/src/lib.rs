@@ -10,6 +10,7 @@
 //! ([`plan`]); [`handler`] and [`proxy`] do the I/O.
 #![forbid(unsafe_code)]
 
+pub mod balance;
 pub mod handler;
 pub mod plan;
 pub mod proxy;
@@ -61,6 +62,8 @@ pub struct Shared {
     /// descriptor budget: the node proxy's limiter, so one pod cannot hold
     /// the waypoint that every bound service shares.
     limits: slipstream_node::limits::NodeLimits,
+    /// Requests in flight, round robin and outlier state, per pool.
+    balancer: balance::Balancer,
 }
 
 impl Shared {
@@ -70,6 +73,11 @@ impl Shared {
             plan::Target::Service { service, .. } => self.routes.load().get(service.key()).cloned(),
             plan::Target::Workload { .. } => None,
         }
+    }
+
+    /// A service's DestinationRule policy (Istio's defaults without one).
+    fn traffic_of(&self, service: &str) -> slipstream_core::route::traffic::TrafficPolicy {
+        self.routes.load().get(service).map(|r| r.traffic.clone()).unwrap_or_default()
     }
 
     /// The source's egress network policies on the endpoint `ep`: its node
@@ -115,7 +123,16 @@ impl Waypoint {
             &slipstream_node::config::LimitArgs::default(),
         ));
         Waypoint {
-            shared: Arc::new(Shared { settings, me, mesh, routes: ArcSwap::from_pointee(Routes::new()), client, connector, limits }),
+            shared: Arc::new(Shared {
+                settings,
+                me,
+                mesh,
+                routes: ArcSwap::from_pointee(Routes::new()),
+                client,
+                connector,
+                limits,
+                balancer: balance::Balancer::default(),
+            }),
         }
     }
 

@@ -7,7 +7,8 @@
 //!   backend and endpoint, or the answer the waypoint gives itself
 //!   (redirect, 404, 500, 503).
 
-use slipstream_core::route::{pick_backend, rewrite_path, select, RequestView, RouteRule, ServiceRoutes};
+use slipstream_core::route::traffic::{Fault, Retry, TrafficPolicy};
+use slipstream_core::route::{pick_backend, rewrite_path, select, RequestView, RouteRule, ServiceRoutes, Subset};
 use slipstream_core::{Destination, Endpoint, MeshService, MeshState, MeshWorkload};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,28 +76,41 @@ pub struct Req<'a> {
     pub view: RequestView<'a>,
     /// The `Host` (HTTP/1.1) or `:authority` (HTTP/2), as sent.
     pub host: &'a str,
-    /// Uniform random numbers: which backend, which endpoint.
+    /// A uniform random number: which backend.
     pub draw_backend: u64,
-    pub draw_endpoint: u64,
 }
 
-/// Where a request goes.
+/// Where a request goes: the endpoints it may go to, and how one is
+/// chosen and tried ([`crate::balance`] picks, [`crate::proxy`] tries).
 #[derive(Debug, Clone)]
 pub struct Forward {
     /// The backend service (None: a pod addressed directly).
     pub service: Option<Arc<MeshService>>,
-    pub endpoint: Endpoint,
+    /// The ready endpoints (of the subset, if the backend names one), in
+    /// the mesh's order; never empty.
+    pub candidates: Vec<Endpoint>,
+    /// Where per-endpoint state (requests in flight, round robin,
+    /// outlier ejections) is kept: the service key, `#subset` appended.
+    pub pool: String,
+    /// The backend's DestinationRule policy (its subset's, if it has one).
+    pub traffic: TrafficPolicy,
     /// The path and query to send (after a URLRewrite).
     pub path_and_query: String,
     /// The `Host` to send (after a URLRewrite).
     pub host: Option<String>,
+    /// The whole request, retries included (`timeouts.request`, Istio's
+    /// `timeout`).
     pub timeout: Option<Duration>,
+    /// One attempt (`timeouts.backendRequest`, Istio's `perTryTimeout`).
+    pub attempt_timeout: Option<Duration>,
+    pub retry: Option<Retry>,
+    pub fault: Option<Fault>,
 }
 
 /// What the waypoint does with a request.
 #[derive(Debug, Clone)]
 pub enum Action {
-    Forward(Forward),
+    Forward(Box<Forward>),
     /// A RequestRedirect filter: status and `location`.
     Redirect {
         status: u16,
@@ -186,7 +200,16 @@ pub fn unsafe_path(path: &str) -> Option<&'static str> {
 /// matching rule (Gateway API: none matching is a 404); a service without
 /// routes goes to its own endpoints on the dialed port; a pod is the
 /// endpoint itself.
-pub fn decide<'r>(state: &MeshState, routes: Option<&'r ServiceRoutes>, target: &Target, req: &Req) -> Decision<'r> {
+///
+/// `traffic_of` gives a service's DestinationRule policy (by service key):
+/// the backend's applies, not the target's.
+pub fn decide<'r>(
+    state: &MeshState,
+    routes: Option<&'r ServiceRoutes>,
+    traffic_of: &dyn Fn(&str) -> TrafficPolicy,
+    target: &Target,
+    req: &Req,
+) -> Decision<'r> {
     if let Some(why) = unsafe_path(req.view.path) {
         return respond(None, 400, "DPE", format!("path refused: {why}"));
     }
@@ -196,7 +219,18 @@ pub fn decide<'r>(state: &MeshState, routes: Option<&'r ServiceRoutes>, target: 
             let endpoint = Endpoint { workload: workload.clone(), target_port: *port };
             return Decision {
                 rule: None,
-                action: Action::Forward(Forward { service: None, endpoint, path_and_query: pq, host: None, timeout: None }),
+                action: Action::Forward(Box::new(Forward {
+                    service: None,
+                    candidates: vec![endpoint],
+                    pool: format!("{}/{}", workload.namespace, workload.name),
+                    traffic: TrafficPolicy::default(),
+                    path_and_query: pq,
+                    host: None,
+                    timeout: None,
+                    attempt_timeout: None,
+                    retry: None,
+                    fault: None,
+                })),
             };
         }
         Target::Service { service, port } => (service, *port),
@@ -204,7 +238,8 @@ pub fn decide<'r>(state: &MeshState, routes: Option<&'r ServiceRoutes>, target: 
     let rules = routes.map(|r| r.rules.as_slice()).unwrap_or(&[]);
     let applies = rules.iter().any(|r| r.port == 0 || r.port == port);
     if !applies {
-        return to_service(state, None, service.clone(), port, req, pq, None, None);
+        let traffic = traffic_of(service.key());
+        return to_service(state, None, service.clone(), port, None, traffic, pq, None);
     }
     let Some((rule, m)) = select(rules, port, &req.view) else {
         return respond(None, 404, "NR", format!("no route of {} matches {} {}", service.hostname(), req.view.method, req.view.path));
@@ -242,11 +277,14 @@ pub fn decide<'r>(state: &MeshState, routes: Option<&'r ServiceRoutes>, target: 
         }
         None => (pq, None),
     };
-    let timeout = rule.backend_timeout.or(rule.timeout);
     // Port 0: neither the backendRef nor the parentRef named one, so the
     // port the client dialed.
     let backend_port = if b.port == 0 { port } else { b.port };
-    to_service(state, Some(rule), svc, backend_port, req, pq, host, timeout)
+    let traffic = match b.subset.as_ref().and_then(|s| s.traffic.clone()) {
+        Some(t) => t,
+        None => traffic_of(&b.service),
+    };
+    to_service(state, Some(rule), svc, backend_port, b.subset.as_ref(), traffic, pq, host)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -255,17 +293,36 @@ fn to_service<'r>(
     rule: Option<&'r RouteRule>,
     service: Arc<MeshService>,
     port: u16,
-    req: &Req,
+    subset: Option<&Subset>,
+    traffic: TrafficPolicy,
     path_and_query: String,
     host: Option<String>,
-    timeout: Option<Duration>,
 ) -> Decision<'r> {
-    let eps = state.endpoints(&service, port);
-    let Some(ep) = MeshState::pick(&eps, req.draw_endpoint) else {
-        return respond(rule, 503, "UH", format!("service {} has no ready endpoint for port {port}", service.hostname()));
+    let mut candidates = state.endpoints(&service, port);
+    if let Some(s) = subset {
+        candidates.retain(|e| s.workloads.binary_search(&e.workload.uid).is_ok());
+    }
+    if candidates.is_empty() {
+        let of = subset.map(|s| format!("subset {} of ", s.name)).unwrap_or_default();
+        return respond(rule, 503, "UH", format!("{of}service {} has no ready endpoint for port {port}", service.hostname()));
+    }
+    let pool = match subset {
+        Some(s) => format!("{}#{}", service.key(), s.name),
+        None => service.key().to_string(),
     };
-    let endpoint = ep.clone();
-    Decision { rule, action: Action::Forward(Forward { service: Some(service), endpoint, path_and_query, host, timeout }) }
+    let forward = Forward {
+        service: Some(service),
+        candidates,
+        pool,
+        traffic,
+        path_and_query,
+        host,
+        timeout: rule.and_then(|r| r.timeout),
+        attempt_timeout: rule.and_then(|r| r.backend_timeout.or(r.retry.as_ref().and_then(|t| t.per_try_timeout))),
+        retry: rule.and_then(|r| r.retry.clone()),
+        fault: rule.and_then(|r| r.fault.clone()),
+    };
+    Decision { rule, action: Action::Forward(Box::new(forward)) }
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use slipstream_core::route::{HeaderModifier, RequestView};
+use slipstream_core::route::traffic;
+use slipstream_core::route::{Backend, Filters, HeaderModifier, RequestView};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,46 +52,56 @@ fn modify(headers: &mut HeaderMap, m: &HeaderModifier) {
     }
 }
 
-/// The largest body a mirrored request may have: it is held in memory to
-/// be sent twice. A request with a larger (or unknown, streamed) body is
-/// forwarded without its mirror, and the access log says so.
-const MIRROR_BODY_LIMIT: u64 = 1 << 20;
+/// The largest body held in memory to be sent more than once (to a
+/// mirror, or again on a retry). A request with a larger (or streamed)
+/// body is forwarded once, without mirror or retry, and the access log
+/// says so.
+const REPLAY_BODY_LIMIT: u64 = 1 << 20;
 
-/// RequestMirror: a copy of the request to each mirror backend (one of its
-/// endpoints), `Host` suffixed `-shadow` as Envoy does, its answer
-/// discarded; the original's body, read once, for the original.
-async fn mirror(
-    shared: &Arc<Shared>,
-    state: &slipstream_core::MeshState,
-    mirrors: &[slipstream_core::route::Backend],
-    parts: &http::request::Parts,
-    path_and_query: &str,
-    body: Incoming,
-    id: &str,
-) -> Body {
-    use http_body_util::BodyExt;
-    let length = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+/// The body, read whole when it is at most [`REPLAY_BODY_LIMIT`] and its
+/// length is known (or it is already complete); otherwise given back.
+async fn buffer(headers: &HeaderMap, body: Incoming) -> Result<Bytes, Incoming> {
+    let length = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let chunked = headers.contains_key(http::header::TRANSFER_ENCODING);
     let small = match length {
-        Some(n) => n <= MIRROR_BODY_LIMIT,
+        Some(n) => n <= REPLAY_BODY_LIMIT,
         None => !chunked && hyper::body::Body::is_end_stream(&body),
     };
     if !small {
-        tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, request_id = id, "not mirrored: the body is larger than 1 MiB or streamed");
-        return body.boxed();
+        return Err(body);
     }
-    let bytes = match http_body_util::Limited::new(body, MIRROR_BODY_LIMIT as usize).collect().await {
+    Ok(match http_body_util::Limited::new(body, REPLAY_BODY_LIMIT as usize).collect().await {
         Ok(c) => c.to_bytes(),
         // The client broke off: nothing to forward either.
         Err(_) => Bytes::new(),
-    };
+    })
+}
+
+fn full(b: Bytes) -> Body {
+    Full::new(b).map_err(|never: Infallible| match never {}).boxed()
+}
+
+/// RequestMirror: a copy of the request to each mirror backend (one of its
+/// endpoints, of its subset if it names one), `Host` suffixed `-shadow` as
+/// Envoy does, its answer discarded.
+fn mirror(
+    shared: &Arc<Shared>,
+    state: &slipstream_core::MeshState,
+    mirrors: &[Backend],
+    parts: &http::request::Parts,
+    path_and_query: &str,
+    bytes: &Bytes,
+) {
     for m in mirrors {
         let Some(svc) = state.service(&m.service) else { continue };
-        let eps = state.endpoints(&svc, m.port);
+        let mut eps = state.endpoints(&svc, m.port);
+        if let Some(s) = &m.subset {
+            eps.retain(|e| s.workloads.binary_search(&e.workload.uid).is_ok());
+        }
         let Some(ep) = slipstream_core::MeshState::pick(&eps, rand::random()) else { continue };
         let addr = std::net::SocketAddr::new(ep.workload.address(), ep.target_port);
         let Ok(uri) = format!("http://{addr}{path_and_query}").parse::<http::Uri>() else { continue };
-        let mut req = Request::new(Full::new(bytes.clone()).map_err(|never: Infallible| match never {}).boxed());
+        let mut req = Request::new(full(bytes.clone()));
         *req.method_mut() = parts.method.clone();
         *req.uri_mut() = uri;
         *req.headers_mut() = parts.headers.clone();
@@ -111,7 +122,173 @@ async fn mirror(
             }
         });
     }
-    Full::new(bytes).map_err(|never: Infallible| match never {}).boxed()
+}
+
+/// How forwarding went: the answer, Envoy's response flag, the last
+/// endpoint tried (address and identity) and the attempts made.
+struct Forwarded {
+    response: Response<Body>,
+    flag: &'static str,
+    upstream: Option<(std::net::SocketAddr, String)>,
+    attempts: u32,
+}
+
+/// One request to the endpoints of `f`: fault injection, mirroring, then
+/// attempts (retries to another endpoint when the rule allows), each
+/// bounded by the attempt timeout and all by the request timeout.
+#[allow(clippy::too_many_arguments)]
+async fn forward(
+    shared: &Arc<Shared>,
+    state: &slipstream_core::MeshState,
+    peer: &Peer,
+    f: plan::Forward,
+    filters: &Filters,
+    req: Request<Incoming>,
+    host: &str,
+    view_headers: &[(String, String)],
+    query: &str,
+    id: &str,
+) -> Forwarded {
+    let answer = |status: u16, text_: String, flag: &'static str, attempts: u32| Forwarded {
+        response: text(status, text_),
+        flag,
+        upstream: None,
+        attempts,
+    };
+    if let Some(fault) = &f.fault {
+        if let Some(d) = &fault.delay {
+            if traffic::chance(d.per_million, rand::random()) {
+                tokio::time::sleep(d.delay).await;
+            }
+        }
+        if let Some(a) = &fault.abort {
+            if traffic::chance(a.per_million, rand::random()) {
+                return answer(a.status, "fault filter abort\n".into(), "FI", 0);
+            }
+        }
+    }
+    let start = Instant::now();
+    let deadline = f.timeout.map(|t| start + t);
+    let (mut parts, body) = req.into_parts();
+    // HTTP/2 from the client has no Host; HTTP/1.1 to the endpoint needs it.
+    let new_host = f.host.clone().unwrap_or_else(|| host.to_string());
+    if let Ok(v) = HeaderValue::try_from(new_host) {
+        parts.headers.insert(HOST, v);
+    }
+    // Headers the client's `Connection` names are hop-by-hop too.
+    let named: Vec<String> = parts
+        .headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|h| h.trim().to_ascii_lowercase()).collect::<Vec<_>>())
+        .filter(|h| h != "host")
+        .collect();
+    for h in HOP_BY_HOP.iter().chain(IDENTITY_HEADERS).copied().chain(named.iter().map(String::as_str)) {
+        parts.headers.remove(h);
+    }
+    parts.version = http::Version::HTTP_11;
+    modify(&mut parts.headers, &filters.request_headers);
+    let mirrored = !filters.mirrors.is_empty() && filters.mirror_per_million.map_or(true, |p| traffic::chance(p, rand::random()));
+    let retries = f.retry.as_ref().map_or(0, |r| r.attempts);
+    // The body, whole when it must be sent more than once.
+    let (mut once, replay) = if mirrored || retries > 0 {
+        match buffer(&parts.headers, body).await {
+            Ok(b) => (None, Some(b)),
+            Err(stream) => {
+                tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, request_id = id, "not mirrored nor retried: the body is larger than 1 MiB or streamed");
+                (Some(stream), None)
+            }
+        }
+    } else {
+        (Some(body), None)
+    };
+    if let (true, Some(b)) = (mirrored, &replay) {
+        mirror(shared, state, &filters.mirrors, &parts, &f.path_and_query, b);
+    }
+    let retries = if replay.is_some() { retries } else { 0 };
+    let key = crate::balance::hash_key(&f.traffic.lb, view_headers, query, peer.addr.ip());
+    let mut tried: Vec<std::net::SocketAddr> = Vec::new();
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let slot = match shared.balancer.start(&f, key, &tried, [rand::random(), rand::random()]) {
+            Ok(s) => s,
+            Err(crate::balance::NoSlot::Overflow(max)) => {
+                return answer(
+                    503,
+                    format!("upstream overflow: {max} requests in flight to {} (DestinationRule connectionPool)\n", f.pool),
+                    "UO",
+                    attempt - 1,
+                )
+            }
+        };
+        let ep = slot.addr;
+        let upstream = Some((ep, slot.endpoint.workload.identity().to_string()));
+        tried.push(ep);
+        if let Err(d) = shared.source_egress(state, peer, ep) {
+            shared.balancer.finish(&f, slot, Some(200));
+            return Forwarded { response: text(403, format!("{d}\n")), flag: "RBAC", upstream, attempts: attempt };
+        }
+        let mut p = parts.clone();
+        p.uri = match format!("http://{ep}{}", f.path_and_query).parse() {
+            Ok(u) => u,
+            Err(_) => {
+                shared.balancer.finish(&f, slot, Some(200));
+                return answer(400, "the request's path cannot be forwarded\n".into(), "-", attempt);
+            }
+        };
+        let body = match (&replay, once.take()) {
+            (Some(b), _) => full(b.clone()),
+            (None, Some(stream)) => stream.boxed(),
+            (None, None) => full(Bytes::new()),
+        };
+        let sent = shared.client.request(Request::from_parts(p, body));
+        let bound = match (f.attempt_timeout, crate::balance::remaining(deadline)) {
+            (Some(a), Some(r)) => Some(a.min(r)),
+            (a, r) => a.or(r),
+        };
+        let result = match bound {
+            Some(t) => tokio::time::timeout(t, sent).await.ok(),
+            None => Some(sent.await),
+        };
+        let outcome = match &result {
+            Some(Ok(resp)) => traffic::Attempt::Status(resp.status().as_u16()),
+            Some(Err(e)) if e.is_connect() => traffic::Attempt::ConnectFailure,
+            Some(Err(_)) => traffic::Attempt::Reset,
+            // A timed-out attempt is a 504, which 5xx and gateway-error retry.
+            None => traffic::Attempt::Status(504),
+        };
+        let status = match outcome {
+            traffic::Attempt::Status(s) if result.as_ref().is_some_and(|r| r.is_ok()) => Some(s),
+            _ => None,
+        };
+        shared.balancer.finish(&f, slot, status);
+        let overall_left = crate::balance::remaining(deadline).map_or(true, |r| !r.is_zero());
+        let again = attempt <= retries && overall_left && f.retry.as_ref().is_some_and(|r| r.on.retries(outcome));
+        if again {
+            tracing::debug!(upstream = %ep, ?outcome, attempt, "retrying on another endpoint");
+            continue;
+        }
+        return match result {
+            Some(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                modify(&mut parts.headers, &filters.response_headers);
+                Forwarded { response: Response::from_parts(parts, body.boxed()), flag: "-", upstream, attempts: attempt }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(upstream = %ep, "upstream request failed: {e:?}");
+                let flag = if e.is_connect() { "UF" } else { "UC" };
+                Forwarded { response: text(503, format!("upstream connect error: {e}\n")), flag, upstream, attempts: attempt }
+            }
+            None if !overall_left || f.attempt_timeout.is_none() => {
+                Forwarded { response: text(504, "upstream request timeout\n".into()), flag: "UT", upstream, attempts: attempt }
+            }
+            None => {
+                Forwarded { response: text(504, "upstream request timeout (per try)\n".into()), flag: "UT", upstream, attempts: attempt }
+            }
+        };
+    }
 }
 
 fn request_id() -> String {
@@ -168,11 +345,13 @@ pub async fn handle(
     let decision = plan::decide(
         &state,
         service_routes.as_deref(),
+        &|svc: &str| shared.traffic_of(svc),
         &target,
-        &Req { view, host: &host, draw_backend: rand::random(), draw_endpoint: rand::random() },
+        &Req { view, host: &host, draw_backend: rand::random() },
     );
     let rule = decision.rule.map(|r| r.name.clone()).unwrap_or_else(|| "-".into());
     let filters = decision.rule.map(|r| r.filters.clone()).unwrap_or_default();
+    let mut attempts = 0u32;
     let (response, flag, upstream) = match decision.action {
         Action::Respond { status, flag, detail } => (text(status, format!("{detail}\n")), flag, None),
         Action::Redirect { status, location } => {
@@ -182,59 +361,10 @@ pub async fn handle(
             }
             (r, "-", None)
         }
-        Action::Forward(f) => 'forward: {
-            let ep = std::net::SocketAddr::new(f.endpoint.workload.address(), f.endpoint.target_port);
-            if let Err(d) = shared.source_egress(&state, &peer, ep) {
-                break 'forward (text(403, format!("{d}\n")), "RBAC", Some((ep, f.endpoint.workload.identity().to_string())));
-            }
-            let (mut parts, body) = req.into_parts();
-            parts.uri = match format!("http://{ep}{}", f.path_and_query).parse() {
-                Ok(u) => u,
-                Err(_) => return Ok(text(400, "the request's path cannot be forwarded\n".into())),
-            };
-            // HTTP/2 from the client has no Host; HTTP/1.1 to the endpoint needs it.
-            let new_host = f.host.clone().unwrap_or_else(|| host.clone());
-            if let Ok(v) = HeaderValue::try_from(new_host) {
-                parts.headers.insert(HOST, v);
-            }
-            // Headers the client's `Connection` names are hop-by-hop too.
-            let named: Vec<String> = parts
-                .headers
-                .get_all(http::header::CONNECTION)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(',').map(|h| h.trim().to_ascii_lowercase()).collect::<Vec<_>>())
-                .filter(|h| h != "host")
-                .collect();
-            for h in HOP_BY_HOP.iter().chain(IDENTITY_HEADERS).copied().chain(named.iter().map(String::as_str)) {
-                parts.headers.remove(h);
-            }
-            parts.version = http::Version::HTTP_11;
-            modify(&mut parts.headers, &filters.request_headers);
-            let body = if filters.mirrors.is_empty() {
-                body.boxed()
-            } else {
-                mirror(&shared, &state, &filters.mirrors, &parts, &f.path_and_query, body, &id).await
-            };
-            let upstream_req = Request::from_parts(parts, body);
-            let sent = shared.client.request(upstream_req);
-            // None: the rule's timeout passed first.
-            let result = match f.timeout {
-                Some(t) => tokio::time::timeout(t, sent).await.ok(),
-                None => Some(sent.await),
-            };
-            match result {
-                Some(Ok(resp)) => {
-                    let (mut parts, body) = resp.into_parts();
-                    modify(&mut parts.headers, &filters.response_headers);
-                    (Response::from_parts(parts, body.boxed()), "-", Some((ep, f.endpoint.workload.identity().to_string())))
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(upstream = %ep, "upstream request failed: {e:?}");
-                    (text(503, format!("upstream connect error: {e}\n")), "UF", Some((ep, f.endpoint.workload.identity().to_string())))
-                }
-                None => (text(504, "upstream request timeout\n".into()), "UT", Some((ep, f.endpoint.workload.identity().to_string()))),
-            }
+        Action::Forward(f) => {
+            let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &headers, &query, &id).await;
+            attempts = r.attempts;
+            (r.response, r.flag, r.upstream)
         }
     };
     let (up, dst) = upstream.map_or(("-".to_string(), "-".to_string()), |(a, i)| (a.to_string(), i));
@@ -248,6 +378,7 @@ pub async fn handle(
         route = %rule,
         policy = %policy,
         upstream = %up,
+        attempts,
         duration_ms = start.elapsed().as_millis() as u64,
         src = %peer.identity,
         dst = %dst,

@@ -8,7 +8,10 @@
 use futures_util::future::BoxFuture;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::TokioIo;
-use slipstream_core::route::{Backend, Filters, RouteRule, ServiceRoutes};
+use slipstream_core::route::traffic::{
+    Fault, FaultAbort, FaultDelay, HashOn, LoadBalancer, OutlierDetection, Retry, RetryOn, TrafficPolicy,
+};
+use slipstream_core::route::{Backend, Filters, HeaderMatch, PathMatch, RouteMatch, RouteRule, ServiceRoutes};
 use slipstream_core::*;
 use slipstream_hbone::{CertResolver, Pool, PoolConfig, ResolveError, Server, ServerConfig};
 use slipstream_identity::tls::ServerTls;
@@ -112,7 +115,15 @@ async fn app(l: TcpListener, version: &'static str) {
                     SHADOWED.lock().unwrap().push((local, format!("{host} {}", req.uri().path())));
                 }
                 let body = format!("{version} {}", req.uri().path());
-                Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(bytes::Bytes::from(body))))
+                // v2 is the bad version: `/flaky...` fails half the time,
+                // `/fail-v2...` always.
+                let path = req.uri().path();
+                let fails = version == "v2" && (path.starts_with("/fail-v2") || (path.starts_with("/flaky") && rand::random::<bool>()));
+                let mut resp = hyper::Response::new(Full::new(bytes::Bytes::from(body)));
+                if fails {
+                    *resp.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
+                }
+                Ok::<_, std::convert::Infallible>(resp)
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
         });
@@ -223,12 +234,22 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
 /// GETs `path` `n` times on one keep-alive connection from the client pod
 /// to `dst` (captured by node1); the answers' bodies.
 async fn get(m: &Mesh, dst: SocketAddr, path: &str, n: usize) -> Vec<String> {
+    get_with(m, dst, path, n, &[]).await.into_iter().map(|(a, _)| a).collect()
+}
+
+/// As [`get`], with request headers; each answer with how long it took.
+async fn get_with(m: &Mesh, dst: SocketAddr, path: &str, n: usize, headers: &[(&str, &str)]) -> Vec<(String, Duration)> {
     let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, dst).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
     tokio::spawn(conn);
     let mut out = Vec::new();
     for _ in 0..n {
-        let req = hyper::Request::get(path).header("host", "reviews:9080").body(Empty::<bytes::Bytes>::new()).unwrap();
+        let mut req = hyper::Request::get(path).header("host", "reviews:9080");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Empty::<bytes::Bytes>::new()).unwrap();
+        let began = Instant::now();
         send.ready().await.unwrap_or_else(|e| panic!("{e}: node1 says {:?}", m.node1.shared().telemetry.lines()));
         let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
             .await
@@ -236,7 +257,7 @@ async fn get(m: &Mesh, dst: SocketAddr, path: &str, n: usize) -> Vec<String> {
             .unwrap_or_else(|e| panic!("{e}: node1 says {:?}", m.node1.shared().telemetry.lines()));
         let status = resp.status().as_u16();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
-        out.push(format!("{status} {}", String::from_utf8_lossy(&body)));
+        out.push((format!("{status} {}", String::from_utf8_lossy(&body)), began.elapsed()));
     }
     out
 }
@@ -255,13 +276,13 @@ async fn a_bound_service_is_routed_by_the_waypoint_request_by_request() {
     let rule = RouteRule {
         name: "default/reviews.0".into(),
         backends: vec![
-            Backend { service: key("reviews-v1"), port: APP_PORT, weight: 90 },
-            Backend { service: key("reviews-v2"), port: APP_PORT, weight: 10 },
+            Backend { service: key("reviews-v1"), port: APP_PORT, weight: 90, subset: None },
+            Backend { service: key("reviews-v2"), port: APP_PORT, weight: 10, subset: None },
         ],
         filters: Filters::default(),
         ..Default::default()
     };
-    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![rule], policies: vec![] }]);
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![rule], ..Default::default() }]);
     let n = 1000;
     let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/1", n).await;
     let v2 = answers.iter().filter(|b| *b == "200 v2 /reviews/1").count();
@@ -343,11 +364,14 @@ async fn a_mirror_gets_a_copy_of_every_request_and_its_answer_is_dropped() {
     let ip = |c, d| m.ip(c, d);
     let rule = RouteRule {
         name: "default/reviews.0".into(),
-        backends: vec![Backend { service: key("reviews-v1"), port: APP_PORT, weight: 1 }],
-        filters: Filters { mirrors: vec![Backend { service: key("reviews-v2"), port: APP_PORT, weight: 1 }], ..Default::default() },
+        backends: vec![Backend { service: key("reviews-v1"), port: APP_PORT, weight: 1, subset: None }],
+        filters: Filters {
+            mirrors: vec![Backend { service: key("reviews-v2"), port: APP_PORT, weight: 1, subset: None }],
+            ..Default::default()
+        },
         ..Default::default()
     };
-    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![rule], policies: vec![] }]);
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![rule], ..Default::default() }]);
     let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/7", 20).await;
     assert!(answers.iter().all(|a| a == "200 v1 /reviews/7"), "the answers are the backend's only: {answers:?}");
     let v2 = ip(2, 2);
@@ -382,4 +406,126 @@ async fn one_peer_address_holds_a_bounded_share_of_the_waypoint() {
     assert!(h.admit(SocketAddr::new(m.ip(1, 1), 40001), local).is_ok());
     drop(held);
     assert!(h.admit(hostile, local).is_ok());
+}
+
+/// A rule for `reviews` (Istio's VirtualService, as the control plane
+/// compiles it): every request, to `backends` (service, subset).
+fn vs_rule(backends: &[(&str, Option<&str>, u32)]) -> RouteRule {
+    let subset = |name: &str| slipstream_core::route::Subset {
+        name: name.into(),
+        workloads: vec![format!("test//Pod/default/reviews-{name}")],
+        traffic: None,
+    };
+    RouteRule {
+        name: "default/reviews.0".into(),
+        matches: vec![RouteMatch { path: PathMatch::StringPrefix("/".into()), ..Default::default() }],
+        backends: backends
+            .iter()
+            .map(|(s, sub, w)| Backend { service: key(s), port: APP_PORT, weight: *w, subset: sub.map(subset) })
+            .collect(),
+        retry: Some(Retry::istio_default()),
+        ..Default::default()
+    }
+}
+
+fn count(answers: &[(String, Duration)], prefix: &str) -> usize {
+    answers.iter().filter(|(a, _)| a.starts_with(prefix)).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_match_takes_its_subset_and_everything_else_the_default() {
+    let (m, _node2, wp, _cfg) = mesh(96).await;
+    let vip = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    // bookinfo's "jason sees v2": a header match first, the default after.
+    let mut jason = vs_rule(&[("reviews", Some("v2"), 100)]);
+    jason.matches[0].headers = vec![HeaderMatch { name: "end-user".into(), value: "jason".into() }];
+    let rest = vs_rule(&[("reviews", Some("v1"), 100)]);
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![jason, rest], ..Default::default() }]);
+    let j = get_with(&m, vip, "/reviews/1", 50, &[("end-user", "jason")]).await;
+    assert_eq!(count(&j, "200 v2 /reviews/1"), 50, "{j:?}");
+    let o = get_with(&m, vip, "/reviews/1", 50, &[("end-user", "ann")]).await;
+    assert_eq!(count(&o, "200 v1 /reviews/1"), 50, "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_hide_a_pod_that_fails_half_of_its_requests() {
+    let (m, _node2, wp, _cfg) = mesh(97).await;
+    let vip = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    let n = 200;
+    // No retries: about a quarter fail (half the requests reach v2, which
+    // fails half of them). P(none of 200 fails) is 0.75^200.
+    let mut once = vs_rule(&[("reviews", None, 100)]);
+    once.retry = None;
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![once], ..Default::default() }]);
+    let a = get_with(&m, vip, "/flaky", n, &[]).await;
+    let failed = count(&a, "503");
+    assert!(failed > 10, "without retries {failed} of {n} failed: v2 should fail some");
+    // retries: {attempts: 3, retryOn: 5xx}: a retry goes to another
+    // endpoint (v1, which never fails), so none fails.
+    let mut retried = vs_rule(&[("reviews", None, 100)]);
+    retried.retry = Some(Retry { attempts: 3, per_try_timeout: None, on: RetryOn { five_xx: true, ..Default::default() } });
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![retried], ..Default::default() }]);
+    let a = get_with(&m, vip, "/flaky", n, &[]).await;
+    assert_eq!(count(&a, "200"), n, "every request answered: {:?}", a.iter().filter(|(x, _)| !x.starts_with("200")).collect::<Vec<_>>());
+    assert!(count(&a, "200 v2") > 10, "v2 still serves the requests it does not fail");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_delay_and_abort_their_percentages() {
+    let (m, _node2, wp, _cfg) = mesh(98).await;
+    let vip = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    let n = 1000u32;
+    // abort: {httpStatus: 500, percentage: {value: 30}}: binomial(1000,
+    // 0.3) is 300 +- 14.5; the bounds are 5 standard deviations.
+    let mut r = vs_rule(&[("reviews", Some("v1"), 100)]);
+    r.fault = Some(Fault { delay: None, abort: Some(FaultAbort { per_million: 300_000, status: 500 }) });
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![r], ..Default::default() }]);
+    let a = get_with(&m, vip, "/ratings", n as usize, &[]).await;
+    let aborted = count(&a, "500 fault filter abort");
+    assert!((228..=372).contains(&aborted), "{aborted} of {n} aborted, expected 300 +- 72");
+    assert_eq!(aborted + count(&a, "200 v1 /ratings"), n as usize, "every other request reached v1");
+    // delay: {fixedDelay: 100ms, percentage: {value: 20}} over 200
+    // requests: 40 +- 5.7 delayed, each by at least 100 ms.
+    let mut r = vs_rule(&[("reviews", Some("v1"), 100)]);
+    r.fault = Some(Fault { delay: Some(FaultDelay { per_million: 200_000, delay: Duration::from_millis(100) }), abort: None });
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![r], ..Default::default() }]);
+    let a = get_with(&m, vip, "/ratings", 200, &[]).await;
+    assert_eq!(count(&a, "200 v1 /ratings"), 200);
+    let delayed = a.iter().filter(|(_, d)| *d >= Duration::from_millis(100)).count();
+    assert!((12..=68).contains(&delayed), "{delayed} of 200 delayed, expected 40 +- 28");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destination_rule_load_balancing_and_outlier_detection() {
+    let (m, _node2, wp, _cfg) = mesh(99).await;
+    let vip = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    let mut plain = vs_rule(&[("reviews", None, 100)]);
+    plain.retry = None;
+    let with =
+        |traffic: TrafficPolicy| ServiceRoutes { service: key("reviews"), rules: vec![plain.clone()], traffic, ..Default::default() };
+    // ROUND_ROBIN: strictly alternating.
+    wp.set_routes([with(TrafficPolicy { lb: LoadBalancer::RoundRobin, ..Default::default() })]);
+    let a = get_with(&m, vip, "/r", 20, &[]).await;
+    let versions: Vec<&str> = a.iter().map(|(x, _)| &x[4..6]).collect();
+    assert!(versions.windows(2).all(|w| w[0] != w[1]), "{versions:?}");
+    // consistentHash on a header: one user, one endpoint.
+    wp.set_routes([with(TrafficPolicy { lb: LoadBalancer::Hash(HashOn::Header("x-user".into())), ..Default::default() })]);
+    for user in ["ann", "bob", "cy", "dee"] {
+        let a = get_with(&m, vip, "/r", 10, &[("x-user", user)]).await;
+        let first = a[0].0.clone();
+        assert!(a.iter().all(|(x, _)| *x == first), "{user}: {a:?}");
+    }
+    // outlierDetection {consecutive5xxErrors: 2, maxEjectionPercent: 100}:
+    // v2, which always fails /fail-v2, is ejected after its second
+    // failure; the rest go to v1.
+    let od = OutlierDetection {
+        consecutive_5xx: Some(2),
+        consecutive_gateway: None,
+        base_ejection: Duration::from_secs(60),
+        max_ejection_percent: 100,
+    };
+    wp.set_routes([with(TrafficPolicy { lb: LoadBalancer::RoundRobin, outlier: Some(od), ..Default::default() })]);
+    let a = get_with(&m, vip, "/fail-v2", 40, &[]).await;
+    assert_eq!(count(&a, "503"), 2, "{a:?}");
+    assert!(a[10..].iter().all(|(x, _)| x == "200 v1 /fail-v2"), "{a:?}");
 }

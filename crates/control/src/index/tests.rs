@@ -575,3 +575,57 @@ fn http_routes_become_route_resources_of_their_parent_services() {
     let e = parse_manifests(&bad).unwrap_err();
     assert_eq!(e[0].field, "spec.rules[0].matches[0].path.type", "{e:?}");
 }
+
+#[test]
+fn virtual_services_and_destination_rules_become_routes_with_subsets_resolved() {
+    let mut ix = index(&format!(
+        "{}{}{}{}",
+        service("bookinfo", "reviews", "app: reviews", "10.96.0.10"),
+        pod_with("bookinfo", "reviews-v1-a", "app: reviews, version: v1", "10.244.1.2", "node1", true),
+        pod_with("bookinfo", "reviews-v2-a", "app: reviews, version: v2", "10.244.1.3", "node1", true),
+        pod_with("bookinfo", "reviews-v3-a", "app: reviews, version: v3", "10.244.1.4", "node1", true),
+    ));
+    let key = ResourceKey::new(TypeUrl::Route, "bookinfo/reviews.bookinfo.svc.cluster.local");
+    let routes = |ix: &Index| ix.resources().get(&key).map(|v| slipstream_api::routes::routes_from_any(&v.body).unwrap());
+    let vs = "---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  hosts: [reviews]\n  http:\n  - match: [{headers: {end-user: {exact: jason}}}]\n    route: [{destination: {host: reviews, subset: v3}}]\n  - route: [{destination: {host: reviews, subset: v1}, weight: 90}, {destination: {host: reviews, subset: v2}, weight: 10}]\n";
+    let changes = upsert(&mut ix, vs);
+    assert_eq!(changes.upserted, vec![key.clone()]);
+    let r = routes(&ix).unwrap();
+    assert_eq!(r.source, "VirtualService");
+    assert_eq!(r.rules.len(), 2);
+    // No DestinationRule yet: the subsets select nothing.
+    assert!(r.rules[0].backends[0].subset.as_ref().unwrap().workloads.is_empty());
+    let dr = "---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  host: reviews\n  trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}\n  subsets:\n  - {name: v1, labels: {version: v1}}\n  - {name: v2, labels: {version: v2}}\n  - {name: v3, labels: {version: v3}, trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n";
+    let changes = upsert(&mut ix, dr);
+    assert_eq!(changes.upserted, vec![key.clone()]);
+    let r = routes(&ix).unwrap();
+    let v3 = r.rules[0].backends[0].subset.clone().unwrap();
+    assert_eq!(v3.workloads, ["c1//Pod/bookinfo/reviews-v3-a"]);
+    assert_eq!(v3.traffic.unwrap().lb, slipstream_core::route::traffic::LoadBalancer::Random);
+    assert_eq!(r.traffic.lb, slipstream_core::route::traffic::LoadBalancer::RoundRobin);
+    let v1 = r.rules[1].backends[0].subset.clone().unwrap();
+    assert_eq!((v1.workloads.as_slice(), r.rules[1].backends[0].weight), (["c1//Pod/bookinfo/reviews-v1-a".to_string()].as_slice(), 90));
+    // A new v3 pod joins the subset; relabelled, it leaves it.
+    upsert(&mut ix, &pod_with("bookinfo", "reviews-v3-b", "app: reviews, version: v3", "10.244.1.5", "node1", true));
+    let v3 = routes(&ix).unwrap().rules[0].backends[0].subset.clone().unwrap();
+    assert_eq!(v3.workloads, ["c1//Pod/bookinfo/reviews-v3-a", "c1//Pod/bookinfo/reviews-v3-b"]);
+    upsert(&mut ix, &pod_with("bookinfo", "reviews-v3-b", "app: reviews, version: v2", "10.244.1.5", "node1", true));
+    let v3 = routes(&ix).unwrap().rules[0].backends[0].subset.clone().unwrap();
+    assert_eq!(v3.workloads, ["c1//Pod/bookinfo/reviews-v3-a"]);
+    // An HTTPRoute for the same service takes precedence.
+    let route = "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  parentRefs: [{group: '', kind: Service, name: reviews}]\n  rules:\n  - backendRefs: [{name: reviews, port: 9080}]\n";
+    upsert(&mut ix, route);
+    assert_eq!(routes(&ix).unwrap().source, "HTTPRoute");
+    ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::HTTPRoute, "bookinfo", "reviews"))).unwrap();
+    assert_eq!(routes(&ix).unwrap().source, "VirtualService");
+    // The VirtualService goes: the DestinationRule's policy alone still makes a resource.
+    ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::VirtualService, "bookinfo", "reviews"))).unwrap();
+    let r = routes(&ix).unwrap();
+    assert!(r.rules.is_empty());
+    assert_eq!(r.traffic.lb, slipstream_core::route::traffic::LoadBalancer::RoundRobin);
+    let changes = ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::DestinationRule, "bookinfo", "reviews"))).unwrap();
+    assert_eq!(changes.removed, vec![key]);
+    // Invalid ones are refused naming the field.
+    let e = parse_manifests(&vs.replace("subset: v3}", "subset: v3}, weight: -5")).unwrap_err();
+    assert_eq!(e[0].field, "spec.http[0].route[0].weight", "{e:?}");
+}

@@ -457,7 +457,7 @@ fn route_match(rd: &Reader, m: MatchSpec, f: &str) -> Result<RouteMatch, ObjectE
             return Err(rd.err(format!("{f}.method"), format!("{method:?} is not one of {}", METHODS.join(", "))));
         }
     }
-    Ok(RouteMatch { path, headers, query, method: m.method })
+    Ok(RouteMatch { path, headers, query, method: m.method, ..Default::default() })
 }
 
 /// A reference to a Service (a backendRef or a mirror's): any other kind,
@@ -649,7 +649,12 @@ pub fn compile(routes: &[&HttpRouteInput], service_namespace: &str, service_name
         let origin = RuleOrigin { creation: route.creation.clone(), route: format!("{}/{}", route.namespace, route.name) };
         for port in ports {
             for (i, r) in route.rules.iter().enumerate() {
-                let resolve = |b: &BackendRef| Backend { service: b.service_key(), port: b.port.or(port).unwrap_or(0), weight: b.weight };
+                let resolve = |b: &BackendRef| Backend {
+                    service: b.service_key(),
+                    port: b.port.or(port).unwrap_or(0),
+                    weight: b.weight,
+                    subset: None,
+                };
                 let rule = RouteRule {
                     name: format!("{}/{}.{i}", route.namespace, route.name),
                     port: port.unwrap_or(0),
@@ -658,12 +663,16 @@ pub fn compile(routes: &[&HttpRouteInput], service_namespace: &str, service_name
                     filters: Filters { mirrors: r.mirrors.iter().map(resolve).collect(), ..r.filters.clone() },
                     timeout: r.timeout,
                     backend_timeout: r.backend_timeout,
+                    retry: None,
+                    fault: None,
                 };
                 rules.push((rule, origin.clone()));
             }
         }
     }
-    ServiceRoutes { service: format!("{service_namespace}/{hostname}"), rules: sort_rules(rules), policies: Vec::new() }
+    let rules = sort_rules(rules);
+    let source = if rules.is_empty() { "" } else { "HTTPRoute" };
+    ServiceRoutes { service: format!("{service_namespace}/{hostname}"), rules, source: source.into(), ..Default::default() }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod authorization;
 pub mod http_route;
 pub mod network_policy;
 pub mod peer_authentication;
+pub mod virtual_service;
 pub mod waypoint;
 
 use crate::objects::{ClusterObject, ObjectError, ObjectRef};
@@ -63,6 +64,8 @@ pub enum Input {
     NetworkPolicy(network_policy::NetPolicyInput),
     Gateway(waypoint::GatewayInput),
     HttpRoute(Box<http_route::HttpRouteInput>),
+    VirtualService(Box<virtual_service::VirtualServiceInput>),
+    DestinationRule(Box<virtual_service::DestinationRuleInput>),
     /// A kind kept for later work; it changes no resource yet.
     Opaque,
 }
@@ -206,6 +209,12 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str) -> Result<Input,
         ClusterObject::CiliumNetworkPolicy(p) => Input::NetworkPolicy(network_policy::cilium_network_policy(p, &r)?),
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::Gateway => Input::Gateway(waypoint::gateway(o)?),
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::HTTPRoute => Input::HttpRoute(Box::new(http_route::http_route(o)?)),
+        ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::VirtualService => {
+            Input::VirtualService(Box::new(virtual_service::virtual_service(o)?))
+        }
+        ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::DestinationRule => {
+            Input::DestinationRule(Box::new(virtual_service::destination_rule(o)?))
+        }
         ClusterObject::Opaque(_) => Input::Opaque,
     })
 }

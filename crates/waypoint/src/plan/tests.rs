@@ -79,10 +79,9 @@ fn rule(name: &str, matches: Vec<RouteMatch>, backends: &[(&str, u32)], filters:
         name: name.into(),
         port: 0,
         matches,
-        backends: backends.iter().map(|(s, w)| Backend { service: key(s), port: 9080, weight: *w }).collect(),
+        backends: backends.iter().map(|(s, w)| Backend { service: key(s), port: 9080, weight: *w, subset: None }).collect(),
         filters,
-        timeout: None,
-        backend_timeout: None,
+        ..Default::default()
     }
 }
 
@@ -124,7 +123,7 @@ fn routes() -> ServiceRoutes {
                 r
             },
         ],
-        policies: vec![],
+        ..Default::default()
     }
 }
 
@@ -148,18 +147,13 @@ fn run(s: &MeshState, r: Option<&ServiceRoutes>, dialed: &str, path: &str, heade
     let t = target(s, &me(), dialed.parse().unwrap()).unwrap();
     let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
-    let req = Req {
-        view: RequestView { method: "GET", path, query, headers: &headers },
-        host: "reviews:9080",
-        draw_backend: draw,
-        draw_endpoint: 0,
-    };
-    let d = decide(s, r, &t, &req);
+    let req = Req { view: RequestView { method: "GET", path, query, headers: &headers }, host: "reviews:9080", draw_backend: draw };
+    let d = decide(s, r, &|_: &str| Default::default(), &t, &req);
     let rule = d.rule.map(|r| r.name.as_str()).unwrap_or("-");
     match d.action {
         Action::Forward(f) => format!(
             "{rule} -> {} {}{}",
-            f.endpoint.workload.name,
+            f.candidates.iter().map(|e| e.workload.name.as_str()).collect::<Vec<_>>().join("|"),
             f.path_and_query,
             f.host.map(|h| format!(" host={h}")).unwrap_or_default()
         ),
@@ -201,11 +195,63 @@ fn requests_take_the_first_matching_rule_and_its_weighted_backend() {
         assert_eq!(run(&s, Some(&r), dialed, path, &headers, draw), want, "row {i}: {path} {headers:?} draw {draw}");
     }
     // Without routes, or with routes for another port: the service itself.
-    assert_eq!(run(&s, None, "10.96.0.1:9080", "/x", &[], 0), "- -> reviews-v1 /x", "reviews' own endpoints");
+    assert_eq!(run(&s, None, "10.96.0.1:9080", "/x", &[], 0), "- -> reviews-v1|reviews-v2 /x", "reviews' own endpoints");
     assert_eq!(run(&s, None, "10.96.0.4:9080", "/r", &[], 0), "- -> ratings /r");
     let mut other_port = routes();
     other_port.rules.iter_mut().for_each(|r| r.port = 9999);
     assert_eq!(run(&s, Some(&other_port), "10.96.0.4:9080", "/r", &[], 0), "- -> ratings /r");
     // A bound service with no endpoint: 503.
     assert_eq!(run(&s, None, "10.96.0.6:9080", "/", &[], 0), "- -> 503 UH");
+}
+
+#[test]
+fn subsets_timeouts_retries_and_the_backends_traffic_policy() {
+    use slipstream_core::route::traffic::{Fault, FaultAbort, LoadBalancer, Retry, TrafficPolicy};
+    use slipstream_core::route::Subset;
+    let s = state();
+    let t = target(&s, &me(), "10.96.0.1:9080".parse().unwrap()).unwrap();
+    let subset = |name: &str, uids: &[&str], lb: Option<LoadBalancer>| Subset {
+        name: name.into(),
+        workloads: uids.iter().map(|u| format!("c//Pod/bookinfo/{u}")).collect(),
+        traffic: lb.map(|lb| TrafficPolicy { lb, ..Default::default() }),
+    };
+    let mut r = rule("bookinfo/vs.0", vec![], &[("reviews", 1)], Filters::default());
+    r.timeout = Some(Duration::from_secs(3));
+    r.retry = Some(Retry { per_try_timeout: Some(Duration::from_secs(1)), ..Retry::istio_default() });
+    r.fault = Some(Fault { delay: None, abort: Some(FaultAbort { per_million: 1, status: 418 }) });
+    let routes_with = |sub: Option<Subset>| {
+        let mut r = r.clone();
+        r.backends[0].subset = sub;
+        ServiceRoutes { service: key("reviews"), rules: vec![r], ..Default::default() }
+    };
+    let rr = |svc: &str| {
+        if svc == key("reviews") {
+            TrafficPolicy { lb: LoadBalancer::RoundRobin, ..Default::default() }
+        } else {
+            TrafficPolicy::default()
+        }
+    };
+    let req = Req { view: RequestView { method: "GET", path: "/r", query: "", headers: &[] }, host: "reviews:9080", draw_backend: 0 };
+    let forward = |routes: &ServiceRoutes| match decide(&s, Some(routes), &rr, &t, &req).action {
+        Action::Forward(f) => Ok(*f),
+        Action::Respond { status, detail, .. } => Err((status, detail)),
+        other => panic!("{other:?}"),
+    };
+    // No subset: every endpoint of reviews, its own policy.
+    let f = forward(&routes_with(None)).unwrap();
+    assert_eq!(f.candidates.len(), 2);
+    assert_eq!((f.pool.as_str(), &f.traffic.lb), (key("reviews").as_str(), &LoadBalancer::RoundRobin));
+    assert_eq!((f.timeout, f.attempt_timeout), (Some(Duration::from_secs(3)), Some(Duration::from_secs(1))));
+    assert_eq!(f.retry.as_ref().unwrap().attempts, 2);
+    assert_eq!(f.fault.as_ref().unwrap().abort.as_ref().unwrap().status, 418);
+    // A subset: only its workloads, and its own policy when it has one.
+    let f = forward(&routes_with(Some(subset("v2", &["reviews-v2"], Some(LoadBalancer::Random))))).unwrap();
+    assert_eq!(f.candidates.iter().map(|e| e.workload.name.as_str()).collect::<Vec<_>>(), ["reviews-v2"]);
+    assert_eq!((f.pool, f.traffic.lb), (format!("{}#v2", key("reviews")), LoadBalancer::Random));
+    let f = forward(&routes_with(Some(subset("v1", &["reviews-v1"], None)))).unwrap();
+    assert_eq!(f.traffic.lb, LoadBalancer::RoundRobin, "a subset without a policy has its service's");
+    // A subset that selects nothing (or that no rule defines): 503, naming it.
+    let (status, detail) = forward(&routes_with(Some(subset("v9", &[], None)))).unwrap_err();
+    assert_eq!(status, 503);
+    assert!(detail.contains("subset v9 of service reviews"), "{detail}");
 }

@@ -253,6 +253,7 @@ fn gateway_api_defaults() {
             ],
             query: vec![QueryMatch { name: "v".into(), value: "1".into() }, QueryMatch { name: "V".into(), value: "2".into() }],
             method: Some("GET".into()),
+            ..Default::default()
         },
         "header names lower-cased, the first of equivalent names counts; query names are case-sensitive"
     );
@@ -268,6 +269,7 @@ fn gateway_api_defaults() {
             redirect: None,
             rewrite: Some(Rewrite { hostname: Some("internal".into()), path: Some(PathRewrite::ReplaceFullPath("/v2".into())) }),
             mirrors: vec![],
+            mirror_per_million: None,
         }
     );
     assert_eq!(
@@ -331,7 +333,7 @@ fn summary(s: &ServiceRoutes) -> Vec<(String, u16, String, Vec<String>)> {
             assert_eq!(r.matches.len(), 1, "one match per entry");
             let path = match &r.matches[0].path {
                 PathMatch::Exact(p) => format!("={p}"),
-                PathMatch::Prefix(p) => p.clone(),
+                PathMatch::Prefix(p) | PathMatch::StringPrefix(p) => p.clone(),
             };
             let backends = r.backends.iter().map(|b| format!("{}:{}/{}", b.service, b.port, b.weight)).collect();
             (r.name.clone(), r.port, path, backends)
@@ -419,7 +421,7 @@ fn compile_orders_and_resolves() {
     ];
     assert_eq!(summary(&compiled), want);
     // The mirror's port defaults to its parent's too.
-    assert_eq!(compiled.rules[0].filters.mirrors, [Backend { service: key("shadow"), port: 9080, weight: 1 }]);
+    assert_eq!(compiled.rules[0].filters.mirrors, [Backend { service: key("shadow"), port: 9080, weight: 1, subset: None }]);
 
     // `api` named reviews twice (every port, and 9080): once is enough.
     assert_eq!(compiled.rules.iter().filter(|r| r.name == "bookinfo/api.0").count(), 1);
