@@ -120,3 +120,69 @@ fn billing_answers_only_get_invoices_to_frontend_at_the_waypoint() {
     assert!(denied.iter().any(|l| l.contains("src=spiffe://cluster.local/ns/production/sa/legacy-sa")), "{log}");
     c.down();
 }
+
+/// `n` GETs of reviews on one curl from productpage, with `end-user`
+/// (empty: without); each answer's HTTP status and the version that
+/// served it (`-` when the waypoint answered itself).
+fn reviews_as(c: &Cluster, user: &str, n: usize) -> Vec<(String, String)> {
+    let header = if user.is_empty() { String::new() } else { format!("-H 'end-user: {user}'") };
+    let script = format!(
+        "curl -sS --max-time 60 {header} -w '\\n@@%{{http_code}}\\n' $(for i in $(seq {n}); do printf 'http://reviews:9080/reviews/0 '; done)"
+    );
+    let (code, out) = c.exec("bookinfo", "deploy/productpage-v1", &["sh", "-c", &script]);
+    assert_eq!(code, 0, "{out}");
+    let mut answers = Vec::new();
+    let mut body = String::new();
+    for line in out.lines() {
+        match line.strip_prefix("@@") {
+            Some(status) => {
+                let by =
+                    serde_json::from_str::<serde_json::Value>(body.trim()).ok().and_then(|v| v["served_by"].as_str().map(str::to_string));
+                answers.push((status.to_string(), by.unwrap_or_else(|| "-".into())));
+                body.clear();
+            }
+            None => body.push_str(line),
+        }
+    }
+    assert_eq!(answers.len(), n, "{out}");
+    answers
+}
+
+#[test]
+fn bookinfo_virtual_service_and_destination_rule_at_the_waypoint() {
+    require_root();
+    let bi = repo().join("examples/bookinfo").display().to_string();
+    let vs = repo().join("examples/bookinfo/virtual-service").display().to_string();
+    let c = Cluster::up("t-waypoint-vs", &["-f", &bi]);
+    let applied = c.ok(&["apply", "-f", &vs]);
+    assert!(applied.contains("virtualservice.networking.istio.io/reviews (bookinfo) created"), "{applied}");
+    assert!(applied.contains("destinationrule.networking.istio.io/reviews (bookinfo) created"), "{applied}");
+    wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
+    let n = 100;
+    let jason = reviews_as(&c, "jason", n);
+    assert!(jason.iter().all(|(s, by)| s == "200" && by == "reviews-v3"), "jason sees v3: {jason:?}");
+    let others = reviews_as(&c, "", n);
+    assert!(others.iter().all(|(s, by)| s == "200" && by == "reviews-v1"), "everyone else v1: {others:?}");
+    let tester = reviews_as(&c, "tester", 20);
+    assert!(tester.iter().all(|(s, by)| s == "418" && by == "-"), "the injected abort: {tester:?}");
+    // The access log names the rule and the flag.
+    let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
+    let log = c.ok(&["logs", "-n", "bookinfo", &pod]);
+    assert_eq!(log.lines().filter(|l| l.contains("route=bookinfo/reviews.1") && l.contains("flags=\"FI\"")).count(), 20, "{log}");
+    // A field we cannot honour is refused at apply, naming it, and changes nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write_manifest(
+        &dir,
+        "bad.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  hosts: [reviews]\n  http:\n  - match: [{uri: {regex: '/reviews/.*'}}]\n    route: [{destination: {host: reviews, subset: v2}}]\n",
+    );
+    let o = c.run(&["apply", "-f", &bad]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("VirtualService bookinfo/reviews") && out.contains("spec.http[0].match[0].uri.regex"), "{out}");
+    let again = reviews_as(&c, "jason", 10);
+    assert!(again.iter().all(|(_, by)| by == "reviews-v3"), "the refused object changed nothing: {again:?}");
+    // Deleting them: the service's own endpoints again, all three versions.
+    c.ok(&["delete", "-f", &vs]);
+    c.down();
+}
