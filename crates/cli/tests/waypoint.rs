@@ -169,6 +169,19 @@ fn bookinfo_virtual_service_and_destination_rule_at_the_waypoint() {
     let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
     let log = c.ok(&["logs", "-n", "bookinfo", &pod]);
     assert_eq!(log.lines().filter(|l| l.contains("route=bookinfo/reviews.1") && l.contains("flags=\"FI\"")).count(), 20, "{log}");
+    // Istio's request metrics, where Istio's proxies serve them (15020).
+    let (code, stats) = c.exec("bookinfo", &pod, &["curl", "-sS", "--max-time", "5", "http://127.0.0.1:15020/stats/prometheus"]);
+    assert_eq!(code, 0, "{stats}");
+    let count = |needles: &[&str]| -> u64 {
+        stats
+            .lines()
+            .filter(|l| l.starts_with("istio_requests_total{") && needles.iter().all(|n| l.contains(n)))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    let v3 = ["destination_workload=\"reviews-v3\"", "response_code=\"200\"", "source_workload=\"productpage-v1\""];
+    assert_eq!(count(&v3), n as u64, "{stats}");
+    assert_eq!(count(&["response_code=\"418\"", "response_flags=\"FI\""]), 20, "{stats}");
     // A field we cannot honour is refused at apply, naming it, and changes nothing.
     let dir = tempfile::tempdir().unwrap();
     let bad = write_manifest(

@@ -12,11 +12,13 @@
 
 pub mod balance;
 pub mod handler;
+pub mod metrics;
 pub mod plan;
 pub mod proxy;
 pub mod run;
 pub mod sniff;
 pub mod tcp;
+pub mod trace;
 pub mod upstream;
 
 use arc_swap::ArcSwap;
@@ -64,6 +66,7 @@ pub struct Shared {
     limits: slipstream_node::limits::NodeLimits,
     /// Requests in flight, round robin and outlier state, per pool.
     balancer: balance::Balancer,
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 impl Shared {
@@ -132,6 +135,7 @@ impl Waypoint {
                 connector,
                 limits,
                 balancer: balance::Balancer::default(),
+                metrics: Arc::default(),
             }),
         }
     }
@@ -143,6 +147,11 @@ impl Waypoint {
     pub fn set_routes(&self, routes: impl IntoIterator<Item = ServiceRoutes>) {
         let map: Routes = routes.into_iter().map(|r| (r.service.clone(), Arc::new(r))).collect();
         self.shared.routes.store(Arc::new(map));
+    }
+
+    /// Its request metrics (Prometheus text with [`metrics::Metrics::render`]).
+    pub fn metrics(&self) -> Arc<metrics::Metrics> {
+        self.shared.metrics.clone()
     }
 
     /// What the HBONE server calls for each CONNECT.

@@ -3,7 +3,9 @@
 //! timeout, with one access-log line.
 
 use crate::handler::Peer;
+use crate::metrics::{Counted, Pending, Protocol, RequestLabels, Tally};
 use crate::plan::{self, Action, Req, Target};
+use crate::trace;
 use crate::Shared;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, HOST, LOCATION};
@@ -18,6 +20,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub type Body = BoxBody<Bytes, hyper::Error>;
+
+/// A request's body, its bytes counted for `istio_request_bytes`.
+type ReqBody = Counted<Incoming>;
 
 /// The header a request is traced by in the access log (set when absent).
 pub const REQUEST_ID: &str = "x-request-id";
@@ -60,7 +65,7 @@ const REPLAY_BODY_LIMIT: u64 = 1 << 20;
 
 /// The body, read whole when it is at most [`REPLAY_BODY_LIMIT`] and its
 /// length is known (or it is already complete); otherwise given back.
-async fn buffer(headers: &HeaderMap, body: Incoming) -> Result<Bytes, Incoming> {
+async fn buffer(headers: &HeaderMap, body: ReqBody) -> Result<Bytes, ReqBody> {
     let length = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let chunked = headers.contains_key(http::header::TRANSFER_ENCODING);
     let small = match length {
@@ -143,7 +148,7 @@ async fn forward(
     peer: &Peer,
     f: plan::Forward,
     filters: &Filters,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     host: &str,
     view_headers: &[(String, String)],
     query: &str,
@@ -310,6 +315,13 @@ pub async fn handle(
             v
         }
     };
+    let incoming_trace = req.headers().get(trace::TRACEPARENT).and_then(|v| v.to_str().ok());
+    let trace = trace::next(incoming_trace, rand::random(), rand::random());
+    req.headers_mut().insert(trace::TRACEPARENT, HeaderValue::try_from(trace.header.as_str()).expect("hex is a header value"));
+    let protocol = match req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+        Some(c) if c.starts_with("application/grpc") => Protocol::Grpc,
+        _ => Protocol::Http,
+    };
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
@@ -320,60 +332,52 @@ pub async fn handle(
     let state = shared.mesh.load_full();
     let service_routes = shared.routes_of(&target);
     let view = RequestView { method: &method, path: &path, query: &query, headers: &headers };
+    let request_bytes = Tally::default();
+    let req = req.map(|b| Counted::new(b, request_bytes.clone(), None));
     // Authorization first: a denied request learns nothing of the routes.
     let verdict = plan::authorize(service_routes.as_deref(), &target, &peer.identity, peer.addr.ip(), Some((&view, &host)));
     for d in &verdict.dry_run_denials {
         tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), "dry-run: {method} {path} would be denied");
     }
     let policy = verdict.by.as_ref().map(|b| format!("{}/{}", b.namespace, b.name)).unwrap_or_else(|| "-".into());
-    if !verdict.allowed {
-        tracing::info!(
-            target: slipstream_core::ACCESS_LOG_TARGET,
-            method = %method,
-            path = %path,
-            authority = %host,
-            code = 403u16,
-            flags = "RBAC",
-            policy = %policy,
-            duration_ms = start.elapsed().as_millis() as u64,
-            src = %peer.identity,
-            request_id = %id,
-            "request"
-        );
-        return Ok(text(403, "RBAC: access denied\n".into()));
-    }
-    let decision = plan::decide(
-        &state,
-        service_routes.as_deref(),
-        &|svc: &str| shared.traffic_of(svc),
-        &target,
-        &Req { view, host: &host, draw_backend: rand::random() },
-    );
-    let rule = decision.rule.map(|r| r.name.clone()).unwrap_or_else(|| "-".into());
-    let filters = decision.rule.map(|r| r.filters.clone()).unwrap_or_default();
     let mut attempts = 0u32;
-    let (response, flag, upstream) = match decision.action {
-        Action::Respond { status, flag, detail } => (text(status, format!("{detail}\n")), flag, None),
-        Action::Redirect { status, location } => {
-            let mut r = text(status, String::new());
-            if let Ok(v) = HeaderValue::try_from(location) {
-                r.headers_mut().insert(LOCATION, v);
+    let mut rule = "-".to_string();
+    let (response, flag, upstream) = if !verdict.allowed {
+        (text(403, "RBAC: access denied\n".into()), "RBAC", None)
+    } else {
+        let decision = plan::decide(
+            &state,
+            service_routes.as_deref(),
+            &|svc: &str| shared.traffic_of(svc),
+            &target,
+            &Req { view, host: &host, draw_backend: rand::random() },
+        );
+        rule = decision.rule.map(|r| r.name.clone()).unwrap_or_else(|| "-".into());
+        let filters = decision.rule.map(|r| r.filters.clone()).unwrap_or_default();
+        match decision.action {
+            Action::Respond { status, flag, detail } => (text(status, format!("{detail}\n")), flag, None),
+            Action::Redirect { status, location } => {
+                let mut r = text(status, String::new());
+                if let Ok(v) = HeaderValue::try_from(location) {
+                    r.headers_mut().insert(LOCATION, v);
+                }
+                (r, "-", None)
             }
-            (r, "-", None)
-        }
-        Action::Forward(f) => {
-            let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &headers, &query, &id).await;
-            attempts = r.attempts;
-            (r.response, r.flag, r.upstream)
+            Action::Forward(f) => {
+                let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &headers, &query, &id).await;
+                attempts = r.attempts;
+                (r.response, r.flag, r.upstream)
+            }
         }
     };
-    let (up, dst) = upstream.map_or(("-".to_string(), "-".to_string()), |(a, i)| (a.to_string(), i));
+    let code = response.status().as_u16();
+    let (up, dst) = upstream.as_ref().map_or(("-".to_string(), "-".to_string()), |(a, i)| (a.to_string(), i.clone()));
     tracing::info!(
         target: slipstream_core::ACCESS_LOG_TARGET,
         method = %method,
         path = %path,
         authority = %host,
-        code = response.status().as_u16(),
+        code,
         flags = flag,
         route = %rule,
         policy = %policy,
@@ -383,7 +387,18 @@ pub async fn handle(
         src = %peer.identity,
         dst = %dst,
         request_id = %id,
+        trace_id = %trace.trace_id,
         "request"
     );
-    Ok(response)
+    // Istio's request metrics, observed when the answer has been sent.
+    let src = state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity);
+    let dst_workload = upstream.as_ref().and_then(|(a, i)| state.workload_by_ip(a.ip()).filter(|w| w.identity().to_string() == *i));
+    let service = match &*target {
+        Target::Service { service, .. } => Some(service.clone()),
+        Target::Workload { .. } => None,
+    };
+    let labels =
+        RequestLabels::new(src.as_deref(), &peer.identity.to_string(), service.as_deref(), dst_workload.as_deref(), protocol, code, flag);
+    let pending = Pending { metrics: shared.metrics.clone(), labels, start, request: request_bytes };
+    Ok(response.map(|b| Counted::new(b, Tally::default(), Some(pending)).boxed()))
 }

@@ -137,7 +137,11 @@ pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
     let status = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 15021);
     let status_listener = tokio::net::TcpListener::bind(status).await.with_context(|| format!("binding {status}"))?;
-    tokio::spawn(serve_status(status_listener, ready.clone()));
+    tokio::spawn(serve_status(status_listener, ready.clone(), None));
+    // Istio's request metrics where Istio's proxies serve them.
+    let stats = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 15020);
+    let stats_listener = tokio::net::TcpListener::bind(stats).await.with_context(|| format!("binding {stats}"))?;
+    tokio::spawn(serve_status(stats_listener, ready.clone(), Some(wp.metrics())));
     tracing::info!(identity = %id, hbone = %listen, "waypoint {}/{} starting", args.namespace, args.gateway);
 
     let node = NodeInfo {
@@ -210,21 +214,42 @@ fn apply(index: &mut MeshIndex, routes: &mut BTreeMap<String, slipstream_core::r
     refused
 }
 
-/// `GET /healthz/ready`: 200 once ready, 503 before.
-async fn serve_status(l: tokio::net::TcpListener, ready: Arc<AtomicBool>) {
+/// The status port (15021): `GET /healthz/ready`, 200 once ready, 503
+/// before. The stats port (15020, `metrics` given): `GET
+/// /stats/prometheus`, Istio's request metrics. Any pod can reach both: a
+/// connection gets 2 s to send its request line, and at most 32 are served
+/// at once (more wait in the kernel's backlog).
+async fn serve_status(l: tokio::net::TcpListener, ready: Arc<AtomicBool>, metrics: Option<Arc<crate::metrics::Metrics>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let permits = Arc::new(tokio::sync::Semaphore::new(32));
     loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
         let Ok((mut s, _)) = l.accept().await else { continue };
         let ready = ready.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut buf = [0u8; 1024];
-            let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
-            let answer: &[u8] = if ready.load(Ordering::Relaxed) {
-                b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nready\n"
-            } else {
-                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 10\r\nconnection: close\r\n\r\nnot ready\n"
+            let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await.ok().and_then(Result::ok).unwrap_or(0);
+            let line = std::str::from_utf8(&buf[..n]).unwrap_or("").lines().next().unwrap_or("");
+            let path = line.split(' ').nth(1).unwrap_or("");
+            let answer = match &metrics {
+                Some(m) if path == "/stats/prometheus" || path == "/metrics" => {
+                    let body = m.render();
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                }
+                Some(_) => {
+                    "HTTP/1.1 404 Not Found\r\ncontent-length: 26\r\nconnection: close\r\n\r\ntry GET /stats/prometheus\n".to_string()
+                }
+                None if ready.load(Ordering::Relaxed) => {
+                    "HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nready\n".to_string()
+                }
+                None => "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 10\r\nconnection: close\r\n\r\nnot ready\n".to_string(),
             };
-            let _ = s.write_all(answer).await;
+            let _ = s.write_all(answer.as_bytes()).await;
         });
     }
 }

@@ -103,6 +103,9 @@ impl CertResolver for OwnCert {
 /// network (the tests of this file run in parallel).
 static SHADOWED: Mutex<Vec<(IpAddr, String)>> = Mutex::new(Vec::new());
 
+/// The `traceparent` of requests to `/trace...`, per endpoint.
+static TRACES: Mutex<Vec<(IpAddr, String)>> = Mutex::new(Vec::new());
+
 /// An app answering every request with its version and the path it got.
 async fn app(l: TcpListener, version: &'static str) {
     let local = l.local_addr().unwrap().ip();
@@ -111,6 +114,10 @@ async fn app(l: TcpListener, version: &'static str) {
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| async move {
                 let host = req.headers().get("host").and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
+                if req.uri().path().starts_with("/trace") {
+                    let t = req.headers().get("traceparent").and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
+                    TRACES.lock().unwrap().push((local, t));
+                }
                 if host.contains("-shadow") {
                     SHADOWED.lock().unwrap().push((local, format!("{host} {}", req.uri().path())));
                 }
@@ -445,6 +452,42 @@ async fn a_header_match_takes_its_subset_and_everything_else_the_default() {
     assert_eq!(count(&j, "200 v2 /reviews/1"), 50, "{j:?}");
     let o = get_with(&m, vip, "/reviews/1", 50, &[("end-user", "ann")]).await;
     assert_eq!(count(&o, "200 v1 /reviews/1"), 50, "{o:?}");
+    // Istio's request metrics count exactly, by destination workload.
+    let text = wp.metrics().render();
+    let requests = |workload: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("istio_requests_total{") && l.contains(&format!("destination_workload=\"{workload}\"")))
+            .map(|l| {
+                assert!(
+                    l.contains("reporter=\"waypoint\"") && l.contains("response_code=\"200\"") && l.contains("source_workload=\"client\""),
+                    "{l}"
+                );
+                assert!(l.contains("destination_service=\"reviews.default.svc.cluster.local\""), "{l}");
+                l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+            })
+            .sum::<u64>()
+    };
+    assert_eq!((requests("reviews-v2"), requests("reviews-v1")), (50, 50), "{text}");
+    let bytes =
+        text.lines().find(|l| l.starts_with("istio_response_bytes_sum{") && l.contains("destination_workload=\"reviews-v2\"")).unwrap();
+    assert!(bytes.ends_with(&format!(" {}.0", 50 * "v2 /reviews/1".len())), "every body byte counted: {bytes}");
+    // Trace context: continued when the client sends one, started when not.
+    let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    get_with(&m, vip, "/trace/a", 1, &[("traceparent", given)]).await;
+    get_with(&m, vip, "/trace/b", 1, &[]).await;
+    let seen: Vec<String> = TRACES
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(ip, _)| matches!(ip, IpAddr::V4(v) if v.octets()[1] == 96))
+        .map(|(_, t)| t.clone())
+        .collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen[0].starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && !seen[0].contains("00f067aa0ba902b7"),
+        "the same trace, the waypoint's span: {seen:?}"
+    );
+    assert!(slipstream_waypoint::trace::parse(&seen[1]).is_some() && !seen[1].contains("4bf92f35"), "a new trace: {seen:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
