@@ -10,8 +10,8 @@ use slipstream_core::route::traffic::{
     Fault, FaultAbort, FaultDelay, HashOn, LoadBalancer, OutlierDetection, Retry, RetryOn, TrafficPolicy,
 };
 use slipstream_core::route::{
-    Backend, Filters, HeaderMatch, HeaderModifier, PathMatch, PathRewrite, QueryMatch, Redirect, Rewrite, RouteMatch, RouteRule,
-    ServiceRoutes, Subset,
+    Backend, Filters, HeaderMatch, HeaderModifier, LimitScope, PathMatch, PathRewrite, QueryMatch, RateLimit, Redirect, Rewrite,
+    RouteMatch, RouteRule, ServiceRoutes, Subset,
 };
 use std::time::Duration;
 
@@ -160,6 +160,24 @@ impl From<&ServiceRoutes> for pb::ServiceRoutes {
             policies: s.policies.iter().map(l7::policy).collect(),
             traffic: (s.traffic != TrafficPolicy::default()).then(|| traffic_policy(&s.traffic)),
             source: s.source.clone(),
+            limits: s
+                .limits
+                .iter()
+                .map(|l| {
+                    let (routes, rules) = match &l.scope {
+                        LimitScope::Service => (vec![], vec![]),
+                        LimitScope::Rules { routes, rules } => (routes.clone(), rules.clone()),
+                    };
+                    pb::RateLimit {
+                        policy: l.policy.clone(),
+                        requests: l.requests,
+                        interval: Some(duration(l.interval)),
+                        burst: l.burst,
+                        routes,
+                        rules,
+                    }
+                })
+                .collect(),
         }
     }
 }
@@ -596,7 +614,27 @@ impl TryFrom<pb::ServiceRoutes> for ServiceRoutes {
         let policies =
             s.policies.iter().enumerate().map(|(i, p)| l7::policy_from(p, &format!("policies[{i}]"))).collect::<Result<_, _>>()?;
         let traffic = s.traffic.as_ref().map(|t| traffic_from(t, "traffic")).transpose()?.unwrap_or_default();
-        Ok(ServiceRoutes { service: s.service, rules, policies, traffic, source: s.source })
+        let limits = s
+            .limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let f = format!("limits[{i}]");
+                let interval = duration_from(l.interval.as_ref(), &format!("{f}.interval"))?
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| err(format!("{f}.interval"), "required, more than 0"))?;
+                if l.requests == 0 || l.burst == 0 {
+                    return Err(err(&f, "requests and burst must be at least 1"));
+                }
+                let scope = if l.routes.is_empty() && l.rules.is_empty() {
+                    LimitScope::Service
+                } else {
+                    LimitScope::Rules { routes: l.routes.clone(), rules: l.rules.clone() }
+                };
+                Ok(RateLimit { policy: l.policy.clone(), requests: l.requests, interval, burst: l.burst, scope })
+            })
+            .collect::<Result<_, ConvertError>>()?;
+        Ok(ServiceRoutes { service: s.service, rules, policies, traffic, source: s.source, limits })
     }
 }
 
@@ -740,6 +778,22 @@ mod tests {
                 }),
             },
             source: "VirtualService".into(),
+            limits: vec![
+                RateLimit {
+                    policy: "bookinfo/all".into(),
+                    requests: 10,
+                    interval: Duration::from_secs(1),
+                    burst: 20,
+                    scope: LimitScope::Service,
+                },
+                RateLimit {
+                    policy: "bookinfo/some".into(),
+                    requests: 1,
+                    interval: Duration::from_secs(3600),
+                    burst: 1,
+                    scope: LimitScope::Rules { routes: vec!["bookinfo/reviews.".into()], rules: vec!["bookinfo/vs.jason".into()] },
+                },
+            ],
         }
     }
 

@@ -182,6 +182,41 @@ fn bookinfo_virtual_service_and_destination_rule_at_the_waypoint() {
     let v3 = ["destination_workload=\"reviews-v3\"", "response_code=\"200\"", "source_workload=\"productpage-v1\""];
     assert_eq!(count(&v3), n as u64, "{stats}");
     assert_eq!(count(&["response_code=\"418\"", "response_flags=\"FI\""]), 20, "{stats}");
+    // A LocalRateLimitPolicy on jason's route (the VirtualService's first):
+    // 5 an hour, so the bucket does not refill during the test.
+    let dir = tempfile::tempdir().unwrap();
+    let limit = write_manifest(
+        &dir,
+        "limit.yaml",
+        "apiVersion: slipstream.io/v1alpha1\nkind: LocalRateLimitPolicy\nmetadata: {name: jason, namespace: bookinfo}\nspec:\n  targetRefs: [{group: networking.istio.io, kind: VirtualService, name: reviews, sectionName: '0'}]\n  limit: {requests: 5, interval: 1h}\n",
+    );
+    let applied = c.ok(&["apply", "-f", &limit]);
+    assert!(applied.contains("localratelimitpolicy.slipstream.io/jason (bookinfo) created"), "{applied}");
+    // Once the policy has arrived, 5 jason requests pass and then every
+    // one is refused (how many passed before it arrived is not known).
+    let mut passed_before = 0;
+    while reviews_as(&c, "jason", 1)[0].0 != "429" {
+        passed_before += 1;
+        assert!(passed_before < 200, "no 429 after 200 requests: the limit never arrived");
+    }
+    let after = reviews_as(&c, "jason", 5);
+    assert!(after.iter().all(|(s, by)| s == "429" && by == "-"), "{after:?}");
+    let others = reviews_as(&c, "", 10);
+    assert!(others.iter().all(|(s, _)| s == "200"), "other routes are not limited: {others:?}");
+    let (code, headers) = c.exec(
+        "bookinfo",
+        "deploy/productpage-v1",
+        &["curl", "-sS", "-o", "/dev/null", "-D", "-", "-H", "end-user: jason", "http://reviews:9080/reviews/0"],
+    );
+    assert_eq!(code, 0, "{headers}");
+    let retry_after: u64 = headers
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after:").map(|v| v.trim().parse().unwrap()))
+        .unwrap_or_else(|| panic!("no retry-after in {headers}"));
+    assert!((600..=720).contains(&retry_after), "retry-after {retry_after} (a token every 720 s)");
+    let log = c.ok(&["logs", "-n", "bookinfo", &pod]);
+    assert!(log.lines().filter(|l| l.contains("flags=\"RL\"") && l.contains("policy=bookinfo/jason")).count() >= 7, "{log}");
+    c.ok(&["delete", "-f", &limit]);
     // A field we cannot honour is refused at apply, naming it, and changes nothing.
     let dir = tempfile::tempdir().unwrap();
     let bad = write_manifest(

@@ -116,6 +116,7 @@ struct Ns {
     http_routes: BTreeMap<String, crate::translate::http_route::HttpRouteInput>,
     virtual_services: BTreeMap<String, vs::VirtualServiceInput>,
     destination_rules: BTreeMap<String, vs::DestinationRuleInput>,
+    rate_limits: BTreeMap<String, crate::translate::rate_limit::RateLimitInput>,
 }
 
 /// Objects with a label selector, filed under one pair of it: the
@@ -166,6 +167,7 @@ impl Ns {
             && self.http_routes.is_empty()
             && self.virtual_services.is_empty()
             && self.destination_rules.is_empty()
+            && self.rate_limits.is_empty()
     }
 
     fn add_pod(&mut self, p: PodInput) {
@@ -351,6 +353,10 @@ impl Index {
                 let ns = self.ns(ns_name);
                 batch.all_routes |= ns.destination_rules.insert(name.to_string(), *d.clone()).as_ref() != Some(&*d);
             }
+            Input::RateLimit(l) => {
+                let ns = self.ns(ns_name);
+                batch.all_routes |= ns.rate_limits.insert(name.to_string(), *l.clone()).as_ref() != Some(&*l);
+            }
             Input::Opaque => {}
         }
     }
@@ -418,6 +424,11 @@ impl Index {
             Kind::DestinationRule => {
                 if let Some(ns) = self.namespaces.get_mut(ns_name) {
                     batch.all_routes |= ns.destination_rules.remove(name).is_some();
+                }
+            }
+            Kind::LocalRateLimitPolicy => {
+                if let Some(ns) = self.namespaces.get_mut(ns_name) {
+                    batch.all_routes |= ns.rate_limits.remove(name).is_some();
                 }
             }
             Kind::Gateway => {
@@ -583,6 +594,7 @@ impl Index {
                 if let Some(d) = self.destination_rule_for(&service_key) {
                     compiled.traffic = vs::TrafficInput::merged(d.traffic.as_ref(), None);
                 }
+                compiled.limits = self.rate_limits_for(&ns_name, &name, &compiled.rules);
                 // The waypoint's policies on this service: those naming it,
                 // and those naming the waypoint it is bound to.
                 let gateway = self
@@ -605,8 +617,11 @@ impl Index {
                     }
                 }
                 compiled.policies = policies;
-                (!compiled.rules.is_empty() || !compiled.policies.is_empty() || compiled.traffic != Default::default())
-                    .then(|| Versioned::new(slipstream_api::routes::routes_any(&compiled)))
+                (!compiled.rules.is_empty()
+                    || !compiled.policies.is_empty()
+                    || compiled.traffic != Default::default()
+                    || !compiled.limits.is_empty())
+                .then(|| Versioned::new(slipstream_api::routes::routes_any(&compiled)))
             });
             batch.set(key, resource);
         }
@@ -698,6 +713,37 @@ impl Index {
                     &b.name,
                 ))
             })
+    }
+
+    /// The LocalRateLimitPolicies that reach the service `ns/name`: those
+    /// naming it, and those naming a route one of its `rules` came from.
+    fn rate_limits_for(&self, ns: &str, name: &str, rules: &[slipstream_core::route::RouteRule]) -> Vec<slipstream_core::route::RateLimit> {
+        use crate::translate::rate_limit::Target;
+        use slipstream_core::route::{LimitScope, RateLimit};
+        let mut out = Vec::new();
+        for n in self.namespaces.values() {
+            for p in n.rate_limits.values() {
+                let whole = p.namespace == ns && p.targets.iter().any(|t| matches!(t, Target::Service(s) if s == name));
+                let scope = if whole {
+                    LimitScope::Service
+                } else {
+                    let (routes, exact) = p.rule_scope();
+                    let reaches = rules.iter().any(|r| exact.contains(&r.name) || routes.iter().any(|x| r.name.starts_with(x.as_str())));
+                    if !reaches {
+                        continue;
+                    }
+                    LimitScope::Rules { routes, rules: exact }
+                };
+                out.push(RateLimit {
+                    policy: format!("{}/{}", p.namespace, p.name),
+                    requests: p.requests,
+                    interval: p.interval,
+                    burst: p.burst,
+                    scope,
+                });
+            }
+        }
+        out
     }
 
     /// The DestinationRule for the service of key `service`: by name

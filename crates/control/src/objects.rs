@@ -38,10 +38,11 @@ pub enum Kind {
     HTTPRoute,
     VirtualService,
     DestinationRule,
+    LocalRateLimitPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Namespace,
         Kind::ServiceAccount,
         Kind::Pod,
@@ -55,6 +56,7 @@ impl Kind {
         Kind::HTTPRoute,
         Kind::VirtualService,
         Kind::DestinationRule,
+        Kind::LocalRateLimitPolicy,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -72,6 +74,7 @@ impl Kind {
             Kind::HTTPRoute => "HTTPRoute",
             Kind::VirtualService => "VirtualService",
             Kind::DestinationRule => "DestinationRule",
+            Kind::LocalRateLimitPolicy => "LocalRateLimitPolicy",
         }
     }
 
@@ -85,6 +88,7 @@ impl Kind {
             Kind::CiliumNetworkPolicy => "cilium.io",
             Kind::Gateway | Kind::HTTPRoute => "gateway.networking.k8s.io",
             Kind::VirtualService | Kind::DestinationRule => "networking.istio.io",
+            Kind::LocalRateLimitPolicy => crate::translate::rate_limit::GROUP,
         }
     }
 

@@ -34,6 +34,46 @@ pub struct ServiceRoutes {
     /// are walked in the order written) or empty (no routes).
     #[serde(default)]
     pub source: String,
+    /// `LocalRateLimitPolicy`s on the service or on some of its rules.
+    #[serde(default)]
+    pub limits: Vec<RateLimit>,
+}
+
+/// A `slipstream.io/v1alpha1` `LocalRateLimitPolicy` as it applies to one
+/// service: a token bucket of `burst` tokens, `requests` added per
+/// `interval`, per waypoint replica; a request finding it empty is
+/// answered 429 with `retry-after`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimit {
+    /// `namespace/name` of the policy.
+    pub policy: String,
+    pub requests: u32,
+    pub interval: Duration,
+    pub burst: u32,
+    /// Which requests of the service take from the bucket.
+    pub scope: LimitScope,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LimitScope {
+    /// Every request to the service.
+    Service,
+    /// Requests that took one of these rules: a whole route is
+    /// `namespace/route.` (every rule of it), one rule its full name
+    /// (`namespace/route.0`, `namespace/vs.canary`).
+    Rules { routes: Vec<String>, rules: Vec<String> },
+}
+
+impl RateLimit {
+    /// Whether a request that took `rule` (None: no rule) draws on it.
+    pub fn applies(&self, rule: Option<&str>) -> bool {
+        match &self.scope {
+            LimitScope::Service => true,
+            LimitScope::Rules { routes, rules } => {
+                rule.is_some_and(|r| rules.iter().any(|x| x == r) || routes.iter().any(|p| r.starts_with(p.as_str())))
+            }
+        }
+    }
 }
 
 /// One HTTPRoute rule as it applies to one service. After [`sort_rules`]

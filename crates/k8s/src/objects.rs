@@ -462,6 +462,8 @@ pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     // name (docs/waypoint.md, "VirtualService and DestinationRule").
     ("networking.istio.io", "VirtualService", ""),
     ("networking.istio.io", "DestinationRule", ""),
+    // Our own: a token bucket at the waypoint (docs/waypoint.md).
+    ("slipstream.io", "LocalRateLimitPolicy", ""),
     ("", "ConfigMap", "stored; the local cluster mounts no volumes"),
 ];
 

@@ -67,6 +67,8 @@ pub struct Shared {
     /// Requests in flight, round robin and outlier state, per pool.
     balancer: balance::Balancer,
     pub metrics: Arc<metrics::Metrics>,
+    /// Token buckets of the LocalRateLimitPolicies, by (policy, service).
+    buckets: std::sync::Mutex<HashMap<(String, String), slipstream_core::route::traffic::Bucket>>,
 }
 
 impl Shared {
@@ -76,6 +78,21 @@ impl Shared {
             plan::Target::Service { service, .. } => self.routes.load().get(service.key()).cloned(),
             plan::Target::Workload { .. } => None,
         }
+    }
+
+    /// Takes a token from every bucket that a request to `routes`' service
+    /// that took `rule` draws on; or the policy of an empty one and when
+    /// it has a token again.
+    fn rate_limit(&self, routes: &ServiceRoutes, rule: Option<&str>) -> Result<(), (String, Duration)> {
+        let now = std::time::Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        for l in routes.limits.iter().filter(|l| l.applies(rule)) {
+            let b = buckets
+                .entry((l.policy.clone(), routes.service.clone()))
+                .or_insert_with(|| slipstream_core::route::traffic::Bucket::full(l.burst, now));
+            b.take(now, l.requests, l.interval, l.burst).map_err(|wait| (l.policy.clone(), wait))?;
+        }
+        Ok(())
     }
 
     /// A service's DestinationRule policy (Istio's defaults without one).
@@ -136,6 +153,7 @@ impl Waypoint {
                 limits,
                 balancer: balance::Balancer::default(),
                 metrics: Arc::default(),
+                buckets: Default::default(),
             }),
         }
     }
@@ -146,6 +164,11 @@ impl Waypoint {
 
     pub fn set_routes(&self, routes: impl IntoIterator<Item = ServiceRoutes>) {
         let map: Routes = routes.into_iter().map(|r| (r.service.clone(), Arc::new(r))).collect();
+        // Buckets of policies that no longer apply are dropped (bounded by
+        // the configuration, not by traffic).
+        let live: std::collections::HashSet<(&str, &str)> =
+            map.values().flat_map(|r| r.limits.iter().map(move |l| (l.policy.as_str(), r.service.as_str()))).collect();
+        self.shared.buckets.lock().unwrap_or_else(|p| p.into_inner()).retain(|(p, s), _| live.contains(&(p.as_str(), s.as_str())));
         self.shared.routes.store(Arc::new(map));
     }
 

@@ -339,7 +339,7 @@ pub async fn handle(
     for d in &verdict.dry_run_denials {
         tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), "dry-run: {method} {path} would be denied");
     }
-    let policy = verdict.by.as_ref().map(|b| format!("{}/{}", b.namespace, b.name)).unwrap_or_else(|| "-".into());
+    let mut policy = verdict.by.as_ref().map(|b| format!("{}/{}", b.namespace, b.name)).unwrap_or_else(|| "-".into());
     let mut attempts = 0u32;
     let mut rule = "-".to_string();
     let (response, flag, upstream) = if !verdict.allowed {
@@ -354,19 +354,34 @@ pub async fn handle(
         );
         rule = decision.rule.map(|r| r.name.clone()).unwrap_or_else(|| "-".into());
         let filters = decision.rule.map(|r| r.filters.clone()).unwrap_or_default();
-        match decision.action {
-            Action::Respond { status, flag, detail } => (text(status, format!("{detail}\n")), flag, None),
-            Action::Redirect { status, location } => {
-                let mut r = text(status, String::new());
-                if let Ok(v) = HeaderValue::try_from(location) {
-                    r.headers_mut().insert(LOCATION, v);
+        // LocalRateLimitPolicy: requests the waypoint would route, not
+        // those it answers itself (404, 503 without endpoints).
+        let limited = match (&decision.action, service_routes.as_deref()) {
+            (Action::Forward(_) | Action::Redirect { .. }, Some(r)) => shared.rate_limit(r, decision.rule.map(|r| r.name.as_str())).err(),
+            _ => None,
+        };
+        if let Some((by, wait)) = limited {
+            let mut r = text(429, "local_rate_limited\n".into());
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            r.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            // The access log names the policy that limited it.
+            policy = by;
+            (r, "RL", None)
+        } else {
+            match decision.action {
+                Action::Respond { status, flag, detail } => (text(status, format!("{detail}\n")), flag, None),
+                Action::Redirect { status, location } => {
+                    let mut r = text(status, String::new());
+                    if let Ok(v) = HeaderValue::try_from(location) {
+                        r.headers_mut().insert(LOCATION, v);
+                    }
+                    (r, "-", None)
                 }
-                (r, "-", None)
-            }
-            Action::Forward(f) => {
-                let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &headers, &query, &id).await;
-                attempts = r.attempts;
-                (r.response, r.flag, r.upstream)
+                Action::Forward(f) => {
+                    let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &headers, &query, &id).await;
+                    attempts = r.attempts;
+                    (r.response, r.flag, r.upstream)
+                }
             }
         }
     };

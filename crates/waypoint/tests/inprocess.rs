@@ -572,3 +572,47 @@ async fn destination_rule_load_balancing_and_outlier_detection() {
     assert_eq!(count(&a, "503"), 2, "{a:?}");
     assert!(a[10..].iter().all(|(x, _)| x == "200 v1 /fail-v2"), "{a:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_rate_limit_answers_429_with_retry_after_once_its_bucket_is_empty() {
+    use slipstream_core::route::{LimitScope, RateLimit};
+    let (m, _node2, wp, _cfg) = mesh(100).await;
+    let vip = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    let mut jason = vs_rule(&[("reviews", Some("v2"), 100)]);
+    jason.name = "default/reviews.jason".into();
+    jason.matches[0].headers = vec![HeaderMatch { name: "end-user".into(), value: "jason".into() }];
+    let rest = vs_rule(&[("reviews", Some("v1"), 100)]);
+    // 5 per hour for jason's route: the bucket does not refill during the test.
+    let limit = RateLimit {
+        policy: "default/jason".into(),
+        requests: 5,
+        interval: Duration::from_secs(3600),
+        burst: 5,
+        scope: LimitScope::Rules { routes: vec![], rules: vec!["default/reviews.jason".into()] },
+    };
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![jason, rest], limits: vec![limit], ..Default::default() }]);
+    let j = get_with(&m, vip, "/reviews/1", 12, &[("end-user", "jason")]).await;
+    assert_eq!(count(&j, "200 v2"), 5, "{j:?}");
+    assert_eq!(count(&j, "429 local_rate_limited"), 7, "{j:?}");
+    // Other routes are not limited.
+    let o = get_with(&m, vip, "/reviews/1", 12, &[]).await;
+    assert_eq!(count(&o, "200 v1"), 12, "{o:?}");
+    // retry-after: the seconds until a token is back (720 s at 5 per hour).
+    let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, vip).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+    tokio::spawn(conn);
+    let req =
+        hyper::Request::get("/x").header("host", "reviews:9080").header("end-user", "jason").body(Empty::<bytes::Bytes>::new()).unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 429);
+    let after: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((700..=720).contains(&after), "retry-after {after}");
+    let text = wp.metrics().render();
+    assert!(
+        text.lines().any(|l| l.starts_with("istio_requests_total{")
+            && l.contains("response_code=\"429\"")
+            && l.contains("response_flags=\"RL\"")
+            && l.ends_with(" 8")),
+        "{text}"
+    );
+}

@@ -612,6 +612,23 @@ fn virtual_services_and_destination_rules_become_routes_with_subsets_resolved() 
     upsert(&mut ix, &pod_with("bookinfo", "reviews-v3-b", "app: reviews, version: v2", "10.244.1.5", "node1", true));
     let v3 = routes(&ix).unwrap().rules[0].backends[0].subset.clone().unwrap();
     assert_eq!(v3.workloads, ["c1//Pod/bookinfo/reviews-v3-a"]);
+    // A rate limit on one of the VirtualService's routes, then on the service.
+    let limit = "---\napiVersion: slipstream.io/v1alpha1\nkind: LocalRateLimitPolicy\nmetadata: {name: jason, namespace: bookinfo}\nspec:\n  targetRefs: [{group: networking.istio.io, kind: VirtualService, name: reviews, sectionName: '0'}]\n  limit: {requests: 5, interval: 1m}\n";
+    upsert(&mut ix, limit);
+    let l = routes(&ix).unwrap().limits;
+    assert_eq!(l.len(), 1);
+    assert_eq!((l[0].policy.as_str(), l[0].requests, l[0].burst), ("bookinfo/jason", 5, 5));
+    assert!(l[0].applies(Some("bookinfo/reviews.0")) && !l[0].applies(Some("bookinfo/reviews.1")) && !l[0].applies(None));
+    upsert(
+        &mut ix,
+        &limit.replace(
+            "{group: networking.istio.io, kind: VirtualService, name: reviews, sectionName: '0'}",
+            "{kind: Service, name: reviews}",
+        ),
+    );
+    assert!(routes(&ix).unwrap().limits[0].applies(None), "the whole service");
+    ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::LocalRateLimitPolicy, "bookinfo", "jason"))).unwrap();
+    assert!(routes(&ix).unwrap().limits.is_empty());
     // An HTTPRoute for the same service takes precedence.
     let route = "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  parentRefs: [{group: '', kind: Service, name: reviews}]\n  rules:\n  - backendRefs: [{name: reviews, port: 9080}]\n";
     upsert(&mut ix, route);

@@ -13,6 +13,7 @@ pub mod authorization;
 pub mod http_route;
 pub mod network_policy;
 pub mod peer_authentication;
+pub mod rate_limit;
 pub mod virtual_service;
 pub mod waypoint;
 
@@ -66,6 +67,7 @@ pub enum Input {
     HttpRoute(Box<http_route::HttpRouteInput>),
     VirtualService(Box<virtual_service::VirtualServiceInput>),
     DestinationRule(Box<virtual_service::DestinationRuleInput>),
+    RateLimit(Box<rate_limit::RateLimitInput>),
     /// A kind kept for later work; it changes no resource yet.
     Opaque,
 }
@@ -214,6 +216,9 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str) -> Result<Input,
         }
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::DestinationRule => {
             Input::DestinationRule(Box::new(virtual_service::destination_rule(o)?))
+        }
+        ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::LocalRateLimitPolicy => {
+            Input::RateLimit(Box::new(rate_limit::rate_limit(o)?))
         }
         ClusterObject::Opaque(_) => Input::Opaque,
     })

@@ -32,6 +32,7 @@ pub const MESH_KINDS: &[&str] = &[
     "HTTPRoute",
     "VirtualService",
     "DestinationRule",
+    "LocalRateLimitPolicy",
 ];
 
 /// One object as the API server would serve it.
