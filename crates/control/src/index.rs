@@ -119,6 +119,11 @@ struct Ns {
     rate_limits: BTreeMap<String, crate::translate::rate_limit::RateLimitInput>,
 }
 
+/// Where a GRPCRoute is kept among the HTTPRoutes (a `/` is in no name).
+fn grpc_key(name: &str) -> String {
+    format!("grpc/{name}")
+}
+
 /// Objects with a label selector, filed under one pair of it: the
 /// candidates for a set of labels are the objects filed under one of its
 /// pairs, then checked in full.
@@ -341,6 +346,8 @@ impl Index {
                 }
             }
             Input::HttpRoute(h) => self.set_http_route(ns_name, name, Some(*h), batch),
+            // Kept with the HTTPRoutes, under a name of its own kind.
+            Input::GrpcRoute(h) => self.set_http_route(ns_name, &grpc_key(name), Some(*h), batch),
             // Either may change any service's routes (a VirtualService
             // names hosts anywhere; a DestinationRule's subsets are read
             // by every route naming them): all are compiled again, and
@@ -416,6 +423,7 @@ impl Index {
                 }
             }
             Kind::HTTPRoute => self.set_http_route(ns_name, name, None, batch),
+            Kind::GRPCRoute => self.set_http_route(ns_name, &grpc_key(name), None, batch),
             Kind::VirtualService => {
                 if let Some(ns) = self.namespaces.get_mut(ns_name) {
                     batch.all_routes |= ns.virtual_services.remove(name).is_some();

@@ -36,13 +36,14 @@ pub enum Kind {
     CiliumNetworkPolicy,
     Gateway,
     HTTPRoute,
+    GRPCRoute,
     VirtualService,
     DestinationRule,
     LocalRateLimitPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Namespace,
         Kind::ServiceAccount,
         Kind::Pod,
@@ -54,6 +55,7 @@ impl Kind {
         Kind::CiliumNetworkPolicy,
         Kind::Gateway,
         Kind::HTTPRoute,
+        Kind::GRPCRoute,
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::LocalRateLimitPolicy,
@@ -72,6 +74,7 @@ impl Kind {
             Kind::CiliumNetworkPolicy => "CiliumNetworkPolicy",
             Kind::Gateway => "Gateway",
             Kind::HTTPRoute => "HTTPRoute",
+            Kind::GRPCRoute => "GRPCRoute",
             Kind::VirtualService => "VirtualService",
             Kind::DestinationRule => "DestinationRule",
             Kind::LocalRateLimitPolicy => "LocalRateLimitPolicy",
@@ -86,7 +89,7 @@ impl Kind {
             Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
             Kind::NetworkPolicy => "networking.k8s.io",
             Kind::CiliumNetworkPolicy => "cilium.io",
-            Kind::Gateway | Kind::HTTPRoute => "gateway.networking.k8s.io",
+            Kind::Gateway | Kind::HTTPRoute | Kind::GRPCRoute => "gateway.networking.k8s.io",
             Kind::VirtualService | Kind::DestinationRule => "networking.istio.io",
             Kind::LocalRateLimitPolicy => crate::translate::rate_limit::GROUP,
         }

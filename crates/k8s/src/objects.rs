@@ -458,6 +458,7 @@ pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     // Service parent route at that service's waypoint (docs/waypoint.md).
     ("gateway.networking.k8s.io", "Gateway", ""),
     ("gateway.networking.k8s.io", "HTTPRoute", ""),
+    ("gateway.networking.k8s.io", "GRPCRoute", ""),
     // Routes and traffic policies at the waypoint of the services they
     // name (docs/waypoint.md, "VirtualService and DestinationRule").
     ("networking.istio.io", "VirtualService", ""),

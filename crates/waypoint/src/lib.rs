@@ -58,6 +58,10 @@ pub struct Shared {
     mesh: Arc<ArcSwap<MeshState>>,
     routes: ArcSwap<Routes>,
     client: Client<upstream::Connector, BoxBody<bytes::Bytes, hyper::Error>>,
+    /// The same over HTTP/2 (prior knowledge), for requests that came as
+    /// HTTP/2 (gRPC among them): the upstream speaks what the client spoke
+    /// to the service.
+    client_h2: Client<upstream::Connector, BoxBody<bytes::Bytes, hyper::Error>>,
     /// What the client uses, for TCP passed through.
     connector: upstream::Connector,
     /// Per-peer bounds on connections and handshakes, and the process's
@@ -131,6 +135,8 @@ impl Waypoint {
         let connector =
             upstream::Connector { pool, identity: Arc::new(settings.identity.clone()), own_ip: settings.own_ip, mesh: mesh.clone() };
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(settings.idle_timeout).build(connector.clone());
+        let client_h2 =
+            Client::builder(TokioExecutor::new()).http2_only(true).pool_idle_timeout(settings.idle_timeout).build(connector.clone());
         let me = plan::Me {
             namespace: settings.namespace.clone(),
             hostname: format!("{}.{}.svc.cluster.local", settings.name, settings.namespace),
@@ -149,6 +155,7 @@ impl Waypoint {
                 mesh,
                 routes: ArcSwap::from_pointee(Routes::new()),
                 client,
+                client_h2,
                 connector,
                 limits,
                 balancer: balance::Balancer::default(),

@@ -190,6 +190,14 @@ impl Metrics {
     }
 }
 
+/// `grpc-status` (a trailer, or a header of a trailers-only answer) as a
+/// label value: only gRPC's codes (0-16) are taken, so a server cannot
+/// make series of its choosing.
+pub fn grpc_status(h: &http::HeaderMap) -> Option<Lv> {
+    let v = h.get("grpc-status")?.to_str().ok()?;
+    v.parse::<u8>().ok().filter(|c| *c <= 16).map(|_| Lv::from(v))
+}
+
 /// Bytes of a body, counted as its frames pass.
 #[derive(Debug, Default, Clone)]
 pub struct Tally(Arc<AtomicU64>);
@@ -248,6 +256,11 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
                     self.tally.add(d.len() as u64);
+                }
+                if let (Some(t), Some(p)) = (f.trailers_ref(), self.pending.as_mut()) {
+                    if let Some(code) = grpc_status(t) {
+                        p.labels.grpc_response_status = code;
+                    }
                 }
             }
             Poll::Ready(None) => self.finish(),

@@ -109,6 +109,7 @@ fn mirror(
         let mut req = Request::new(full(bytes.clone()));
         *req.method_mut() = parts.method.clone();
         *req.uri_mut() = uri;
+        *req.version_mut() = parts.version;
         *req.headers_mut() = parts.headers.clone();
         if let Some(h) = parts.headers.get(HOST).and_then(|v| v.to_str().ok()) {
             let (name, port) = h.rsplit_once(':').map_or((h, None), |(n, p)| (n, Some(p)));
@@ -120,7 +121,7 @@ fn mirror(
                 req.headers_mut().insert(HOST, v);
             }
         }
-        let client = shared.client.clone();
+        let client = if parts.version == http::Version::HTTP_2 { shared.client_h2.clone() } else { shared.client.clone() };
         tokio::spawn(async move {
             if let Ok(resp) = client.request(req).await {
                 let _ = resp.into_body().collect().await;
@@ -189,10 +190,18 @@ async fn forward(
         .flat_map(|v| v.split(',').map(|h| h.trim().to_ascii_lowercase()).collect::<Vec<_>>())
         .filter(|h| h != "host")
         .collect();
+    // gRPC needs `te: trailers` end to end over HTTP/2; any other `te` is
+    // hop-by-hop.
+    let h2 = parts.version == http::Version::HTTP_2;
+    let keep_te = h2 && parts.headers.get(http::header::TE).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     for h in HOP_BY_HOP.iter().chain(IDENTITY_HEADERS).copied().chain(named.iter().map(String::as_str)) {
-        parts.headers.remove(h);
+        if !(keep_te && h == "te") {
+            parts.headers.remove(h);
+        }
     }
-    parts.version = http::Version::HTTP_11;
+    // The upstream speaks what the client spoke to the service: HTTP/2
+    // (prior knowledge) for HTTP/2, else HTTP/1.1.
+    parts.version = if h2 { http::Version::HTTP_2 } else { http::Version::HTTP_11 };
     modify(&mut parts.headers, &filters.request_headers);
     let mirrored = !filters.mirrors.is_empty() && filters.mirror_per_million.map_or(true, |p| traffic::chance(p, rand::random()));
     let retries = f.retry.as_ref().map_or(0, |r| r.attempts);
@@ -248,7 +257,8 @@ async fn forward(
             (None, Some(stream)) => stream.boxed(),
             (None, None) => full(Bytes::new()),
         };
-        let sent = shared.client.request(Request::from_parts(p, body));
+        let client = if h2 { &shared.client_h2 } else { &shared.client };
+        let sent = client.request(Request::from_parts(p, body));
         let bound = match (f.attempt_timeout, crate::balance::remaining(deadline)) {
             (Some(a), Some(r)) => Some(a.min(r)),
             (a, r) => a.or(r),
@@ -412,8 +422,11 @@ pub async fn handle(
         Target::Service { service, .. } => Some(service.clone()),
         Target::Workload { .. } => None,
     };
-    let labels =
+    let mut labels =
         RequestLabels::new(src.as_deref(), &peer.identity.to_string(), service.as_deref(), dst_workload.as_deref(), protocol, code, flag);
+    if let Some(code) = crate::metrics::grpc_status(response.headers()) {
+        labels.grpc_response_status = code;
+    }
     let pending = Pending { metrics: shared.metrics.clone(), labels, start, request: request_bytes };
     Ok(response.map(|b| Counted::new(b, Tally::default(), Some(pending)).boxed()))
 }

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 const APP_PORT: u16 = 9080;
+const GRPC_PORT: u16 = 9090;
 
 fn key(name: &str) -> String {
     format!("default/{name}.default.svc.cluster.local")
@@ -183,8 +184,20 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
     let cfg = MeshConfig {
         workloads: vec![
             workload("client", ip(1, 1), "node1", true, &[]),
-            workload("reviews-v1", ip(2, 1), "node2", true, &[("reviews", APP_PORT), ("reviews-v1", APP_PORT), ("echo", 7000)]),
-            workload("reviews-v2", ip(2, 2), "node2", true, &[("reviews", APP_PORT), ("reviews-v2", APP_PORT), ("greeter", 7001)]),
+            workload(
+                "reviews-v1",
+                ip(2, 1),
+                "node2",
+                true,
+                &[("reviews", APP_PORT), ("reviews-v1", APP_PORT), ("echo", 7000), ("grpc", GRPC_PORT)],
+            ),
+            workload(
+                "reviews-v2",
+                ip(2, 2),
+                "node2",
+                true,
+                &[("reviews", APP_PORT), ("reviews-v2", APP_PORT), ("greeter", 7001), ("grpc", GRPC_PORT)],
+            ),
             workload("waypoint", wp_ip, "node2", false, &[("waypoint", 15008)]),
         ],
         services: vec![
@@ -195,6 +208,7 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
             service("lost", ip(9, 6), APP_PORT, Some("gone")),
             service("echo", ip(9, 7), 7000, Some("waypoint")),
             service("greeter", ip(9, 8), 7001, Some("waypoint")),
+            service("grpc", ip(9, 9), GRPC_PORT, Some("waypoint")),
         ],
         ..Default::default()
     };
@@ -203,6 +217,9 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
     tokio::spawn(app(TcpListener::bind(SocketAddr::new(ip(2, 1), APP_PORT)).await.unwrap(), "v1"));
     tokio::spawn(app(TcpListener::bind(SocketAddr::new(ip(2, 2), APP_PORT)).await.unwrap(), "v2"));
     tokio::spawn(tcp_app(TcpListener::bind(SocketAddr::new(ip(2, 1), 7000)).await.unwrap(), None));
+    for (d, version) in [(1, "v1"), (2, "v2")] {
+        tokio::spawn(grpc_app(TcpListener::bind(SocketAddr::new(ip(2, d), GRPC_PORT)).await.unwrap(), version));
+    }
     tokio::spawn(tcp_app(TcpListener::bind(SocketAddr::new(ip(2, 2), 7001)).await.unwrap(), Some(b"hello\n")));
     let pods = |names: &[&str]| NodePods {
         pods: names.iter().map(|n| PodRegistration { uid: format!("test//Pod/default/{n}"), netns: String::new() }).collect(),
@@ -615,4 +632,81 @@ async fn a_local_rate_limit_answers_429_with_retry_after_once_its_bucket_is_empt
             && l.ends_with(" 8")),
         "{text}"
     );
+}
+
+/// A gRPC app (the certificate service's definition, for its generated
+/// code): answers CreateCertificate with its version and the request's
+/// `csr`, and `INVALID_ARGUMENT` when the csr is `bad`.
+struct GrpcApp(&'static str);
+
+#[tonic::async_trait]
+impl slipstream_api::ca::istio_certificate_service_server::IstioCertificateService for GrpcApp {
+    async fn create_certificate(
+        &self,
+        request: tonic::Request<slipstream_api::ca::IstioCertificateRequest>,
+    ) -> Result<tonic::Response<slipstream_api::ca::IstioCertificateResponse>, tonic::Status> {
+        let csr = request.into_inner().csr;
+        if csr == "bad" {
+            return Err(tonic::Status::invalid_argument("bad csr"));
+        }
+        Ok(tonic::Response::new(slipstream_api::ca::IstioCertificateResponse { cert_chain: vec![self.0.to_string(), csr] }))
+    }
+}
+
+async fn grpc_app(l: TcpListener, version: &'static str) {
+    let incoming = futures_util::stream::unfold(l, |l| async move { Some((l.accept().await.map(|(s, _)| s), l)) });
+    let svc = slipstream_api::ca::istio_certificate_service_server::IstioCertificateServiceServer::new(GrpcApp(version));
+    let _ = tonic::transport::Server::builder().add_service(svc).serve_with_incoming(incoming).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_goes_through_the_waypoint_call_by_call() {
+    use slipstream_api::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+    use slipstream_api::ca::IstioCertificateRequest;
+    let (m, _node2, wp, _cfg) = mesh(101).await;
+    let vip = SocketAddr::new(m.ip(9, 9), GRPC_PORT);
+    // One HTTP/2 connection from the client pod, captured by node1.
+    let sockets = m.sockets.clone();
+    let client_ip = m.ip(1, 1);
+    let channel = tonic::transport::Endpoint::from_static("http://grpc.default.svc.cluster.local:9090")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let sockets = sockets.clone();
+            async move { sockets.connect_captured(client_ip, Listener::Outbound, vip).await.map(TokioIo::new) }
+        }))
+        .await
+        .unwrap();
+    let mut client = IstioCertificateServiceClient::new(channel);
+    let mut by = std::collections::BTreeMap::<String, usize>::new();
+    for i in 0..40 {
+        let csr = format!("csr-{i}");
+        let r = client.create_certificate(IstioCertificateRequest { csr: csr.clone(), ..Default::default() }).await.unwrap().into_inner();
+        assert_eq!(r.cert_chain[1], csr);
+        *by.entry(r.cert_chain[0].clone()).or_default() += 1;
+    }
+    // Calls on one HTTP/2 connection are balanced one by one.
+    assert!(by.get("v1").is_some_and(|n| *n > 3) && by.get("v2").is_some_and(|n| *n > 3), "{by:?}");
+    // A GRPCRoute's method match, as the control plane compiles it (the
+    // exact path /<service>/<method>), to v2 only.
+    let mut by_method = vs_rule(&[("grpc", Some("v2"), 1)]);
+    by_method.matches[0].path = PathMatch::Exact("/istio.v1.auth.IstioCertificateService/CreateCertificate".into());
+    by_method.backends[0].port = GRPC_PORT;
+    by_method.backends[0].subset.as_mut().unwrap().workloads = vec!["test//Pod/default/reviews-v2".into()];
+    wp.set_routes([ServiceRoutes { service: key("grpc"), rules: vec![by_method], ..Default::default() }]);
+    for i in 0..10 {
+        let r =
+            client.create_certificate(IstioCertificateRequest { csr: format!("m-{i}"), ..Default::default() }).await.unwrap().into_inner();
+        assert_eq!(r.cert_chain[0], "v2");
+    }
+    wp.set_routes([]);
+    // A gRPC error comes back as the app's status, in trailers.
+    let e = client.create_certificate(IstioCertificateRequest { csr: "bad".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (tonic::Code::InvalidArgument, "bad csr"));
+    let text = wp.metrics().render();
+    let grpc: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("istio_requests_total{") && l.contains("request_protocol=\"grpc\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(grpc, 51, "{text}");
+    assert!(text.lines().any(|l| l.starts_with("istio_requests_total{") && l.contains("grpc_response_status=\"3\"")), "{text}");
 }

@@ -53,6 +53,7 @@ pub const KINDS: &[Kind] = &[
     Kind { group: "cilium.io", version: "v2", kind: "CiliumNetworkPolicy", plural: "ciliumnetworkpolicies", custom: true },
     Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "Gateway", plural: "gateways", custom: true },
     Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "HTTPRoute", plural: "httproutes", custom: true },
+    Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "GRPCRoute", plural: "grpcroutes", custom: true },
     Kind { group: "networking.istio.io", version: "v1", kind: "VirtualService", plural: "virtualservices", custom: true },
     Kind { group: "networking.istio.io", version: "v1", kind: "DestinationRule", plural: "destinationrules", custom: true },
     Kind { group: "slipstream.io", version: "v1alpha1", kind: "LocalRateLimitPolicy", plural: "localratelimitpolicies", custom: true },

@@ -276,14 +276,22 @@ pub fn http_route(o: &OpaqueObject) -> Result<HttpRouteInput, ObjectError> {
     if o.kind != Kind::HTTPRoute {
         return Err(rd.err("kind", format!("expected HTTPRoute, got {}", o.kind)));
     }
-    let spec: Spec = match o.rest.get("spec") {
+    let spec = parse_spec(&rd, o.rest.get("spec"))?;
+    from_spec(rd, o, spec)
+}
+
+fn parse_spec(rd: &Reader, v: Option<&serde_json::Value>) -> Result<Spec, ObjectError> {
+    Ok(match v {
         None | Some(serde_json::Value::Null) => Spec::default(),
         Some(v) => serde_path_to_error::deserialize(v).map_err(|e| {
             let path = e.path().to_string();
             let field = if path == "." { "spec".to_string() } else { format!("spec.{path}") };
             rd.err(field, e.into_inner().to_string())
         })?,
-    };
+    })
+}
+
+fn from_spec(rd: Reader, o: &OpaqueObject, spec: Spec) -> Result<HttpRouteInput, ObjectError> {
     let mut parents = Vec::new();
     let mut gateway_parents = Vec::new();
     for (i, p) in spec.parent_refs.into_iter().enumerate() {
@@ -620,6 +628,9 @@ fn duration(rd: &Reader, s: &str, field: &str) -> Result<Option<Duration>, Objec
     }
     Ok((!total.is_zero()).then_some(total))
 }
+
+mod grpc;
+pub use grpc::grpc_route;
 
 // ---- compiling ----
 

@@ -65,6 +65,8 @@ pub enum Input {
     NetworkPolicy(network_policy::NetPolicyInput),
     Gateway(waypoint::GatewayInput),
     HttpRoute(Box<http_route::HttpRouteInput>),
+    /// A GRPCRoute, read as the HTTPRoute it means on the wire.
+    GrpcRoute(Box<http_route::HttpRouteInput>),
     VirtualService(Box<virtual_service::VirtualServiceInput>),
     DestinationRule(Box<virtual_service::DestinationRuleInput>),
     RateLimit(Box<rate_limit::RateLimitInput>),
@@ -211,6 +213,7 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str) -> Result<Input,
         ClusterObject::CiliumNetworkPolicy(p) => Input::NetworkPolicy(network_policy::cilium_network_policy(p, &r)?),
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::Gateway => Input::Gateway(waypoint::gateway(o)?),
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::HTTPRoute => Input::HttpRoute(Box::new(http_route::http_route(o)?)),
+        ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::GRPCRoute => Input::GrpcRoute(Box::new(http_route::grpc_route(o)?)),
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::VirtualService => {
             Input::VirtualService(Box::new(virtual_service::virtual_service(o)?))
         }

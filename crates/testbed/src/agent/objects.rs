@@ -30,6 +30,7 @@ pub const MESH_KINDS: &[&str] = &[
     "CiliumNetworkPolicy",
     "Gateway",
     "HTTPRoute",
+    "GRPCRoute",
     "VirtualService",
     "DestinationRule",
     "LocalRateLimitPolicy",
