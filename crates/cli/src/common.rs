@@ -122,15 +122,47 @@ pub fn load(files: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
 /// stored and then ignored.
 fn check_mesh_kinds(loaded: &[Loaded]) -> anyhow::Result<()> {
     let mut errors = Vec::new();
+    // Waypoints among the objects given, by namespace, to name in warnings.
+    let waypoints: Vec<(String, String)> = loaded
+        .iter()
+        .filter_map(|l| match &l.object {
+            Object::Kept(k) if k.kind == "Gateway" && k.spec.get("gatewayClassName").and_then(|c| c.as_str()) == Some("istio-waypoint") => {
+                Some((k.metadata.namespace.clone(), k.metadata.name.clone()))
+            }
+            _ => None,
+        })
+        .collect();
     for l in loaded {
         let Object::Kept(k) = &l.object else { continue };
         let value = serde_json::json!({"apiVersion": k.api_version, "kind": k.kind, "metadata": k.metadata, "spec": k.spec});
-        let checked = slipstream_control::objects::parse_value(value).and_then(|o| match o {
+        let parsed = slipstream_control::objects::parse_value(value);
+        let checked = parsed.as_ref().map_err(Clone::clone).and_then(|o| match o {
             Some(o) => o.validate(),
             None => Ok(()),
         });
         if let Err(e) = checked {
             errors.push(format!("{}: {e}", l.place()));
+            continue;
+        }
+        if let Ok(Some(slipstream_control::objects::ClusterObject::AuthorizationPolicy(p))) = &parsed {
+            let ns = k.metadata.namespace.clone();
+            let r =
+                slipstream_control::objects::ObjectRef::new(slipstream_control::objects::Kind::AuthorizationPolicy, &ns, &k.metadata.name);
+            let rules = slipstream_control::translate::authorization::l7_rules_at_l4(p, &r);
+            if !rules.is_empty() {
+                let fix = match waypoints.iter().find(|(n, _)| *n == ns) {
+                    Some((_, w)) => format!(
+                        "bind the selected pods' Service to waypoint {ns}/{w} (label istio.io/use-waypoint: {w}) and give the policy targetRefs to that Service instead of a selector"
+                    ),
+                    None => "deploy a waypoint (a Gateway of class istio-waypoint), bind the selected pods' Service to it (label istio.io/use-waypoint) and give the policy targetRefs to that Service instead of a selector".to_string(),
+                };
+                eprintln!(
+                    "warning: {}: AuthorizationPolicy {ns}/{}: {} name L7 attributes (methods, paths, hosts, headers or request conditions); the node proxies enforce them with L4 fail-safe semantics (an ALLOW rule that needs them matches nothing; a DENY rule denies on its L4 part). To enforce them at L7: {fix}",
+                    l.place(),
+                    k.metadata.name,
+                    rules.join(", ")
+                );
+            }
         }
     }
     if !errors.is_empty() {

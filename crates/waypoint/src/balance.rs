@@ -127,7 +127,10 @@ impl Balancer {
     pub fn start(&self, f: &Forward, key: Option<u64>, tried: &[SocketAddr], draws: [u64; 2]) -> Result<Slot, NoSlot> {
         let now = Instant::now();
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        let pool = pools.entry(f.pool.clone()).or_default();
+        if !pools.contains_key(&f.pool) {
+            pools.insert(f.pool.clone(), PoolState::default());
+        }
+        let pool = pools.get_mut(&f.pool).expect("inserted above");
         if let Some(max) = f.traffic.max_requests {
             if pool.in_flight >= max {
                 return Err(NoSlot::Overflow(max));
@@ -138,16 +141,29 @@ impl Balancer {
             pool.endpoints.retain(|a, _| live.contains(a));
         }
         let usable = |e: &&Endpoint| pool.endpoints.get(&addr(e)).map_or(true, |s| !s.outlier.is_ejected(now));
-        let fresh: Vec<&Endpoint> = f.candidates.iter().filter(|e| !tried.contains(&addr(e))).filter(usable).collect();
-        let healthy: Vec<&Endpoint> = f.candidates.iter().filter(usable).collect();
-        let set: Vec<&Endpoint> = if !fresh.is_empty() {
-            fresh
-        } else if !healthy.is_empty() {
-            healthy
-        } else {
+        // The common case, nothing tried and nothing ejected, without
+        // building candidate lists.
+        let all_usable = tried.is_empty() && f.candidates.iter().all(|e| usable(&e));
+        let set: Vec<&Endpoint> = if all_usable {
             f.candidates.iter().collect()
+        } else {
+            let fresh: Vec<&Endpoint> = f.candidates.iter().filter(|e| !tried.contains(&addr(e))).filter(usable).collect();
+            if !fresh.is_empty() {
+                fresh
+            } else {
+                let healthy: Vec<&Endpoint> = f.candidates.iter().filter(usable).collect();
+                if !healthy.is_empty() {
+                    healthy
+                } else {
+                    f.candidates.iter().collect()
+                }
+            }
         };
-        let ids: Vec<u64> = set.iter().map(|e| hash_bytes(e.workload.uid.as_bytes())).collect();
+        // Endpoint ids matter only to consistent hashing.
+        let ids: Vec<u64> = match &f.traffic.lb {
+            slipstream_core::route::traffic::LoadBalancer::Hash(_) => set.iter().map(|e| hash_bytes(e.workload.uid.as_bytes())).collect(),
+            _ => vec![0; set.len()],
+        };
         let rr = pool.rr;
         pool.rr = pool.rr.wrapping_add(1);
         let load = |i: usize| pool.endpoints.get(&addr(set[i])).map_or(0, |s| s.in_flight);

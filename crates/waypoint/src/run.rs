@@ -60,6 +60,12 @@ pub struct WaypointArgs {
     pub cluster_id: String,
     #[arg(long, env = "SLIPSTREAM_WAYPOINT_TRUST_DOMAIN", default_value = slipstream_core::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
+    /// Runtime threads. 1 (the default) runs everything on one thread:
+    /// fewest cross-thread wake-ups per request, at most one core (measured
+    /// with `slipstream bench --scenarios l7`: the same latency for less CPU
+    /// than 2). More spread tunnels over threads.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub workers: u16,
 }
 
 /// The waypoint's own certificate, whatever address a tunnel came to.

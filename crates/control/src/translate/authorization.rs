@@ -240,6 +240,35 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
 /// One rule; [`Rule::never`] in its place when it is dropped (an ALLOW
 /// rule needing L7) or can never match, so later rules keep their index.
 fn translate_rule(rule: &RuleSpec, path: &str, action: Action, r: &ObjectRef) -> Result<Rule, ObjectError> {
+    translate_rule_l7(rule, path, action, r).map(|(rule, _)| rule)
+}
+
+/// The rules (`spec.rules[i]`) of a selector-bound or namespace-wide
+/// policy that name L7 attributes: at the node proxies they keep the L4
+/// fail-safe meaning (an ALLOW rule matches nothing, a DENY rule denies on
+/// its L4 part). `apply` warns about them (docs/waypoint.md, "Policy").
+/// Empty for a policy with targetRefs (the waypoint enforces it whole) or
+/// one that does not translate.
+pub fn l7_rules_at_l4(p: &AuthorizationPolicy, r: &ObjectRef) -> Vec<String> {
+    if p.spec.target_ref.is_some() || !p.spec.target_refs.is_empty() {
+        return Vec::new();
+    }
+    let action = match p.spec.action {
+        Some(PolicyAction::Deny) => Action::Deny,
+        _ => Action::Allow,
+    };
+    p.spec
+        .rules
+        .iter()
+        .enumerate()
+        .filter_map(|(i, rule)| {
+            let path = format!("spec.rules[{i}]");
+            matches!(translate_rule_l7(rule, &path, action, r), Ok((_, true))).then_some(path)
+        })
+        .collect()
+}
+
+fn translate_rule_l7(rule: &RuleSpec, path: &str, action: Action, r: &ObjectRef) -> Result<(Rule, bool), ObjectError> {
     let mut l7 = false;
     let mut clauses = Vec::new();
     let mut never = false;
@@ -266,9 +295,9 @@ fn translate_rule(rule: &RuleSpec, path: &str, action: Action, r: &ObjectRef) ->
         push_or_clause(vec![part], &mut clauses, &mut never);
     }
     if never || (l7 && action == Action::Allow) {
-        return Ok(Rule::never());
+        return Ok((Rule::never(), l7));
     }
-    Ok(Rule { clauses })
+    Ok((Rule { clauses }, l7))
 }
 
 /// Adds the clause that ORs `parts`: none if one of them always holds; a

@@ -207,3 +207,25 @@ fn targeted_policies_keep_every_l7_attribute_for_the_waypoint() {
         assert!(e.contains(&format!(": {field}: ")), "{spec}: {e}");
     }
 }
+
+#[test]
+fn rules_with_l7_attributes_at_l4_are_named_for_the_apply_warning() {
+    let l7 = |spec: &str| {
+        let y = format!(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: p, namespace: production}}\nspec: {spec}\n"
+        );
+        let v: serde_json::Value = serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&y).unwrap()).unwrap();
+        let Some(ClusterObject::AuthorizationPolicy(p)) = parse_value(v).unwrap() else { panic!("not a policy") };
+        l7_rules_at_l4(&p, &ObjectRef::new(crate::objects::Kind::AuthorizationPolicy, "production", "p"))
+    };
+    // The seed policy written for sidecars: frontend may only GET /api/v1/invoices.
+    let seed = "{selector: {matchLabels: {app: billing}}, rules: [{from: [{source: {principals: [cluster.local/ns/production/sa/frontend]}}], to: [{operation: {methods: [GET], paths: [/api/v1/invoices]}}]}, {from: [{source: {namespaces: [ops]}}]}]}";
+    assert_eq!(l7(seed), ["spec.rules[0]"]);
+    assert_eq!(l7(&seed.replace("}, rules:", "}, action: DENY, rules:")), ["spec.rules[0]"]);
+    assert_eq!(l7("{rules: [{when: [{key: 'request.headers[x-user]', values: [a]}]}]}"), ["spec.rules[0]"], "namespace-wide too");
+    assert!(l7("{selector: {matchLabels: {app: billing}}, rules: [{to: [{operation: {ports: ['8080']}}]}]}").is_empty(), "L4 only");
+    assert!(
+        l7("{targetRefs: [{kind: Service, group: '', name: billing}], rules: [{to: [{operation: {methods: [GET]}}]}]}").is_empty(),
+        "the waypoint enforces a targeted policy whole"
+    );
+}
