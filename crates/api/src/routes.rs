@@ -215,6 +215,8 @@ mod l7 {
             name: p.name.clone(),
             deny: p.action == Action::Deny,
             dry_run: p.dry_run,
+            per_workload: p.workloads.is_some(),
+            workloads: p.workloads.clone().unwrap_or_default(),
             rules: p
                 .rules
                 .iter()
@@ -350,12 +352,18 @@ mod l7 {
             }
             rules.push(L7Rule { from, to, when });
         }
+        let workloads = p.per_workload.then(|| {
+            let mut w = p.workloads.clone();
+            w.sort();
+            w
+        });
         Ok(L7Policy {
             namespace: p.namespace.clone(),
             name: p.name.clone(),
             action: if p.deny { Action::Deny } else { Action::Allow },
             dry_run: p.dry_run,
             rules,
+            workloads,
         })
     }
 }
@@ -740,6 +748,7 @@ mod tests {
                     name: "reviews-get".into(),
                     action: Action::Deny,
                     dry_run: true,
+                    workloads: Some(vec!["c//Pod/bookinfo/a".into(), "c//Pod/bookinfo/b".into()]),
                     rules: vec![L7Rule {
                         from: vec![L7Source {
                             principals: vec![ex("cluster.local/ns/bookinfo/sa/productpage")],

@@ -234,3 +234,51 @@ fn bookinfo_virtual_service_and_destination_rule_at_the_waypoint() {
     c.ok(&["delete", "-f", &vs]);
     c.down();
 }
+
+/// The seed policy as a team moving from sidecars has it: bound by
+/// `selector`, with methods and paths. Behind the waypoint it is enforced
+/// there unchanged, with the original client; at the node proxies its L4
+/// meaning still holds for what does not pass the waypoint.
+#[test]
+fn a_sidecar_era_selector_policy_with_l7_fields_is_enforced_at_the_waypoint() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let examples = repo().join("examples/policies/billing-l7");
+    for f in ["00-apps.yaml", "10-waypoint.yaml"] {
+        std::fs::copy(examples.join(f), dir.path().join(f)).unwrap();
+    }
+    let policy = std::fs::read_to_string(examples.join("20-allow-invoices.yaml")).unwrap().replace(
+        "  targetRefs:\n  - {kind: Service, group: \"\", name: billing-service}\n",
+        "  selector:\n    matchLabels: {app: billing-service}\n",
+    );
+    assert!(policy.contains("matchLabels: {app: billing-service}"), "{policy}");
+    std::fs::write(dir.path().join("20-allow-invoices.yaml"), &policy).unwrap();
+    let c = Cluster::up("t-waypoint-sel", &["-f", &dir.path().display().to_string()]);
+    wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
+    let (status, body) = call(&c, "deploy/frontend", "GET", "/api/v1/invoices");
+    assert_eq!(status, "200", "{body}");
+    for (from, method, path) in [
+        ("deploy/frontend", "POST", "/api/v1/invoices"),
+        ("deploy/frontend", "GET", "/api/v1/admin"),
+        ("deploy/legacy-service", "GET", "/api/v1/invoices"),
+    ] {
+        let (status, body) = call(&c, from, method, path);
+        assert_eq!((status.as_str(), body.trim_end()), ("403", "RBAC: access denied"), "{method} {path} from {from}");
+    }
+    let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
+    let log = c.ok(&["logs", "-n", "production", &pod]);
+    let denied: Vec<&str> = log.lines().filter(|l| l.contains("code=403") && l.contains("flags=\"RBAC\"")).collect();
+    assert_eq!(denied.len(), 3, "{log}");
+    assert!(denied.iter().all(|l| l.contains("policy=production/billing-invoices-only")), "{log}");
+    // Around the waypoint, to the pod's own address: the node proxy holds
+    // the policy's L4 meaning (its rule needs L7: it allows only the
+    // waypoint), so even frontend's GET is refused there.
+    let billing_ip = c.pods("billing-service-")[0]["ip"].as_str().unwrap().to_string();
+    let (code, out) = c.exec(
+        "production",
+        "deploy/frontend",
+        &["curl", "-sS", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}", &format!("http://{billing_ip}:8080/api/v1/invoices")],
+    );
+    assert!(code != 0 && out.trim() != "200", "the pod answered around its waypoint: {code} {out}");
+    c.down();
+}

@@ -482,10 +482,22 @@ impl Index {
     }
 
     fn set_policy(&mut self, ns_name: &str, name: &str, new: Option<PolicyInput>, batch: &mut Batch) {
-        let key = ResourceKey::new(TypeUrl::Authorization, &format!("{ns_name}/{name}"));
-        batch.set(key, new.as_ref().and_then(|p| p.policy.as_ref()).map(|a| Versioned::new(authorization_any(a))));
+        // Computed at the flush: a rule needing L7 depends on the
+        // waypoints in front of the workloads the policy selects.
+        batch.policies.insert((ns_name.to_string(), name.to_string()));
+        let root = ns_name == self.settings.root_namespace;
         let ns = self.ns(ns_name);
         let old = ns.policies.remove(name);
+        // A selector-bound policy may be enforced by a waypoint too: the
+        // routes of the namespace's services (every namespace's, for the
+        // root's).
+        if old.iter().chain(new.iter()).any(|p| p.selected_l7.is_some()) {
+            if root {
+                batch.all_routes = true;
+            } else {
+                batch.routes.extend(ns.services.keys().map(|s| (ns_name.to_string(), s.clone())));
+            }
+        }
         // A waypoint's policy: the routes resource of what it targets.
         for l7 in old.iter().chain(new.iter()).filter_map(|p| p.l7.as_ref()) {
             batch.routes.extend(l7.services.iter().map(|s| (ns_name.to_string(), s.clone())));
@@ -560,7 +572,12 @@ impl Index {
             for (n, ns) in &self.namespaces {
                 batch.routes.extend(ns.services.keys().map(|s| (n.clone(), s.clone())));
             }
-        } else if !batch.pods.is_empty() && self.namespaces.values().any(|n| n.destination_rules.values().any(|d| !d.subsets.is_empty())) {
+        } else if !batch.pods.is_empty()
+            && self.namespaces.values().any(|n| {
+                n.destination_rules.values().any(|d| !d.subsets.is_empty())
+                    || n.policies.values().any(|p| p.selected_l7.as_ref().is_some_and(|(_, r)| !r.is_empty()))
+            })
+        {
             // A pod's labels decide which subsets it is in: the routes of
             // its namespace's services, compiled again.
             let touched: BTreeSet<&String> = batch.pods.iter().map(|(n, _)| n).collect();
@@ -573,6 +590,28 @@ impl Index {
             batch.routes.extend(more);
         }
         let waypoints = self.waypoints();
+        // Policies whose rules need L7 follow the waypoints in front of
+        // what they select: computed again whenever a pod, a service or a
+        // binding changed (their bytes decide whether anything is pushed).
+        if !batch.pods.is_empty() || !batch.services.is_empty() || batch.all_bindings {
+            for (n, ns) in &self.namespaces {
+                for (name, p) in &ns.policies {
+                    if p.selected_l7.as_ref().is_some_and(|(_, rules)| !rules.is_empty()) {
+                        batch.policies.insert((n.clone(), name.clone()));
+                    }
+                }
+            }
+        }
+        for (ns_name, name) in std::mem::take(&mut batch.policies) {
+            let key = ResourceKey::new(TypeUrl::Authorization, &format!("{ns_name}/{name}"));
+            let resource = self
+                .namespaces
+                .get(&ns_name)
+                .and_then(|ns| ns.policies.get(&name))
+                .and_then(|p| self.policy_resource(&ns_name, p, &waypoints))
+                .map(|a| Versioned::new(authorization_any(&a)));
+            batch.set(key, resource);
+        }
         for (ns_name, name) in std::mem::take(&mut batch.services) {
             let hostname = self.hostname(&name, &ns_name);
             let key = ResourceKey::new(TypeUrl::Address, &format!("{ns_name}/{hostname}"));
@@ -623,6 +662,9 @@ impl Index {
                             }
                         }
                     }
+                }
+                if gateway.is_some() {
+                    policies.extend(self.selected_policies_at_waypoint(ns, &ns_name, svc));
                 }
                 compiled.policies = policies;
                 (!compiled.rules.is_empty()
@@ -721,6 +763,108 @@ impl Index {
                     &b.name,
                 ))
             })
+    }
+
+    /// The principals (without `spiffe://`) of the waypoints in force in
+    /// front of `pod`: its own binding, and its services'.
+    fn waypoints_in_front(&self, ns: &Ns, ns_name: &str, pod: &PodInput, waypoints: &[Waypoint]) -> BTreeSet<String> {
+        let mut bound: Vec<GatewayAddress> = Vec::new();
+        bound.extend(self.waypoint_of(Traffic::Workload, ns, ns_name, &pod.labels, waypoints));
+        for s in ns.services.values() {
+            if s.selector.as_ref().is_some_and(|sel| selector_matches(sel, &pod.labels)) {
+                bound.extend(self.waypoint_of(Traffic::Service, ns, ns_name, &s.labels, waypoints));
+            }
+        }
+        bound
+            .into_iter()
+            .filter(|g| g.hbone_mtls_port != 0)
+            .map(|g| format!("{}/ns/{}/sa/{}", self.settings.trust_domain, g.namespace, g.hostname.split('.').next().unwrap_or("")))
+            .collect()
+    }
+
+    /// Whether a waypoint can evaluate every selector-bound and
+    /// namespace-wide policy of `ns_name` (and of the root namespace): one
+    /// it cannot (an attribute such as `destination.ip`) keeps them all at
+    /// the node proxies, so that no policy is evaluated with the waypoint
+    /// as the client where it names the original one.
+    fn waypoint_can_decide(&self, ns_name: &str) -> bool {
+        [ns_name, self.settings.root_namespace.as_str()]
+            .iter()
+            .filter_map(|n| self.namespaces.get(*n))
+            .flat_map(|ns| ns.policies.values())
+            .filter(|p| p.policy.is_some())
+            .all(|p| p.selected_l7.is_some())
+    }
+
+    /// The resource node proxies get for a policy. A selector-bound or
+    /// namespace-wide policy with rules that need L7, in front of whose
+    /// workloads a waypoint is in force, is enforced whole by that
+    /// waypoint with the original client; the node proxies then let the
+    /// waypoint through those rules (an ALLOW rule becomes "from the
+    /// waypoint"; a DENY rule no longer applies to it) and keep the L4
+    /// fail-safe meaning for everything else, so nothing that bypasses the
+    /// waypoint gains by it.
+    fn policy_resource(&self, ns_name: &str, p: &PolicyInput, waypoints: &[Waypoint]) -> Option<Authorization> {
+        use slipstream_core::policy::{Action, Clause, Match, Rule, StringMatch};
+        let mut a = p.policy.clone()?;
+        let Some((_, l7_rules)) = &p.selected_l7 else { return Some(a) };
+        if l7_rules.is_empty() || ns_name == self.settings.root_namespace || !self.waypoint_can_decide(ns_name) {
+            return Some(a);
+        }
+        let ns = self.namespaces.get(ns_name)?;
+        let mut fronting = BTreeSet::new();
+        for pod in ns.pods.values().filter(|pod| p.selector.as_ref().is_none_or(|sel| selector_matches(sel, &pod.labels))) {
+            fronting.extend(self.waypoints_in_front(ns, ns_name, pod, waypoints));
+        }
+        if fronting.is_empty() {
+            return Some(a);
+        }
+        let principals: Vec<StringMatch> = fronting.into_iter().map(StringMatch::Exact).collect();
+        for &i in l7_rules {
+            let Some(rule) = a.rules.get_mut(i) else { continue };
+            match a.action {
+                Action::Allow => {
+                    *rule =
+                        Rule { clauses: vec![Clause { matches: vec![Match { principals: principals.clone(), ..Default::default() }] }] };
+                }
+                Action::Deny => {
+                    rule.clauses.push(Clause { matches: vec![Match { not_principals: principals.clone(), ..Default::default() }] });
+                }
+            }
+        }
+        Some(a)
+    }
+
+    /// The selector-bound and namespace-wide policies a waypoint enforces
+    /// on requests to `svc`'s pods, each restricted to the pods it selects:
+    /// all of them (its namespace's and the root's) as soon as one of its
+    /// namespace's needs L7 for one of those pods, so that the waypoint
+    /// decides as the pods' own policies would, with the original client.
+    fn selected_policies_at_waypoint(&self, ns: &Ns, ns_name: &str, svc: &ServiceInput) -> Vec<slipstream_core::policy::l7::L7Policy> {
+        let Some(sel) = &svc.selector else { return Vec::new() };
+        let pods: Vec<&PodInput> = ns.pods.values().filter(|p| selector_matches(sel, &p.labels)).collect();
+        let selects = |p: &PolicyInput, pod: &PodInput| p.selector.as_ref().is_none_or(|s| selector_matches(s, &pod.labels));
+        let needs = ns_name != self.settings.root_namespace
+            && ns
+                .policies
+                .values()
+                .any(|p| p.selected_l7.as_ref().is_some_and(|(_, r)| !r.is_empty()) && pods.iter().any(|pod| selects(p, pod)));
+        if !needs {
+            return Vec::new();
+        }
+        let root = self.namespaces.get(&self.settings.root_namespace).filter(|_| ns_name != self.settings.root_namespace);
+        let mut out = Vec::new();
+        for p in ns.policies.values().chain(root.into_iter().flat_map(|r| r.policies.values())) {
+            let Some((l7, _)) = &p.selected_l7 else { continue };
+            let mut uids: Vec<String> =
+                pods.iter().filter(|pod| selects(p, pod)).map(|pod| self.workload_uid(ns_name, &pod.name)).collect();
+            if uids.is_empty() {
+                continue;
+            }
+            uids.sort();
+            out.push(slipstream_core::policy::l7::L7Policy { workloads: Some(uids), ..l7.clone() });
+        }
+        out
     }
 
     /// The LocalRateLimitPolicies that reach the service `ns/name`: those
@@ -1050,6 +1194,8 @@ struct Batch {
     net_policies: BTreeSet<String>,
     /// Every network policy: a pod or namespace they may select changed.
     net_all: bool,
+    /// AuthorizationPolicies (namespace, name) whose resource to compute.
+    policies: BTreeSet<(String, String)>,
 }
 
 impl Batch {

@@ -80,6 +80,9 @@ pub struct Signature {
     addresses: Vec<Arc<str>>,
     /// Named ports of the address, per network policy that resolves them.
     named_ports: Vec<(String, Vec<(String, u16)>)>,
+    /// Bound to a waypoint for its own address (workload traffic): no
+    /// pair ends at it in the map.
+    waypoint: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -331,7 +334,15 @@ fn signature(state: &MeshState, preds: &Predicates, w: &MeshWorkload) -> Signatu
         .net_policies()
         .filter_map(|p| p.named_ports.get(&addr).map(|m| (p.key(), m.iter().map(|(k, v)| (k.clone(), *v)).collect())))
         .collect();
-    Signature { identity: w.identity().to_string(), meshed: w.meshed(), net_policies, authorizations, addresses, named_ports }
+    Signature {
+        identity: w.identity().to_string(),
+        meshed: w.meshed(),
+        net_policies,
+        authorizations,
+        addresses,
+        named_ports,
+        waypoint: w.waypoint.is_some(),
+    }
 }
 
 /// The ports `w`'s network policies single out in one direction (named
@@ -389,6 +400,16 @@ fn significant_ports(state: &MeshState, src: &MeshWorkload, dst: &MeshWorkload) 
 
 /// Whether any policy has a say between the two: if none does, every port
 /// is allowed and nothing needs writing.
+/// The trust domain of the mesh's workloads (the first one's; one mesh,
+/// one trust domain).
+fn state_trust_domain(state: &MeshState) -> String {
+    state
+        .workloads()
+        .next()
+        .map(|w| w.identity().trust_domain().to_string())
+        .unwrap_or_else(|| slipstream_core::DEFAULT_TRUST_DOMAIN.to_string())
+}
+
 fn governed(state: &MeshState, src: &MeshWorkload, dst: &MeshWorkload) -> bool {
     !state.net_policies_for(&src.uid).is_empty()
         || !state.net_policies_for(&dst.uid).is_empty()
@@ -532,16 +553,37 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
         .map(|(c, members)| Group { id: numbers[c], local: members.iter().any(|w| w.node == node), members: members.clone() })
         .collect();
 
+    // Waypoints' own identities (a pod running as a waypoint Gateway's
+    // service account, in its namespace, is that waypoint, as the node
+    // proxy resolves it): their tunnels carry the identity the kernel
+    // cannot see (they are not captured, so the map would read them as
+    // plaintext); the destination's node proxy decides them.
+    let waypoint_ids: BTreeSet<String> = state
+        .services()
+        .filter_map(|s| s.waypoint.clone())
+        .chain(state.workloads().filter_map(|w| w.waypoint.clone()))
+        .map(|g| format!("spiffe://{}/ns/{}/sa/{}", state_trust_domain(state), g.namespace, g.hostname.split('.').next().unwrap_or("")))
+        .collect();
     for s in &groups {
         for d in &groups {
             if !(s.local || d.local) {
                 continue;
             }
             let src = s.members[0];
+            if !src.meshed() && waypoint_ids.contains(&src.identity().to_string()) {
+                continue;
+            }
             // A workload and itself never meet in the map (a pod's own
             // address stays inside the pod); another member stands in.
             let Some(dst) = d.members.iter().find(|w| w.uid != src.uid) else { continue };
             if !governed(state, src, dst) {
+                continue;
+            }
+            // A pod bound to a waypoint (for workload traffic) is reached
+            // through it: a connect() to its address goes to the waypoint,
+            // whose tunnel its node proxy decides. The pair is left to
+            // user space rather than denied at the source.
+            if dst.waypoint.is_some() && dst.meshed() {
                 continue;
             }
             let Some(ports) = significant_ports(state, src, dst) else {
@@ -733,7 +775,10 @@ pub fn compile(state: &MeshState, node: &str, node_index: u16, ids: &mut Identit
     // this node only: the check is the connect hook's.
     for s in groups.iter().filter(|g| g.local) {
         let src = s.members[0];
-        for svc in state.services() {
+        // A service bound to a waypoint is reached through it, never its
+        // endpoints directly: the waypoint decides (and the endpoints'
+        // node proxies, on the waypoint's tunnels).
+        for svc in state.services().filter(|s| s.waypoint.is_none()) {
             for vip in svc.addresses.iter().filter_map(|a| v4(a.address)) {
                 let vip_id = numbers[&Class::Service(vip)];
                 for port in &svc.ports {
@@ -819,6 +864,7 @@ mod tests {
             authorizations: vec![],
             addresses: vec![],
             named_ports: vec![],
+            waypoint: false,
         };
         let m = BTreeMap::from([(Class::Workload(sig), vec![a, b])]);
         let n = ids.number(&m);

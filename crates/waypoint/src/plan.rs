@@ -154,10 +154,41 @@ pub fn authorize(
     source_ip: std::net::IpAddr,
     req: Option<(&RequestView, &str)>,
 ) -> slipstream_core::policy::l7::L7Verdict {
-    use slipstream_core::policy::l7::{evaluate, L7Request};
     let port = match target {
         Target::Service { port, .. } | Target::Workload { port, .. } => *port,
     };
+    let policies = routes.map(|r| r.policies.as_slice()).unwrap_or(&[]);
+    evaluate_l7(policies.iter().filter(|p| p.workloads.is_none()), port, peer, source_ip, req)
+}
+
+/// The authorization of the workload a request (or TCP connection) is
+/// about to be sent to: the selector-bound policies of that workload
+/// (`uid`) that its waypoint enforces, as its own node proxy or a sidecar
+/// would, with the original client and the workload's `port`. None when
+/// no such policy selects it.
+pub fn authorize_endpoint(
+    routes: Option<&ServiceRoutes>,
+    uid: &str,
+    port: u16,
+    peer: &slipstream_core::SpiffeId,
+    source_ip: std::net::IpAddr,
+    req: Option<(&RequestView, &str)>,
+) -> Option<slipstream_core::policy::l7::L7Verdict> {
+    let policies = routes.map(|r| r.policies.as_slice()).unwrap_or(&[]);
+    let mut selecting =
+        policies.iter().filter(|p| p.workloads.as_ref().is_some_and(|w| w.binary_search_by(|x| x.as_str().cmp(uid)).is_ok())).peekable();
+    selecting.peek()?;
+    Some(evaluate_l7(selecting, port, peer, source_ip, req))
+}
+
+fn evaluate_l7<'p>(
+    policies: impl Iterator<Item = &'p slipstream_core::policy::l7::L7Policy> + Clone,
+    port: u16,
+    peer: &slipstream_core::SpiffeId,
+    source_ip: std::net::IpAddr,
+    req: Option<(&RequestView, &str)>,
+) -> slipstream_core::policy::l7::L7Verdict {
+    use slipstream_core::policy::l7::{evaluate, L7Request};
     let principal = peer.to_string();
     let principal = principal.strip_prefix("spiffe://").unwrap_or(&principal);
     let empty: [(String, String); 0] = [];
@@ -172,7 +203,7 @@ pub fn authorize(
         headers: req.map_or(&empty[..], |(v, _)| v.headers),
         http: req.is_some(),
     };
-    evaluate(routes.map(|r| r.policies.as_slice()).unwrap_or(&[]).iter(), &r)
+    evaluate(policies, &r)
 }
 
 /// Why a path is refused before any rule sees it: a path an app would

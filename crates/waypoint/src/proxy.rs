@@ -137,6 +137,8 @@ struct Forwarded {
     flag: &'static str,
     upstream: Option<(std::net::SocketAddr, String)>,
     attempts: u32,
+    /// The selector-bound policy of the endpoint that refused it.
+    denied_by: Option<String>,
 }
 
 /// One request to the endpoints of `f`: fault injection, mirroring, then
@@ -151,14 +153,16 @@ async fn forward(
     filters: &Filters,
     req: Request<ReqBody>,
     host: &str,
-    view_headers: &[(String, String)],
-    query: &str,
+    view: &RequestView<'_>,
+    routes: Option<&slipstream_core::route::ServiceRoutes>,
     id: &str,
 ) -> Forwarded {
+    let (view_headers, query) = (view.headers, view.query);
     let answer = |status: u16, text_: String, flag: &'static str, attempts: u32| Forwarded {
         response: text(status, text_),
         flag,
         upstream: None,
+        denied_by: None,
         attempts,
     };
     if let Some(fault) = &f.fault {
@@ -242,7 +246,33 @@ async fn forward(
         tried.push(ep);
         if let Err(d) = shared.source_egress(state, peer, ep) {
             shared.balancer.finish(&f, slot, Some(200));
-            return Forwarded { response: text(403, format!("{d}\n")), flag: "RBAC", upstream, attempts: attempt };
+            return Forwarded { response: text(403, format!("{d}\n")), flag: "RBAC", upstream, attempts: attempt, denied_by: None };
+        }
+        // The endpoint's own (selector-bound) policies, which its waypoint
+        // enforces with the original client (docs/waypoint.md, "Policy").
+        let endpoint_verdict = plan::authorize_endpoint(
+            routes,
+            &slot.endpoint.workload.uid,
+            slot.endpoint.target_port,
+            &peer.identity,
+            peer.addr.ip(),
+            Some((view, host)),
+        );
+        if let Some(v) = endpoint_verdict {
+            for d in &v.dry_run_denials {
+                tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), request_id = id, "dry-run: would be denied");
+            }
+            if !v.allowed {
+                shared.balancer.finish(&f, slot, Some(200));
+                let by = v.by.map(|b| format!("{}/{}", b.namespace, b.name));
+                return Forwarded {
+                    response: text(403, "RBAC: access denied\n".into()),
+                    flag: "RBAC",
+                    upstream,
+                    attempts: attempt,
+                    denied_by: by,
+                };
+            }
         }
         let mut p = parts.clone();
         p.uri = match format!("http://{ep}{}", f.path_and_query).parse() {
@@ -289,19 +319,33 @@ async fn forward(
             Some(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 modify(&mut parts.headers, &filters.response_headers);
-                Forwarded { response: Response::from_parts(parts, body.boxed()), flag: "-", upstream, attempts: attempt }
+                Forwarded { response: Response::from_parts(parts, body.boxed()), flag: "-", upstream, attempts: attempt, denied_by: None }
             }
             Some(Err(e)) => {
                 tracing::debug!(upstream = %ep, "upstream request failed: {e:?}");
                 let flag = if e.is_connect() { "UF" } else { "UC" };
-                Forwarded { response: text(503, format!("upstream connect error: {e}\n")), flag, upstream, attempts: attempt }
+                Forwarded {
+                    response: text(503, format!("upstream connect error: {e}\n")),
+                    flag,
+                    upstream,
+                    attempts: attempt,
+                    denied_by: None,
+                }
             }
-            None if !overall_left || f.attempt_timeout.is_none() => {
-                Forwarded { response: text(504, "upstream request timeout\n".into()), flag: "UT", upstream, attempts: attempt }
-            }
-            None => {
-                Forwarded { response: text(504, "upstream request timeout (per try)\n".into()), flag: "UT", upstream, attempts: attempt }
-            }
+            None if !overall_left || f.attempt_timeout.is_none() => Forwarded {
+                response: text(504, "upstream request timeout\n".into()),
+                flag: "UT",
+                upstream,
+                attempts: attempt,
+                denied_by: None,
+            },
+            None => Forwarded {
+                response: text(504, "upstream request timeout (per try)\n".into()),
+                flag: "UT",
+                upstream,
+                attempts: attempt,
+                denied_by: None,
+            },
         };
     }
 }
@@ -388,8 +432,12 @@ pub async fn handle(
                     (r, "-", None)
                 }
                 Action::Forward(f) => {
-                    let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &headers, &query, &id).await;
+                    let view = RequestView { method: &method, path: &path, query: &query, headers: &headers };
+                    let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &view, service_routes.as_deref(), &id).await;
                     attempts = r.attempts;
+                    if let Some(by) = r.denied_by {
+                        policy = by;
+                    }
                     (r.response, r.flag, r.upstream)
                 }
             }

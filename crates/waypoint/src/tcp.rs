@@ -99,6 +99,13 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
     if let Err(d) = shared.source_egress(&state, peer, ep) {
         return log("RBAC", &ep.to_string(), &dst, 0, 0, &d.to_string());
     }
+    // The endpoint's own policies, at L4 semantics (as for the service's).
+    if let Some(v) = crate::plan::authorize_endpoint(service_routes.as_deref(), &w.uid, ep.port(), &peer.identity, peer.addr.ip(), None) {
+        if !v.allowed {
+            let by = v.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default();
+            return log("RBAC", &ep.to_string(), &dst, 0, 0, &by);
+        }
+    }
     let mut upstream = match shared.connector.open(ep).await {
         Ok(s) => s,
         Err(e) => return log("UF", &ep.to_string(), &dst, 0, 0, &e.to_string()),

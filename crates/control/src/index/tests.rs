@@ -646,3 +646,57 @@ fn virtual_services_and_destination_rules_become_routes_with_subsets_resolved() 
     let e = parse_manifests(&vs.replace("subset: v3}", "subset: v3}, weight: -5")).unwrap_err();
     assert_eq!(e[0].field, "spec.http[0].route[0].weight", "{e:?}");
 }
+
+#[test]
+fn a_selector_policy_with_l7_rules_moves_to_the_waypoint_in_front_of_its_pods() {
+    use slipstream_core::policy::{Action, StringMatch};
+    let mut ix = index(&format!(
+        "{}{}{}",
+        namespace("production", "istio.io/dataplane-mode: ambient"),
+        pod_with("production", "billing-1", "app: billing", "10.244.2.2", "node2", true),
+        service("production", "billing", "app: billing", "10.96.0.20"),
+    ));
+    let policy_yaml = policy(
+        "production",
+        "invoices",
+        "{selector: {matchLabels: {app: billing}}, rules: [{from: [{source: {principals: [cluster.local/ns/production/sa/frontend]}}], to: [{operation: {methods: [GET]}}]}, {from: [{source: {namespaces: [ops]}}]}]}",
+    );
+    upsert(&mut ix, &policy_yaml);
+    let authz = |ix: &Index| ix.mesh_config().policies.into_iter().find(|p| p.name == "invoices").unwrap();
+    let routes = |ix: &Index| {
+        let key = ResourceKey::new(TypeUrl::Route, "production/billing.production.svc.cluster.local");
+        ix.resources().get(&key).map(|v| slipstream_api::routes::routes_from_any(&v.body).unwrap())
+    };
+    // No waypoint: the L4 fail-safe (the rule that needs L7 matches nothing).
+    assert_eq!(authz(&ix).rules[0], slipstream_core::policy::Rule::never());
+    assert!(routes(&ix).is_none());
+    // A waypoint in front of billing's service: the node proxies let the
+    // waypoint through that rule, the other rule as it was; the waypoint
+    // gets the whole policy, for billing's pod.
+    upsert(&mut ix, &gateway("production", "waypoint", "", 15008));
+    upsert(
+        &mut ix,
+        &service("production", "billing", "app: billing", "10.96.0.20").replace(
+            "metadata: {name: billing, namespace: production}",
+            "metadata: {name: billing, namespace: production, labels: {istio.io/use-waypoint: waypoint}}",
+        ),
+    );
+    let a = authz(&ix);
+    assert_eq!(a.rules[0].clauses[0].matches[0].principals, [StringMatch::Exact("cluster.local/ns/production/sa/waypoint".into())]);
+    assert_eq!(a.rules[1].clauses[0].matches[0].namespaces, [StringMatch::Exact("ops".into())], "an L4 rule is unchanged");
+    let r = routes(&ix).expect("billing's routes resource");
+    assert_eq!(r.policies.len(), 1);
+    assert_eq!(r.policies[0].workloads.as_deref(), Some(&["c1//Pod/production/billing-1".to_string()][..]));
+    assert_eq!(r.policies[0].rules.len(), 2);
+    // A DENY with an L7 rule: at the node proxies it no longer applies to the waypoint.
+    upsert(&mut ix, &policy_yaml.replace("rules:", "action: DENY, rules:"));
+    let a = authz(&ix);
+    assert_eq!(a.action, Action::Deny);
+    let last = a.rules[0].clauses.last().unwrap();
+    assert_eq!(last.matches[0].not_principals, [StringMatch::Exact("cluster.local/ns/production/sa/waypoint".into())]);
+    // The binding goes: back to the fail-safe.
+    upsert(&mut ix, &service("production", "billing", "app: billing", "10.96.0.20"));
+    upsert(&mut ix, &policy_yaml);
+    assert_eq!(authz(&ix).rules[0], slipstream_core::policy::Rule::never());
+    assert!(routes(&ix).is_none_or(|r| r.policies.is_empty()));
+}

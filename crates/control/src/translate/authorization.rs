@@ -40,6 +40,12 @@ pub struct PolicyInput {
     pub policy: Option<Authorization>,
     /// Bound with targetRefs: what the waypoint enforces, and on what.
     pub l7: Option<L7Bound>,
+    /// A selector-bound or namespace-wide policy: its rules with every
+    /// attribute, for a waypoint in front of the workloads it selects,
+    /// and the indexes of the rules that need L7 attributes (the index
+    /// rewrites them for the node proxies when such a waypoint exists:
+    /// docs/waypoint.md, "Policy: one engine, both layers").
+    pub selected_l7: Option<(slipstream_core::policy::l7::L7Policy, Vec<usize>)>,
 }
 
 /// A policy a waypoint enforces.
@@ -99,10 +105,10 @@ pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -
             Some(action) => Some(l7_bound(p, r, action)?),
             None => None,
         };
-        return Ok(PolicyInput { selector: None, policy: None, l7 });
+        return Ok(PolicyInput { selector: None, policy: None, l7, selected_l7: None });
     }
     let Some(action) = action else {
-        return Ok(PolicyInput { selector: None, policy: None, l7: None });
+        return Ok(PolicyInput { selector: None, policy: None, l7: None, selected_l7: None });
     };
     let scope = match (&selector, r.namespace == root_namespace) {
         (Some(_), _) => Scope::WorkloadSelector,
@@ -111,7 +117,18 @@ pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -
     };
     let dry_run = p.metadata.annotations.as_ref().and_then(|a| a.get(super::DRY_RUN_ANNOTATION)).is_some_and(|v| v == "true");
     let policy = Authorization { name: r.name.clone(), namespace: r.namespace.clone(), scope, action, rules, dry_run };
-    Ok(PolicyInput { selector, policy: Some(policy), l7: None })
+    let l7_rules: Vec<usize> = spec
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(i, rule)| matches!(translate_rule_l7(rule, &format!("spec.rules[{i}]"), action, r), Ok((_, true))))
+        .map(|(i, _)| i)
+        .collect();
+    // None when the waypoint cannot evaluate some attribute of it (such as
+    // `destination.ip`): then no policy of those workloads moves to a
+    // waypoint, and the node proxies keep the L4 fail-safe meaning.
+    let selected_l7 = l7_bound(p, r, action).ok().map(|b| (b.policy, l7_rules));
+    Ok(PolicyInput { selector, policy: Some(policy), l7: None, selected_l7 })
 }
 
 /// A targeted policy's L7 form: its targets (a Service or a Gateway of its
@@ -234,7 +251,11 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
         rules.push(L7Rule { from, to, when });
     }
     let dry_run = p.metadata.annotations.as_ref().and_then(|a| a.get(super::DRY_RUN_ANNOTATION)).is_some_and(|v| v == "true");
-    Ok(L7Bound { services, gateways, policy: L7Policy { namespace: r.namespace.clone(), name: r.name.clone(), action, dry_run, rules } })
+    Ok(L7Bound {
+        services,
+        gateways,
+        policy: L7Policy { namespace: r.namespace.clone(), name: r.name.clone(), action, dry_run, rules, workloads: None },
+    })
 }
 
 /// One rule; [`Rule::never`] in its place when it is dropped (an ALLOW

@@ -26,6 +26,13 @@ pub struct L7Policy {
     pub dry_run: bool,
     /// Its rules in manifest order (a denial names `spec.rules[i]`).
     pub rules: Vec<L7Rule>,
+    /// None: bound to the service (targetRefs), evaluated on every request
+    /// to it. Some: a selector-bound (or namespace-wide) policy of the
+    /// workloads whose traffic passes the waypoint, evaluated only on the
+    /// requests sent to one of these workload UIDs (sorted), with the
+    /// original client, as a sidecar would have (docs/waypoint.md, "Policy").
+    #[serde(default)]
+    pub workloads: Option<Vec<String>>,
 }
 
 /// `from` (any source), `to` (any operation), `when` (every condition);
@@ -311,6 +318,7 @@ mod tests {
             name: "billing-l7".into(),
             action: Action::Allow,
             dry_run: false,
+            workloads: None,
             rules: vec![L7Rule {
                 from: vec![L7Source { principals: vec![exact("cluster.local/ns/production/sa/frontend")], ..Default::default() }],
                 to: vec![L7Operation {

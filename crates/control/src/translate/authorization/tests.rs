@@ -101,7 +101,10 @@ fn scope_action_and_binding() {
     // An empty selector selects the whole namespace.
     assert_eq!(policy("demo", "{selector: {matchLabels: {}}}", "").unwrap().policy.map(|p| p.scope), Some(Scope::Namespace));
     // AUDIT and waypoint-bound policies give node proxies nothing.
-    assert_eq!(policy("demo", "{action: AUDIT, rules: [{}]}", "").unwrap(), PolicyInput { selector: None, policy: None, l7: None });
+    assert_eq!(
+        policy("demo", "{action: AUDIT, rules: [{}]}", "").unwrap(),
+        PolicyInput { selector: None, policy: None, l7: None, selected_l7: None }
+    );
     let p = policy("demo", "{targetRefs: [{kind: Service, group: '', name: web}], rules: [{to: [{operation: {methods: [GET]}}]}]}", "")
         .unwrap();
     assert_eq!((p.selector, p.policy), (None, None));
