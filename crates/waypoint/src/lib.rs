@@ -71,6 +71,8 @@ pub struct Shared {
     /// Requests in flight, round robin and outlier state, per pool.
     balancer: balance::Balancer,
     pub metrics: Arc<metrics::Metrics>,
+    /// Request bodies held to be replayed (retries, mirrors), in KiB.
+    replay_budget: Arc<tokio::sync::Semaphore>,
     /// Token buckets of the LocalRateLimitPolicies, by (policy, service).
     buckets: std::sync::Mutex<HashMap<(String, String), slipstream_core::route::traffic::Bucket>>,
 }
@@ -161,6 +163,7 @@ impl Waypoint {
                 balancer: balance::Balancer::default(),
                 metrics: Arc::default(),
                 buckets: Default::default(),
+                replay_budget: Arc::new(tokio::sync::Semaphore::new(proxy::REPLAY_BUDGET_KIB)),
             }),
         }
     }

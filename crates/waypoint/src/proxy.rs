@@ -63,9 +63,21 @@ fn modify(headers: &mut HeaderMap, m: &HeaderModifier) {
 /// says so.
 const REPLAY_BODY_LIMIT: u64 = 1 << 20;
 
-/// The body, read whole when it is at most [`REPLAY_BODY_LIMIT`] and its
-/// length is known (or it is already complete); otherwise given back.
-async fn buffer(headers: &HeaderMap, body: ReqBody) -> Result<Bytes, ReqBody> {
+/// What all requests together may hold in memory to replay, in KiB
+/// (64 MiB): past it a request is sent once, without mirror or retry, so
+/// that clients sending many large bodies at once cannot make the waypoint
+/// hold them all.
+pub const REPLAY_BUDGET_KIB: usize = 64 * 1024;
+
+/// The body, read whole when it is at most [`REPLAY_BODY_LIMIT`], its
+/// length is known (or it is already complete) and the replay budget has
+/// room for it (the permit, held until the request is done); otherwise
+/// given back.
+async fn buffer(
+    budget: &Arc<tokio::sync::Semaphore>,
+    headers: &HeaderMap,
+    body: ReqBody,
+) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), ReqBody> {
     let length = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let chunked = headers.contains_key(http::header::TRANSFER_ENCODING);
     let small = match length {
@@ -75,11 +87,21 @@ async fn buffer(headers: &HeaderMap, body: ReqBody) -> Result<Bytes, ReqBody> {
     if !small {
         return Err(body);
     }
-    Ok(match http_body_util::Limited::new(body, REPLAY_BODY_LIMIT as usize).collect().await {
+    let kib = length.unwrap_or(0).div_ceil(1024) as u32;
+    let permit = if kib == 0 {
+        None
+    } else {
+        match budget.clone().try_acquire_many_owned(kib) {
+            Ok(p) => Some(p),
+            Err(_) => return Err(body),
+        }
+    };
+    let bytes = match http_body_util::Limited::new(body, REPLAY_BODY_LIMIT as usize).collect().await {
         Ok(c) => c.to_bytes(),
         // The client broke off: nothing to forward either.
         Err(_) => Bytes::new(),
-    })
+    };
+    Ok((bytes, permit))
 }
 
 fn full(b: Bytes) -> Body {
@@ -210,16 +232,20 @@ async fn forward(
     let mirrored = !filters.mirrors.is_empty() && filters.mirror_per_million.map_or(true, |p| traffic::chance(p, rand::random()));
     let retries = f.retry.as_ref().map_or(0, |r| r.attempts);
     // The body, whole when it must be sent more than once.
-    let (mut once, replay) = if mirrored || retries > 0 {
-        match buffer(&parts.headers, body).await {
-            Ok(b) => (None, Some(b)),
+    let (mut once, replay, _held) = if mirrored || retries > 0 {
+        match buffer(&shared.replay_budget, &parts.headers, body).await {
+            Ok((b, permit)) => (None, Some(b), permit),
             Err(stream) => {
-                tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, request_id = id, "not mirrored nor retried: the body is larger than 1 MiB or streamed");
-                (Some(stream), None)
+                tracing::info!(
+                    target: slipstream_core::ACCESS_LOG_TARGET,
+                    request_id = id,
+                    "not mirrored nor retried: the body is larger than 1 MiB, streamed, or the waypoint holds 64 MiB of bodies already"
+                );
+                (Some(stream), None, None)
             }
         }
     } else {
-        (Some(body), None)
+        (Some(body), None, None)
     };
     if let (true, Some(b)) = (mirrored, &replay) {
         mirror(shared, state, &filters.mirrors, &parts, &f.path_and_query, b);

@@ -223,18 +223,27 @@ fn apply(index: &mut MeshIndex, routes: &mut BTreeMap<String, slipstream_core::r
 /// The status port (15021): `GET /healthz/ready`, 200 once ready, 503
 /// before. The stats port (15020, `metrics` given): `GET
 /// /stats/prometheus`, Istio's request metrics. Any pod can reach both: a
-/// connection gets 2 s to send its request line, and at most 32 are served
-/// at once (more wait in the kernel's backlog).
+/// connection gets 2 s to send its request line, and one address holds at
+/// most 4 at once (more are closed at once), so no pod can keep the
+/// kubelet's (the agent's) readiness probe out.
 async fn serve_status(l: tokio::net::TcpListener, ready: Arc<AtomicBool>, metrics: Option<Arc<crate::metrics::Metrics>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let permits = Arc::new(tokio::sync::Semaphore::new(32));
+    const PER_ADDRESS: u32 = 4;
+    let open: Arc<std::sync::Mutex<std::collections::HashMap<IpAddr, u32>>> = Arc::default();
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else { return };
-        let Ok((mut s, _)) = l.accept().await else { continue };
+        let Ok((mut s, peer)) = l.accept().await else { continue };
+        {
+            let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+            let n = o.entry(peer.ip()).or_insert(0);
+            if *n >= PER_ADDRESS {
+                continue;
+            }
+            *n += 1;
+        }
         let ready = ready.clone();
         let metrics = metrics.clone();
+        let open = open.clone();
         tokio::spawn(async move {
-            let _permit = permit;
             let mut buf = [0u8; 1024];
             let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await.ok().and_then(Result::ok).unwrap_or(0);
             let line = std::str::from_utf8(&buf[..n]).unwrap_or("").lines().next().unwrap_or("");
@@ -255,7 +264,14 @@ async fn serve_status(l: tokio::net::TcpListener, ready: Arc<AtomicBool>, metric
                 }
                 None => "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 10\r\nconnection: close\r\n\r\nnot ready\n".to_string(),
             };
-            let _ = s.write_all(answer.as_bytes()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), s.write_all(answer.as_bytes())).await;
+            let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = o.get_mut(&peer.ip()) {
+                *n -= 1;
+                if *n == 0 {
+                    o.remove(&peer.ip());
+                }
+            }
         });
     }
 }
