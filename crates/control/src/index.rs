@@ -766,10 +766,13 @@ impl Index {
     }
 
     /// The principals (without `spiffe://`) of the waypoints in force in
-    /// front of `pod`: its own binding, and its services'.
+    /// front of `pod` through its services: the waypoints whose routes
+    /// carry its policies (`selected_policies_at_waypoint`), and which then
+    /// evaluate them whether the pod is reached through a service or by
+    /// its own address. A pod bound only for workload traffic gets no such
+    /// routes: its policies stay whole at its node proxy (fail closed).
     fn waypoints_in_front(&self, ns: &Ns, ns_name: &str, pod: &PodInput, waypoints: &[Waypoint]) -> BTreeSet<String> {
         let mut bound: Vec<GatewayAddress> = Vec::new();
-        bound.extend(self.waypoint_of(Traffic::Workload, ns, ns_name, &pod.labels, waypoints));
         for s in ns.services.values() {
             if s.selector.as_ref().is_some_and(|sel| selector_matches(sel, &pod.labels)) {
                 bound.extend(self.waypoint_of(Traffic::Service, ns, ns_name, &s.labels, waypoints));

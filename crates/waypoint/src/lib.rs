@@ -71,6 +71,10 @@ pub struct Shared {
     /// Requests in flight, round robin and outlier state, per pool.
     balancer: balance::Balancer,
     pub metrics: Arc<metrics::Metrics>,
+    /// The selector-bound policies of each workload (by UID) whose waypoint
+    /// this is, from every service's routes: the same whether the workload
+    /// is reached through a service or by its own address.
+    workload_policies: ArcSwap<HashMap<String, Vec<slipstream_core::policy::l7::L7Policy>>>,
     /// Request bodies held to be replayed (retries, mirrors), in KiB.
     replay_budget: Arc<tokio::sync::Semaphore>,
     /// Token buckets of the LocalRateLimitPolicies, by (policy, service).
@@ -99,6 +103,21 @@ impl Shared {
             b.take(now, l.requests, l.interval, l.burst).map_err(|wait| (l.policy.clone(), wait))?;
         }
         Ok(())
+    }
+
+    /// The authorization of a request (or, `req` None, a TCP connection)
+    /// to the workload `uid` on `port` by that workload's own policies;
+    /// None when it has none here.
+    fn authorize_workload(
+        &self,
+        uid: &str,
+        port: u16,
+        peer: &handler::Peer,
+        req: Option<(&slipstream_core::route::RequestView, &str)>,
+    ) -> Option<slipstream_core::policy::l7::L7Verdict> {
+        let all = self.workload_policies.load();
+        let policies = all.get(uid)?;
+        plan::authorize_endpoint(policies, port, &peer.identity, peer.addr.ip(), req)
     }
 
     /// A service's DestinationRule policy (Istio's defaults without one).
@@ -164,6 +183,7 @@ impl Waypoint {
                 metrics: Arc::default(),
                 buckets: Default::default(),
                 replay_budget: Arc::new(tokio::sync::Semaphore::new(proxy::REPLAY_BUDGET_KIB)),
+                workload_policies: ArcSwap::from_pointee(HashMap::new()),
             }),
         }
     }
@@ -179,6 +199,20 @@ impl Waypoint {
         let live: std::collections::HashSet<(&str, &str)> =
             map.values().flat_map(|r| r.limits.iter().map(move |l| (l.policy.as_str(), r.service.as_str()))).collect();
         self.shared.buckets.lock().unwrap_or_else(|p| p.into_inner()).retain(|(p, s), _| live.contains(&(p.as_str(), s.as_str())));
+        // A workload's policies come in the routes of each of its services
+        // that is bound here; once each (by namespace and name).
+        let mut by_uid: HashMap<String, Vec<slipstream_core::policy::l7::L7Policy>> = HashMap::new();
+        for r in map.values() {
+            for p in &r.policies {
+                for uid in p.workloads.iter().flatten() {
+                    let list = by_uid.entry(uid.clone()).or_default();
+                    if !list.iter().any(|q| q.namespace == p.namespace && q.name == p.name) {
+                        list.push(p.clone());
+                    }
+                }
+            }
+        }
+        self.shared.workload_policies.store(Arc::new(by_uid));
         self.shared.routes.store(Arc::new(map));
     }
 

@@ -162,23 +162,18 @@ pub fn authorize(
 }
 
 /// The authorization of the workload a request (or TCP connection) is
-/// about to be sent to: the selector-bound policies of that workload
-/// (`uid`) that its waypoint enforces, as its own node proxy or a sidecar
-/// would, with the original client and the workload's `port`. None when
-/// no such policy selects it.
+/// about to be sent to: `policies`, the selector-bound policies of that
+/// workload that its waypoint enforces (as its own node proxy or a sidecar
+/// would, with the original client and the workload's `port`). None when
+/// there are none.
 pub fn authorize_endpoint(
-    routes: Option<&ServiceRoutes>,
-    uid: &str,
+    policies: &[slipstream_core::policy::l7::L7Policy],
     port: u16,
     peer: &slipstream_core::SpiffeId,
     source_ip: std::net::IpAddr,
     req: Option<(&RequestView, &str)>,
 ) -> Option<slipstream_core::policy::l7::L7Verdict> {
-    let policies = routes.map(|r| r.policies.as_slice()).unwrap_or(&[]);
-    let mut selecting =
-        policies.iter().filter(|p| p.workloads.as_ref().is_some_and(|w| w.binary_search_by(|x| x.as_str().cmp(uid)).is_ok())).peekable();
-    selecting.peek()?;
-    Some(evaluate_l7(selecting, port, peer, source_ip, req))
+    (!policies.is_empty()).then(|| evaluate_l7(policies.iter(), port, peer, source_ip, req))
 }
 
 fn evaluate_l7<'p>(

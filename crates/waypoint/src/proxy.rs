@@ -108,9 +108,16 @@ fn full(b: Bytes) -> Body {
     Full::new(b).map_err(|never: Infallible| match never {}).boxed()
 }
 
+/// How long a mirrored request may take: its answer is dropped anyway,
+/// and what it holds (its body) must not outlive a slow mirror for long.
+const MIRROR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// RequestMirror: a copy of the request to each mirror backend (one of its
 /// endpoints, of its subset if it names one), `Host` suffixed `-shadow` as
-/// Envoy does, its answer discarded.
+/// Envoy does, its answer discarded. Each copy takes its body's share of
+/// the replay budget until it is done (at most [`MIRROR_TIMEOUT`]): a slow
+/// mirror cannot make the waypoint hold more than the budget; past it, the
+/// copy is not sent.
 fn mirror(
     shared: &Arc<Shared>,
     state: &slipstream_core::MeshState,
@@ -128,6 +135,15 @@ fn mirror(
         let Some(ep) = slipstream_core::MeshState::pick(&eps, rand::random()) else { continue };
         let addr = std::net::SocketAddr::new(ep.workload.address(), ep.target_port);
         let Ok(uri) = format!("http://{addr}{path_and_query}").parse::<http::Uri>() else { continue };
+        let kib = (bytes.len() as u64).div_ceil(1024) as u32;
+        let permit = if kib == 0 {
+            None
+        } else {
+            match shared.replay_budget.clone().try_acquire_many_owned(kib) {
+                Ok(p) => Some(p),
+                Err(_) => continue,
+            }
+        };
         let mut req = Request::new(full(bytes.clone()));
         *req.method_mut() = parts.method.clone();
         *req.uri_mut() = uri;
@@ -145,9 +161,13 @@ fn mirror(
         }
         let client = if parts.version == http::Version::HTTP_2 { shared.client_h2.clone() } else { shared.client.clone() };
         tokio::spawn(async move {
-            if let Ok(resp) = client.request(req).await {
-                let _ = resp.into_body().collect().await;
-            }
+            let _permit = permit;
+            let _ = tokio::time::timeout(MIRROR_TIMEOUT, async move {
+                if let Ok(resp) = client.request(req).await {
+                    let _ = resp.into_body().collect().await;
+                }
+            })
+            .await;
         });
     }
 }
@@ -176,7 +196,6 @@ async fn forward(
     req: Request<ReqBody>,
     host: &str,
     view: &RequestView<'_>,
-    routes: Option<&slipstream_core::route::ServiceRoutes>,
     id: &str,
 ) -> Forwarded {
     let (view_headers, query) = (view.headers, view.query);
@@ -276,14 +295,7 @@ async fn forward(
         }
         // The endpoint's own (selector-bound) policies, which its waypoint
         // enforces with the original client (docs/waypoint.md, "Policy").
-        let endpoint_verdict = plan::authorize_endpoint(
-            routes,
-            &slot.endpoint.workload.uid,
-            slot.endpoint.target_port,
-            &peer.identity,
-            peer.addr.ip(),
-            Some((view, host)),
-        );
+        let endpoint_verdict = shared.authorize_workload(&slot.endpoint.workload.uid, slot.endpoint.target_port, peer, Some((view, host)));
         if let Some(v) = endpoint_verdict {
             for d in &v.dry_run_denials {
                 tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), request_id = id, "dry-run: would be denied");
@@ -459,7 +471,7 @@ pub async fn handle(
                 }
                 Action::Forward(f) => {
                     let view = RequestView { method: &method, path: &path, query: &query, headers: &headers };
-                    let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &view, service_routes.as_deref(), &id).await;
+                    let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &view, &id).await;
                     attempts = r.attempts;
                     if let Some(by) = r.denied_by {
                         policy = by;

@@ -100,7 +100,7 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
         return log("RBAC", &ep.to_string(), &dst, 0, 0, &d.to_string());
     }
     // The endpoint's own policies, at L4 semantics (as for the service's).
-    if let Some(v) = crate::plan::authorize_endpoint(service_routes.as_deref(), &w.uid, ep.port(), &peer.identity, peer.addr.ip(), None) {
+    if let Some(v) = shared.authorize_workload(&w.uid, ep.port(), peer, None) {
         if !v.allowed {
             let by = v.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default();
             return log("RBAC", &ep.to_string(), &dst, 0, 0, &by);

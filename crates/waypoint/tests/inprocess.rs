@@ -710,3 +710,39 @@ async fn grpc_goes_through_the_waypoint_call_by_call() {
     assert_eq!(grpc, 51, "{text}");
     assert!(text.lines().any(|l| l.starts_with("istio_requests_total{") && l.contains("grpc_response_status=\"3\"")), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_own_policies_hold_at_the_waypoint_when_it_is_reached_by_its_address() {
+    use slipstream_core::policy::l7::{L7Operation, L7Policy, L7Rule};
+    use slipstream_core::policy::{Action, StringMatch};
+    let (mut m, mut node2, wp, mut cfg) = mesh(102).await;
+    // reviews-v1 is bound to the waypoint for its own address too.
+    let v1 = cfg.workloads.iter_mut().find(|w| w.name == "reviews-v1").unwrap();
+    v1.waypoint = Some(gw("waypoint"));
+    assert!(m.node1.apply_mesh(&cfg).errors.is_empty());
+    assert!(node2.apply_mesh(&cfg).errors.is_empty());
+    let (state, errors) = MeshState::from_config(&cfg);
+    assert!(errors.is_empty(), "{errors:?}");
+    wp.set_mesh(state);
+    // Its selector-bound policy, carried by its service's routes: no GET of /secret.
+    let deny = L7Policy {
+        namespace: "default".into(),
+        name: "no-secret".into(),
+        action: Action::Deny,
+        dry_run: false,
+        rules: vec![L7Rule {
+            to: vec![L7Operation { paths: vec![StringMatch::Exact("/secret".into())], ..Default::default() }],
+            ..Default::default()
+        }],
+        workloads: Some(vec!["test//Pod/default/reviews-v1".into()]),
+    };
+    wp.set_routes([ServiceRoutes { service: key("reviews"), policies: vec![deny], ..Default::default() }]);
+    let pod = SocketAddr::new(m.ip(2, 1), APP_PORT);
+    let by_address = get(&m, pod, "/secret", 3).await;
+    assert!(by_address.iter().all(|a| a == "403 RBAC: access denied\n"), "by the pod's address: {by_address:?}");
+    assert_eq!(get(&m, pod, "/open", 2).await, ["200 v1 /open", "200 v1 /open"]);
+    // Through the service: v1 refuses, v2 (not selected) answers.
+    let via_service = get(&m, SocketAddr::new(m.ip(9, 1), APP_PORT), "/secret", 40).await;
+    assert!(via_service.iter().all(|a| a == "403 RBAC: access denied\n" || a == "200 v2 /secret"), "{via_service:?}");
+    assert!(via_service.iter().any(|a| a == "200 v2 /secret"), "{via_service:?}");
+}

@@ -700,3 +700,18 @@ fn a_selector_policy_with_l7_rules_moves_to_the_waypoint_in_front_of_its_pods() 
     assert_eq!(authz(&ix).rules[0], slipstream_core::policy::Rule::never());
     assert!(routes(&ix).is_none_or(|r| r.policies.is_empty()));
 }
+
+#[test]
+fn a_pod_bound_only_for_workload_traffic_keeps_its_policy_whole_at_its_node_proxy() {
+    let ix = index(&format!(
+        "{}{}{}{}{}",
+        namespace("production", "istio.io/dataplane-mode: ambient"),
+        gateway("production", "waypoint", "istio.io/waypoint-for: workload", 15008),
+        pod_with("production", "billing-1", "app: billing, istio.io/use-waypoint: waypoint", "10.244.2.2", "node2", true),
+        service("production", "billing", "app: billing", "10.96.0.20"),
+        policy("production", "invoices", "{selector: {matchLabels: {app: billing}}, rules: [{to: [{operation: {methods: [GET]}}]}]}",),
+    ));
+    assert!(workload(&ix, "production", "billing-1").unwrap().waypoint.is_some(), "bound for workload traffic");
+    let a = ix.mesh_config().policies.into_iter().find(|p| p.name == "invoices").unwrap();
+    assert_eq!(a.rules[0], slipstream_core::policy::Rule::never(), "no routes carry its policies: fail closed, not opened to the waypoint");
+}
