@@ -244,6 +244,9 @@ pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool, scope: &Scope) 
                 None => {}
             }
         }
+        // A Deployment in the middle of a rollout: its old pods stop only
+        // once every new one is ready (the agent does it on its next tick).
+        waiting.extend(rollouts_in_progress(&pods_in(&st, scope)));
         // `up` returns with every node proxy answering its readiness probe,
         // so its first `status` does not show them NOT READY (starting).
         if matches!(scope, Scope::All) {
@@ -261,6 +264,32 @@ pub fn wait_converged(ctx: &Ctx, timeout: Duration, quiet: bool, scope: &Scope) 
         }
         std::thread::sleep(Duration::from_millis(150));
     }
+}
+
+fn pods_in<'a>(st: &'a ClusterStatus, scope: &Scope) -> Vec<&'a PodStatus> {
+    st.pods.iter().filter(|p| scope.contains(p)).collect()
+}
+
+/// What a Deployment whose pods are of more than one template waits for.
+fn rollouts_in_progress(pods: &[&PodStatus]) -> Vec<String> {
+    let mut templates: std::collections::BTreeMap<(&str, &str), std::collections::BTreeMap<&str, usize>> = Default::default();
+    for p in pods {
+        if let (Some(owner), Some(hash)) =
+            (p.owner.as_deref().and_then(|o| o.strip_prefix("Deployment/")), p.labels.get("pod-template-hash"))
+        {
+            *templates.entry((p.namespace.as_str(), owner)).or_default().entry(hash.as_str()).or_default() += 1;
+        }
+    }
+    templates
+        .into_iter()
+        .filter(|(_, by)| by.len() > 1)
+        .map(|((ns, name), by)| {
+            format!(
+                "deployment {ns}/{name}: rollout in progress (pods of {} templates; the old ones stop once every new one is ready)",
+                by.len()
+            )
+        })
+        .collect()
 }
 
 pub fn log_tail(path: &str, lines: usize) -> String {

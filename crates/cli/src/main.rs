@@ -160,6 +160,11 @@ enum Command {
         follow: bool,
         pod: String,
     },
+    /// Replace a Deployment's pods (`restart`) or wait until its rollout is
+    /// done (`status`), as `kubectl rollout` does. The old pods serve until
+    /// every new one is ready; a waypoint drains (docs/waypoint.md).
+    #[command(subcommand)]
+    Rollout(RolloutCommand),
     /// The node proxy: carries meshed pods' connections in mTLS (HBONE).
     /// Started by `up` on every node; see docs/node-proxy.md.
     Node(slipstream_node::NodeArgs),
@@ -290,6 +295,34 @@ enum PolicyCommand {
 }
 
 #[derive(Subcommand)]
+enum RolloutCommand {
+    /// Start replacing a Deployment's pods and return (kubectl's
+    /// `kubectl.kubernetes.io/restartedAt` on its pod template). New pods
+    /// start at once; each old one gets SIGTERM only when every new one is
+    /// ready. Follow it with `rollout status`.
+    Restart {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        /// `deploy/NAME` (`deployment/NAME`, `deployment.apps/NAME`), or
+        /// `deployment NAME`; several may be given.
+        #[arg(required = true, num_args = 1..)]
+        resources: Vec<String>,
+    },
+    /// Wait until a Deployment's pods are all of its current template and
+    /// ready, and its old ones gone. Exit code 1 at the timeout, naming
+    /// what it still waits for.
+    Status {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        /// `deploy/NAME`, or `deployment NAME`.
+        #[arg(required = true, num_args = 1..=2)]
+        resource: Vec<String>,
+        #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
+        timeout: Duration,
+    },
+}
+
+#[derive(Subcommand)]
 enum AppCommand {
     /// HTTP echo server (`/echo?size=N`, `/headers`) and raw TCP echo.
     Echo(slipstream_apps::EchoArgs),
@@ -337,6 +370,10 @@ fn main() {
                 cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), privileged, &command).map(|code| std::process::exit(code))
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
+            Command::Rollout(RolloutCommand::Restart { namespace, resources }) => cmd::rollout::restart(&ctx, &namespace, &resources),
+            Command::Rollout(RolloutCommand::Status { namespace, resource, timeout }) => {
+                cmd::rollout::status(&ctx, &namespace, &resource, timeout)
+            }
             Command::Agent { nodes, ca_cert, ca_key, control_replicas, datapath } => {
                 cmd::agent::run(&ctx, nodes, control_replicas, datapath, ca_cert, ca_key)
             }

@@ -282,3 +282,74 @@ fn a_sidecar_era_selector_policy_with_l7_fields_is_enforced_at_the_waypoint() {
     assert!(code != 0 && out.trim() != "200", "the pod answered around its waypoint: {code} {out}");
     c.down();
 }
+
+/// `kubectl rollout restart` of the waypoint while fortio sends 400
+/// requests a second through it: the new waypoint pod starts first, the
+/// old one gets SIGTERM only once the new one is ready, and drains (HTTP/1
+/// answers close their connections, so callers reconnect through the node
+/// proxy to the new pod between requests). No request is lost.
+#[test]
+fn a_waypoint_restarted_under_load_loses_no_request() {
+    require_root();
+    let bi = repo().join("examples/bookinfo").display().to_string();
+    let canary = repo().join("examples/bookinfo/canary").display().to_string();
+    let c = Cluster::up("t-wprestart", &["-f", &bi]);
+    c.ok(&["apply", "-f", &canary]);
+    wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
+    let old = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
+    // The old pod's log, followed while it drains (it is deleted after).
+    let mut follow = std::process::Command::new(bin())
+        .args(["--cluster", &c.name, "logs", "-f", "-n", "bookinfo", &old])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let old_log = Collected::new(follow.stdout.take().unwrap());
+
+    let (conns, qps, secs) = (8, 400, 12);
+    let load = {
+        let name = c.name.clone();
+        std::thread::spawn(move || {
+            let (c, q, t) = (conns.to_string(), qps.to_string(), format!("{secs}s"));
+            let args =
+                ["exec", "-n", "bookinfo", "deploy/productpage-v1", "--", "fortio", "load", "-quiet", "-c", &c, "-qps", &q, "-t", &t];
+            let mut a: Vec<&str> = args.to_vec();
+            a.extend(["-json", "-", "http://reviews:9080/reviews/0"]);
+            run(&name, &a)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let restarted = c.ok(&["rollout", "restart", "-n", "bookinfo", "deploy/waypoint"]);
+    assert_eq!(restarted.trim(), "deployment.apps/waypoint restarted");
+    let status = c.ok(&["rollout", "status", "-n", "bookinfo", "deploy/waypoint", "--timeout", "60s"]);
+    assert!(status.contains("deployment \"waypoint\" successfully rolled out"), "{status}");
+    let now: Vec<String> = c.pods("waypoint-").iter().map(|p| p["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(now.len(), 1, "one waypoint pod after the rollout: {now:?}");
+    assert_ne!(now[0], old, "the waypoint pod was replaced");
+
+    let o = load.join().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "fortio: {}", text(&o));
+    let f: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("fortio json: {e}: {out}"));
+    let total = f["DurationHistogram"]["Count"].as_u64().unwrap();
+    assert_eq!(f["RetCodes"]["200"].as_u64(), Some(total), "every request answered 200 through the restart: {}", f["RetCodes"]);
+    assert!(total >= (qps * secs * 8 / 10) as u64, "fortio kept its rate: {total} requests");
+    // The callers moved: fortio opened connections beyond its first ones.
+    let sockets = f["SocketCount"].as_u64().unwrap_or(0);
+    assert!(sockets > conns as u64, "fortio reconnected to the new waypoint: {sockets} sockets");
+
+    // The old waypoint drained and exited by itself (before its grace ran out).
+    wait_until("the old waypoint's log closed", Duration::from_secs(20), || follow.try_wait().unwrap().is_some());
+    let log = old_log.finish();
+    assert!(log.contains("SIGTERM: draining"), "{log}");
+    assert!(log.contains("drained; exiting complete=true"), "{log}");
+    let served_old = log.lines().filter(|l| l.contains("slipstream::access") && l.contains("code=200")).count();
+    let new_log = c.ok(&["logs", "-n", "bookinfo", &now[0]]);
+    let served_new = new_log.lines().filter(|l| l.contains("slipstream::access") && l.contains("code=200")).count();
+    assert!(served_old > 0 && served_new > 0, "both waypoints served: old {served_old}, new {served_new}");
+    assert_eq!(
+        served_old + served_new,
+        total as usize + conns,
+        "every request (and fortio's warm-up) logged once: {served_old} + {served_new}"
+    );
+    c.down();
+}

@@ -23,6 +23,11 @@ pub enum Request {
         ignore_not_found: bool,
     },
     Status,
+    /// `rollout restart`: replace a Deployment's pods, new ones first.
+    Restart {
+        namespace: String,
+        name: String,
+    },
     /// Stop every pod gracefully, remove the network, exit.
     Shutdown,
     /// The datapath's flows after sequence number `after` (0: all kept).

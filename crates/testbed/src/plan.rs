@@ -207,9 +207,62 @@ fn proto_name(p: Protocol) -> &'static str {
     }
 }
 
+/// Whether a pod of an older template is kept for now: it is ready (it
+/// serves) and belongs to a Deployment whose pods of the current template
+/// are not all ready yet. A bare pod, a pod of a deleted Deployment, a
+/// replica beyond a lowered count, a pod that is not ready (it serves
+/// nothing: a template that never started is replaced at once), or one
+/// whose Deployment has every current pod ready is stopped.
+pub fn rollout_holds(
+    old: &slipstream_k8s::expand::PodInstance,
+    desired: &[slipstream_k8s::expand::PodInstance],
+    ready: impl Fn(&str, &str) -> bool,
+) -> bool {
+    let Some(owner) = &old.owner else { return false };
+    if !ready(&old.namespace, &old.name) {
+        return false;
+    }
+    let mut current = desired.iter().filter(|p| p.namespace == old.namespace && p.owner.as_ref() == Some(owner)).peekable();
+    current.peek().is_some_and(|p| p.spec_hash != old.spec_hash) && !current.all(|p| ready(&p.namespace, &p.name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rollout_keeps_old_pods_until_the_new_ones_are_ready() {
+        use slipstream_k8s::expand::PodInstance;
+        let pod = |name: &str, owner: Option<&str>, hash: &str| PodInstance {
+            namespace: "ns".into(),
+            name: name.into(),
+            labels: Default::default(),
+            annotations: Default::default(),
+            spec: Default::default(),
+            owner: owner.map(String::from),
+            spec_hash: hash.into(),
+        };
+        let old = pod("web-a-0", Some("web"), "a");
+        let desired = vec![pod("web-b-0", Some("web"), "b"), pod("web-b-1", Some("web"), "b"), pod("other-c-0", Some("other"), "c")];
+        // (which of the new pods are ready, held)
+        let cases: &[(&[&str], bool)] = &[(&[], true), (&["web-b-0"], true), (&["web-b-0", "web-b-1"], false)];
+        for (ready, held) in cases {
+            assert_eq!(rollout_holds(&old, &desired, |_, n| n == "web-a-0" || ready.contains(&n)), *held, "ready {ready:?}");
+        }
+        // Only the old pods are ready from here on.
+        let old_ready = |_: &str, n: &str| !n.starts_with("web-b");
+        // The old pod itself is not ready: it serves nothing, stop it.
+        assert!(!rollout_holds(&old, &desired, |_, _| false));
+        // The Deployment is gone: nothing to wait for.
+        assert!(!rollout_holds(&old, &desired[2..], old_ready));
+        // A bare pod, and a replica beyond a lowered count (same template).
+        assert!(!rollout_holds(&pod("solo", None, "a"), &desired, old_ready));
+        assert!(!rollout_holds(&pod("web-b-2", Some("web"), "b"), &desired, |_, n| n == "web-b-2"));
+        // Another namespace's Deployment of the same name does not count.
+        let mut elsewhere = desired[0].clone();
+        elsewhere.namespace = "other-ns".into();
+        assert!(!rollout_holds(&old, &[elsewhere], old_ready));
+    }
 
     #[test]
     fn addresses() {

@@ -89,17 +89,42 @@ async fn serve(shared: Arc<Shared>, mut io: tokio::io::DuplexStream, target: Tar
             Err(_) => break false,
         }
     };
+    let h2 = first.starts_with(crate::sniff::H2_PREFACE);
     let io = crate::tcp::Prefixed::new(first, io);
     if !http {
         return crate::tcp::passthrough(shared, &target, &peer, io).await;
     }
     let io = TokioIo::new(io);
     let target = Arc::new(target);
+    let mut stage = shared.drain.subscribe();
     let service = hyper::service::service_fn(move |req| crate::proxy::handle(shared.clone(), target.clone(), peer.clone(), req));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its headers does not hold the tunnel.
     builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-    if let Err(e) = builder.serve_connection(io, service).await {
-        tracing::debug!("tunnel's HTTP connection ended: {e}");
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    // A tunnel that opens during a drain sees its stage at once.
+    stage.mark_changed();
+    let mut shut = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!("tunnel's HTTP connection ended: {e}");
+                }
+                return;
+            }
+            Ok(()) = stage.changed(), if !shut => {
+                // HTTP/2: GOAWAY at once (the client opens its next streams
+                // elsewhere, open ones finish). HTTP/1: each answer closes
+                // its connection (`proxy::handle`) until idle ones are
+                // closed too, at the end of the drain.
+                let now = *stage.borrow_and_update();
+                if now == crate::Drain::Closed || (h2 && now >= crate::Drain::Closing) {
+                    conn.as_mut().graceful_shutdown();
+                    shut = true;
+                }
+            }
+        }
     }
 }

@@ -48,6 +48,19 @@ pub struct Settings {
     pub idle_timeout: Duration,
 }
 
+/// How far a graceful stop has gone (docs/waypoint.md, "Restarts").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Drain {
+    /// Taking and serving everything.
+    Serving,
+    /// Not ready; new tunnels still served, but every HTTP/1 answer says
+    /// `connection: close` and an HTTP/2 client is sent GOAWAY, so callers
+    /// move to another replica between requests, not in the middle of one.
+    Closing,
+    /// Idle HTTP connections closed too; what is in flight finishes.
+    Closed,
+}
+
 /// Routes by service key (`namespace/hostname`).
 pub type Routes = HashMap<String, Arc<ServiceRoutes>>;
 
@@ -79,6 +92,8 @@ pub struct Shared {
     replay_budget: Arc<tokio::sync::Semaphore>,
     /// Token buckets of the LocalRateLimitPolicies, by (policy, service).
     buckets: std::sync::Mutex<HashMap<(String, String), slipstream_core::route::traffic::Bucket>>,
+    /// The graceful stop's stage.
+    drain: tokio::sync::watch::Sender<Drain>,
 }
 
 impl Shared {
@@ -184,6 +199,7 @@ impl Waypoint {
                 buckets: Default::default(),
                 replay_budget: Arc::new(tokio::sync::Semaphore::new(proxy::REPLAY_BUDGET_KIB)),
                 workload_policies: ArcSwap::from_pointee(HashMap::new()),
+                drain: tokio::sync::watch::Sender::new(Drain::Serving),
             }),
         }
     }
@@ -214,6 +230,18 @@ impl Waypoint {
         }
         self.shared.workload_policies.store(Arc::new(by_uid));
         self.shared.routes.store(Arc::new(map));
+    }
+
+    /// Moves the graceful stop on (never back): tunnels and requests
+    /// already open see it at once.
+    pub fn drain(&self, stage: Drain) {
+        self.shared.drain.send_if_modified(|s| {
+            let later = stage > *s;
+            if later {
+                *s = stage;
+            }
+            later
+        });
     }
 
     /// Its request metrics (Prometheus text with [`metrics::Metrics::render`]).

@@ -414,6 +414,7 @@ pub async fn handle(
         Some(c) if c.starts_with("application/grpc") => Protocol::Grpc,
         _ => Protocol::Http,
     };
+    let version = req.version();
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
@@ -514,5 +515,11 @@ pub async fn handle(
         labels.grpc_response_status = code;
     }
     let pending = Pending { metrics: shared.metrics.clone(), labels, start, request: request_bytes };
+    let mut response = response;
+    // Draining: an HTTP/1 client's next request goes to another replica
+    // (hyper closes the connection once this answer is sent).
+    if version < http::Version::HTTP_2 && *shared.drain.borrow() >= crate::Drain::Closing {
+        response.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     Ok(response.map(|b| Counted::new(b, Tally::default(), Some(pending)).boxed()))
 }

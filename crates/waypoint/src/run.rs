@@ -66,6 +66,17 @@ pub struct WaypointArgs {
     /// than 2). More spread tunnels over threads.
     #[arg(long, env = "SLIPSTREAM_WAYPOINT_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub workers: u16,
+    /// On SIGTERM: for this long the waypoint is not ready but still serves
+    /// new tunnels, every HTTP/1 answer closes its connection and HTTP/2
+    /// clients are sent GOAWAY, so callers move to another replica between
+    /// requests (Istio's `terminationDrainDuration`). Then its listener
+    /// closes, idle connections are closed and what is in flight has
+    /// `--drain-grace` more. Keep the sum under the pod's grace period.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_DRAIN_DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub drain_duration: Duration,
+    /// After `--drain-duration`: how long requests in flight may finish.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_DRAIN_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub drain_grace: Duration,
 }
 
 /// The waypoint's own certificate, whatever address a tunnel came to.
@@ -137,10 +148,13 @@ pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
     let tls = ServerTls::following(&trust, td)?;
     let server =
         Server::new(listener, tls, Arc::new(OwnCert { certs: certs.clone(), id: id.clone() }), wp.handler(), ServerConfig::default());
-    let (_drain_trigger, drain) = slipstream_hbone::drain::channel();
+    let (drain_trigger, drain) = slipstream_hbone::drain::channel();
     tokio::spawn(server.serve(drain));
+    // Installed before anything can take traffic: a SIGTERM from then on drains.
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
-    let ready = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(Readiness::default());
     let status = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 15021);
     let status_listener = tokio::net::TcpListener::bind(status).await.with_context(|| format!("binding {status}"))?;
     tokio::spawn(serve_status(status_listener, ready.clone(), None));
@@ -157,8 +171,54 @@ pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
         pod: args.pod.clone(),
         namespace: args.namespace.clone(),
     };
-    let (client, mut updates) = XdsClient::with_types(channel, &node, Backoff::default(), &TypeUrl::WAYPOINT);
+    let (client, updates) = XdsClient::with_types(channel, &node, Backoff::default(), &TypeUrl::WAYPOINT);
     tokio::spawn(client.run());
+    // Configuration keeps arriving while draining.
+    let config = tokio::spawn(follow(updates, wp.clone(), certs, id, ready.clone()));
+    tokio::select! {
+        _ = terminate.recv() => {}
+        r = config => {
+            r.context("the configuration task")?;
+            anyhow::bail!("the control plane's update stream ended");
+        }
+    }
+    ready.draining.store(true, Ordering::Relaxed);
+    tracing::info!(
+        drain_duration = ?args.drain_duration,
+        "SIGTERM: draining: not ready; new tunnels still served; HTTP/1 answers close their connections, HTTP/2 clients sent GOAWAY"
+    );
+    wp.drain(crate::Drain::Closing);
+    tokio::time::sleep(args.drain_duration).await;
+    wp.drain(crate::Drain::Closed);
+    tracing::info!(grace = ?args.drain_grace, "drain duration over: listener closed, idle connections closed, requests in flight may finish");
+    let done = tokio::time::timeout(args.drain_grace + Duration::from_millis(500), drain_trigger.drain(args.drain_grace)).await;
+    tracing::info!(complete = done.is_ok(), "drained; exiting");
+    Ok(())
+}
+
+/// Readiness (15021): configuration complete and a certificate in hand,
+/// and not draining.
+#[derive(Default)]
+struct Readiness {
+    ready: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// Applies the control plane's updates to the waypoint; ready once the
+/// whole configuration and a certificate are in hand.
+async fn follow(
+    mut updates: tokio::sync::mpsc::Receiver<xds::Update>,
+    wp: Waypoint,
+    certs: CertManager,
+    id: SpiffeId,
+    ready: Arc<Readiness>,
+) {
     let mut index = MeshIndex::default();
     let mut routes = BTreeMap::new();
     let mut complete = false;
@@ -170,17 +230,16 @@ pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
         u.done(refused);
         // Ready with the whole configuration and a certificate in hand:
         // the first caller must not wait for the CA.
-        if complete && !ready.load(Ordering::Relaxed) {
+        if complete && !ready.ready.load(Ordering::Relaxed) {
             match certs.fetch_certificate(&id).await {
                 Ok(_) => {
-                    ready.store(true, Ordering::Relaxed);
+                    ready.ready.store(true, Ordering::Relaxed);
                     tracing::info!("configuration complete and certificate issued: ready");
                 }
                 Err(e) => tracing::warn!("configuration complete, but no certificate yet (retried with the next update): {e}"),
             }
         }
     }
-    Ok(())
 }
 
 /// Applies one delta; the resources refused, for the NACK.
@@ -226,7 +285,7 @@ fn apply(index: &mut MeshIndex, routes: &mut BTreeMap<String, slipstream_core::r
 /// connection gets 2 s to send its request line, and one address holds at
 /// most 4 at once (more are closed at once), so no pod can keep the
 /// kubelet's (the agent's) readiness probe out.
-async fn serve_status(l: tokio::net::TcpListener, ready: Arc<AtomicBool>, metrics: Option<Arc<crate::metrics::Metrics>>) {
+async fn serve_status(l: tokio::net::TcpListener, ready: Arc<Readiness>, metrics: Option<Arc<crate::metrics::Metrics>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const PER_ADDRESS: u32 = 4;
     let open: Arc<std::sync::Mutex<std::collections::HashMap<IpAddr, u32>>> = Arc::default();
@@ -259,8 +318,9 @@ async fn serve_status(l: tokio::net::TcpListener, ready: Arc<AtomicBool>, metric
                 Some(_) => {
                     "HTTP/1.1 404 Not Found\r\ncontent-length: 26\r\nconnection: close\r\n\r\ntry GET /stats/prometheus\n".to_string()
                 }
-                None if ready.load(Ordering::Relaxed) => {
-                    "HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nready\n".to_string()
+                None if ready.ready() => "HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nready\n".to_string(),
+                None if ready.draining.load(Ordering::Relaxed) => {
+                    "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 9\r\nconnection: close\r\n\r\ndraining\n".to_string()
                 }
                 None => "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 10\r\nconnection: close\r\n\r\nnot ready\n".to_string(),
             };

@@ -32,6 +32,9 @@ pub fn sniff(first: &[u8]) -> Sniffed {
     }
 }
 
+/// How an HTTP/2 (prior knowledge) client starts: its preface.
+pub const H2_PREFACE: &[u8] = b"PRI ";
+
 /// The longest start: after this many bytes the answer is never undecided.
 pub const MAX_SNIFF: usize = 8;
 

@@ -746,3 +746,70 @@ async fn a_pods_own_policies_hold_at_the_waypoint_when_it_is_reached_by_its_addr
     assert!(via_service.iter().all(|a| a == "403 RBAC: access denied\n" || a == "200 v2 /secret"), "{via_service:?}");
     assert!(via_service.iter().any(|a| a == "200 v2 /secret"), "{via_service:?}");
 }
+
+/// A graceful stop, stage by stage: while `Closing`, requests are still
+/// served (on open and on new connections) but each HTTP/1 answer closes
+/// its connection and an HTTP/2 client is sent GOAWAY; at `Closed` an idle
+/// HTTP/1 connection is closed too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_waypoint_moves_clients_between_requests() {
+    use slipstream_waypoint::Drain;
+    let (m, _node2, wp, _cfg) = mesh(103).await;
+    let dst = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    let h1 = || async {
+        let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, dst).await.unwrap();
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+        (send, tokio::spawn(conn))
+    };
+    let req = || hyper::Request::get("/reviews/0").header("host", "reviews:9080").body(Empty::<bytes::Bytes>::new()).unwrap();
+    let (mut busy, busy_conn) = h1().await;
+    let (mut idle, idle_conn) = h1().await;
+    let r = busy.send_request(req()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("connection").is_none(), "serving: keep-alive");
+    r.into_body().collect().await.unwrap();
+    let r = idle.send_request(req()).await.unwrap();
+    r.into_body().collect().await.unwrap();
+    // HTTP/2 (prior knowledge) to the gRPC servers, one call before the
+    // drain (an unknown method: answered by the server, grpc-status 12).
+    let grpc = SocketAddr::new(m.ip(9, 9), GRPC_PORT);
+    let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, grpc).await.unwrap();
+    let (mut h2, h2_conn) = hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(s)).await.unwrap();
+    let h2_conn = tokio::spawn(h2_conn);
+    let call = hyper::Request::post("http://grpc:9090/nothing.Here/Call")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let r = h2.send_request(call).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers().get("grpc-status").map(|v| v.as_bytes()), Some(&b"12"[..]), "{:?}", r.headers());
+    r.into_body().collect().await.unwrap();
+
+    wp.drain(Drain::Closing);
+    // HTTP/2: GOAWAY, the connection ends without a request failing.
+    tokio::time::timeout(Duration::from_secs(5), h2_conn).await.expect("GOAWAY ends the HTTP/2 connection").unwrap().unwrap();
+    // HTTP/1: answered, with `connection: close`, then closed.
+    let r = busy.send_request(req()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
+    r.into_body().collect().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), busy_conn).await.expect("the connection closes after its answer").unwrap().unwrap();
+    // A new connection is still served, the same way.
+    let (mut late, late_conn) = h1().await;
+    let r = late.send_request(req()).await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers().get("connection").map(|v| v.as_bytes().to_vec())), (200, Some(b"close".to_vec())));
+    r.into_body().collect().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), late_conn).await.expect("closed after its answer").unwrap().unwrap();
+    // The idle connection stays open until the drain's end.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!idle_conn.is_finished(), "an idle connection is not closed while Closing (its next request may be on the way)");
+    wp.drain(Drain::Closed);
+    tokio::time::timeout(Duration::from_secs(5), idle_conn).await.expect("closed at Closed").unwrap().unwrap();
+    // Never back: a stage once reached stays.
+    wp.drain(Drain::Serving);
+    let (mut after, _) = h1().await;
+    if let Ok(r) = after.send_request(req()).await {
+        assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
+    }
+}

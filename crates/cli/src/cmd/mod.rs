@@ -10,6 +10,7 @@ pub mod observe;
 pub mod policy;
 pub mod proxy_config;
 pub mod proxy_status;
+pub mod rollout;
 pub mod status;
 pub mod up;
 pub mod waypoint;

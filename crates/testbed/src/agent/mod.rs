@@ -244,6 +244,21 @@ impl Agent {
                     Err(errors) => Response::Rejected { errors },
                 }
             }
+            Request::Restart { namespace, name } => {
+                let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+                match self.store.plan_restart(&namespace, &name, &at) {
+                    Ok((store, lines)) => {
+                        for l in &lines {
+                            tracing::info!("rollout: {l}");
+                        }
+                        self.store = store;
+                        self.reconcile();
+                        self.sync_objects();
+                        Response::Done { lines }
+                    }
+                    Err(errors) => Response::Rejected { errors },
+                }
+            }
             Request::Delete { keys, ignore_not_found } => match self.store.plan_delete(&keys, ignore_not_found) {
                 Ok((store, lines)) => {
                     for l in &lines {
@@ -266,10 +281,15 @@ impl Agent {
         self.unplaceable.retain(|k| desired.iter().any(|p| p.namespace == k.0 && p.name == k.1));
         let wanted: BTreeMap<(String, String), &slipstream_k8s::PodInstance> =
             desired.iter().map(|p| ((p.namespace.clone(), p.name.clone()), p)).collect();
+        // A Deployment's pods of an older template stay until every pod of
+        // its current template is ready (a rolling update with all the new
+        // pods surged at once): a restarted waypoint or app keeps serving.
+        let ready = |ns: &str, name: &str| self.pods.get(&(ns.to_string(), name.to_string())).is_some_and(|p| p.ready());
         let stale: Vec<(String, String)> = self
             .pods
             .iter()
             .filter(|(k, p)| wanted.get(*k).is_none_or(|w| w.spec_hash != p.inst.spec_hash))
+            .filter(|(_, p)| !plan::rollout_holds(&p.inst, &desired, ready))
             .map(|(k, _)| k.clone())
             .collect();
         for k in stale {

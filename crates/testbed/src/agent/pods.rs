@@ -204,7 +204,7 @@ impl PodRuntime {
             }
         }
         capture.withdraw(&self.datapath_key(), self.ip);
-        if let Err(e) = net::del_netns(&self.netns) {
+        if let Err(e) = net::delete_pod_network(&self.netns) {
             tracing::warn!(pod = %self.key(), "{e}");
         }
         if let Err(e) = cgroup::remove_tree(&self.cgroup) {

@@ -7,6 +7,9 @@ use slipstream_k8s::{Object, ObjectKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
+/// The pod-template annotation `kubectl rollout restart` sets.
+pub const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
+
 /// Namespaces every cluster has, as in Kubernetes.
 pub const BUILTIN_NAMESPACES: &[&str] = &["default", "kube-system", "istio-system"];
 
@@ -137,6 +140,24 @@ impl Store {
         }
     }
 
+    /// `kubectl rollout restart`: a Deployment's pod template gets
+    /// `kubectl.kubernetes.io/restartedAt` (as kubectl sets it), so its pods
+    /// are replaced one rollout at a time (the agent keeps the old ones
+    /// until the new ones are ready).
+    pub fn plan_restart(&self, namespace: &str, name: &str, at: &str) -> Result<(Store, Vec<String>), Vec<String>> {
+        let k = key("Deployment", namespace, name);
+        let Some(Object::Deployment(d)) = self.get(&k) else {
+            return Err(vec![format!("deployments.apps \"{name}\" not found in namespace {namespace}")]);
+        };
+        let mut d = d.clone();
+        d.spec.template.metadata.annotations.insert(RESTARTED_AT.into(), at.into());
+        let mut next = self.clone();
+        // kubectl's line.
+        let line = format!("deployment.apps/{name} restarted");
+        next.insert(Object::Deployment(d));
+        Ok((next, vec![line]))
+    }
+
     /// The Gateway controller's part: every waypoint Gateway has the
     /// objects `expand::waypoint_objects` makes for it, and objects made
     /// for a Gateway that is gone are deleted. A made object whose name is
@@ -162,7 +183,14 @@ impl Store {
                 lines.push(format!("{} deleted (its waypoint Gateway is gone)", resource_name(&o)));
             }
         }
-        for (k, (gw, o)) in wanted {
+        for (k, (gw, mut o)) in wanted {
+            // A made Deployment keeps its `rollout restart` (as Istio's
+            // controller leaves the template annotation it does not own).
+            if let (Some(Object::Deployment(old)), Object::Deployment(new)) = (self.get(&k), &mut o) {
+                if let Some(at) = old.spec.template.metadata.annotations.get(RESTARTED_AT) {
+                    new.spec.template.metadata.annotations.insert(RESTARTED_AT.into(), at.clone());
+                }
+            }
             match self.get(&k) {
                 Some(old) if !slipstream_k8s::expand::is_waypoint_made(old) => {
                     errors.push(format!("Gateway {gw}: would make {k}, which exists and was not made for a waypoint"))

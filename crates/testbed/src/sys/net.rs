@@ -104,6 +104,21 @@ pub fn create_pod_network(node_netns: &str, pod_netns: &str, ip: Ipv4Addr) -> Re
     )
 }
 
+/// Removes a pod's network: its veth pair first (deleting `eth0` deletes
+/// the node's end at once), then its namespace. The kernel frees a deleted
+/// namespace only when nothing holds it any more (an orphaned TCP socket
+/// in FIN_WAIT2 does, for up to a minute): its veth would keep its name in
+/// the node until then, and a new pod given the same address could not be
+/// wired.
+pub fn delete_pod_network(pod_netns: &str) -> Result<(), CmdError> {
+    if !crate::names::netns_path(pod_netns).exists() {
+        return Ok(());
+    }
+    let veth = ip_batch(Some(pod_netns), &["link del eth0".into()]);
+    del_netns(pod_netns)?;
+    veth
+}
+
 /// Replaces the service table of a node (one atomic nft transaction).
 pub fn apply_nft(node_netns: &str, ruleset: &str) -> Result<(), CmdError> {
     run(&["ip", "netns", "exec", node_netns, "nft", "-f", "-"], Some(ruleset)).map(|_| ())
