@@ -28,7 +28,7 @@ pub use connector::{Connector, PlainConnector};
 pub use error::{Fault, HboneError, ResponseFlag, TimeoutStage};
 pub use h2config::H2Config;
 pub use server::{
-    Admission, AdmissionRefused, CertResolver, ConnectionContext, Handler, HandshakeFailure, HandshakeFailureKind, InboundRequest, Permit,
-    ResolveError, Server, ServerConfig, ServerStats, StatsSnapshot, StreamRecord, Upstream, UPSTREAM_CONNECT_TIMEOUT,
+    Admission, AdmissionRefused, CertResolver, ConnectionContext, Handler, HandshakeFailure, HandshakeFailureKind, InPlace, InboundRequest,
+    Permit, ResolveError, Server, ServerConfig, ServerStats, StatsSnapshot, StreamRecord, Upstream, UPSTREAM_CONNECT_TIMEOUT,
 };
 pub use stream::{TunnelReader, TunnelStream, TunnelWriter};

@@ -7,13 +7,12 @@ use crate::Shared;
 use futures_util::future::BoxFuture;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use slipstream_core::SpiffeId;
-use slipstream_hbone::{Admission, AdmissionRefused, Handler, HandshakeFailureKind, HboneError, InboundRequest, ResponseFlag, Upstream};
+use slipstream_hbone::{
+    Admission, AdmissionRefused, Handler, HandshakeFailureKind, HboneError, InPlace, InboundRequest, ResponseFlag, Upstream,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// How much each direction of a tunnel buffers between the HBONE copy and
-/// the HTTP server.
-const TUNNEL_BUFFER: usize = 64 << 10;
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -37,9 +36,9 @@ impl Handler for WaypointHandler {
                 HboneError::NoWorkload(request.target)
             })?;
             let peer = Peer { identity: request.peer_identity.clone(), addr: request.peer_addr };
-            let (ours, theirs) = tokio::io::duplex(TUNNEL_BUFFER);
-            tokio::spawn(serve(self.shared.clone(), theirs, target, peer));
-            Ok(Box::new(ours) as Box<dyn Upstream>)
+            let shared = self.shared.clone();
+            let serve: InPlace = Box::new(move |tunnel| Box::pin(serve(shared, tunnel, target, peer)));
+            Ok(Box::new(InPlaceServer(Some(serve))) as Box<dyn Upstream>)
         })
     }
 
@@ -63,13 +62,46 @@ impl Handler for WaypointHandler {
     }
 }
 
+/// The waypoint serves HTTP on the tunnel itself (no copy into a pipe):
+/// the HBONE server takes [`Upstream::serve_in_place`] and never reads or
+/// writes this.
+struct InPlaceServer(Option<InPlace>);
+
+impl Upstream for InPlaceServer {
+    fn serve_in_place(&mut self) -> Option<InPlace> {
+        self.0.take()
+    }
+}
+
+impl tokio::io::AsyncRead for InPlaceServer {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::Unsupported.into()))
+    }
+}
+
+impl tokio::io::AsyncWrite for InPlaceServer {
+    fn poll_write(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>, _: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::Unsupported.into()))
+    }
+    fn poll_flush(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
 /// How long the waypoint waits for a client's first bytes before it takes
 /// the connection for a protocol where the server speaks first (TCP).
 const SNIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// HTTP/1.1 or HTTP/2 (prior knowledge) on one tunnel, request by request;
 /// anything else passed through as TCP (`crate::sniff`).
-async fn serve(shared: Arc<Shared>, mut io: tokio::io::DuplexStream, target: Target, peer: Peer) {
+async fn serve(shared: Arc<Shared>, mut io: slipstream_hbone::TunnelStream, target: Target, peer: Peer) {
     use crate::sniff::{sniff, Sniffed, MAX_SNIFF};
     use tokio::io::AsyncReadExt;
     let mut first = Vec::with_capacity(MAX_SNIFF);

@@ -49,7 +49,21 @@ pub trait Upstream: AsyncRead + AsyncWrite + Send + Unpin + 'static {
     /// clean end (`Ok`), an error on either side, or `Err` after
     /// [`Upstream::poll_close`] asked for it.
     fn finished(&mut self, _result: &Result<(), HboneError>) {}
+
+    /// Instead of being copied to: the handler serves the tunnel itself
+    /// (a protocol server on it, as the waypoint's HTTP server does), one
+    /// copy and one task hop fewer for every byte. Asked once, right after
+    /// [`Handler::connect`] returned and the 200 went out; the upstream is
+    /// then dropped unread, and the stream's record counts no bytes (the
+    /// server in place counts its own). None by default.
+    fn serve_in_place(&mut self) -> Option<InPlace> {
+        None
+    }
 }
+
+/// A tunnel's server in place ([`Upstream::serve_in_place`]): handed the
+/// tunnel, it runs until the tunnel is done.
+pub type InPlace = Box<dyn FnOnce(crate::stream::TunnelStream) -> BoxFuture<'static, ()> + Send>;
 
 impl Upstream for tokio::net::TcpStream {}
 impl Upstream for tokio::io::DuplexStream {}
@@ -59,6 +73,9 @@ impl<T: Upstream + ?Sized> Upstream for Box<T> {
     }
     fn finished(&mut self, result: &Result<(), HboneError>) {
         (**self).finished(result)
+    }
+    fn serve_in_place(&mut self) -> Option<InPlace> {
+        (**self).serve_in_place()
     }
 }
 

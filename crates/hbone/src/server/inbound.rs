@@ -51,9 +51,18 @@ pub(crate) fn serve_stream(
     let start = Instant::now();
     ctx.stats.stream();
     Box::pin(open(ctx.clone(), request, respond, start)).then(move |opened| {
-        let Some((target, tunnel, upstream)) = opened else {
-            return Either::Right(future::ready(()));
+        let Some((target, tunnel, mut upstream)) = opened else {
+            return Either::Right(Either::Left(future::ready(())));
         };
+        if let Some(serve) = upstream.serve_in_place() {
+            drop(upstream);
+            let served = serve(tunnel).map(move |()| {
+                ctx.stats.tunnel_finished(0, 0, false);
+                let outcome = Outcome { status: StatusCode::OK, bytes: CopyStats::default(), result: Ok(()), reached_handler: true };
+                finish(&ctx, Some(target), outcome, start);
+            });
+            return Either::Right(Either::Right(served));
+        }
         let mut copy = copy::bidirectional(tunnel, upstream);
         // The upstream may ask for the tunnel to close whatever the copy
         // waits for (a stalled peer, a half-closed side): raced here.

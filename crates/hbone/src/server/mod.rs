@@ -15,7 +15,8 @@ use slipstream_identity::tls::ServerTls;
 use tokio::net::TcpListener;
 
 pub use handler::{
-    Admission, AdmissionRefused, CertResolver, ConnectionContext, Handler, InboundRequest, Permit, ResolveError, StreamRecord, Upstream,
+    Admission, AdmissionRefused, CertResolver, ConnectionContext, Handler, InPlace, InboundRequest, Permit, ResolveError, StreamRecord,
+    Upstream,
 };
 pub use handshake::{HandshakeFailure, HandshakeFailureKind};
 pub use stats::{ServerStats, StatsSnapshot};
