@@ -307,8 +307,18 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// The objects, and what the local cluster makes for them (a waypoint
+    /// Gateway's Deployment): an apply that creates a waypoint returns once
+    /// its pod is ready and the node proxies know it, so the next request
+    /// to a service bound to it goes through.
     pub fn of(objects: &[Object]) -> Scope {
-        Scope::Objects(objects.iter().map(|o| o.key()).collect())
+        let mut keys: Vec<ObjectKey> = objects.iter().map(|o| o.key()).collect();
+        for o in objects {
+            if let Object::Kept(k) = o {
+                keys.extend(slipstream_k8s::expand::waypoint_objects(k).into_iter().flatten().map(|m| m.key()));
+            }
+        }
+        Scope::Objects(keys)
     }
 
     fn contains(&self, p: &PodStatus) -> bool {

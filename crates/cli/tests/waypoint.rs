@@ -27,6 +27,12 @@ fn bookinfo_canary_through_a_waypoint_and_fail_closed_without_it() {
     {
         assert!(applied.contains(made), "{made:?} missing from:\n{applied}");
     }
+    // `apply` returns once the waypoint it made is ready and the node
+    // proxies know it: the very next request goes through it.
+    assert!(applied.contains("pod bookinfo/waypoint-"), "apply waited for the waypoint pod:\n{applied}");
+    let (code, out) = reviews(&c, 1);
+    assert_eq!(code, 0, "the first request after apply: {out}");
+    assert!(out.contains("reviews-v1") || out.contains("reviews-v2"), "{out}");
     wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
     let wp = &c.pods("waypoint-")[0];
     assert_eq!(wp["meshed"], false, "the waypoint is not captured by a node proxy: {wp}");
@@ -49,7 +55,7 @@ fn bookinfo_canary_through_a_waypoint_and_fail_closed_without_it() {
     let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
     let log = c.ok(&["logs", "-n", "bookinfo", &pod]);
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("slipstream::access") && l.contains("route=bookinfo/reviews.0")).collect();
-    assert_eq!(lines.len(), n, "one access-log line per request:\n{log}");
+    assert_eq!(lines.len(), n + 1, "one access-log line per request (and the first one, after apply):\n{log}");
     assert!(lines.iter().all(|l| l.contains("code=200") && l.contains("src=spiffe://cluster.local/ns/bookinfo/sa/bookinfo-productpage")));
     assert!(lines.iter().all(|l| l.contains("dst=spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")));
 

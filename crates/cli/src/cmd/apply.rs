@@ -19,8 +19,9 @@ pub fn apply(ctx: &Ctx, files: &[PathBuf], wait: bool, timeout: Duration) -> any
 
 pub fn delete(ctx: &Ctx, files: &[PathBuf], ignore_not_found: bool, wait: bool, timeout: Duration) -> anyhow::Result<()> {
     common::require_root("delete")?;
-    let keys: Vec<_> = common::load(files)?.into_iter().map(|l| l.object.key()).collect();
-    let scope = common::Scope::Objects(keys.clone());
+    let objects: Vec<_> = common::load(files)?.into_iter().map(|l| l.object).collect();
+    let keys: Vec<_> = objects.iter().map(|o| o.key()).collect();
+    let scope = common::Scope::of(&objects);
     send(ctx, Request::Delete { keys, ignore_not_found })?;
     if wait {
         let started = std::time::Instant::now();
