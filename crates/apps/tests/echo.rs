@@ -16,7 +16,10 @@ use tokio::net::TcpStream;
 
 async fn start_http(access_log: AccessLog) -> SocketAddr {
     let (listener, addr) = loopback_listener().await;
-    tokio::spawn(serve_echo_http(listener, EchoConfig { name: "echo-test".into(), access_log }));
+    tokio::spawn(serve_echo_http(
+        listener,
+        EchoConfig { name: "echo-test".into(), access_log, hello_version: Some("v7".into()), text: None },
+    ));
     addr
 }
 
@@ -238,9 +241,38 @@ async fn default_dual_stack_bind_reports_ipv4_clients_as_ipv4() {
     // `::` is the default --bind; where IPv6 is off it falls back to 0.0.0.0.
     let listener = slipstream_apps::bind_listener("::".parse().unwrap(), 0).await.expect("bind ::");
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(serve_echo_http(listener, EchoConfig { name: "dual".into(), access_log: AccessLog::Off }));
+    tokio::spawn(serve_echo_http(
+        listener,
+        EchoConfig { name: "dual".into(), access_log: AccessLog::Off, hello_version: None, text: None },
+    ));
     let answer = http1(([127, 0, 0, 1], port).into(), get("/headers")).await;
     let doc = answer.json();
     assert_eq!(doc["client_addr"], answer.client_addr.to_string(), "not ::ffff:127.0.0.1");
     assert_eq!(doc["local_addr"], format!("127.0.0.1:{port}"));
+}
+
+/// The sample images' endpoints (docs/images.md): helloworld's `/hello`,
+/// httpbin's `/get`, `/status/CODE`, `/anything`, `/ip`.
+#[tokio::test]
+async fn helloworld_and_httpbin_endpoints() {
+    let addr = start_http(AccessLog::Off).await;
+    let hello = http1(addr, get("/hello")).await;
+    assert_eq!((hello.status, hello.text()), (StatusCode::OK, "Hello version: v7, instance: echo-test\n".to_string()));
+    let got = http1(addr, Request::get("/get?a=1&b=two").header("x-request-id", "r1").body(Full::new(Bytes::new())).unwrap()).await;
+    assert_eq!(got.status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(v["args"], serde_json::json!({"a": "1", "b": "two"}));
+    assert_eq!(v["headers"]["X-Request-Id"], "r1", "{v}");
+    assert_eq!(v["origin"], "127.0.0.1");
+    for code in [200u16, 418, 503] {
+        assert_eq!(http1(addr, get(&format!("/status/{code}"))).await.status.as_u16(), code);
+    }
+    assert_eq!(http1(addr, get("/status/abc")).await.status, StatusCode::BAD_REQUEST);
+    let any = http1(addr, Request::post("/anything/x").body(Full::new(Bytes::from_static(b"b"))).unwrap()).await;
+    let v: serde_json::Value = serde_json::from_slice(&any.body).unwrap();
+    assert_eq!(v["method"], "POST");
+    let ip: serde_json::Value = serde_json::from_slice(&http1(addr, get("/ip")).await.body).unwrap();
+    assert_eq!(ip["origin"], "127.0.0.1");
+    // Unknown paths still say what exists.
+    assert_eq!(http1(addr, get("/nothing")).await.status, StatusCode::NOT_FOUND);
 }

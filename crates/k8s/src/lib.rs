@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod expand;
+pub mod images;
 pub mod istio;
 pub mod load;
 pub mod names;

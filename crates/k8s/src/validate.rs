@@ -129,16 +129,18 @@ fn check_pod_spec(c: &mut Checker, f: &str, spec: &PodSpec, in_deployment: bool)
 }
 
 fn check_container(c: &mut Checker, cf: &str, ct: &Container) {
-    if ct.command.is_empty() {
+    if ct.command.is_empty() && ct.image.as_deref().and_then(|i| crate::images::builtin(i, &ct.args)).is_none() {
         let image = ct.image.as_deref().unwrap_or("(none)");
         c.err(
             format!("{cf}.command"),
             format!(
                 "required: the local cluster runs the command as a process and pulls no image, \
-                 so it cannot know the entrypoint of image {image}"
+                 so it cannot know the entrypoint of image {image}; images it runs without a command \
+                 (docs/images.md): {}",
+                crate::images::KNOWN
             ),
         );
-    } else if ct.command[0].is_empty() {
+    } else if !ct.command.is_empty() && ct.command[0].is_empty() {
         c.err(format!("{cf}.command[0]"), "must not be empty");
     }
     let mut env_names = BTreeSet::new();

@@ -19,12 +19,26 @@ pub(crate) struct Echo {
     /// which backend answered without parsing bodies. `None` when the name is
     /// not a valid header value.
     served_by: Option<HeaderValue>,
+    /// helloworld's `/hello`.
+    hello_version: Option<String>,
+    /// http-echo: this text for every request.
+    text: Option<String>,
 }
 
 impl Echo {
     pub(crate) fn new(name: String) -> Self {
         let served_by = HeaderValue::from_str(&name).ok();
-        Echo { name, served_by }
+        Echo { name, served_by, hello_version: None, text: None }
+    }
+
+    pub(crate) fn with_hello(mut self, version: Option<String>) -> Self {
+        self.hello_version = version;
+        self
+    }
+
+    pub(crate) fn with_text(mut self, text: Option<String>) -> Self {
+        self.text = text;
+        self
     }
 
     pub(crate) async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
@@ -37,6 +51,16 @@ impl Echo {
 
     async fn route(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let read_only = matches!(*req.method(), Method::GET | Method::HEAD);
+        if let Some(t) = &self.text {
+            return text(StatusCode::OK, format!("{t}\n"));
+        }
+        let path = req.uri().path().to_string();
+        if let (Some(v), "/hello") = (&self.hello_version, path.as_str()) {
+            return text(StatusCode::OK, format!("Hello version: {v}, instance: {}\n", self.name));
+        }
+        if let Some(r) = self.httpbin(&req, conn, &path).await {
+            return r;
+        }
         match req.uri().path() {
             // Any method: fortio's client may POST, and PUT is handy with curl.
             "/echo" => echo(req).await,
@@ -49,6 +73,54 @@ impl Echo {
             "/headers" | "/healthz" | "/" => text(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed here; use GET", req.method())),
             path => text(StatusCode::NOT_FOUND, format!("no such path {path:?}; try /, /echo, /headers or /healthz")),
         }
+    }
+
+    /// httpbin's common endpoints, for the tutorials that call them:
+    /// `/get`, `/anything[/...]`, `/status/CODE`, `/delay/N` (at most 10 s),
+    /// `/ip`, `/user-agent`. None for any other path.
+    async fn httpbin<B>(&self, req: &Request<B>, conn: ConnInfo, path: &str) -> Option<Response<Body>> {
+        let read_only = matches!(*req.method(), Method::GET | Method::HEAD);
+        let host = req.headers().get(http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let url = format!("http://{host}{}", req.uri().path_and_query().map(|p| p.as_str()).unwrap_or(path));
+        let origin = conn.peer.ip().to_string();
+        let args: Map<String, Value> = req
+            .uri()
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (k.to_string(), Value::String(v.to_string()))
+            })
+            .collect();
+        let headers: Map<String, Value> = req
+            .headers()
+            .iter()
+            .map(|(k, v)| (httpbin_case(k.as_str()), Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned())))
+            .collect();
+        let seg: Vec<&str> = path.trim_start_matches('/').splitn(2, '/').collect();
+        Some(match (seg[0], seg.get(1)) {
+            ("get", None) if read_only => json(StatusCode::OK, &json!({"args": args, "headers": headers, "origin": origin, "url": url})),
+            ("anything", _) => json(
+                StatusCode::OK,
+                &json!({"args": args, "headers": headers, "method": req.method().as_str(), "origin": origin, "url": url}),
+            ),
+            ("ip", None) if read_only => json(StatusCode::OK, &json!({ "origin": origin })),
+            ("user-agent", None) if read_only => json(StatusCode::OK, &json!({"user-agent": headers.get("User-Agent")})),
+            ("status", Some(code)) => match code.parse::<u16>().ok().and_then(|c| StatusCode::from_u16(c).ok()) {
+                Some(status) => text(status, String::new()),
+                None => text(StatusCode::BAD_REQUEST, format!("invalid status code {code:?}")),
+            },
+            ("delay", Some(n)) if read_only => match n.parse::<f64>() {
+                Ok(secs) if secs >= 0.0 => {
+                    tokio::time::sleep(std::time::Duration::from_secs_f64(secs.min(10.0))).await;
+                    json(StatusCode::OK, &json!({"args": args, "headers": headers, "origin": origin, "url": url}))
+                }
+                _ => text(StatusCode::BAD_REQUEST, format!("invalid delay {n:?}")),
+            },
+            _ => return None,
+        })
     }
 
     /// The request as the server saw it, including the TCP peer address.
@@ -96,4 +168,15 @@ async fn echo(req: Request<Incoming>) -> Response<Body> {
         resp.headers_mut().insert(CONTENT_TYPE, content_type);
     }
     resp
+}
+
+/// httpbin's header names: `x-request-id` -> `X-Request-Id`.
+fn httpbin_case(name: &str) -> String {
+    name.split('-')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join("-")
 }

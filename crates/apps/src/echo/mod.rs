@@ -47,6 +47,15 @@ pub struct EchoArgs {
     /// Do not log a line per HTTP request.
     #[arg(long)]
     pub quiet: bool,
+
+    /// Also answer `GET /hello` as Istio's helloworld sample does
+    /// (`Hello version: VERSION, instance: NAME`).
+    #[arg(long, value_name = "VERSION")]
+    pub hello_version: Option<String>,
+
+    /// Answer every request with TEXT, as hashicorp's http-echo does.
+    #[arg(long, value_name = "TEXT")]
+    pub text: Option<String>,
 }
 
 /// What the echo HTTP server needs besides its listener.
@@ -55,11 +64,15 @@ pub struct EchoConfig {
     /// Reported as `server` in `/headers` and in the `x-served-by` header.
     pub name: String,
     pub access_log: AccessLog,
+    /// `/hello` answers with this version (helloworld).
+    pub hello_version: Option<String>,
+    /// Every request answered with this text (http-echo).
+    pub text: Option<String>,
 }
 
 /// Serves the echo HTTP endpoints on `listener` until dropped.
 pub async fn serve_echo_http(listener: TcpListener, config: EchoConfig) {
-    let echo = Arc::new(handler::Echo::new(config.name));
+    let echo = Arc::new(handler::Echo::new(config.name).with_hello(config.hello_version).with_text(config.text));
     crate::http::serve(listener, config.access_log, move |req, conn| {
         let echo = echo.clone();
         async move { echo.handle(req, conn).await }
@@ -70,7 +83,12 @@ pub async fn serve_echo_http(listener: TcpListener, config: EchoConfig) {
 /// Runs `slipstream app echo` until SIGTERM/SIGINT.
 pub fn run_echo(args: EchoArgs) -> anyhow::Result<()> {
     let name = args.name.clone().filter(|n| !n.trim().is_empty()).unwrap_or_else(hostname);
-    let config = EchoConfig { name, access_log: AccessLog::stdout_unless(args.quiet) };
+    let config = EchoConfig {
+        name,
+        access_log: AccessLog::stdout_unless(args.quiet),
+        hello_version: args.hello_version.clone(),
+        text: args.text.clone(),
+    };
     crate::runtime::run_until_signal(async move {
         // Bind everything before serving anything, so a port conflict fails
         // startup instead of leaving a half-working server.

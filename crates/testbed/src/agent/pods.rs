@@ -271,8 +271,12 @@ impl PodRuntime {
     fn start_container(&mut self, i: usize, paths: &Paths, nodes: &[Node]) {
         let env = self.env_for(i, nodes);
         let c = &self.containers[i];
-        let mut argv = c.spec.command.clone();
-        argv.extend(c.spec.args.iter().cloned());
+        // No command: a well-known sample image runs as the built-in
+        // application it stands for (validation refused any other).
+        let argv = match (c.spec.command.is_empty(), c.spec.image.as_deref()) {
+            (true, Some(image)) => slipstream_k8s::images::builtin(image, &c.spec.args).map(|b| b.argv).unwrap_or_default(),
+            _ => c.spec.command.iter().chain(&c.spec.args).cloned().collect(),
+        };
         let spec = spawn::SandboxSpec {
             argv,
             env,
