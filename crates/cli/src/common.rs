@@ -99,12 +99,22 @@ pub fn set_load_options(verb: &'static str, validation: slipstream_k8s::FieldVal
     let _ = LOAD_OPTIONS.set((verb, validation));
 }
 
+/// kubectl's `-n` of apply and delete -f: the namespace of objects that
+/// name none.
+static LOAD_NAMESPACE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+pub fn set_load_namespace(namespace: Option<String>) {
+    if let Some(ns) = namespace {
+        let _ = LOAD_NAMESPACE.set(ns);
+    }
+}
+
 /// Loads manifests (`-` is standard input), printing their warnings; every
 /// error at once. Nothing to load is an error, as in kubectl.
 pub fn load(files: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
     let (verb, validation) = LOAD_OPTIONS.get().copied().unwrap_or(("apply", Default::default()));
-    let loaded =
-        slipstream_k8s::load_paths_with(files, validation).map_err(|e| anyhow::anyhow!("invalid manifests, nothing was changed:\n{e}"))?;
+    let loaded = slipstream_k8s::load_paths_in(files, validation, LOAD_NAMESPACE.get().map(String::as_str))
+        .map_err(|e| anyhow::anyhow!("invalid manifests, nothing was changed:\n{e}"))?;
     if loaded.is_empty() {
         let names: Vec<String> =
             files.iter().map(|f| if f.as_os_str() == "-" { "<stdin>".into() } else { f.display().to_string() }).collect();

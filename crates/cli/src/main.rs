@@ -105,13 +105,26 @@ enum Command {
         no_wait: bool,
         #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
         timeout: Duration,
+        /// The namespace of objects that name none (an object naming
+        /// another is refused, as kubectl does).
+        #[arg(short = 'n', long = "namespace")]
+        namespace: Option<String>,
+        /// Apply only the objects whose labels match (k=v, k!=v, k, !k).
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
     },
     /// Delete the objects a manifest names (deleting a Namespace deletes
     /// everything in it), and wait for their pods to stop.
     Delete {
         /// Manifest file or directory (repeatable; `-` reads standard input).
-        #[arg(short = 'f', long = "filename", required = true)]
+        #[arg(short = 'f', long = "filename", required_unless_present = "resources", conflicts_with = "resources")]
         files: Vec<PathBuf>,
+        /// Instead of -f, as kubectl: `KIND NAME...` or `KIND/NAME...`
+        /// (`delete pod web`, `delete deploy/web svc/web`).
+        resources: Vec<String>,
+        /// The namespace of the objects named in `resources`.
+        #[arg(short = 'n', long = "namespace")]
+        namespace: Option<String>,
         /// Fields Kubernetes does not know (a typo such as `spec.replcas`):
         /// `strict` refuses the manifest, `warn` drops them with a warning,
         /// `ignore` drops them silently. Fields Kubernetes knows and the
@@ -124,6 +137,91 @@ enum Command {
         #[arg(long)]
         no_wait: bool,
         #[arg(long, default_value = "60s", value_parser = common::parse_duration)]
+        timeout: Duration,
+    },
+    /// List objects, as `kubectl get`: `get pods`, `get svc,deploy -n NS`,
+    /// `get pod/NAME -o yaml`, `get all -A`, `get gateways -l k=v`.
+    /// Kinds: pods, services, deployments, namespaces, serviceaccounts,
+    /// configmaps, gateways, httproutes, grpcroutes, authorizationpolicies,
+    /// peerauthentications, virtualservices, destinationrules,
+    /// networkpolicies, ciliumnetworkpolicies, localratelimitpolicies (and
+    /// kubectl's short names). `-o json` prints one object for one name,
+    /// else a `List`, with `apiVersion` and `kind` as the API server does.
+    Get {
+        #[arg(required = true)]
+        resources: Vec<String>,
+        #[arg(short = 'n', long = "namespace")]
+        namespace: Option<String>,
+        #[arg(short = 'A', long = "all-namespaces")]
+        all_namespaces: bool,
+        /// Label selector: k=v, k!=v, k, !k, comma-separated.
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
+        /// wide, json, yaml or name.
+        #[arg(short = 'o', long = "output")]
+        output: Option<String>,
+        /// After the list, print each object again when it changes, until Ctrl-C.
+        #[arg(short = 'w', long = "watch")]
+        watch: bool,
+    },
+    /// Show objects in detail, as `kubectl describe` (labels, annotations,
+    /// spec and status).
+    Describe {
+        #[arg(required = true)]
+        resources: Vec<String>,
+        #[arg(short = 'n', long = "namespace")]
+        namespace: Option<String>,
+        #[arg(short = 'A', long = "all-namespaces")]
+        all_namespaces: bool,
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
+    },
+    /// Set or remove labels, as `kubectl label`: `label namespace bookinfo
+    /// istio.io/dataplane-mode=ambient`, `label svc reviews
+    /// istio.io/use-waypoint=waypoint -n bookinfo`, `label ns bookinfo
+    /// istio.io/dataplane-mode-` (remove). Changing a value needs
+    /// --overwrite. Returns once the node proxies hold the change.
+    Label {
+        /// KIND NAME KEY=VALUE... (or KIND/NAME); KEY- removes.
+        #[arg(required = true, num_args = 2.., allow_hyphen_values = true)]
+        args: Vec<String>,
+        #[arg(short = 'n', long = "namespace")]
+        namespace: Option<String>,
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Set or remove annotations, as `kubectl annotate` (same forms as `label`).
+    Annotate {
+        #[arg(required = true, num_args = 2.., allow_hyphen_values = true)]
+        args: Vec<String>,
+        #[arg(short = 'n', long = "namespace")]
+        namespace: Option<String>,
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Create an object from the command line: `create namespace NAME`.
+    #[command(subcommand)]
+    Create(CreateCommand),
+    /// Wait for a condition, as `kubectl wait`: `wait --for=condition=Ready
+    /// pod --all -n NS --timeout=120s`, `wait --for=condition=Available
+    /// deploy/web`, `wait --for=delete pod/web`. Prints `pod/NAME condition
+    /// met` for each; exit code 1 at the timeout, naming what did not.
+    Wait {
+        #[arg(required = true)]
+        resources: Vec<String>,
+        #[arg(short = 'n', long = "namespace")]
+        namespace: Option<String>,
+        #[arg(short = 'A', long = "all-namespaces")]
+        all_namespaces: bool,
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
+        /// Every object of the kind (in the namespace).
+        #[arg(long)]
+        all: bool,
+        /// condition=Ready (pods), condition=Available (deployments), or delete.
+        #[arg(long = "for")]
+        for_: String,
+        #[arg(long, default_value = "30s", value_parser = common::parse_duration)]
         timeout: Duration,
     },
     /// Run a command inside a pod (its network, names and cgroup) and
@@ -295,6 +393,19 @@ enum PolicyCommand {
 }
 
 #[derive(Subcommand)]
+enum CreateCommand {
+    /// `create namespace NAME` (alias `ns`).
+    #[command(alias = "ns")]
+    Namespace { name: String },
+}
+
+/// Where `get`, `describe` and `wait` look.
+fn scope(namespace: Option<String>, all: bool, selector: Option<&str>) -> anyhow::Result<cmd::kubectl::Scope> {
+    let selector = cmd::kubectl::Selector::parse(selector.unwrap_or("")).map_err(anyhow::Error::msg)?;
+    Ok(cmd::kubectl::Scope { namespace, all, selector })
+}
+
+#[derive(Subcommand)]
 enum RolloutCommand {
     /// Start replacing a Deployment's pods and return (kubectl's
     /// `kubectl.kubernetes.io/restartedAt` on its pod template). New pods
@@ -358,14 +469,45 @@ fn main() {
                 cmd::policy::check(&ctx, &from, &to, &filename, node.as_deref(), &output)
             }
             Command::Status { output } => cmd::status::run(&ctx, &output),
-            Command::Apply { files, no_wait, timeout, validate } => {
+            Command::Apply { files, no_wait, timeout, validate, namespace, selector } => {
                 common::set_load_options("apply", validate);
-                cmd::apply::apply(&ctx, &files, !no_wait, timeout)
+                common::set_load_namespace(namespace);
+                cmd::apply::apply(&ctx, &files, selector.as_deref(), !no_wait, timeout)
             }
-            Command::Delete { files, ignore_not_found, no_wait, timeout, validate } => {
+            Command::Delete { files, resources, namespace, ignore_not_found, no_wait, timeout, validate } => {
                 common::set_load_options("delete", validate);
-                cmd::apply::delete(&ctx, &files, ignore_not_found, !no_wait, timeout)
+                if resources.is_empty() {
+                    common::set_load_namespace(namespace);
+                    cmd::apply::delete(&ctx, &files, ignore_not_found, !no_wait, timeout)
+                } else {
+                    cmd::kubectl::delete(&ctx, &resources, namespace.as_deref(), ignore_not_found, timeout)
+                }
             }
+            Command::Get { resources, namespace, all_namespaces, selector, output, watch } => cmd::kubectl::get(
+                &ctx,
+                cmd::kubectl::GetArgs {
+                    resources: &resources,
+                    scope: scope(namespace, all_namespaces, selector.as_deref())?,
+                    output: output.as_deref(),
+                    watch,
+                },
+            ),
+            Command::Describe { resources, namespace, all_namespaces, selector } => {
+                cmd::kubectl::describe(&ctx, &resources, scope(namespace, all_namespaces, selector.as_deref())?)
+            }
+            Command::Label { args, namespace, overwrite } => cmd::kubectl::label(&ctx, &args, namespace.as_deref(), overwrite, false),
+            Command::Annotate { args, namespace, overwrite } => cmd::kubectl::label(&ctx, &args, namespace.as_deref(), overwrite, true),
+            Command::Create(CreateCommand::Namespace { name }) => cmd::kubectl::create_namespace(&ctx, &name),
+            Command::Wait { resources, namespace, all_namespaces, selector, all, for_, timeout } => cmd::kubectl::wait(
+                &ctx,
+                cmd::kubectl::WaitArgs {
+                    resources: &resources,
+                    scope: scope(namespace, all_namespaces, selector.as_deref())?,
+                    all,
+                    for_: &for_,
+                    timeout,
+                },
+            ),
             Command::Exec { namespace, container, privileged, pod, command } => {
                 cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), privileged, &command).map(|code| std::process::exit(code))
             }

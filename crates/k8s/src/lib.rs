@@ -18,7 +18,7 @@ pub mod validate;
 
 pub use error::{ManifestError, ManifestErrors};
 pub use expand::{desired_pods, PodInstance};
-pub use load::{load_paths, load_paths_with, load_str, load_str_with, Source};
+pub use load::{load_paths, load_paths_in, load_paths_with, load_str, load_str_in, load_str_with, Source};
 pub use objects::*;
 pub use security::ContainerSecurity;
 pub use strict::FieldValidation;

@@ -50,6 +50,13 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Loaded>, ManifestErrors> {
 /// recursively, like `kubectl apply -f DIR`). All errors of all files are
 /// returned together; the same object defined twice is one of them.
 pub fn load_paths_with(paths: &[PathBuf], mode: FieldValidation) -> Result<Vec<Loaded>, ManifestErrors> {
+    load_paths_in(paths, mode, None)
+}
+
+/// As [`load_paths_with`], with kubectl's `-n NAMESPACE`: the namespace of
+/// every namespaced object that names none; one that names another is an
+/// error, as kubectl says.
+pub fn load_paths_in(paths: &[PathBuf], mode: FieldValidation, namespace: Option<&str>) -> Result<Vec<Loaded>, ManifestErrors> {
     let mut files = Vec::new();
     let mut errors = Vec::new();
     for p in paths {
@@ -66,7 +73,7 @@ pub fn load_paths_with(paths: &[PathBuf], mode: FieldValidation) -> Result<Vec<L
         let label = if stdin { "<stdin>".to_string() } else { f.display().to_string() };
         let text = if stdin { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(&f) };
         match text {
-            Ok(text) => match load_str_with(&text, &Source(label), mode) {
+            Ok(text) => match load_str_in(&text, &Source(label), mode, namespace) {
                 Ok(mut v) => out.append(&mut v),
                 Err(mut e) => errors.append(&mut e.0),
             },
@@ -137,6 +144,13 @@ pub fn load_str(text: &str, source: &Source) -> Result<Vec<Loaded>, ManifestErro
 
 /// `load_str` with the given treatment of fields Kubernetes does not know.
 pub fn load_str_with(text: &str, source: &Source, mode: FieldValidation) -> Result<Vec<Loaded>, ManifestErrors> {
+    load_str_in(text, source, mode, None)
+}
+
+/// Kinds without a namespace (kubectl's `-n` does not apply to them).
+const CLUSTER_SCOPED: &[&str] = &["Namespace", "ClusterRole", "ClusterRoleBinding", "GatewayClass", "CustomResourceDefinition"];
+
+pub fn load_str_in(text: &str, source: &Source, mode: FieldValidation, namespace: Option<&str>) -> Result<Vec<Loaded>, ManifestErrors> {
     let mut out = Vec::new();
     let mut errors = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
@@ -177,8 +191,28 @@ pub fn load_str_with(text: &str, source: &Source, mode: FieldValidation) -> Resu
         } else {
             vec![value]
         };
-        for value in items {
+        for mut value in items {
             let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
+            if let (Some(ns), false) = (namespace, CLUSTER_SCOPED.contains(&kind.as_str())) {
+                let given = value.pointer("/metadata/namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty()).map(String::from);
+                match given {
+                    Some(g) if g != ns => {
+                        let name = value.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or("").to_string();
+                        errors.push(err(
+                            Some(format!("{kind} {g}/{name}")),
+                            "metadata.namespace",
+                            format!("the namespace from the provided object \"{g}\" does not match the namespace \"{ns}\". You must pass '--namespace={g}' to perform this operation."),
+                        ));
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some(m) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                            m.insert("namespace".into(), serde_json::Value::String(ns.to_string()));
+                        }
+                    }
+                }
+            }
             let fields = strict::check(&kind, &value);
             match object_from_value(value) {
                 Ok((object, warnings)) => {
@@ -361,6 +395,20 @@ mod tests {
         std::fs::write(dir.path().join("2.yaml"), "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a, namespace: x}\n").unwrap();
         std::fs::write(dir.path().join("1.yaml"), format!("{sa}---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: a}}\n")).unwrap();
         assert_eq!(load_paths(&[dir.path().to_path_buf()]).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn kubectl_dash_n_fills_the_namespace_and_refuses_another() {
+        let y =
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: bookinfo}\n";
+        let v = load_str_in(y, &Source("t".into()), FieldValidation::Strict, Some("bookinfo")).unwrap();
+        assert_eq!(v[0].object.key().namespace, "bookinfo");
+        assert_eq!(v[1].object.key().namespace, "", "a Namespace has none");
+        let other = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a, namespace: prod}\n";
+        let e = load_str_in(other, &Source("t".into()), FieldValidation::Strict, Some("bookinfo")).unwrap_err().to_string();
+        assert!(e.contains("metadata.namespace") && e.contains("--namespace=prod"), "{e}");
+        let same = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a, namespace: bookinfo}\n";
+        assert!(load_str_in(same, &Source("t".into()), FieldValidation::Strict, Some("bookinfo")).is_ok());
     }
 
     #[test]

@@ -23,6 +23,18 @@ pub enum Request {
         ignore_not_found: bool,
     },
     Status,
+    /// Every object as the API server would serve it (`get`).
+    Objects,
+    /// `label` / `annotate`: set (`Some`) or remove (`None`) keys of one
+    /// object's labels or annotations.
+    Label {
+        kind: String,
+        namespace: String,
+        name: String,
+        changes: Vec<(String, Option<String>)>,
+        overwrite: bool,
+        annotate: bool,
+    },
     /// `rollout restart`: replace a Deployment's pods, new ones first.
     Restart {
         namespace: String,
@@ -49,6 +61,9 @@ pub enum Response {
     /// Nothing was changed.
     Rejected {
         errors: Vec<String>,
+    },
+    Objects {
+        items: Vec<serde_json::Value>,
     },
     Flows {
         flows: Vec<crate::agent::flows::Flow>,

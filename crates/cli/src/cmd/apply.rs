@@ -4,9 +4,17 @@ use slipstream_testbed::ipc::{Request, Response};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub fn apply(ctx: &Ctx, files: &[PathBuf], wait: bool, timeout: Duration) -> anyhow::Result<()> {
+pub fn apply(ctx: &Ctx, files: &[PathBuf], selector: Option<&str>, wait: bool, timeout: Duration) -> anyhow::Result<()> {
     common::require_root("apply")?;
-    let objects: Vec<_> = common::load(files)?.into_iter().map(|l| l.object).collect();
+    let mut objects: Vec<_> = common::load(files)?.into_iter().map(|l| l.object).collect();
+    // kubectl's `-l`: only the objects whose labels match.
+    if let Some(sel) = selector {
+        let sel = crate::cmd::kubectl::Selector::parse(sel).map_err(anyhow::Error::msg)?;
+        objects.retain(|o| sel.matches(&o.metadata().labels));
+        if objects.is_empty() {
+            bail!("no objects passed to apply (none matches the selector); nothing was changed");
+        }
+    }
     let scope = common::Scope::of(&objects);
     send(ctx, Request::Apply { objects })?;
     if wait {

@@ -185,6 +185,16 @@ pub fn ack_state(nodes: &[String], want: u64, replies: &[(String, Result<Syncz, 
 /// Waits until every node proxy acknowledged the configuration made from
 /// the objects as they are now (after `apply` or `delete`).
 pub fn wait_acked(ctx: &Ctx, timeout: Duration) -> anyhow::Result<()> {
+    wait_acked_with(ctx, timeout, false)
+}
+
+/// As [`wait_acked`], printing nothing on success (kubectl's verbs print
+/// only kubectl's lines).
+pub fn wait_acked_quietly(ctx: &Ctx, timeout: Duration) -> anyhow::Result<()> {
+    wait_acked_with(ctx, timeout, true)
+}
+
+fn wait_acked_with(ctx: &Ctx, timeout: Duration, quiet: bool) -> anyhow::Result<()> {
     let st = ctx.status()?;
     if st.control.is_empty() || !st.agent.running {
         return Ok(());
@@ -204,6 +214,9 @@ pub fn wait_acked(ctx: &Ctx, timeout: Duration) -> anyhow::Result<()> {
         let waiting: Vec<&str> =
             state.iter().filter_map(|(_, a)| if let NodeAck::Waiting(w) = a { Some(w.as_str()) } else { None }).collect();
         if waiting.is_empty() {
+            if quiet {
+                return Ok(());
+            }
             println!("configuration acknowledged by {} node prox{}", nodes.len(), if nodes.len() == 1 { "y" } else { "ies" });
             return Ok(());
         }

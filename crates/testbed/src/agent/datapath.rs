@@ -123,6 +123,17 @@ impl Capture {
         }
     }
 
+    /// Switches a running pod's capture on or off (ambient enrolment of a
+    /// pod that already runs, without restarting it). Its connections open
+    /// at that moment keep their path; new ones take the new one.
+    pub fn set_meshed(&mut self, key: &str, netns: &str, ip: Ipv4Addr, node: &Node, meshed: bool, nftables: bool) -> Result<(), String> {
+        match self {
+            Capture::Ebpf(_) if !nftables => self.enrol(key, netns, ip, node, meshed, nftables),
+            _ if meshed => crate::sys::capture::enable(netns).map_err(|e| format!("capture: {e}")),
+            _ => crate::sys::capture::disable(netns).map_err(|e| format!("capture: {e}")),
+        }
+    }
+
     /// Takes a deleted pod off the datapath.
     pub fn withdraw(&mut self, key: &str, ip: Ipv4Addr) {
         if let Capture::Ebpf(dp) = self {

@@ -244,6 +244,27 @@ impl Agent {
                     Err(errors) => Response::Rejected { errors },
                 }
             }
+            Request::Objects => {
+                let pods: Vec<&PodRuntime> = self.pods.values().chain(self.stopping.iter()).collect();
+                Response::Objects { items: objects::api_view(&self.store, &pods, &self.nodes, &self.vips) }
+            }
+            Request::Label { kind, namespace, name, changes, overwrite, annotate } => {
+                let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+                let facts = ClusterFacts { nodes: &names, vips: &self.vips };
+                let key = slipstream_k8s::ObjectKey { kind, namespace, name };
+                match self.store.plan_label(&key, &changes, overwrite, annotate, &facts) {
+                    Ok((store, lines)) => {
+                        for l in &lines {
+                            tracing::info!("{}: {l}", if annotate { "annotate" } else { "label" });
+                        }
+                        self.store = store;
+                        self.reconcile();
+                        self.sync_objects();
+                        Response::Done { lines }
+                    }
+                    Err(errors) => Response::Rejected { errors },
+                }
+            }
             Request::Restart { namespace, name } => {
                 let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
                 match self.store.plan_restart(&namespace, &name, &at) {
@@ -405,6 +426,7 @@ impl Agent {
             proxy.tick();
         }
         self.read_served();
+        self.sync_enrolment();
         let mut changed = false;
         let cluster = self.paths.cluster.to_string();
         for p in self.pods.values_mut() {
@@ -421,6 +443,50 @@ impl Agent {
         self.sync_workload_tokens();
         self.sync_mesh();
         self.persist();
+    }
+
+    /// Istio ambient's enrolment of pods that already run: a label change
+    /// (on the namespace or the pod) that meshes one enrols it without a
+    /// restart, the node proxy first (it serves the pod), then its capture;
+    /// one that takes it out switches its capture off first, then the node
+    /// proxy drains it. Connections open at that moment keep their path.
+    fn sync_enrolment(&mut self) {
+        let cluster = self.paths.cluster.to_string();
+        for p in self.pods.values_mut() {
+            if p.sandbox_error.is_some() || p.terminating() || slipstream_k8s::expand::is_waypoint_pod(&p.inst.labels) {
+                continue;
+            }
+            let ns_labels = mesh::namespace_labels(&self.store, &p.inst.namespace);
+            let want = mesh::is_meshed(&ns_labels, &p.inst.labels);
+            let nft = mesh::wants_nftables(&ns_labels, &p.inst.labels);
+            let node = &self.nodes[p.node - 1];
+            let uid = mesh::workload_uid(&cluster, &p.inst.namespace, &p.inst.name);
+            let served = self.served.get(&node.name).is_some_and(|s| s.contains(&uid));
+            let key = p.datapath_key();
+            if want && !p.meshed {
+                tracing::info!(pod = %p.key(), "enrolling in the mesh (its labels now say ambient): the node proxy first, then capture");
+                p.meshed = true;
+            } else if want && !p.captured && served {
+                match self.capture.set_meshed(&key, &p.netns, p.ip, node, true, nft) {
+                    Ok(()) => {
+                        p.captured = true;
+                        tracing::info!(pod = %p.key(), "enrolled in the mesh without a restart: its new connections are captured");
+                    }
+                    Err(e) => tracing::warn!(pod = %p.key(), "enrolling in the mesh: {e} (retried)"),
+                }
+            } else if !want && p.captured {
+                match self.capture.set_meshed(&key, &p.netns, p.ip, node, false, nft) {
+                    Ok(()) => {
+                        p.captured = false;
+                        p.meshed = false;
+                        tracing::info!(pod = %p.key(), "left the mesh without a restart: capture off, the node proxy lets it go");
+                    }
+                    Err(e) => tracing::warn!(pod = %p.key(), "leaving the mesh: {e} (retried)"),
+                }
+            } else if !want && p.meshed {
+                p.meshed = false;
+            }
+        }
     }
 
     /// Writes the node proxies' configuration when it changed (atomically).

@@ -100,6 +100,59 @@ impl KubeObject {
     }
 }
 
+impl KubeObject {
+    /// As JSON, with `apiVersion` and `kind`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let v = match self {
+            KubeObject::Namespace(o) => serde_json::to_value(o),
+            KubeObject::ServiceAccount(o) => serde_json::to_value(o),
+            KubeObject::Service(o) => serde_json::to_value(o),
+            KubeObject::Pod(o) => serde_json::to_value(o),
+            KubeObject::Mesh(o) => serde_json::to_value(o),
+        };
+        v.unwrap_or_default()
+    }
+}
+
+/// What `get` shows: every object as the API server would serve it, the
+/// written ones of [`cluster_objects`] and also Deployments (with their
+/// replica counts) and the kept kinds the control plane does not read.
+pub fn api_view(store: &Store, pods: &[&PodRuntime], nodes: &[Node], vips: &Vips) -> Vec<serde_json::Value> {
+    let mut out: Vec<serde_json::Value> = cluster_objects(store, pods, nodes, vips).iter().map(KubeObject::to_json).collect();
+    for o in store.objects() {
+        match o {
+            Object::Deployment(d) => {
+                let m = &d.metadata;
+                let mine: Vec<&&PodRuntime> =
+                    pods.iter().filter(|p| p.inst.namespace == m.namespace && p.inst.owner.as_deref() == Some(m.name.as_str())).collect();
+                let hash = slipstream_k8s::expand::template_hash(&d.spec.template.metadata, &d.spec.template.spec);
+                let ready = mine.iter().filter(|p| p.ready()).count();
+                let updated = mine.iter().filter(|p| p.inst.spec_hash == hash).count();
+                let available = mine.iter().filter(|p| p.ready() && p.inst.spec_hash == hash).count();
+                out.push(serde_json::json!({
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": m,
+                    "spec": {
+                        "replicas": d.spec.replicas(),
+                        "selector": d.spec.selector,
+                        "template": d.spec.template,
+                    },
+                    "status": {
+                        "replicas": mine.len(),
+                        "readyReplicas": ready,
+                        "updatedReplicas": updated,
+                        "availableReplicas": available,
+                    },
+                }));
+            }
+            Object::Kept(k) if !MESH_KINDS.contains(&k.kind.as_str()) => out.push(serde_json::to_value(k).unwrap_or_default()),
+            _ => {}
+        }
+    }
+    out
+}
+
 fn meta(ns: Option<&str>, name: &str, labels: &Labels, annotations: &Labels) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_string()),

@@ -40,6 +40,9 @@ pub struct PodRuntime {
     pub sandbox_error: Option<String>,
     /// Carried by the node proxy (capture installed before containers start).
     pub meshed: bool,
+    /// Its capture is on (as `meshed`, except while a running pod joins or
+    /// leaves the mesh: `Agent::sync_enrolment`).
+    pub captured: bool,
     /// A waypoint's pod: its credential for the control plane (the
     /// kubelet's projected token), and the environment that tells it where
     /// the control plane is (see `Agent::waypoint_env`).
@@ -124,13 +127,14 @@ impl PodRuntime {
             kill_at: None,
             sandbox_error: None,
             meshed,
+            captured: meshed,
             workload_token: None,
             extra_env: Vec::new(),
         };
         if let Err(e) = pod.create_sandbox(node, nftables, capture) {
             tracing::error!(pod = %pod.key(), "sandbox failed: {e}");
             capture.withdraw(&pod.datapath_key(), pod.ip);
-            let _ = net::del_netns(&pod.netns);
+            let _ = net::delete_pod_network(&pod.netns);
             let _ = cgroup::remove_tree(&pod.cgroup);
             pod.sandbox_error = Some(e);
         } else {

@@ -140,6 +140,77 @@ impl Store {
         }
     }
 
+    /// `kubectl label` / `kubectl annotate` of one object: each change sets
+    /// (`Some`) or removes (`None`) a key. Changing a key that has another
+    /// value needs `overwrite`, as kubectl says. The lines say what changed
+    /// (`namespace/bookinfo labeled`), or `not labeled`.
+    pub fn plan_label(
+        &self,
+        k: &ObjectKey,
+        changes: &[(String, Option<String>)],
+        overwrite: bool,
+        annotate: bool,
+        facts: &ClusterFacts,
+    ) -> Result<(Store, Vec<String>), Vec<String>> {
+        let what = if annotate { "annotation" } else { "label" };
+        let Some(old) = self.get(k) else {
+            return Err(vec![format!("{} \"{}\" not found{}", plural_kind(&k.kind), k.name, in_namespace(&k.namespace))]);
+        };
+        if slipstream_k8s::expand::is_waypoint_made(old) {
+            return Err(vec![format!("{k}: made for a waypoint Gateway; label or annotate the Gateway instead")]);
+        }
+        let mut o = old.clone();
+        let mut errors = Vec::new();
+        let mut notes = Vec::new();
+        {
+            let m = o.metadata_mut();
+            let map = if annotate { &mut m.annotations } else { &mut m.labels };
+            for (key, value) in changes {
+                if !annotate {
+                    if let Err(e) = slipstream_k8s::names::check_label_key(key) {
+                        errors.push(format!("{key}: {e}"));
+                        continue;
+                    }
+                }
+                match value {
+                    Some(v) => {
+                        if !annotate {
+                            if let Err(e) = slipstream_k8s::names::check_label_value(v) {
+                                errors.push(format!("{key}={v}: {e}"));
+                                continue;
+                            }
+                        }
+                        match map.get(key) {
+                            Some(cur) if cur != v && !overwrite => {
+                                errors.push(format!("'{key}' already has a value ({cur}), and --overwrite is false"))
+                            }
+                            _ => {
+                                map.insert(key.clone(), v.clone());
+                            }
+                        }
+                    }
+                    None => {
+                        if map.remove(key).is_none() {
+                            notes.push(format!("{what} \"{key}\" not found."));
+                        }
+                    }
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let verb = if annotate { "annotated" } else { "labeled" };
+        let name = kubectl_name(&o);
+        if o == *old {
+            notes.push(format!("{name} not {verb}"));
+            return Ok((self.clone(), notes));
+        }
+        let (next, _) = self.plan_apply(vec![o], facts)?;
+        notes.push(format!("{name} {verb}"));
+        Ok((next, notes))
+    }
+
     /// `kubectl rollout restart`: a Deployment's pod template gets
     /// `kubectl.kubernetes.io/restartedAt` (as kubectl sets it), so its pods
     /// are replaced one rollout at a time (the agent keeps the old ones
@@ -364,6 +435,30 @@ fn key(kind: &str, ns: &str, name: &str) -> ObjectKey {
     ObjectKey { kind: kind.into(), namespace: ns.into(), name: name.into() }
 }
 
+/// kubectl's plural of a kind in its messages (`namespaces "x" not found`).
+pub fn plural_kind(kind: &str) -> String {
+    match kind {
+        "Deployment" => "deployments.apps".into(),
+        k if k.ends_with("Policy") => format!("{}ies", k[..k.len() - 1].to_lowercase()),
+        k => format!("{}s", k.to_lowercase()),
+    }
+}
+
+fn in_namespace(ns: &str) -> String {
+    if ns.is_empty() {
+        String::new()
+    } else {
+        format!(" in namespace {ns}")
+    }
+}
+
+/// kubectl's `TYPE/NAME` without the namespace: `namespace/bookinfo`,
+/// `deployment.apps/web`, `gateway.gateway.networking.k8s.io/waypoint`.
+pub fn kubectl_name(o: &Object) -> String {
+    let full = resource_name(o);
+    full.split(" (").next().unwrap_or(&full).to_string()
+}
+
 /// kubectl's way of naming an object in output: `deployment.apps/echo`.
 pub fn resource_name(o: &Object) -> String {
     let kind = match o {
@@ -515,6 +610,43 @@ mod tests {
         let one = vec!["node1".to_string()];
         let e = Store::new().plan_apply(objs(&deployment("web", 111, None)), &facts(&one, &vips)).unwrap_err();
         assert_eq!(e, vec!["Deployment default/web: spec.replicas: 111 pods would exceed the cluster's capacity (1 node x 110 pods = 110, 0 already placed)"]);
+    }
+
+    #[test]
+    fn label_and_annotate_as_kubectl_does() {
+        let nodes = vec!["node1".to_string()];
+        let vips = BTreeMap::new();
+        let store = Store::new();
+        let ns = key("Namespace", "", "default");
+        let set = |k: &str, v: Option<&str>| vec![(k.to_string(), v.map(String::from))];
+        let (s1, lines) =
+            store.plan_label(&ns, &set("istio.io/dataplane-mode", Some("ambient")), false, false, &facts(&nodes, &vips)).unwrap();
+        assert_eq!(lines, ["namespace/default labeled"]);
+        assert_eq!(s1.get(&ns).unwrap().metadata().labels["istio.io/dataplane-mode"], "ambient");
+        // Another value needs --overwrite; the same value changes nothing.
+        let e = s1.plan_label(&ns, &set("istio.io/dataplane-mode", Some("none")), false, false, &facts(&nodes, &vips)).unwrap_err();
+        assert_eq!(e, ["'istio.io/dataplane-mode' already has a value (ambient), and --overwrite is false"]);
+        let (_, lines) = s1.plan_label(&ns, &set("istio.io/dataplane-mode", Some("ambient")), false, false, &facts(&nodes, &vips)).unwrap();
+        assert_eq!(lines, ["namespace/default not labeled"]);
+        let (s2, _) = s1.plan_label(&ns, &set("istio.io/dataplane-mode", Some("none")), true, false, &facts(&nodes, &vips)).unwrap();
+        assert_eq!(s2.get(&ns).unwrap().metadata().labels["istio.io/dataplane-mode"], "none");
+        // key- removes; a missing key is said, not an error.
+        let (s3, lines) = s2.plan_label(&ns, &set("istio.io/dataplane-mode", None), false, false, &facts(&nodes, &vips)).unwrap();
+        assert!(s3.get(&ns).unwrap().metadata().labels.is_empty());
+        assert_eq!(lines, ["namespace/default labeled"]);
+        let (_, lines) = s3.plan_label(&ns, &set("nothing", None), false, false, &facts(&nodes, &vips)).unwrap();
+        assert_eq!(lines, ["label \"nothing\" not found.", "namespace/default not labeled"]);
+        // Annotations take any value; labels are checked.
+        let (s4, lines) = s3.plan_label(&ns, &set("note", Some("a value with spaces")), false, true, &facts(&nodes, &vips)).unwrap();
+        assert_eq!(
+            (lines[0].as_str(), s4.get(&ns).unwrap().metadata().annotations["note"].as_str()),
+            ("namespace/default annotated", "a value with spaces")
+        );
+        assert!(s3.plan_label(&ns, &set("bad", Some("a value with spaces")), false, false, &facts(&nodes, &vips)).is_err());
+        // Unknown objects are named as kubectl names them.
+        let e =
+            store.plan_label(&key("Service", "default", "nope"), &set("a", Some("b")), false, false, &facts(&nodes, &vips)).unwrap_err();
+        assert_eq!(e, ["services \"nope\" not found in namespace default"]);
     }
 
     #[test]

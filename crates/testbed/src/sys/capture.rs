@@ -87,7 +87,17 @@ pub fn enable_ebpf_support(pod_netns: &str) -> Result<(), CmdError> {
     reply_route(pod_netns)
 }
 
+/// Takes nftables capture out of a pod's namespace (a running pod leaving
+/// the mesh); its reply route stays, unused.
+pub fn disable(pod_netns: &str) -> Result<(), CmdError> {
+    run(&["ip", "netns", "exec", pod_netns, "nft", "-f", "-"], Some("table inet slipstream_mesh {}\ndelete table inet slipstream_mesh\n"))
+        .map(|_| ())
+}
+
 fn reply_route(pod_netns: &str) -> Result<(), CmdError> {
+    // Idempotent: a pod enrolled again (its namespace labelled back) has
+    // the rule already.
+    let _ = ip_batch(Some(pod_netns), &[format!("rule del fwmark {INPOD_MARK:#x}/{MARK_MASK:#x} pref 32764 lookup {ROUTE_TABLE}")]);
     ip_batch(
         Some(pod_netns),
         &[

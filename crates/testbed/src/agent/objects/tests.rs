@@ -119,6 +119,7 @@ fn state() -> State {
             kill_at: (inst.name == "client").then(std::time::Instant::now),
             sandbox_error: None,
             meshed,
+            captured: meshed,
             workload_token: None,
             extra_env: Vec::new(),
             inst,
