@@ -242,6 +242,14 @@ enum Command {
         /// runs (its securityContext: user, capabilities, hidden files).
         #[arg(long)]
         privileged: bool,
+        /// kubectl's `-i`: the command reads this terminal's standard
+        /// input (it always does here).
+        #[arg(short = 'i', long = "stdin")]
+        _stdin: bool,
+        /// kubectl's `-t`: accepted; no terminal is allocated (the command
+        /// shares this one's).
+        #[arg(short = 't', long = "tty")]
+        _tty: bool,
         pod: String,
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -303,13 +311,17 @@ enum Command {
     /// Read from the node proxy's admin port (`/config_dump` on
     /// 127.0.0.1:15000 in the node's network namespace), so it shows what
     /// the proxy acts on, not what the control plane meant to send.
-    #[command(name = "proxy-config")]
+    ///
+    /// Both orders work: `proxy-config node1 workloads` and istioctl's
+    /// `ztunnel-config workloads [--node node1]` (the first node by default).
+    #[command(name = "proxy-config", alias = "ztunnel-config")]
     ProxyConfig {
+        /// NODE and/or SECTION (workloads, services, policies, certificates, all).
+        #[arg(num_args = 0..=2)]
+        args: Vec<String>,
         /// The node whose proxy to ask (`node1`).
-        node: String,
-        /// What to show.
-        #[arg(value_enum, default_value = "workloads")]
-        section: cmd::proxy_config::Section,
+        #[arg(long)]
+        node: Option<String>,
         /// `table` or `json`.
         #[arg(short = 'o', long = "output", default_value = "table")]
         output: String,
@@ -317,6 +329,9 @@ enum Command {
     /// Ask the policy engine about a connection, without sending traffic.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// istioctl's experimental commands: `x waypoint apply|list|status|delete`.
+    #[command(subcommand)]
+    X(cmd::istioctl::XCommand),
     /// Flows seen by the eBPF datapath (like `hubble observe`): each
     /// connect() a pod makes (REDIRECTED to its node proxy, FORWARDED when
     /// not meshed) and every drop with its reason and, for a policy drop,
@@ -441,8 +456,39 @@ enum AppCommand {
     Bookinfo(slipstream_apps::BookinfoArgs),
 }
 
+/// Run under the name `kubectl`, `istioctl` or `hubble` (a symlink, or an
+/// alias), slipstream takes those tools' words: the tutorials' commands
+/// work verbatim. `istioctl waypoint ...` is `x waypoint ...`, and
+/// kubectl's `-n NS` before the verb goes after it.
+fn as_tool(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let name = args.first().and_then(|a| std::path::Path::new(a).file_name()).and_then(|n| n.to_str()).unwrap_or("").to_string();
+    match name.as_str() {
+        "istioctl" if args.get(1).is_some_and(|a| a == "waypoint") => {
+            args.insert(1, "x".into());
+        }
+        "kubectl" => {
+            // `kubectl -n NS VERB ...` / `--namespace=NS`.
+            if args.get(1).is_some_and(|a| a == "-n" || a == "--namespace") && args.len() > 3 {
+                let flag = args.remove(1);
+                let ns = args.remove(1);
+                let at = if args.get(1).is_some_and(|v| v == "create" || v == "rollout" || v == "x") { 3 } else { 2 };
+                let at = at.min(args.len());
+                args.insert(at, ns);
+                args.insert(at, flag);
+            } else if let Some(ns) = args.get(1).and_then(|a| a.to_str()).and_then(|a| a.strip_prefix("--namespace=")).map(String::from) {
+                args.remove(1);
+                let at = 2.min(args.len());
+                args.insert(at, ns.into());
+                args.insert(at, "-n".into());
+            }
+        }
+        _ => {}
+    }
+    args
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(as_tool(std::env::args_os().collect()));
     let result = match cli.command {
         // First, before anything could start a process: pod-init's first
         // child becomes PID 1 of the pod's namespace.
@@ -464,11 +510,15 @@ fn main() {
             Command::Down => cmd::down::run(&ctx),
             Command::ProxyStatus { output } => cmd::proxy_status::run(&ctx, &output),
             Command::Observe(args) => cmd::observe::run(&ctx, &args),
-            Command::ProxyConfig { node, section, output } => cmd::proxy_config::run(&ctx, &node, section, &output),
+            Command::ProxyConfig { args, node, output } => {
+                let (node, section) = cmd::proxy_config::target(&ctx, &args, node)?;
+                cmd::proxy_config::run(&ctx, &node, section, &output)
+            }
             Command::Policy(PolicyCommand::Check { from, to, filename, node, output }) => {
                 cmd::policy::check(&ctx, &from, &to, &filename, node.as_deref(), &output)
             }
             Command::Status { output } => cmd::status::run(&ctx, &output),
+            Command::X(x) => cmd::istioctl::run(&ctx, x),
             Command::Apply { files, no_wait, timeout, validate, namespace, selector } => {
                 common::set_load_options("apply", validate);
                 common::set_load_namespace(namespace);
@@ -508,7 +558,7 @@ fn main() {
                     timeout,
                 },
             ),
-            Command::Exec { namespace, container, privileged, pod, command } => {
+            Command::Exec { namespace, container, privileged, pod, command, .. } => {
                 cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), privileged, &command).map(|code| std::process::exit(code))
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
@@ -527,5 +577,31 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tool_words {
+    #[test]
+    fn tools_words_become_ours() {
+        let v = |a: &[&str]| {
+            super::as_tool(a.iter().map(std::ffi::OsString::from).collect())
+                .iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            v(&["/usr/local/bin/istioctl", "waypoint", "apply", "-n", "bookinfo"]),
+            ["/usr/local/bin/istioctl", "x", "waypoint", "apply", "-n", "bookinfo"]
+        );
+        assert_eq!(v(&["istioctl", "x", "waypoint", "list"]), ["istioctl", "x", "waypoint", "list"]);
+        assert_eq!(v(&["kubectl", "-n", "bookinfo", "get", "pods"]), ["kubectl", "get", "-n", "bookinfo", "pods"]);
+        assert_eq!(v(&["kubectl", "--namespace=bookinfo", "get", "pods"]), ["kubectl", "get", "-n", "bookinfo", "pods"]);
+        assert_eq!(
+            v(&["kubectl", "-n", "bookinfo", "rollout", "restart", "deploy/x"]),
+            ["kubectl", "rollout", "restart", "-n", "bookinfo", "deploy/x"]
+        );
+        assert_eq!(v(&["slipstream", "waypoint"]), ["slipstream", "waypoint"], "only under the tools' names");
+        assert_eq!(v(&["hubble", "observe", "-f"]), ["hubble", "observe", "-f"]);
     }
 }

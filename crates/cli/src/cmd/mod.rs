@@ -4,6 +4,7 @@ pub mod control;
 pub mod debug;
 pub mod down;
 pub mod exec;
+pub mod istioctl;
 pub mod kubectl;
 pub mod logs;
 pub mod node;

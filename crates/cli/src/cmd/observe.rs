@@ -22,9 +22,18 @@ pub struct ObserveArgs {
     /// Flows to this pod (same forms as --from-pod).
     #[arg(long = "to-pod", alias = "to")]
     pub to_pod: Option<String>,
+    /// Flows with either end at this pod (hubble's `--pod`; same forms).
+    #[arg(long = "pod")]
+    pub pod: Option<String>,
     /// Flows with either end in this namespace.
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
+    /// Flows from this namespace (hubble's `--from-namespace`).
+    #[arg(long)]
+    pub from_namespace: Option<String>,
+    /// Flows to this namespace (hubble's `--to-namespace`).
+    #[arg(long)]
+    pub to_namespace: Option<String>,
     /// Flows with this port at either end.
     #[arg(long)]
     pub port: Option<u16>,
@@ -66,6 +75,9 @@ pub fn matches(a: &ObserveArgs, f: &Flow) -> bool {
     };
     pod_ok(&a.from_pod, &f.source.pod)
         && pod_ok(&a.to_pod, &f.destination.pod)
+        && (a.pod.is_none() || pod_ok(&a.pod, &f.source.pod) || pod_ok(&a.pod, &f.destination.pod))
+        && a.from_namespace.as_deref().is_none_or(|n| f.source.namespace == n)
+        && a.to_namespace.as_deref().is_none_or(|n| f.destination.namespace == n)
         && a.namespace.as_deref().is_none_or(|n| f.source.namespace == n || f.destination.namespace == n)
         && a.port.is_none_or(|p| f.source.port == p || f.destination.port == p)
         && verdict_ok
@@ -245,6 +257,12 @@ mod tests {
         };
         let from_legacy = a(&|a| a.from_pod = Some("pod:production/legacy-service".into()));
         assert!(matches(&from_legacy, &drop) && !matches(&from_legacy, &fwd));
+        let either = a(&|a| a.pod = Some("pod:production/frontend".into()));
+        assert!(matches(&either, &fwd) && !matches(&either, &drop), "--pod: either end");
+        let to_billing_ns = a(&|a| a.to_namespace = Some("production".into()));
+        assert!(matches(&to_billing_ns, &drop));
+        let from_other_ns = a(&|a| a.from_namespace = Some("staging".into()));
+        assert!(!matches(&from_other_ns, &drop));
         let mut udp = drop.clone();
         udp.protocol = "UDP".into();
         let only_udp = a(&|a| a.protocol = Some("udp".into()));

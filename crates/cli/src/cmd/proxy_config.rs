@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::time::Duration;
 
 /// What to show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Section {
     Workloads,
     Services,
@@ -18,6 +18,47 @@ pub enum Section {
     Certs,
     /// Everything the proxy reports (JSON only).
     All,
+}
+
+impl Section {
+    /// By our names and istioctl's (`workload`, `certificates`, `secret`).
+    pub fn parse(s: &str) -> Option<Section> {
+        Some(match s {
+            "workloads" | "workload" | "w" => Section::Workloads,
+            "services" | "service" | "svc" | "s" => Section::Services,
+            "policies" | "policy" | "p" => Section::Policies,
+            "certs" | "certificates" | "certificate" | "secret" | "c" => Section::Certs,
+            "all" => Section::All,
+            _ => return None,
+        })
+    }
+}
+
+/// The node and section from `proxy-config NODE [SECTION]` or istioctl's
+/// `ztunnel-config SECTION [--node NODE]`: each positional is a section
+/// name or else a node; the first node by default.
+pub fn target(ctx: &Ctx, args: &[String], node: Option<String>) -> anyhow::Result<(String, Section)> {
+    let (section, nodes) = split_target(args)?;
+    let node = match (node, nodes.as_slice()) {
+        (Some(n), []) => n,
+        (None, [n]) => n.clone(),
+        (None, []) => ctx.status()?.nodes.first().map(|n| n.name.clone()).ok_or_else(|| anyhow::anyhow!("the cluster has no nodes"))?,
+        _ => bail!("name one node (positional or --node), not several"),
+    };
+    Ok((node, section))
+}
+
+fn split_target(args: &[String]) -> anyhow::Result<(Section, Vec<String>)> {
+    let mut section = None;
+    let mut nodes = Vec::new();
+    for a in args {
+        match (Section::parse(a), section) {
+            (Some(s), None) => section = Some(s),
+            (Some(_), Some(_)) => bail!("one section at a time (workloads, services, policies, certificates or all)"),
+            (None, _) => nodes.push(a.clone()),
+        }
+    }
+    Ok((section.unwrap_or(Section::Workloads), nodes))
 }
 
 /// The node proxy's config dump, fetched inside the node's namespace.
@@ -151,6 +192,16 @@ pub fn table(section: Section, items: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn both_orders_of_arguments() {
+        let v = |a: &[&str]| super::split_target(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>()).map_err(|e| e.to_string());
+        assert_eq!(v(&["node1", "services"]).unwrap(), (super::Section::Services, vec!["node1".to_string()]));
+        assert_eq!(v(&["workloads"]).unwrap(), (super::Section::Workloads, vec![]));
+        assert_eq!(v(&["certificates", "node2"]).unwrap(), (super::Section::Certs, vec!["node2".to_string()]));
+        assert_eq!(v(&[]).unwrap(), (super::Section::Workloads, vec![]));
+        assert!(v(&["workloads", "services"]).is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -1,0 +1,239 @@
+//! istioctl's habits on the local cluster (issue 17): `x waypoint
+//! apply|list|status|delete`, which make and inspect the Gateway of class
+//! `istio-waypoint` as istioctl does. (`proxy-status` and `ztunnel-config`
+//! are `cmd::proxy_status` and `cmd::proxy_config`.)
+
+use crate::common::{self, Ctx};
+use anyhow::bail;
+use serde_json::Value;
+use slipstream_testbed::ipc::{Request, Response};
+use std::time::Duration;
+
+#[derive(clap::Subcommand)]
+pub enum XCommand {
+    /// istioctl's waypoint commands (also `istioctl waypoint ...` when
+    /// slipstream runs under the name istioctl).
+    #[command(subcommand)]
+    Waypoint(WaypointCommand),
+}
+
+#[derive(clap::Subcommand)]
+pub enum WaypointCommand {
+    /// Create (or update) a waypoint: a Gateway of class istio-waypoint
+    /// with its HBONE listener on 15008, and wait until its pod is ready.
+    Apply {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        /// The Gateway's name.
+        #[arg(long, default_value = "waypoint")]
+        name: String,
+        /// What traffic it takes: service, workload, all or none.
+        #[arg(long = "for", default_value = "service")]
+        for_: String,
+        /// Also label the namespace istio.io/use-waypoint=NAME (every
+        /// service of it then goes through the waypoint).
+        #[arg(long)]
+        enroll_namespace: bool,
+        /// Replace a waypoint of that name that exists.
+        #[arg(long)]
+        overwrite: bool,
+        #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
+        timeout: Duration,
+    },
+    /// The waypoints of a namespace (or all with -A).
+    List {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        #[arg(short = 'A', long = "all-namespaces")]
+        all_namespaces: bool,
+    },
+    /// Whether a waypoint is programmed (its pod ready), and what is bound to it.
+    Status {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        #[arg(long, default_value = "waypoint")]
+        name: String,
+    },
+    /// Delete waypoints by name (or --all in the namespace).
+    Delete {
+        names: Vec<String>,
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+/// The Gateway istioctl makes for `waypoint apply`.
+pub fn gateway(namespace: &str, name: &str, for_: &str) -> Result<Value, String> {
+    if !["service", "workload", "all", "none"].contains(&for_) {
+        return Err(format!("--for {for_:?}: use service, workload, all or none"));
+    }
+    Ok(serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"istio.io/waypoint-for": for_}},
+        "spec": {
+            "gatewayClassName": "istio-waypoint",
+            "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}],
+        },
+    }))
+}
+
+fn objects(ctx: &Ctx) -> anyhow::Result<Vec<Value>> {
+    match ctx.call(&Request::Objects, Duration::from_secs(10))? {
+        Response::Objects { items } => Ok(items),
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+}
+
+fn waypoints(all: &[Value]) -> impl Iterator<Item = &Value> {
+    all.iter().filter(|o| o["kind"] == "Gateway" && o["spec"]["gatewayClassName"] == "istio-waypoint")
+}
+
+fn programmed(st: &slipstream_testbed::status::ClusterStatus, ns: &str, name: &str) -> bool {
+    st.pods
+        .iter()
+        .any(|p| p.namespace == ns && p.ready && p.labels.get(slipstream_k8s::expand::GATEWAY_NAME_LABEL).map(String::as_str) == Some(name))
+}
+
+pub fn run(ctx: &Ctx, cmd: XCommand) -> anyhow::Result<()> {
+    let XCommand::Waypoint(cmd) = cmd;
+    match cmd {
+        WaypointCommand::Apply { namespace, name, for_, enroll_namespace, overwrite, timeout } => {
+            common::require_root("x waypoint apply")?;
+            let gw = gateway(&namespace, &name, &for_).map_err(anyhow::Error::msg)?;
+            let all = objects(ctx)?;
+            if !all.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == namespace.as_str()) {
+                bail!("namespace {namespace:?} not found");
+            }
+            if waypoints(&all).any(|o| o["metadata"]["name"] == name.as_str() && o["metadata"]["namespace"] == namespace.as_str())
+                && !overwrite
+            {
+                bail!("waypoint {namespace}/{name} already exists (use --overwrite to replace it)");
+            }
+            let object: slipstream_k8s::Object =
+                slipstream_k8s::load_str(&serde_json::to_string(&gw)?, &slipstream_k8s::Source("istioctl".into()))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .remove(0)
+                    .object;
+            match ctx.call(&Request::Apply { objects: vec![object.clone()] }, Duration::from_secs(30))? {
+                Response::Done { .. } => {}
+                Response::Rejected { errors } => bail!("{}", errors.join("\n")),
+                other => bail!("unexpected answer from the agent: {other:?}"),
+            }
+            common::wait_converged(ctx, timeout, true, &common::Scope::of(&[object]))?;
+            println!("waypoint {namespace}/{name} applied");
+            if enroll_namespace {
+                let req = Request::Label {
+                    kind: "Namespace".into(),
+                    namespace: String::new(),
+                    name: namespace.clone(),
+                    changes: vec![("istio.io/use-waypoint".into(), Some(name.clone()))],
+                    overwrite: true,
+                    annotate: false,
+                };
+                match ctx.call(&req, Duration::from_secs(30))? {
+                    Response::Done { .. } => println!("namespace {namespace} labeled with \"istio.io/use-waypoint: {name}\""),
+                    Response::Rejected { errors } => bail!("{}", errors.join("\n")),
+                    other => bail!("unexpected answer from the agent: {other:?}"),
+                }
+            }
+            crate::cmd::proxy_status::wait_acked_quietly(ctx, Duration::from_secs(30))
+        }
+        WaypointCommand::List { namespace, all_namespaces } => {
+            let all = objects(ctx)?;
+            let st = ctx.status()?;
+            let mut rows = vec![vec!["NAME".to_string(), "REVISION".into(), "PROGRAMMED".into()]];
+            if all_namespaces {
+                rows[0].insert(0, "NAMESPACE".into());
+            }
+            for w in waypoints(&all).filter(|w| all_namespaces || w["metadata"]["namespace"] == namespace.as_str()) {
+                let (ns, n) = (w["metadata"]["namespace"].as_str().unwrap_or(""), w["metadata"]["name"].as_str().unwrap_or(""));
+                let mut r = vec![n.to_string(), "default".into(), if programmed(&st, ns, n) { "True" } else { "False" }.into()];
+                if all_namespaces {
+                    r.insert(0, ns.to_string());
+                }
+                rows.push(r);
+            }
+            if rows.len() == 1 {
+                println!("No waypoints found.");
+            } else {
+                println!("{}", crate::cmd::kubectl::table(&rows));
+            }
+            Ok(())
+        }
+        WaypointCommand::Status { namespace, name } => {
+            let all = objects(ctx)?;
+            let st = ctx.status()?;
+            let Some(w) =
+                waypoints(&all).find(|w| w["metadata"]["name"] == name.as_str() && w["metadata"]["namespace"] == namespace.as_str())
+            else {
+                bail!("waypoint {namespace}/{name} not found");
+            };
+            let ok = programmed(&st, &namespace, &name);
+            let for_ = w["metadata"]["labels"]["istio.io/waypoint-for"].as_str().unwrap_or("service");
+            let bound_label = |o: &Value| o["metadata"]["labels"]["istio.io/use-waypoint"].as_str() == Some(name.as_str());
+            let ns_bound = all.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == namespace.as_str() && bound_label(o));
+            let services: Vec<&str> = all
+                .iter()
+                .filter(|o| o["kind"] == "Service" && o["metadata"]["namespace"] == namespace.as_str())
+                .filter(|o| bound_label(o) || (ns_bound && o["metadata"]["labels"]["istio.io/use-waypoint"].is_null()))
+                .filter_map(|o| o["metadata"]["name"].as_str())
+                .filter(|n| *n != name)
+                .collect();
+            let rows = vec![
+                vec!["NAMESPACE".to_string(), "NAME".into(), "FOR".into(), "STATUS".into(), "BOUND SERVICES".into()],
+                vec![
+                    namespace.clone(),
+                    name.clone(),
+                    for_.to_string(),
+                    if ok { "Programmed" } else { "NotProgrammed (no ready pod)" }.into(),
+                    if services.is_empty() { "<none>".into() } else { services.join(",") },
+                ],
+            ];
+            println!("{}", crate::cmd::kubectl::table(&rows));
+            Ok(())
+        }
+        WaypointCommand::Delete { names, namespace, all } => {
+            common::require_root("x waypoint delete")?;
+            let existing = objects(ctx)?;
+            let names: Vec<String> = if all {
+                waypoints(&existing)
+                    .filter(|w| w["metadata"]["namespace"] == namespace.as_str())
+                    .filter_map(|w| w["metadata"]["name"].as_str().map(String::from))
+                    .collect()
+            } else if names.is_empty() {
+                vec!["waypoint".into()]
+            } else {
+                names
+            };
+            let keys: Vec<slipstream_k8s::ObjectKey> = names
+                .iter()
+                .map(|n| slipstream_k8s::ObjectKey { kind: "Gateway".into(), namespace: namespace.clone(), name: n.clone() })
+                .collect();
+            match ctx.call(&Request::Delete { keys: keys.clone(), ignore_not_found: false }, Duration::from_secs(60))? {
+                Response::Done { .. } => names.iter().for_each(|n| println!("waypoint {namespace}/{n} deleted")),
+                Response::Rejected { errors } => bail!("{}", errors.join("\n")),
+                other => bail!("unexpected answer from the agent: {other:?}"),
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_gateway_istioctl_makes() {
+        let g = super::gateway("bookinfo", "waypoint", "service").unwrap();
+        assert_eq!(g["spec"]["gatewayClassName"], "istio-waypoint");
+        assert_eq!(g["spec"]["listeners"][0]["port"], 15008);
+        assert_eq!(g["spec"]["listeners"][0]["protocol"], "HBONE");
+        assert_eq!(g["metadata"]["labels"]["istio.io/waypoint-for"], "service");
+        // It loads as any applied Gateway does.
+        let y = serde_json::to_string(&g).unwrap();
+        assert!(slipstream_k8s::load_str(&y, &slipstream_k8s::Source("t".into())).is_ok());
+        assert!(super::gateway("bookinfo", "waypoint", "everything").is_err());
+    }
+}
