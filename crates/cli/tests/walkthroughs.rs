@@ -130,3 +130,19 @@ fn walkthrough_ambient_bookinfo_with_a_waypoint_canary() {
     run_step(&down[0], name, tools.path());
     assert_clean(name);
 }
+
+/// docs/walkthroughs/cilium-istio-billing.md, command for command.
+#[test]
+fn walkthrough_cilium_and_istio_policies_on_billing_with_the_drop_in_hubble() {
+    require_root();
+    let name = "t-walk-billing";
+    let _ = run(name, &["down"]);
+    let tools = tools();
+    let steps = steps("docs/walkthroughs/cilium-istio-billing.md");
+    assert!(steps.len() > 10 && steps[0].line == "slipstream up", "the page's commands: {}", steps.len());
+    let _c = Cluster::adopt(name);
+    for s in &steps {
+        run_step(s, name, tools.path());
+    }
+    assert_clean(name);
+}

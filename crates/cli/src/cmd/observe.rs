@@ -73,8 +73,12 @@ pub fn matches(a: &ObserveArgs, f: &Flow) -> bool {
         Some("trace") => f.verdict != "DROPPED",
         _ => true,
     };
+    // A connect() refused on a Service's address names the Service, not a
+    // pod: a pod filter naming it matches (its backends are its pods, as
+    // hubble shows the backend Cilium's socket LB picked).
+    let to_ok = pod_ok(&a.to_pod, &f.destination.pod) || (f.destination.pod.is_empty() && pod_ok(&a.to_pod, &f.destination.service));
     pod_ok(&a.from_pod, &f.source.pod)
-        && pod_ok(&a.to_pod, &f.destination.pod)
+        && to_ok
         && (a.pod.is_none() || pod_ok(&a.pod, &f.source.pod) || pod_ok(&a.pod, &f.destination.pod))
         && a.from_namespace.as_deref().is_none_or(|n| f.source.namespace == n)
         && a.to_namespace.as_deref().is_none_or(|n| f.destination.namespace == n)
@@ -257,6 +261,14 @@ mod tests {
         };
         let from_legacy = a(&|a| a.from_pod = Some("pod:production/legacy-service".into()));
         assert!(matches(&from_legacy, &drop) && !matches(&from_legacy, &fwd));
+        // A drop at connect() to the Service's address.
+        let mut to_service = drop.clone();
+        to_service.destination.pod = String::new();
+        to_service.destination.service = "production/billing-service".into();
+        let to_billing = a(&|a| a.to_pod = Some("pod:production/billing-service".into()));
+        assert!(matches(&to_billing, &to_service) && matches(&to_billing, &drop));
+        let to_other = a(&|a| a.to_pod = Some("pod:production/frontend".into()));
+        assert!(!matches(&to_other, &to_service));
         let either = a(&|a| a.pod = Some("pod:production/frontend".into()));
         assert!(matches(&either, &fwd) && !matches(&either, &drop), "--pod: either end");
         let to_billing_ns = a(&|a| a.to_namespace = Some("production".into()));
