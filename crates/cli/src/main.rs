@@ -183,7 +183,7 @@ enum Command {
     /// --overwrite. Returns once the node proxies hold the change.
     Label {
         /// KIND NAME KEY=VALUE... (or KIND/NAME); KEY- removes.
-        #[arg(required = true, num_args = 2.., allow_hyphen_values = true)]
+        #[arg(required = true, num_args = 2..)]
         args: Vec<String>,
         #[arg(short = 'n', long = "namespace")]
         namespace: Option<String>,
@@ -192,7 +192,7 @@ enum Command {
     },
     /// Set or remove annotations, as `kubectl annotate` (same forms as `label`).
     Annotate {
-        #[arg(required = true, num_args = 2.., allow_hyphen_values = true)]
+        #[arg(required = true, num_args = 2..)]
         args: Vec<String>,
         #[arg(short = 'n', long = "namespace")]
         namespace: Option<String>,
@@ -329,6 +329,21 @@ enum Command {
     /// Ask the policy engine about a connection, without sending traffic.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Problems in the applied configuration, as `istioctl analyze`: a
+    /// VirtualService subset no DestinationRule defines (IST0101) or that
+    /// selects no pod (SLP0002), a port of a waypoint-bound service whose
+    /// protocol is not named (IST0118), a waypoint nothing is bound to
+    /// (SLP0003), a selector policy with L7 rules on pods no waypoint
+    /// serves (SLP0001). Exit code 79 when one is an Error.
+    Analyze {
+        #[arg(short = 'n', long = "namespace")]
+        namespace: Option<String>,
+        #[arg(short = 'A', long = "all-namespaces")]
+        all_namespaces: bool,
+        /// `log` (istioctl's lines) or `json`.
+        #[arg(short = 'o', long = "output", default_value = "log", value_parser = ["log", "json"])]
+        output: String,
+    },
     /// istioctl's experimental commands: `x waypoint apply|list|status|delete`.
     #[command(subcommand)]
     X(cmd::istioctl::XCommand),
@@ -519,6 +534,13 @@ fn main() {
             }
             Command::Status { output } => cmd::status::run(&ctx, &output),
             Command::X(x) => cmd::istioctl::run(&ctx, x),
+            Command::Analyze { namespace, all_namespaces, output } => {
+                cmd::analyze::run(&ctx, namespace.as_deref(), all_namespaces, &output).map(|code| {
+                    if code != 0 {
+                        std::process::exit(code)
+                    }
+                })
+            }
             Command::Apply { files, no_wait, timeout, validate, namespace, selector } => {
                 common::set_load_options("apply", validate);
                 common::set_load_namespace(namespace);

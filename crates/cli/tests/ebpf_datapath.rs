@@ -241,7 +241,10 @@ fn the_kernel_captures_refuses_and_explains() {
         "json",
     ]);
     let flows: Vec<serde_json::Value> = o.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(flows.len(), 20, "{o}");
+    // The twenty to the pod's address, and the one to billing-service's
+    // (a pod filter naming the Service matches, as hubble shows backends).
+    assert_eq!(flows.len(), 21, "{o}");
+    assert_eq!(flows[20]["destination"]["service"], "production/billing-service", "{o}");
     let f = &flows[0];
     assert_eq!(
         (f["verdict"].as_str(), f["dropReason"].as_str(), f["point"].as_str()),

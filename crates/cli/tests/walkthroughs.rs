@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use std::time::Duration;
 
 /// Istio's bookinfo.yaml shape (examples/istio-samples/bookinfo.yaml:
 /// images and no commands, emptyDir volumes, env, annotations) runs
@@ -145,4 +146,129 @@ fn walkthrough_cilium_and_istio_policies_on_billing_with_the_drop_in_hubble() {
         run_step(s, name, tools.path());
     }
     assert_clean(name);
+}
+
+/// kubectl's verbs as scripts use them: exit codes, `-o json` and `-o
+/// name` shapes, kubectl's messages.
+#[test]
+fn kubectl_verbs_keep_kubectls_exit_codes_and_shapes() {
+    require_root();
+    let c = Cluster::up("t-kubectl", &[]);
+    let fails = |args: &[&str], says: &str| {
+        let o = c.run(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?} exits 1: {}", text(&o));
+        assert!(text(&o).contains(says), "{args:?} says {says:?}: {}", text(&o));
+    };
+    assert_eq!(c.ok(&["create", "namespace", "shop"]).trim(), "namespace/shop created");
+    fails(&["create", "namespace", "shop"], "Error from server (AlreadyExists): namespaces \"shop\" already exists");
+    // get -o json: one object for one name, a List for several.
+    let one: serde_json::Value = serde_json::from_str(&c.ok(&["get", "namespace", "shop", "-o", "json"])).unwrap();
+    assert_eq!(
+        (one["apiVersion"].as_str(), one["kind"].as_str(), one["metadata"]["name"].as_str()),
+        (Some("v1"), Some("Namespace"), Some("shop"))
+    );
+    let list: serde_json::Value = serde_json::from_str(&c.ok(&["get", "pods", "-o", "json"])).unwrap();
+    assert_eq!(list["kind"], "List");
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "the quickstart's client and echo: {list}");
+    assert!(items.iter().all(|p| p["kind"] == "Pod" && p["status"]["podIP"].is_string()), "{list}");
+    let names = c.ok(&["get", "deploy", "-o", "name"]);
+    assert_eq!(names.lines().collect::<Vec<_>>(), ["deployment.apps/client", "deployment.apps/echo"]);
+    fails(&["get", "pod", "nope"], "pods \"nope\" not found");
+    fails(&["get", "widgets"], "the server doesn't have a resource type \"widgets\"");
+    let o = c.run(&["get", "pods", "-n", "shop"]);
+    assert!(o.status.success() && text(&o).contains("No resources found in shop namespace."), "{}", text(&o));
+    // label: --overwrite, key-, kubectl's refusal.
+    assert_eq!(c.ok(&["label", "namespace", "shop", "team=a"]).trim(), "namespace/shop labeled");
+    fails(&["label", "namespace", "shop", "team=b"], "'team' already has a value (a), and --overwrite is false");
+    c.ok(&["label", "ns/shop", "team=b", "--overwrite"]);
+    let sel = c.ok(&["get", "ns", "-l", "team=b", "-o", "name"]);
+    assert_eq!(sel.trim(), "namespace/shop");
+    c.ok(&["label", "namespace", "shop", "team-"]);
+    assert!(c.ok(&["get", "ns", "-l", "team", "-o", "name"]).trim().is_empty());
+    assert_eq!(c.ok(&["annotate", "deploy", "echo", "note=hello world"]).trim(), "deployment.apps/echo annotated");
+    // apply -n: fills the namespace; another one is refused, nothing changes.
+    let dir = tempfile::tempdir().unwrap();
+    let sa = write_manifest(&dir, "sa.yaml", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: robot}\n");
+    assert!(c.ok(&["apply", "-n", "shop", "-f", &sa]).contains("serviceaccount/robot (shop) created"));
+    let elsewhere =
+        write_manifest(&dir, "sa2.yaml", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: robot2, namespace: default}\n");
+    fails(&["apply", "-n", "shop", "-f", &elsewhere], "You must pass '--namespace=default'");
+    // wait: met, and a timeout that names what did not hold.
+    let met = c.ok(&["wait", "--for=condition=Ready", "pod", "--all", "--timeout=30s"]);
+    assert_eq!(met.lines().filter(|l| l.ends_with("condition met")).count(), 2, "{met}");
+    c.ok(&["wait", "--for=condition=Available", "deploy/echo", "--timeout=10s"]);
+    fails(&["wait", "--for=delete", "deploy/echo", "--timeout=1s"], "timed out waiting for the condition on deployments/echo");
+    // delete KIND NAME, then wait --for=delete of a pod that is gone.
+    let pod = c.ok(&["get", "pods", "-l", "app=echo", "-o", "name"]).trim().to_string();
+    assert!(c.ok(&["delete", "deploy", "echo"]).contains("deployment.apps/echo (default) deleted"));
+    c.ok(&["wait", "--for=delete", &pod, "--timeout=30s"]);
+    fails(&["delete", "deploy", "echo"], "not found");
+    assert!(c.run(&["delete", "deploy", "echo", "--ignore-not-found"]).status.success());
+    c.down();
+}
+
+/// Istio ambient's enrolment: labelling a namespace meshes the pods that
+/// already run in it, without restarting them; removing the label takes
+/// them out again.
+#[test]
+fn labelling_a_namespace_enrols_its_running_pods_without_a_restart() {
+    require_root();
+    let c = Cluster::up("t-enrol", &[]);
+    c.ok(&["create", "namespace", "bookinfo"]);
+    let yaml = repo().join("examples/istio-samples/bookinfo.yaml").display().to_string();
+    c.ok(&["apply", "-n", "bookinfo", "-f", &yaml]);
+    let pids = || -> Vec<i64> {
+        let st = c.status();
+        let mut v: Vec<i64> = st["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["namespace"] == "bookinfo")
+            .flat_map(|p| p["containers"].as_array().unwrap().iter().map(|c| c["pid"].as_i64().unwrap_or(0)).collect::<Vec<_>>())
+            .collect();
+        v.sort();
+        v
+    };
+    let meshed = || c.pods("").iter().filter(|p| p["namespace"] == "bookinfo" && p["meshed"] == true).count();
+    let before = pids();
+    assert_eq!((before.len(), meshed()), (6, 0));
+    let proxied = || -> usize {
+        ["node1", "node2"]
+            .iter()
+            .map(|n| {
+                std::fs::read_to_string(format!("/run/slipstream/t-enrol/nodes/{n}.log"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("src.workload=productpage-v1") && l.contains("direction=outbound"))
+                    .count()
+            })
+            .sum()
+    };
+    let call = || {
+        let (code, out) = c.exec("bookinfo", "deploy/productpage-v1", &["curl", "-sS", "--max-time", "5", "http://reviews:9080/reviews/0"]);
+        assert_eq!(code, 0, "{out}");
+    };
+    call();
+    assert_eq!(proxied(), 0, "not meshed yet: productpage's connections go straight");
+
+    c.ok(&["label", "namespace", "bookinfo", "istio.io/dataplane-mode=ambient"]);
+    wait_until("every bookinfo pod meshed", Duration::from_secs(20), || meshed() == 6);
+    // Captured from the next connection on (capture follows the node
+    // proxy by a tick): productpage's call goes through its node proxy.
+    wait_until("productpage's call carried by its node proxy", Duration::from_secs(20), || {
+        call();
+        proxied() > 0
+    });
+    assert_eq!(pids(), before, "no pod was restarted");
+
+    c.ok(&["label", "namespace", "bookinfo", "istio.io/dataplane-mode-"]);
+    wait_until("no bookinfo pod meshed", Duration::from_secs(20), || meshed() == 0);
+    std::thread::sleep(Duration::from_millis(500));
+    let n = proxied();
+    call();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(proxied(), n, "out of the mesh: straight again");
+    assert_eq!(pids(), before, "no pod was restarted");
+    c.down();
 }

@@ -672,6 +672,10 @@ pub fn wait(ctx: &Ctx, a: WaitArgs) -> anyhow::Result<()> {
         }
     }
     if pending.is_empty() {
+        // Already gone is deleted, as kubectl takes it.
+        if cond == Condition::Delete {
+            return Ok(());
+        }
         bail!("no matching resources found");
     }
     loop {

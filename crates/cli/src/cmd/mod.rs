@@ -1,4 +1,5 @@
 pub mod agent;
+pub mod analyze;
 pub mod apply;
 pub mod control;
 pub mod debug;
