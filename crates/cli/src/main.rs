@@ -150,13 +150,8 @@ enum Command {
     Get {
         #[arg(required = true)]
         resources: Vec<String>,
-        #[arg(short = 'n', long = "namespace")]
-        namespace: Option<String>,
-        #[arg(short = 'A', long = "all-namespaces")]
-        all_namespaces: bool,
-        /// Label selector: k=v, k!=v, k, !k, comma-separated.
-        #[arg(short = 'l', long = "selector")]
-        selector: Option<String>,
+        #[command(flatten)]
+        scope: ScopeArgs,
         /// wide, json, yaml or name.
         #[arg(short = 'o', long = "output")]
         output: Option<String>,
@@ -169,12 +164,8 @@ enum Command {
     Describe {
         #[arg(required = true)]
         resources: Vec<String>,
-        #[arg(short = 'n', long = "namespace")]
-        namespace: Option<String>,
-        #[arg(short = 'A', long = "all-namespaces")]
-        all_namespaces: bool,
-        #[arg(short = 'l', long = "selector")]
-        selector: Option<String>,
+        #[command(flatten)]
+        scope: ScopeArgs,
     },
     /// Set or remove labels, as `kubectl label`: `label namespace bookinfo
     /// istio.io/dataplane-mode=ambient`, `label svc reviews
@@ -209,12 +200,8 @@ enum Command {
     Wait {
         #[arg(required = true)]
         resources: Vec<String>,
-        #[arg(short = 'n', long = "namespace")]
-        namespace: Option<String>,
-        #[arg(short = 'A', long = "all-namespaces")]
-        all_namespaces: bool,
-        #[arg(short = 'l', long = "selector")]
-        selector: Option<String>,
+        #[command(flatten)]
+        scope: ScopeArgs,
         /// Every object of the kind (in the namespace).
         #[arg(long)]
         all: bool,
@@ -429,10 +416,23 @@ enum CreateCommand {
     Namespace { name: String },
 }
 
-/// Where `get`, `describe` and `wait` look.
-fn scope(namespace: Option<String>, all: bool, selector: Option<&str>) -> anyhow::Result<cmd::kubectl::Scope> {
-    let selector = cmd::kubectl::Selector::parse(selector.unwrap_or("")).map_err(anyhow::Error::msg)?;
-    Ok(cmd::kubectl::Scope { namespace, all, selector })
+/// Where `get`, `describe` and `wait` look, with kubectl's flags.
+#[derive(clap::Args)]
+struct ScopeArgs {
+    #[arg(short = 'n', long = "namespace")]
+    namespace: Option<String>,
+    #[arg(short = 'A', long = "all-namespaces")]
+    all_namespaces: bool,
+    /// Label selector: k=v, k!=v, k, !k, comma-separated.
+    #[arg(short = 'l', long = "selector")]
+    selector: Option<String>,
+}
+
+impl ScopeArgs {
+    fn scope(self) -> anyhow::Result<cmd::kubectl::Scope> {
+        let selector = cmd::kubectl::Selector::parse(self.selector.as_deref().unwrap_or("")).map_err(anyhow::Error::msg)?;
+        Ok(cmd::kubectl::Scope { namespace: self.namespace, all: self.all_namespaces, selector })
+    }
 }
 
 #[derive(Subcommand)]
@@ -555,31 +555,17 @@ fn main() {
                     cmd::kubectl::delete(&ctx, &resources, namespace.as_deref(), ignore_not_found, timeout)
                 }
             }
-            Command::Get { resources, namespace, all_namespaces, selector, output, watch } => cmd::kubectl::get(
+            Command::Get { resources, scope, output, watch } => cmd::kubectl::get(
                 &ctx,
-                cmd::kubectl::GetArgs {
-                    resources: &resources,
-                    scope: scope(namespace, all_namespaces, selector.as_deref())?,
-                    output: output.as_deref(),
-                    watch,
-                },
+                cmd::kubectl::GetArgs { resources: &resources, scope: scope.scope()?, output: output.as_deref(), watch },
             ),
-            Command::Describe { resources, namespace, all_namespaces, selector } => {
-                cmd::kubectl::describe(&ctx, &resources, scope(namespace, all_namespaces, selector.as_deref())?)
-            }
+            Command::Describe { resources, scope } => cmd::kubectl::describe(&ctx, &resources, scope.scope()?),
             Command::Label { args, namespace, overwrite } => cmd::kubectl::label(&ctx, &args, namespace.as_deref(), overwrite, false),
             Command::Annotate { args, namespace, overwrite } => cmd::kubectl::label(&ctx, &args, namespace.as_deref(), overwrite, true),
             Command::Create(CreateCommand::Namespace { name }) => cmd::kubectl::create_namespace(&ctx, &name),
-            Command::Wait { resources, namespace, all_namespaces, selector, all, for_, timeout } => cmd::kubectl::wait(
-                &ctx,
-                cmd::kubectl::WaitArgs {
-                    resources: &resources,
-                    scope: scope(namespace, all_namespaces, selector.as_deref())?,
-                    all,
-                    for_: &for_,
-                    timeout,
-                },
-            ),
+            Command::Wait { resources, scope, all, for_, timeout } => {
+                cmd::kubectl::wait(&ctx, cmd::kubectl::WaitArgs { resources: &resources, scope: scope.scope()?, all, for_: &for_, timeout })
+            }
             Command::Exec { namespace, container, privileged, pod, command, .. } => {
                 cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), privileged, &command).map(|code| std::process::exit(code))
             }

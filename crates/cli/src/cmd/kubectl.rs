@@ -485,7 +485,8 @@ pub fn get(ctx: &Ctx, a: GetArgs) -> anyhow::Result<()> {
                         blocks.push(table(&rows));
                     } else if rows.len() > 1 {
                         // Watching: a changed row, without the header.
-                        blocks.push(table(&rows)[table(&rows[..1]).len() + 1..].to_string());
+                        let t = table(&rows);
+                        blocks.push(t.split_once('\n').map(|(_, rows)| rows.to_string()).unwrap_or_default());
                     }
                 }
                 if !blocks.is_empty() {

@@ -228,21 +228,8 @@ impl Agent {
             }
             Request::Apply { objects } => {
                 let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
-                let facts = ClusterFacts { nodes: &names, vips: &self.vips };
-                match self.store.plan_apply(objects, &facts) {
-                    Ok((store, lines)) => {
-                        for l in &lines {
-                            tracing::info!("apply: {l}");
-                        }
-                        self.store = store;
-                        self.reconcile();
-                        // Written before the answer: the caller's next
-                        // `status` reports the generation that holds it.
-                        self.sync_objects();
-                        Response::Done { lines }
-                    }
-                    Err(errors) => Response::Rejected { errors },
-                }
+                let planned = self.store.plan_apply(objects, &ClusterFacts { nodes: &names, vips: &self.vips });
+                self.commit("apply", planned)
             }
             Request::Objects => {
                 let pods: Vec<&PodRuntime> = self.pods.values().chain(self.stopping.iter()).collect();
@@ -250,48 +237,38 @@ impl Agent {
             }
             Request::Label { kind, namespace, name, changes, overwrite, annotate } => {
                 let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
-                let facts = ClusterFacts { nodes: &names, vips: &self.vips };
                 let key = slipstream_k8s::ObjectKey { kind, namespace, name };
-                match self.store.plan_label(&key, &changes, overwrite, annotate, &facts) {
-                    Ok((store, lines)) => {
-                        for l in &lines {
-                            tracing::info!("{}: {l}", if annotate { "annotate" } else { "label" });
-                        }
-                        self.store = store;
-                        self.reconcile();
-                        self.sync_objects();
-                        Response::Done { lines }
-                    }
-                    Err(errors) => Response::Rejected { errors },
-                }
+                let planned = self.store.plan_label(&key, &changes, overwrite, annotate, &ClusterFacts { nodes: &names, vips: &self.vips });
+                self.commit(if annotate { "annotate" } else { "label" }, planned)
             }
             Request::Restart { namespace, name } => {
                 let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-                match self.store.plan_restart(&namespace, &name, &at) {
-                    Ok((store, lines)) => {
-                        for l in &lines {
-                            tracing::info!("rollout: {l}");
-                        }
-                        self.store = store;
-                        self.reconcile();
-                        self.sync_objects();
-                        Response::Done { lines }
-                    }
-                    Err(errors) => Response::Rejected { errors },
-                }
+                let planned = self.store.plan_restart(&namespace, &name, &at);
+                self.commit("rollout", planned)
             }
-            Request::Delete { keys, ignore_not_found } => match self.store.plan_delete(&keys, ignore_not_found) {
-                Ok((store, lines)) => {
-                    for l in &lines {
-                        tracing::info!("delete: {l}");
-                    }
-                    self.store = store;
-                    self.reconcile();
-                    self.sync_objects();
-                    Response::Done { lines }
+            Request::Delete { keys, ignore_not_found } => {
+                let planned = self.store.plan_delete(&keys, ignore_not_found);
+                self.commit("delete", planned)
+            }
+        }
+    }
+
+    /// Takes a planned store (every change of a request checked at once)
+    /// or answers its errors, changing nothing.
+    fn commit(&mut self, verb: &str, planned: Result<(Store, Vec<String>), Vec<String>>) -> Response {
+        match planned {
+            Ok((store, lines)) => {
+                for l in &lines {
+                    tracing::info!("{verb}: {l}");
                 }
-                Err(errors) => Response::Rejected { errors },
-            },
+                self.store = store;
+                self.reconcile();
+                // Written before the answer: the caller's next `status`
+                // reports the generation that holds it.
+                self.sync_objects();
+                Response::Done { lines }
+            }
+            Err(errors) => Response::Rejected { errors },
         }
     }
 
