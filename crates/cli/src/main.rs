@@ -172,24 +172,9 @@ enum Command {
     /// istio.io/use-waypoint=waypoint -n bookinfo`, `label ns bookinfo
     /// istio.io/dataplane-mode-` (remove). Changing a value needs
     /// --overwrite. Returns once the node proxies hold the change.
-    Label {
-        /// KIND NAME KEY=VALUE... (or KIND/NAME); KEY- removes.
-        #[arg(required = true, num_args = 2..)]
-        args: Vec<String>,
-        #[arg(short = 'n', long = "namespace")]
-        namespace: Option<String>,
-        #[arg(long)]
-        overwrite: bool,
-    },
+    Label(LabelArgs),
     /// Set or remove annotations, as `kubectl annotate` (same forms as `label`).
-    Annotate {
-        #[arg(required = true, num_args = 2..)]
-        args: Vec<String>,
-        #[arg(short = 'n', long = "namespace")]
-        namespace: Option<String>,
-        #[arg(long)]
-        overwrite: bool,
-    },
+    Annotate(LabelArgs),
     /// Create an object from the command line: `create namespace NAME`.
     #[command(subcommand)]
     Create(CreateCommand),
@@ -416,6 +401,18 @@ enum CreateCommand {
     Namespace { name: String },
 }
 
+/// `label` and `annotate`: the same forms and flags.
+#[derive(clap::Args)]
+struct LabelArgs {
+    /// KIND NAME KEY=VALUE... (or KIND/NAME); KEY- removes.
+    #[arg(required = true, num_args = 2..)]
+    args: Vec<String>,
+    #[arg(short = 'n', long = "namespace")]
+    namespace: Option<String>,
+    #[arg(long)]
+    overwrite: bool,
+}
+
 /// Where `get`, `describe` and `wait` look, with kubectl's flags.
 #[derive(clap::Args)]
 struct ScopeArgs {
@@ -560,8 +557,8 @@ fn main() {
                 cmd::kubectl::GetArgs { resources: &resources, scope: scope.scope()?, output: output.as_deref(), watch },
             ),
             Command::Describe { resources, scope } => cmd::kubectl::describe(&ctx, &resources, scope.scope()?),
-            Command::Label { args, namespace, overwrite } => cmd::kubectl::label(&ctx, &args, namespace.as_deref(), overwrite, false),
-            Command::Annotate { args, namespace, overwrite } => cmd::kubectl::label(&ctx, &args, namespace.as_deref(), overwrite, true),
+            Command::Label(a) => cmd::kubectl::label(&ctx, &a.args, a.namespace.as_deref(), a.overwrite, false),
+            Command::Annotate(a) => cmd::kubectl::label(&ctx, &a.args, a.namespace.as_deref(), a.overwrite, true),
             Command::Create(CreateCommand::Namespace { name }) => cmd::kubectl::create_namespace(&ctx, &name),
             Command::Wait { resources, scope, all, for_, timeout } => {
                 cmd::kubectl::wait(&ctx, cmd::kubectl::WaitArgs { resources: &resources, scope: scope.scope()?, all, for_: &for_, timeout })

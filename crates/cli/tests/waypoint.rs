@@ -93,6 +93,19 @@ fn call(c: &Cluster, from: &str, method: &str, path: &str) -> (String, String) {
     (status.to_string(), body.to_string())
 }
 
+/// The seed policy's refusals at the waypoint: frontend's POST and its GET
+/// of another path, and legacy-service's GET, each 403.
+fn assert_seed_policy_refuses(c: &Cluster) {
+    for (from, method, path) in [
+        ("deploy/frontend", "POST", "/api/v1/invoices"),
+        ("deploy/frontend", "GET", "/api/v1/admin"),
+        ("deploy/legacy-service", "GET", "/api/v1/invoices"),
+    ] {
+        let (status, body) = call(c, from, method, path);
+        assert_eq!((status.as_str(), body.trim_end()), ("403", "RBAC: access denied"), "{method} {path} from {from}");
+    }
+}
+
 #[test]
 fn billing_answers_only_get_invoices_to_frontend_at_the_waypoint() {
     require_root();
@@ -104,14 +117,7 @@ fn billing_answers_only_get_invoices_to_frontend_at_the_waypoint() {
     assert_eq!(status, "200", "{body}");
     let seen: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
     assert!(seen.to_string().contains("billing-service"), "billing answered (its /headers, by the route's rewrite): {seen}");
-    for (from, method, path) in [
-        ("deploy/frontend", "POST", "/api/v1/invoices"),
-        ("deploy/frontend", "GET", "/api/v1/admin"),
-        ("deploy/legacy-service", "GET", "/api/v1/invoices"),
-    ] {
-        let (status, body) = call(&c, from, method, path);
-        assert_eq!((status.as_str(), body.trim_end()), ("403", "RBAC: access denied"), "{method} {path} from {from}");
-    }
+    assert_seed_policy_refuses(&c);
     // Not HTTP is no way around it: the ALLOW names methods and paths, so it
     // allows no TCP connection (Istio's semantics).
     let probe = "import socket\ns = socket.create_connection(('billing-service.production', 8080), timeout=5)\ns.sendall(b'\\x00not http')\ntry:\n    print('answered' if s.recv(100) else 'closed')\nexcept OSError:\n    print('closed')\n";
@@ -263,14 +269,7 @@ fn a_sidecar_era_selector_policy_with_l7_fields_is_enforced_at_the_waypoint() {
     wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
     let (status, body) = call(&c, "deploy/frontend", "GET", "/api/v1/invoices");
     assert_eq!(status, "200", "{body}");
-    for (from, method, path) in [
-        ("deploy/frontend", "POST", "/api/v1/invoices"),
-        ("deploy/frontend", "GET", "/api/v1/admin"),
-        ("deploy/legacy-service", "GET", "/api/v1/invoices"),
-    ] {
-        let (status, body) = call(&c, from, method, path);
-        assert_eq!((status.as_str(), body.trim_end()), ("403", "RBAC: access denied"), "{method} {path} from {from}");
-    }
+    assert_seed_policy_refuses(&c);
     let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
     let log = c.ok(&["logs", "-n", "production", &pod]);
     let denied: Vec<&str> = log.lines().filter(|l| l.contains("code=403") && l.contains("flags=\"RBAC\"")).collect();

@@ -666,9 +666,8 @@ pub fn wait(ctx: &Ctx, a: WaitArgs) -> anyhow::Result<()> {
     for w in &wanted {
         match select(&start, w, &a.scope) {
             Ok(v) => pending.extend(v.into_iter().map(|o| (w.kind, namespace_of(o).to_string(), name_of(o).to_string()))),
-            Err(e) if cond == Condition::Delete => {
-                let _ = e;
-            }
+            // Already gone: deleted.
+            Err(_) if cond == Condition::Delete => {}
             Err(e) => bail!("{e}"),
         }
     }
