@@ -10,6 +10,11 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// mimalloc: per-thread free lists and no arena consolidation on the
+/// request path (docs/architecture.md, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "slipstream",

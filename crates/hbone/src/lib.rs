@@ -13,6 +13,7 @@
 
 mod authority;
 mod client;
+mod coalesce;
 mod connector;
 pub mod copy;
 pub mod drain;

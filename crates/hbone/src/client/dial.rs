@@ -16,6 +16,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::request::PoolKey;
+use crate::coalesce::Coalesce;
 use crate::connector::Connector;
 use crate::error::HboneError;
 use crate::h2config::H2Config;
@@ -31,7 +32,7 @@ impl CertSource for CertManager {
     }
 }
 
-pub(crate) type H2Connection = h2::client::Connection<TlsTap<TlsStream<TcpStream>>, Bytes>;
+pub(crate) type H2Connection = h2::client::Connection<TlsTap<Coalesce<TlsStream<TcpStream>>>, Bytes>;
 
 /// The first TLS error seen on a connection. h2 keeps only the kind and
 /// text of transport errors, so without this a TLS alert (e.g. the server
@@ -68,7 +69,7 @@ pub(crate) async fn dial(
         })?;
 
     let tls_error = TlsErrorSlot::default();
-    let tapped = TlsTap { inner: tls, error: tls_error.clone() };
+    let tapped = TlsTap { inner: Coalesce::new(tls), error: tls_error.clone() };
     let (send, connection) = h2.client_builder().handshake(tapped).await.map_err(|e| HboneError::from_h2(e, addr, tls_error.get()))?;
     Ok((send, connection, tls_error))
 }

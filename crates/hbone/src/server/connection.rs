@@ -21,6 +21,7 @@ use super::handler::ResolveError;
 use super::handshake::{classify_tls, FirstBytes, HandshakeFailure, HandshakeFailureKind, PEEK_LEN};
 use super::inbound::{serve_stream, ConnContext};
 use super::Shared;
+use crate::coalesce::Coalesce;
 use crate::drain::DrainWatch;
 use crate::h2config::keepalive;
 
@@ -157,7 +158,7 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
     };
 
     let builder = shared.config.h2.server_builder(shared.config.max_concurrent_streams);
-    let mut conn = match timeout_at(deadline, builder.handshake::<_, Bytes>(tls)).await {
+    let mut conn = match timeout_at(deadline, builder.handshake::<_, Bytes>(Coalesce::new(tls))).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
             stats.h2_failure();

@@ -5,7 +5,8 @@
 /// glibc keeps freed chunks in its per-thread arenas, so after a burst of
 /// thousands of connections the proxy would stay at its peak resident size
 /// though the connections are gone. Returns whether anything was released;
-/// a no-op with other C libraries.
+/// a no-op with other C libraries and under the binary's mimalloc (which
+/// returns emptied pages by itself).
 pub fn release_free_heap() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -19,7 +20,8 @@ pub fn release_free_heap() -> bool {
     }
 }
 
-/// Keeps bulk-transfer buffers (up to one 1 MiB frame each) in the heap
+/// With glibc malloc (the `slipstream` binary itself runs on mimalloc, where
+/// this does nothing): keeps bulk-transfer buffers (up to one 1 MiB frame each) in the heap
 /// instead of fresh mmaps, and lets up to 8 MiB of free heap stay mapped:
 /// otherwise each new buffer of a fast stream costs 256 page faults and
 /// zeroed pages. Memory freed by many closed connections is still returned,
