@@ -5,7 +5,7 @@
 //! requests, one response per stream), each would reach the socket in its
 //! own TLS record and `writev(2)`, and the kernel's per-write cost (with the
 //! receiver's softirq work, charged to the writer on a local path) is most
-//! of what a small request costs a proxy (docs/waypoint.md, "Profile").
+//! of what a small request costs a proxy (docs/waypoint.md, "Where the time goes").
 //!
 //! [`Coalesce`] sits between h2 and TLS. Small writes are gathered in a
 //! buffer; the first `poll_flush` with something gathered wakes its own task

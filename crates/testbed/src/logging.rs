@@ -212,12 +212,21 @@ impl<S: Subscriber> Layer<S> for RateLimitLayer {
 /// Installs the global subscriber: `SLIPSTREAM_LOG` (an EnvFilter, default
 /// `info`), plain text to stderr, repeated lines rate-limited.
 pub fn init() {
+    init_with_writer(std::io::stderr);
+}
+
+/// [`init`], the lines written by `writer` (the waypoint's, which gathers
+/// them per scheduler pass).
+pub fn init_with_writer<W>(writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLIPSTREAM_LOG").unwrap_or_else(|_| "info".into());
     tracing_subscriber::registry()
         .with(filter)
         .with(RateLimitLayer::new(Limits::default()))
-        .with(tracing_subscriber::fmt::layer().with_ansi(false).with_writer(std::io::stderr))
+        .with(tracing_subscriber::fmt::layer().with_ansi(false).with_writer(writer))
         .init();
 }
 

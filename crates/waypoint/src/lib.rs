@@ -12,6 +12,7 @@
 
 pub mod balance;
 pub mod handler;
+pub mod logbuf;
 pub mod metrics;
 pub mod plan;
 pub mod proxy;

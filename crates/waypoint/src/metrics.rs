@@ -151,6 +151,17 @@ pub struct Metrics {
     duration: Family<RequestLabels, Histogram>,
     request_bytes: Family<RequestLabels, Histogram>,
     response_bytes: Family<RequestLabels, Histogram>,
+    /// The four series of each label set, found with one lookup (instead
+    /// of one per family: 23 labels hashed each time).
+    series: std::sync::Mutex<std::collections::HashMap<RequestLabels, Series>>,
+}
+
+/// One label set's series of the four families (clones share the values).
+struct Series {
+    requests: Counter,
+    duration: Histogram,
+    request_bytes: Histogram,
+    response_bytes: Histogram,
 }
 
 impl Default for Metrics {
@@ -165,16 +176,29 @@ impl Default for Metrics {
         registry.register("istio_request_duration_milliseconds", "Time from the request to the end of its answer", duration.clone());
         registry.register("istio_request_bytes", "Request body sizes", request_bytes.clone());
         registry.register("istio_response_bytes", "Response body sizes", response_bytes.clone());
-        Metrics { registry, requests, duration, request_bytes, response_bytes }
+        Metrics { registry, requests, duration, request_bytes, response_bytes, series: Default::default() }
     }
 }
 
 impl Metrics {
     pub fn observe(&self, l: &RequestLabels, millis: f64, request_bytes: u64, response_bytes: u64) {
-        self.requests.get_or_create(l).inc();
-        self.duration.get_or_create(l).observe(millis);
-        self.request_bytes.get_or_create(l).observe(request_bytes as f64);
-        self.response_bytes.get_or_create(l).observe(response_bytes as f64);
+        let mut all = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let series = match all.get(l) {
+            Some(s) => s,
+            None => {
+                let s = Series {
+                    requests: self.requests.get_or_create(l).clone(),
+                    duration: self.duration.get_or_create(l).clone(),
+                    request_bytes: self.request_bytes.get_or_create(l).clone(),
+                    response_bytes: self.response_bytes.get_or_create(l).clone(),
+                };
+                all.entry(l.clone()).or_insert(s)
+            }
+        };
+        series.requests.inc();
+        series.duration.observe(millis);
+        series.request_bytes.observe(request_bytes as f64);
+        series.response_bytes.observe(response_bytes as f64);
     }
 
     /// Requests counted with these labels (tests).

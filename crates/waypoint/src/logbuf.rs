@@ -1,0 +1,164 @@
+//! The waypoint's log lines (one access-log line per request) gathered per
+//! pass of the runtime's scheduler and written to stderr together.
+//!
+//! A `write(2)` per request was 3 to 5 % of the waypoint's CPU under load
+//! (docs/waypoint.md, "Where the time goes"). A line is appended to a buffer and the
+//! [`flusher`] task is notified; it yields once, so the other requests
+//! answered in the same pass add theirs, then writes the buffer in one call.
+//! Nothing waits for a timer: a line reaches the pod's log a few
+//! microseconds after the request it describes, before its answer's bytes
+//! have left the waypoint's socket (they are gathered the same way,
+//! `hbone::coalesce`).
+//!
+//! Lines are written at once when no flusher runs (before the runtime
+//! starts, after it stops), for warnings and errors, and when 64 KiB are
+//! waiting. [`flush`] writes what is left; the `slipstream waypoint` command
+//! calls it on exit and from its panic hook.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use tokio::sync::Notify;
+use tracing::{Level, Metadata};
+use tracing_subscriber::fmt::MakeWriter;
+
+/// Written at once past this much.
+const HIGH_WATER: usize = 64 * 1024;
+
+static BUFFER: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+static WAITING: Notify = Notify::const_new();
+static FLUSHER: AtomicBool = AtomicBool::new(false);
+
+fn buffer() -> MutexGuard<'static, Vec<u8>> {
+    BUFFER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Writes every gathered line to stderr.
+pub fn flush() {
+    let mut b = buffer();
+    if !b.is_empty() {
+        // Nowhere to report a failed write of the log itself.
+        let _ = std::io::stderr().write_all(&b);
+        b.clear();
+        if b.capacity() > HIGH_WATER * 2 {
+            *b = Vec::new();
+        }
+    }
+}
+
+/// The task that writes the gathered lines once per scheduler pass; runs
+/// until the runtime stops (then lines are written at once again).
+pub async fn flusher() {
+    struct Running;
+    impl Drop for Running {
+        fn drop(&mut self) {
+            FLUSHER.store(false, Ordering::Release);
+            flush();
+        }
+    }
+    FLUSHER.store(true, Ordering::Release);
+    let _running = Running;
+    loop {
+        WAITING.notified().await;
+        tokio::task::yield_now().await;
+        flush();
+    }
+}
+
+/// The `MakeWriter` of the waypoint's log.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Writer;
+
+/// One line being written.
+pub struct Line {
+    at_once: bool,
+}
+
+impl Write for Line {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        buffer().extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if self.at_once || !FLUSHER.load(Ordering::Acquire) || buffer().len() >= HIGH_WATER {
+            flush();
+        } else {
+            WAITING.notify_one();
+        }
+    }
+}
+
+impl<'a> MakeWriter<'a> for Writer {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line { at_once: false }
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Line {
+        Line { at_once: *meta.level() <= Level::WARN }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_are_written_at_once_info_waits_for_the_pass() {
+        // The buffer is process-wide: this is the only test touching it.
+        let info = tracing::Metadata::new(
+            "info",
+            "t",
+            Level::INFO,
+            None,
+            None,
+            None,
+            tracing::field::FieldSet::new(&[], tracing::callsite::Identifier(&CS)),
+            tracing::metadata::Kind::EVENT,
+        );
+        let warn = tracing::Metadata::new(
+            "warn",
+            "t",
+            Level::WARN,
+            None,
+            None,
+            None,
+            tracing::field::FieldSet::new(&[], tracing::callsite::Identifier(&CS)),
+            tracing::metadata::Kind::EVENT,
+        );
+        FLUSHER.store(true, Ordering::Release);
+        {
+            let mut l = Writer.make_writer_for(&info);
+            l.write_all(b"a line\n").unwrap();
+        }
+        assert_eq!(&buffer()[..], b"a line\n", "kept for the flusher");
+        {
+            let mut l = Writer.make_writer_for(&warn);
+            l.write_all(b"a warning\n").unwrap();
+        }
+        assert!(buffer().is_empty(), "a warning writes everything gathered");
+        FLUSHER.store(false, Ordering::Release);
+        {
+            let mut l = Writer.make_writer_for(&info);
+            l.write_all(b"no flusher\n").unwrap();
+        }
+        assert!(buffer().is_empty(), "without a flusher lines are written at once");
+    }
+
+    struct Cs;
+    impl tracing::callsite::Callsite for Cs {
+        fn set_interest(&self, _: tracing::subscriber::Interest) {}
+        fn metadata(&self) -> &tracing::Metadata<'_> {
+            unreachable!()
+        }
+    }
+    static CS: Cs = Cs;
+}
