@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod ipc;
 pub mod logging;
+pub mod logrotate;
 pub mod names;
 pub mod plan;
 pub mod status;

@@ -58,6 +58,10 @@ fn print_file(path: &Path, follow: bool, gone: impl Fn() -> bool) -> anyhow::Res
     let mut out = std::io::stdout().lock();
     let mut pos = 0u64;
     loop {
+        // Rotated (copied and emptied, crate::logrotate): start again.
+        if f.metadata()?.len() < pos {
+            pos = 0;
+        }
         f.seek(SeekFrom::Start(pos))?;
         let mut chunk = Vec::new();
         f.read_to_end(&mut chunk)?;

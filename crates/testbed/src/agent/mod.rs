@@ -76,6 +76,8 @@ pub struct Agent {
     capture: datapath::Capture,
     /// The datapath's flow events, named (empty with nftables).
     flows: flows::FlowLog,
+    /// When the log files' sizes are next looked at (`crate::logrotate`).
+    next_log_check: std::time::Instant,
 }
 
 /// Runs the agent until SIGTERM or a Shutdown request; removes the cluster
@@ -109,6 +111,7 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         unplaceable: BTreeSet::new(),
         capture: datapath::Capture::Nftables { fallback: None },
         flows: flows::FlowLog::default(),
+        next_log_check: std::time::Instant::now(),
         paths,
     };
     match datapath::Capture::choose(cfg.datapath, &agent.paths) {
@@ -420,6 +423,25 @@ impl Agent {
         self.sync_workload_tokens();
         self.sync_mesh();
         self.persist();
+        self.rotate_logs();
+    }
+
+    /// Rotates the cluster's logs that grew past 10 MiB (`crate::logrotate`).
+    fn rotate_logs(&mut self) {
+        let now = std::time::Instant::now();
+        if now < self.next_log_check {
+            return;
+        }
+        self.next_log_check = now + crate::logrotate::CHECK_EVERY;
+        let mut logs = Vec::new();
+        crate::logrotate::logs_under(&self.paths.state_dir, 3, &mut logs);
+        for log in logs {
+            match crate::logrotate::rotate_if_large(&log, crate::logrotate::MAX_BYTES, crate::logrotate::KEEP) {
+                Ok(true) => tracing::info!(log = %log.display(), "log rotated: copied to .1 and emptied (10 MiB reached; 4 copies kept)"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(log = %log.display(), "rotating the log: {e}"),
+            }
+        }
     }
 
     /// Istio ambient's enrolment of pods that already run: a label change

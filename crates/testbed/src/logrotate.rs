@@ -1,0 +1,113 @@
+//! The local cluster's log files rotated as the kubelet rotates container
+//! logs (`containerLogMaxSize` 10 MiB, `containerLogMaxFiles` 5): past
+//! [`MAX_BYTES`] a log is copied to `NAME.1` (the older copies moved to
+//! `NAME.2` .. `NAME.4`, the oldest dropped) and emptied. Without it a
+//! waypoint's access log under load grows by about 300 bytes a request,
+//! 300 MB in a few minutes of a benchmark.
+//!
+//! The writers keep their descriptor (opened with `O_APPEND`, so after the
+//! truncation they write at the new end): this is logrotate's
+//! `copytruncate`, since a pod's process cannot be told to reopen its
+//! stderr. Lines written between the copy and the truncation are lost; at
+//! 10 MiB per rotation that is at most a few lines in millions.
+//! `slipstream logs` shows the current file, as `kubectl logs` does.
+
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A log is rotated once it is this large.
+pub const MAX_BYTES: u64 = 10 << 20;
+/// Rotated copies kept besides the current file.
+pub const KEEP: usize = 4;
+/// How often the agent looks at the sizes.
+pub const CHECK_EVERY: Duration = Duration::from_secs(10);
+
+/// `NAME.n`.
+pub fn numbered(path: &Path, n: usize) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format!(".{n}"));
+    PathBuf::from(s)
+}
+
+/// Rotates `path` when it has reached `max` bytes; whether it did.
+pub fn rotate_if_large(path: &Path, max: u64, keep: usize) -> io::Result<bool> {
+    let len = match fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if len < max || keep == 0 {
+        return Ok(false);
+    }
+    for n in (1..keep).rev() {
+        let from = numbered(path, n);
+        if from.exists() {
+            fs::rename(&from, numbered(path, n + 1))?;
+        }
+    }
+    fs::copy(path, numbered(path, 1))?;
+    OpenOptions::new().write(true).open(path)?.set_len(0)?;
+    Ok(true)
+}
+
+/// The `*.log` files directly in `dir` and in its subdirectories down to
+/// `depth` levels (the pods' logs are `pods/NS/POD/CONTAINER.log`).
+pub fn logs_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() && depth > 0 => logs_under(&p, depth - 1, out),
+            Ok(t) if t.is_file() && p.extension().is_some_and(|x| x == "log") => out.push(p),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_large_log_is_copied_and_emptied_and_its_writer_goes_on_at_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("c.log");
+        let mut writer = OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        writer.write_all(&[b'a'; 100]).unwrap();
+        assert!(!rotate_if_large(&log, 101, 2).unwrap(), "under the size: left alone");
+        writer.write_all(b"b").unwrap();
+        assert!(rotate_if_large(&log, 101, 2).unwrap());
+        assert_eq!(fs::read(numbered(&log, 1)).unwrap().len(), 101);
+        writer.write_all(b"next line\n").unwrap();
+        assert_eq!(fs::read(&log).unwrap(), b"next line\n", "the writer appends at the new end, no hole");
+
+        // Older copies move up; past KEEP they are dropped.
+        fs::write(&log, [b'x'; 200]).unwrap();
+        assert!(rotate_if_large(&log, 101, 2).unwrap());
+        assert_eq!(fs::read(numbered(&log, 2)).unwrap().len(), 101);
+        assert_eq!(fs::read(numbered(&log, 1)).unwrap(), [b'x'; 200]);
+        fs::write(&log, [b'y'; 300]).unwrap();
+        assert!(rotate_if_large(&log, 101, 2).unwrap());
+        assert_eq!(fs::read(numbered(&log, 2)).unwrap(), [b'x'; 200], "the oldest copy was dropped");
+        assert!(!numbered(&log, 3).exists());
+        assert!(!rotate_if_large(&dir.path().join("absent.log"), 1, 2).unwrap());
+    }
+
+    #[test]
+    fn finds_the_logs_of_pods_and_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("pods/ns/p")).unwrap();
+        fs::create_dir_all(dir.path().join("nodes")).unwrap();
+        for f in ["agent.log", "pods/ns/p/c.log", "pods/ns/p/c.log.1", "nodes/node1.log", "objects.json"] {
+            fs::write(dir.path().join(f), "").unwrap();
+        }
+        let mut found = Vec::new();
+        logs_under(dir.path(), 3, &mut found);
+        found.sort();
+        let rel: Vec<_> = found.iter().map(|p| p.strip_prefix(dir.path()).unwrap().to_str().unwrap().to_string()).collect();
+        assert_eq!(rel, ["agent.log", "nodes/node1.log", "pods/ns/p/c.log"]);
+    }
+}
