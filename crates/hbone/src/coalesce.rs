@@ -151,8 +151,7 @@ mod tests {
     fn small_writes_go_out_together_on_the_second_flush() {
         let rec = Recorder::default();
         let mut c = Coalesce::new(rec.clone());
-        let waker = futures_util::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
         for _ in 0..3 {
             assert!(matches!(Pin::new(&mut c).poll_write(&mut cx, &[1; 100]), Poll::Ready(Ok(100))));
         }
@@ -175,8 +174,7 @@ mod tests {
     fn large_writes_pass_through_after_what_is_gathered() {
         let rec = Recorder::default();
         let mut c = Coalesce::new(rec.clone());
-        let waker = futures_util::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
         assert!(Pin::new(&mut c).poll_write(&mut cx, &[1; 9]).is_ready());
         assert!(matches!(Pin::new(&mut c).poll_write(&mut cx, &vec![2; DIRECT]), Poll::Ready(Ok(n)) if n == DIRECT));
         assert_eq!(writes(&rec), [9, DIRECT]);

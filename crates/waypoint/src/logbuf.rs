@@ -114,26 +114,7 @@ mod tests {
     #[test]
     fn warnings_are_written_at_once_info_waits_for_the_pass() {
         // The buffer is process-wide: this is the only test touching it.
-        let info = tracing::Metadata::new(
-            "info",
-            "t",
-            Level::INFO,
-            None,
-            None,
-            None,
-            tracing::field::FieldSet::new(&[], tracing::callsite::Identifier(&CS)),
-            tracing::metadata::Kind::EVENT,
-        );
-        let warn = tracing::Metadata::new(
-            "warn",
-            "t",
-            Level::WARN,
-            None,
-            None,
-            None,
-            tracing::field::FieldSet::new(&[], tracing::callsite::Identifier(&CS)),
-            tracing::metadata::Kind::EVENT,
-        );
+        let (info, warn) = (event(Level::INFO), event(Level::WARN));
         FLUSHER.store(true, Ordering::Release);
         {
             let mut l = Writer.make_writer_for(&info);
@@ -151,6 +132,11 @@ mod tests {
             l.write_all(b"no flusher\n").unwrap();
         }
         assert!(buffer().is_empty(), "without a flusher lines are written at once");
+    }
+
+    fn event(level: Level) -> Metadata<'static> {
+        let fields = tracing::field::FieldSet::new(&[], tracing::callsite::Identifier(&CS));
+        Metadata::new("event", "t", level, None, None, None, fields, tracing::metadata::Kind::EVENT)
     }
 
     struct Cs;
