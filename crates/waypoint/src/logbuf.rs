@@ -72,11 +72,15 @@ pub struct Writer;
 /// One line being written.
 pub struct Line {
     at_once: bool,
+    /// The buffer reached [`HIGH_WATER`] with it.
+    full: bool,
 }
 
 impl Write for Line {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        buffer().extend_from_slice(data);
+        let mut b = buffer();
+        b.extend_from_slice(data);
+        self.full |= b.len() >= HIGH_WATER;
         Ok(data.len())
     }
 
@@ -87,7 +91,7 @@ impl Write for Line {
 
 impl Drop for Line {
     fn drop(&mut self) {
-        if self.at_once || !FLUSHER.load(Ordering::Acquire) || buffer().len() >= HIGH_WATER {
+        if self.at_once || self.full || !FLUSHER.load(Ordering::Acquire) {
             flush();
         } else {
             WAITING.notify_one();
@@ -99,11 +103,11 @@ impl<'a> MakeWriter<'a> for Writer {
     type Writer = Line;
 
     fn make_writer(&'a self) -> Line {
-        Line { at_once: false }
+        Line { at_once: false, full: false }
     }
 
     fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Line {
-        Line { at_once: *meta.level() <= Level::WARN }
+        Line { at_once: *meta.level() <= Level::WARN, full: false }
     }
 }
 
