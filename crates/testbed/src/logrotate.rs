@@ -9,8 +9,12 @@
 //! truncation they write at the new end): this is logrotate's
 //! `copytruncate`, since a pod's process cannot be told to reopen its
 //! stderr. Lines written between the copy and the truncation are lost; at
-//! 10 MiB per rotation that is at most a few lines in millions.
-//! `slipstream logs` shows the current file, as `kubectl logs` does.
+//! 10 MiB per rotation that is at most a few lines in millions. The copy
+//! keeps at most the last 20 MiB (from a whole line): a pod that writes faster than
+//! the agent looks loses its oldest lines rather than making the agent copy
+//! all it wrote. What it writes between two checks still lands on disk
+//! first, as with the kubelet. `slipstream logs` shows the current file, as
+//! `kubectl logs` does.
 
 use std::fs::{self, OpenOptions};
 use std::io;
@@ -47,9 +51,26 @@ pub fn rotate_if_large(path: &Path, max: u64, keep: usize) -> io::Result<bool> {
             fs::rename(&from, numbered(path, n + 1))?;
         }
     }
-    fs::copy(path, numbered(path, 1))?;
+    copy_tail(path, &numbered(path, 1), max.saturating_mul(2))?;
     OpenOptions::new().write(true).open(path)?.set_len(0)?;
     Ok(true)
+}
+
+/// Copies the last `max` bytes of `from` (from the first whole line in
+/// them) to `to`. A pod that floods its stdout between two checks makes
+/// the agent copy at most `max` bytes, never the whole flood; a log found
+/// a little past the size (the usual case) is copied whole.
+fn copy_tail(from: &Path, to: &Path, max: u64) -> io::Result<()> {
+    use std::io::{BufRead, Read, Seek, SeekFrom};
+    let mut src = fs::File::open(from)?;
+    let start = src.metadata()?.len().saturating_sub(max);
+    src.seek(SeekFrom::Start(start))?;
+    let mut src = io::BufReader::new(src).take(max);
+    if start > 0 {
+        src.read_until(b'\n', &mut Vec::new())?;
+    }
+    io::copy(&mut src, &mut fs::File::create(to)?)?;
+    Ok(())
 }
 
 /// The `*.log` files directly in `dir` and in its subdirectories down to
@@ -94,6 +115,18 @@ mod tests {
         assert_eq!(fs::read(numbered(&log, 2)).unwrap(), [b'x'; 200], "the oldest copy was dropped");
         assert!(!numbered(&log, 3).exists());
         assert!(!rotate_if_large(&dir.path().join("absent.log"), 1, 2).unwrap());
+    }
+
+    #[test]
+    fn a_flood_past_the_size_keeps_only_its_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("c.log");
+        let lines: String = (0..100).map(|i| format!("line {i:03}\n")).collect();
+        fs::write(&log, &lines).unwrap();
+        assert!(rotate_if_large(&log, 25, 1).unwrap());
+        let kept = "line 095\nline 096\nline 097\nline 098\nline 099\n";
+        assert_eq!(fs::read_to_string(numbered(&log, 1)).unwrap(), kept, "the last 50 bytes (twice the size), from a whole line");
+        assert_eq!(fs::read(&log).unwrap().len(), 0);
     }
 
     #[test]
