@@ -185,8 +185,10 @@ enum Command {
     Create(CreateCommand),
     /// Wait for a condition, as `kubectl wait`: `wait --for=condition=Ready
     /// pod --all -n NS --timeout=120s`, `wait --for=condition=Available
-    /// deploy/web`, `wait --for=delete pod/web`. Prints `pod/NAME condition
-    /// met` for each; exit code 1 at the timeout, naming what did not.
+    /// deploy/web`, `wait --for=condition=Programmed gtw/waypoint` (any
+    /// condition of the object's status), `wait --for=delete pod/web`.
+    /// Prints `pod/NAME condition met` for each; exit code 1 at the
+    /// timeout, naming what did not.
     Wait {
         #[arg(required = true)]
         resources: Vec<String>,
@@ -409,8 +411,9 @@ enum CreateCommand {
 /// `label` and `annotate`: the same forms and flags.
 #[derive(clap::Args)]
 struct LabelArgs {
-    /// KIND NAME KEY=VALUE... (or KIND/NAME); KEY- removes.
-    #[arg(required = true, num_args = 2..)]
+    /// KIND NAME KEY=VALUE... (or KIND/NAME); KEY- removes. Flags may come
+    /// between them, as kubectl allows (`label svc x -n ns k=v`).
+    #[arg(required = true, num_args = 1..)]
     args: Vec<String>,
     #[arg(short = 'n', long = "namespace")]
     namespace: Option<String>,
@@ -613,5 +616,20 @@ mod tool_words {
         );
         assert_eq!(v(&["slipstream", "waypoint"]), ["slipstream", "waypoint"], "only under the tools' names");
         assert_eq!(v(&["hubble", "observe", "-f"]), ["hubble", "observe", "-f"]);
+    }
+
+    #[test]
+    fn label_takes_flags_between_its_words() {
+        use clap::Parser;
+        for argv in [
+            &["slipstream", "label", "svc", "x", "-n", "ns", "k=v", "--overwrite"][..],
+            &["slipstream", "label", "-n", "ns", "svc", "x", "k=v"],
+            &["slipstream", "annotate", "svc/x", "--overwrite", "k=v", "-n", "ns"],
+        ] {
+            let cli = super::Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let (super::Command::Label(a) | super::Command::Annotate(a)) = cli.command else { panic!("{argv:?}") };
+            assert_eq!(a.namespace.as_deref(), Some("ns"), "{argv:?}");
+            assert_eq!(a.args.last().map(String::as_str), Some("k=v"), "{argv:?}");
+        }
     }
 }

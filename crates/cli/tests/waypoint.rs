@@ -36,6 +36,11 @@ fn bookinfo_canary_through_a_waypoint_and_fail_closed_without_it() {
     wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
     let wp = &c.pods("waypoint-")[0];
     assert_eq!(wp["meshed"], false, "the waypoint is not captured by a node proxy: {wp}");
+    // Its Gateway is Programmed, as Gateway API users wait for it.
+    let waited = c.ok(&["wait", "--for=condition=Programmed", "gtw/waypoint", "-n", "bookinfo", "--timeout", "30s"]);
+    assert!(waited.contains("gateway.gateway.networking.k8s.io/waypoint condition met"), "{waited}");
+    let gtw = c.ok(&["get", "gtw", "waypoint", "-n", "bookinfo"]);
+    assert!(gtw.lines().next().is_some_and(|h| h.ends_with("PROGRAMMED")) && gtw.contains("True"), "{gtw}");
 
     let n = 1000;
     let (code, out) = reviews(&c, n);
@@ -81,6 +86,14 @@ fn bookinfo_canary_through_a_waypoint_and_fail_closed_without_it() {
                 .contains("reviews.bookinfo.svc.cluster.local is bound to waypoint bookinfo/waypoint, which does not take this traffic")
         })
     });
+    // The Service says so, as Istio's condition (its reason, the waypoint).
+    let svc: serde_json::Value = serde_json::from_str(&c.ok(&["get", "svc", "reviews", "-n", "bookinfo", "-o", "json"])).unwrap();
+    let bound = svc["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "istio.io/WaypointBound"))
+        .unwrap_or_else(|| panic!("no istio.io/WaypointBound on reviews: {svc}"));
+    assert_eq!((bound["status"].as_str(), bound["reason"].as_str()), (Some("False"), Some("WaypointNotFound")), "{bound}");
+    assert!(bound["message"].as_str().unwrap_or("").contains("bookinfo/waypoint"), "{bound}");
     c.down();
 }
 

@@ -353,7 +353,10 @@ fn row(k: &Kind, o: &Value, st: &slipstream_testbed::status::ClusterStatus, wide
         "Gateway" => vec![
             name,
             o["spec"]["gatewayClassName"].as_str().unwrap_or("").to_string(),
-            st.services.iter().find(|s| s.namespace == namespace_of(o) && s.name == name_of(o)).map(|s| s.vip.clone()).unwrap_or_default(),
+            o["status"]["addresses"][0]["value"].as_str().unwrap_or("").to_string(),
+            // kubectl's column: the Programmed condition, Unknown when no
+            // controller wrote one (a class other than istio-waypoint).
+            status_condition(o, "Programmed").map_or("Unknown", |c| if c { "True" } else { "False" }).to_string(),
         ],
         _ => vec![name],
     }
@@ -365,7 +368,7 @@ fn header(k: &Kind, wide: bool) -> Vec<&'static str> {
         "Service" => vec!["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)"],
         "Deployment" => vec!["NAME", "READY", "UP-TO-DATE", "AVAILABLE"],
         "Namespace" => vec!["NAME", "STATUS"],
-        "Gateway" => vec!["NAME", "CLASS", "ADDRESS"],
+        "Gateway" => vec!["NAME", "CLASS", "ADDRESS", "PROGRAMMED"],
         _ => vec!["NAME"],
     };
     if wide {
@@ -609,7 +612,8 @@ pub fn delete(ctx: &Ctx, resources: &[String], namespace: Option<&str>, ignore_n
 /// What `wait --for` waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Condition {
-    /// `condition=NAME[=value]`: Ready (pods), Available (deployments).
+    /// `condition=NAME[=value]`: Ready (pods), Available (deployments), or
+    /// any condition in the object's `status.conditions` (Programmed).
     Condition(String, bool),
     Delete,
 }
@@ -623,10 +627,20 @@ pub fn condition(s: &str) -> Result<Condition, String> {
         Some((n, v)) => (n, v.eq_ignore_ascii_case("true")),
         None => (c, true),
     };
-    if !["ready", "available", "podscheduled", "initialized", "containersready"].contains(&name.to_ascii_lowercase().as_str()) {
-        return Err(format!("unrecognized condition {name:?}: pods have Ready, deployments Available"));
+    if name.is_empty() {
+        return Err("condition=NAME needs a name (pods have Ready, deployments Available, waypoint Gateways Programmed)".into());
     }
     Ok(Condition::Condition(name.to_string(), value))
+}
+
+/// The `status.conditions` entry of that type (kubectl compares types
+/// without case), as a boolean; None when there is none.
+fn status_condition(o: &Value, type_: &str) -> Option<bool> {
+    o["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"].as_str().is_some_and(|t| t.eq_ignore_ascii_case(type_)))
+        .map(|c| c["status"] == "True")
 }
 
 fn holds(k: &Kind, o: &Value, name: &str, want: bool) -> bool {
@@ -638,7 +652,10 @@ fn holds(k: &Kind, o: &Value, name: &str, want: bool) -> bool {
         ("Deployment", "available") => {
             o["status"]["availableReplicas"].as_u64().unwrap_or(0) >= o["spec"]["replicas"].as_u64().unwrap_or(1)
         }
-        _ => false,
+        // Any other condition as the object's status states it (a waypoint
+        // Gateway's Programmed, a Service's istio.io/WaypointBound); one
+        // that is absent holds neither way, as kubectl waits on it.
+        _ => return status_condition(o, name) == Some(want),
     };
     is == want
 }
@@ -786,6 +803,21 @@ mod tests {
         assert_eq!(condition("condition=Ready=false"), Ok(Condition::Condition("Ready".into(), false)));
         assert_eq!(condition("delete"), Ok(Condition::Delete));
         assert!(condition("jsonpath={.status}").is_err());
+        assert!(condition("condition=").is_err());
+        assert_eq!(condition("condition=programmed"), Ok(Condition::Condition("programmed".into(), true)));
+    }
+
+    #[test]
+    fn other_conditions_are_read_from_the_status() {
+        let k = KINDS.iter().find(|k| k.kind == "Gateway").unwrap();
+        let gw = serde_json::json!({"kind": "Gateway", "status": {"conditions": [
+            {"type": "Accepted", "status": "True"}, {"type": "Programmed", "status": "False"}]}});
+        assert!(holds(k, &gw, "accepted", true));
+        assert!(holds(k, &gw, "Programmed", false));
+        assert!(!holds(k, &gw, "Programmed", true));
+        // Absent: holds neither way (kubectl keeps waiting).
+        assert!(!holds(k, &gw, "Ready", true) && !holds(k, &gw, "Ready", false));
+        assert_eq!(status_condition(&gw, "programmed"), Some(false));
     }
 
     #[test]

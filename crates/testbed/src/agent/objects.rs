@@ -150,6 +150,7 @@ pub fn api_view(store: &Store, pods: &[&PodRuntime], nodes: &[Node], vips: &Vips
             _ => {}
         }
     }
+    status::add(&mut out);
     out
 }
 
@@ -420,5 +421,6 @@ fn remove_others(dir: &Path, wanted: &BTreeMap<PathBuf, String>) -> io::Result<u
     Ok(removed)
 }
 
+pub mod status;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,228 @@
+//! What the controllers write on the objects the API view serves, as
+//! Istio's gateway and ambient controllers write them on Kubernetes:
+//!
+//! - a waypoint Gateway (class `istio-waypoint`): `status.addresses` (its
+//!   Service's ClusterIP) and the conditions `Accepted` (it passed `apply`,
+//!   which refuses an invalid one naming the field) and `Programmed` (a pod
+//!   of it is ready, so traffic bound to it flows), which `get gateway`
+//!   shows as PROGRAMMED and `wait --for=condition=Programmed` waits for;
+//! - a Service that asks for a waypoint: the condition
+//!   `istio.io/WaypointBound`, `True` (`WaypointAccepted`) or `False` with
+//!   the reason its traffic is refused (`WaypointNotFound`,
+//!   `WaypointIsNotReady`, `UnsupportedTrafficType`, `AttachmentDenied`).
+//!
+//! The binding is decided by the control plane's own pure function
+//! (`control::translate::waypoint::bind`), so what `get` says is what the
+//! node proxies were told. Pure: objects in, the same objects with their
+//! status out.
+
+use serde_json::{json, Value};
+use slipstream_control::translate::waypoint::{self as wp, Binding, Traffic, Waypoint};
+use slipstream_k8s::Labels;
+
+/// The condition Istio writes on a Service bound (or refused) to a waypoint.
+pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
+
+fn labels_of(o: &Value) -> Labels {
+    o["metadata"]["labels"]
+        .as_object()
+        .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+        .unwrap_or_default()
+}
+
+fn str_of<'a>(o: &'a Value, pointer: &str) -> &'a str {
+    o.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+fn condition(type_: &str, ok: bool, reason: &str, message: &str) -> Value {
+    json!({"type": type_, "status": if ok { "True" } else { "False" }, "reason": reason, "message": message})
+}
+
+/// A pod of Gateway `ns/name` is ready.
+fn gateway_ready(objects: &[Value], ns: &str, name: &str) -> bool {
+    objects.iter().any(|p| {
+        p["kind"] == "Pod"
+            && str_of(p, "/metadata/namespace") == ns
+            && p["metadata"]["labels"][wp::GATEWAY_NAME_LABEL].as_str() == Some(name)
+            && p["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+    })
+}
+
+/// The waypoints, as binding sees them.
+fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "Gateway")
+        .filter_map(|o| {
+            let Ok(Some(slipstream_control::objects::ClusterObject::Opaque(g))) = slipstream_control::objects::parse_value(o.clone())
+            else {
+                return None;
+            };
+            let wp::GatewayInput::Waypoint { takes, allowed } = wp::gateway(&g).ok()? else { return None };
+            let (ns, name) = (str_of(o, "/metadata/namespace"), str_of(o, "/metadata/name"));
+            Some(Waypoint { name: name.into(), namespace: ns.into(), takes, allowed, ready: gateway_ready(objects, ns, name) })
+        })
+        .collect()
+}
+
+/// Writes the controllers' status on `objects` (see the module's doc).
+pub fn add(objects: &mut [Value]) {
+    let waypoints = waypoints(objects);
+    let namespace_labels = |objects: &[Value], ns: &str| {
+        objects.iter().find(|o| o["kind"] == "Namespace" && str_of(o, "/metadata/name") == ns).map(labels_of).unwrap_or_default()
+    };
+    let mut updates: Vec<(usize, Value)> = Vec::new();
+    for (i, o) in objects.iter().enumerate() {
+        let (ns, name) = (str_of(o, "/metadata/namespace"), str_of(o, "/metadata/name"));
+        match o["kind"].as_str() {
+            Some("Gateway") => {
+                let Some(w) = waypoints.iter().find(|w| w.namespace == ns && w.name == name) else { continue };
+                let ip = objects
+                    .iter()
+                    .find(|s| s["kind"] == "Service" && str_of(s, "/metadata/namespace") == ns && str_of(s, "/metadata/name") == name)
+                    .map(|s| str_of(s, "/spec/clusterIP"))
+                    .filter(|ip| !ip.is_empty() && *ip != "None");
+                let programmed = if w.ready {
+                    condition(
+                        "Programmed",
+                        true,
+                        "Programmed",
+                        &format!("Resource programmed, assigned to service(s) {}:{}", w.hostname(), wp::HBONE_LISTENER_PORT),
+                    )
+                } else {
+                    condition("Programmed", false, "Pending", &format!("no pod of Deployment {ns}/{name} is ready yet"))
+                };
+                let mut status = json!({
+                    "conditions": [condition("Accepted", true, "Accepted", "Resource accepted"), programmed],
+                });
+                if let Some(ip) = ip {
+                    status["addresses"] = json!([{"type": "IPAddress", "value": ip}]);
+                }
+                updates.push((i, status));
+            }
+            Some("Service") => {
+                let own = labels_of(o);
+                let is_waypoint = own.contains_key(wp::GATEWAY_NAME_LABEL);
+                let c = match wp::bind(Traffic::Service, ns, &own, &namespace_labels(objects, ns), is_waypoint, &waypoints) {
+                    Binding::None => continue,
+                    Binding::Bound { namespace, name, .. } => {
+                        condition(WAYPOINT_BOUND, true, "WaypointAccepted", &format!("bound to {namespace}/{name}"))
+                    }
+                    Binding::Refused { namespace, name, why, .. } => condition(
+                        WAYPOINT_BOUND,
+                        false,
+                        why.reason(),
+                        &format!("waypoint {namespace}/{name}: {}; traffic to this service is refused until it is", refusal(&why)),
+                    ),
+                };
+                updates.push((i, json!({"conditions": [c]})));
+            }
+            _ => {}
+        }
+    }
+    for (i, status) in updates {
+        let o = &mut objects[i];
+        match o.get_mut("status").and_then(Value::as_object_mut) {
+            Some(existing) => {
+                if let Value::Object(add) = status {
+                    existing.extend(add);
+                }
+            }
+            None => o["status"] = status,
+        }
+    }
+}
+
+fn refusal(why: &wp::NotBound) -> &'static str {
+    match why {
+        wp::NotBound::NotFound => "no Gateway of class istio-waypoint by that name",
+        wp::NotBound::NotReady => "no pod of it is ready",
+        wp::NotBound::WrongTraffic => "it does not take service traffic (istio.io/waypoint-for)",
+        wp::NotBound::NotAllowed => "its listener does not allow this namespace (allowedRoutes)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns(name: &str, labels: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+    }
+    fn svc(ns: &str, name: &str, labels: Value, ip: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns, "labels": labels},
+               "spec": {"clusterIP": ip, "ports": [{"port": 80}]}})
+    }
+    fn gateway(ns: &str, name: &str, class: &str) -> Value {
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": name, "namespace": ns},
+               "spec": {"gatewayClassName": class, "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}})
+    }
+    fn pod(ns: &str, name: &str, gateway: &str, ready: bool) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns,
+               "labels": {wp::GATEWAY_NAME_LABEL: gateway}},
+               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+    }
+    fn cond<'a>(o: &'a Value, type_: &str) -> Option<&'a Value> {
+        o["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+    }
+    fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+        objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == name).unwrap()
+    }
+
+    fn cluster(ready: bool) -> Vec<Value> {
+        vec![
+            ns("shop", json!({"istio.io/use-waypoint": "waypoint"})),
+            gateway("shop", "waypoint", "istio-waypoint"),
+            gateway("shop", "ingress", "istio"),
+            svc("shop", "waypoint", json!({wp::GATEWAY_NAME_LABEL: "waypoint"}), "10.96.0.9"),
+            pod("shop", "waypoint-abc", "waypoint", ready),
+            svc("shop", "reviews", json!({}), "10.96.0.10"),
+            svc("shop", "ratings", json!({"istio.io/use-waypoint": "none"}), "10.96.0.11"),
+            svc("shop", "cart", json!({"istio.io/use-waypoint": "missing"}), "10.96.0.12"),
+        ]
+    }
+
+    #[test]
+    fn a_ready_waypoint_is_programmed_and_its_services_bound() {
+        let mut objects = cluster(true);
+        add(&mut objects);
+        let gw = find(&objects, "Gateway", "waypoint");
+        assert_eq!(cond(gw, "Accepted").unwrap()["status"], "True");
+        let p = cond(gw, "Programmed").unwrap();
+        assert_eq!(p["status"], "True");
+        assert!(p["message"].as_str().unwrap().contains("waypoint.shop.svc.cluster.local:15008"), "{p}");
+        assert_eq!(gw["status"]["addresses"], json!([{"type": "IPAddress", "value": "10.96.0.9"}]));
+        // A Gateway of another class has no controller here: no status.
+        assert!(find(&objects, "Gateway", "ingress").get("status").is_none());
+        // Bound through the namespace's label.
+        let b = cond(find(&objects, "Service", "reviews"), WAYPOINT_BOUND).unwrap();
+        assert_eq!((b["status"].as_str(), b["reason"].as_str()), (Some("True"), Some("WaypointAccepted")));
+        assert_eq!(b["message"], "bound to shop/waypoint");
+        // Opted out, and the waypoint's own Service: no condition.
+        assert!(cond(find(&objects, "Service", "ratings"), WAYPOINT_BOUND).is_none());
+        assert!(cond(find(&objects, "Service", "waypoint"), WAYPOINT_BOUND).is_none());
+        // A waypoint that does not exist: refused, and said so.
+        let m = cond(find(&objects, "Service", "cart"), WAYPOINT_BOUND).unwrap();
+        assert_eq!((m["status"].as_str(), m["reason"].as_str()), (Some("False"), Some("WaypointNotFound")));
+        assert!(m["message"].as_str().unwrap().contains("shop/missing"), "{m}");
+    }
+
+    #[test]
+    fn a_waypoint_without_a_ready_pod_is_not_programmed_and_binds_nothing() {
+        let mut objects = cluster(false);
+        add(&mut objects);
+        let p = cond(find(&objects, "Gateway", "waypoint"), "Programmed").unwrap();
+        assert_eq!((p["status"].as_str(), p["reason"].as_str()), (Some("False"), Some("Pending")));
+        let b = cond(find(&objects, "Service", "reviews"), WAYPOINT_BOUND).unwrap();
+        assert_eq!((b["status"].as_str(), b["reason"].as_str()), (Some("False"), Some("WaypointIsNotReady")));
+    }
+
+    #[test]
+    fn a_waypoint_for_workloads_only_refuses_a_service() {
+        let mut objects = cluster(true);
+        objects[1]["metadata"]["labels"] = json!({"istio.io/waypoint-for": "workload"});
+        add(&mut objects);
+        let b = cond(find(&objects, "Service", "reviews"), WAYPOINT_BOUND).unwrap();
+        assert_eq!(b["reason"], "UnsupportedTrafficType");
+    }
+}
