@@ -298,6 +298,15 @@ fn a_sidecar_era_selector_policy_with_l7_fields_is_enforced_at_the_waypoint() {
         &["curl", "-sS", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}", &format!("http://{billing_ip}:8080/api/v1/invoices")],
     );
     assert!(code != 0 && out.trim() != "200", "the pod answered around its waypoint: {code} {out}");
+    // `policy check` gives that same L4 answer and says which rule it
+    // could not decide at L4.
+    let o = c.run(&["policy", "check", "--from", "production/deploy/frontend", "--to", "production/deploy/billing-service:8080"]);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && out.starts_with("DENY"), "{out}{err}");
+    assert!(
+        err.contains("warning: AuthorizationPolicy production/billing-invoices-only: spec.rules[0] name L7 attributes"),
+        "no L7 warning from policy check:\n{out}{err}"
+    );
     c.down();
 }
 

@@ -275,7 +275,7 @@ impl Scope {
     }
 }
 
-fn objects(ctx: &Ctx) -> anyhow::Result<Vec<Value>> {
+pub(crate) fn objects(ctx: &Ctx) -> anyhow::Result<Vec<Value>> {
     match ctx.call(&Request::Objects, Duration::from_secs(10))? {
         Response::Objects { items } => Ok(items),
         other => bail!("unexpected answer from the agent: {other:?}"),

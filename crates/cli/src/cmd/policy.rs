@@ -11,6 +11,7 @@
 
 use crate::common::{self, Ctx};
 use anyhow::{bail, Context};
+use slipstream_control::objects::ClusterObject;
 use slipstream_core::policy::engine::{self, Answer, PodName, Question};
 use slipstream_core::policy::LayerVerdict;
 use slipstream_core::{MeshConfig, MeshState};
@@ -46,7 +47,8 @@ fn state_of_node(ctx: &Ctx, node: Option<&str>) -> anyhow::Result<MeshConfig> {
     serde_json::from_value(cfg).context("the node proxy's config dump does not hold a mesh configuration")
 }
 
-fn state_of_files(files: &[PathBuf]) -> anyhow::Result<MeshConfig> {
+/// The manifests of `files`, as one text.
+fn read_files(files: &[PathBuf]) -> anyhow::Result<String> {
     let mut text = String::new();
     for f in files {
         let t = if f.as_os_str() == "-" {
@@ -66,7 +68,11 @@ fn state_of_files(files: &[PathBuf]) -> anyhow::Result<MeshConfig> {
         text.push_str(&t);
         text.push_str("\n---\n");
     }
-    slipstream_control::index::mesh_from_manifests(&text, Default::default()).map_err(|errs| {
+    Ok(text)
+}
+
+fn state_of_files(text: &str) -> anyhow::Result<MeshConfig> {
+    slipstream_control::index::mesh_from_manifests(text, Default::default()).map_err(|errs| {
         let lines: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
         anyhow::anyhow!("the manifests were refused:\n{}", lines.join("\n"))
     })
@@ -78,16 +84,80 @@ pub fn check(ctx: &Ctx, from: &str, to: &str, files: &[PathBuf], node: Option<&s
     }
     let from: PodName = from.parse().map_err(|e| anyhow::anyhow!("--from {e}"))?;
     let (to, port) = parse_target(to)?;
-    let cfg = if files.is_empty() { state_of_node(ctx, node)? } else { state_of_files(files)? };
+    let text = if files.is_empty() { None } else { Some(read_files(files)?) };
+    let cfg = match &text {
+        None => state_of_node(ctx, node)?,
+        Some(t) => state_of_files(t)?,
+    };
     let (state, refused) = MeshState::from_config(&cfg);
     for r in refused {
         eprintln!("warning: a resource of the state was refused: {r}");
     }
     let answer = engine::check(&state, &Question { from, to, port })?;
-    match output {
+    // The objects the policies came from, for what this L4 answer cannot
+    // say: the manifests given, or the cluster's.
+    let objects: Vec<ClusterObject> = match &text {
+        Some(t) => slipstream_control::objects::parse_manifests(t).unwrap_or_default(),
+        None => crate::cmd::kubectl::objects(ctx)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| slipstream_control::objects::parse_value(v).ok().flatten())
+            .collect(),
+    };
+    let printed = match output {
         "json" => common::out(&format!("{}\n", serde_json::to_string_pretty(&answer)?)),
         _ => common::out(&human(&answer)),
+    };
+    for w in l7_warnings(&objects, &answer.to) {
+        eprintln!("warning: {w}");
     }
+    printed
+}
+
+/// The AuthorizationPolicies bound by selector (or namespace-wide, or
+/// mesh-wide from the root namespace) to the destination pod whose rules
+/// name L7 attributes: the answer above gives them the node proxy's L4
+/// fail-safe meaning, as `apply` warns. Pure, for tests.
+pub fn l7_warnings(objects: &[ClusterObject], to: &PodName) -> Vec<String> {
+    use slipstream_control::objects::{Kind, ObjectRef};
+    let labels = objects
+        .iter()
+        .find_map(|o| match o {
+            ClusterObject::Pod(p)
+                if p.metadata.namespace.as_deref() == Some(to.namespace.as_str())
+                    && p.metadata.name.as_deref() == Some(to.name.as_str()) =>
+            {
+                Some(p.metadata.labels.clone().unwrap_or_default())
+            }
+            _ => None,
+        })
+        .unwrap_or_default();
+    objects
+        .iter()
+        .filter_map(|o| match o {
+            ClusterObject::AuthorizationPolicy(p) => Some(p),
+            _ => None,
+        })
+        .filter(|p| {
+            let ns = p.metadata.namespace.as_deref().unwrap_or("");
+            (ns == to.namespace || ns == slipstream_core::ROOT_NAMESPACE)
+                && p.spec.selector.as_ref().is_none_or(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+        })
+        .filter_map(|p| {
+            let (ns, name) = (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));
+            let rules =
+                slipstream_control::translate::authorization::l7_rules_at_l4(p, &ObjectRef::new(Kind::AuthorizationPolicy, ns, name));
+            (!rules.is_empty()).then(|| {
+                format!(
+                    "AuthorizationPolicy {ns}/{name}: {} name L7 attributes (methods, paths, hosts, headers or request conditions); \
+                     this answer is the node proxy's, which gives them their L4 fail-safe meaning (an ALLOW rule that needs them \
+                     matches nothing; a DENY rule denies on its L4 part), as for a connection addressed to the pod. Requests through a \
+                     waypoint (to a Service bound to one) are decided there with the whole rule (docs/waypoint.md, \"Policy\")",
+                    rules.join(", ")
+                )
+            })
+        })
+        .collect()
 }
 
 fn layer(l: &LayerVerdict) -> String {
@@ -108,4 +178,59 @@ pub fn human(a: &Answer) -> String {
         out.push_str(&format!("  (dry-run {d} would have matched)\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OBJECTS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: billing-0, namespace: production, labels: {app: billing}}
+spec: {containers: [{name: app, image: x}]}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: by-selector, namespace: production}
+spec:
+  selector: {matchLabels: {app: billing}}
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/production/sa/frontend"]}}]
+  - to: [{operation: {methods: ["GET"], paths: ["/api/v1/invoices*"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: other-app, namespace: production}
+spec:
+  selector: {matchLabels: {app: ledger}}
+  rules: [{to: [{operation: {methods: ["GET"]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: at-the-waypoint, namespace: production}
+spec:
+  targetRefs: [{kind: Service, group: "", name: billing}]
+  rules: [{to: [{operation: {methods: ["GET"]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: mesh-wide, namespace: istio-system}
+spec:
+  action: DENY
+  rules: [{to: [{operation: {paths: ["/admin"]}}]}]
+"#;
+
+    #[test]
+    fn l7_rules_of_the_destinations_selector_policies_are_named() {
+        let objects = slipstream_control::objects::parse_manifests(OBJECTS).unwrap();
+        let to = PodName { namespace: "production".into(), name: "billing-0".into() };
+        let w = l7_warnings(&objects, &to);
+        assert_eq!(w.len(), 2, "{w:#?}");
+        assert!(w[0].starts_with("AuthorizationPolicy production/by-selector: spec.rules[1] name L7"), "{}", w[0]);
+        assert!(w[1].starts_with("AuthorizationPolicy istio-system/mesh-wide: spec.rules[0]"), "{}", w[1]);
+        // Another namespace's pod: only the mesh-wide one.
+        let elsewhere = PodName { namespace: "shop".into(), name: "web".into() };
+        assert_eq!(l7_warnings(&objects, &elsewhere).len(), 1);
+    }
 }
