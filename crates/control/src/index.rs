@@ -58,7 +58,7 @@ impl Default for IndexSettings {
         IndexSettings {
             cluster_id: "Kubernetes".into(),
             trust_domain: slipstream_core::DEFAULT_TRUST_DOMAIN.into(),
-            domain_suffix: "cluster.local".into(),
+            domain_suffix: crate::translate::DEFAULT_DOMAIN_SUFFIX.into(),
             root_namespace: slipstream_core::ROOT_NAMESPACE.into(),
         }
     }
@@ -270,7 +270,7 @@ impl Index {
         match event {
             ObjectEvent::Upsert(o) => {
                 let r = o.object_ref();
-                let input = translate::input_with_root(&o, &self.settings.root_namespace)?;
+                let input = translate::input_with_root(&o, &self.settings.root_namespace, &self.settings.domain_suffix)?;
                 self.upsert(&r, input, &mut batch);
             }
             ObjectEvent::Delete(r) => self.delete(&r, &mut batch),
@@ -627,7 +627,7 @@ impl Index {
             let key = ResourceKey::new(TypeUrl::Route, &format!("{ns_name}/{hostname}"));
             let resource = self.namespaces.get(&ns_name).and_then(|ns| Some((ns, ns.services.get(&name)?))).and_then(|(ns, svc)| {
                 let routes: Vec<&crate::translate::http_route::HttpRouteInput> = ns.http_routes.values().collect();
-                let mut compiled = crate::translate::http_route::compile(&routes, &ns_name, &name, &hostname);
+                let mut compiled = crate::translate::http_route::compile(&routes, &ns_name, &name, &hostname, &self.settings.domain_suffix);
                 let service_key = format!("{ns_name}/{hostname}");
                 // HTTPRoutes first (Gateway API is what the waypoint is
                 // for); without them, the oldest VirtualService naming

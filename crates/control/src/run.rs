@@ -97,6 +97,12 @@ pub struct ControlArgs {
     /// Policies of this namespace apply mesh-wide.
     #[arg(long, default_value = slipstream_core::ROOT_NAMESPACE)]
     pub root_namespace: String,
+    /// The cluster's DNS domain (istiod's `--domain`, the kubelet's
+    /// `clusterDomain`): Services are `<name>.<namespace>.svc.<it>` in the
+    /// workload API, and a VirtualService or DestinationRule host may be
+    /// written that way.
+    #[arg(long, env = "SLIPSTREAM_CONTROL_DOMAIN_SUFFIX", default_value = crate::translate::DEFAULT_DOMAIN_SUFFIX, value_parser = parse_domain_suffix)]
+    pub domain_suffix: String,
     /// The certificate service: the CA material, lifetimes, and which
     /// Kubernetes tokens are node proxies'.
     #[command(flatten)]
@@ -459,6 +465,23 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
     running.stop().await
 }
 
+/// A DNS domain of lowercase labels (letters, digits, `-`, not at either
+/// end of a label), without a leading or trailing dot.
+fn parse_domain_suffix(s: &str) -> Result<String, String> {
+    let ok_label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if s.len() <= 253 && s.split('.').all(ok_label) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a DNS domain (lowercase labels of letters, digits and '-', separated by dots, like cluster.local)"))
+    }
+}
+
 /// Reads the source whole, then serves; returns once the port is open.
 pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let trust_domain = TrustDomain::new(&args.trust_domain).with_context(|| format!("--trust-domain {:?}", args.trust_domain))?;
@@ -506,7 +529,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let mut index = Index::new(IndexSettings {
         cluster_id: args.cluster_id.clone(),
         trust_domain: args.trust_domain.clone(),
-        domain_suffix: "cluster.local".into(),
+        domain_suffix: args.domain_suffix.clone(),
         root_namespace: args.root_namespace.clone(),
     });
     let store = Store::new(Resources::new());
@@ -617,6 +640,16 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn domain_suffixes() {
+        for ok in ["cluster.local", "corp", "k8s-1.example.com"] {
+            assert_eq!(parse_domain_suffix(ok).as_deref(), Ok(ok));
+        }
+        for bad in ["", ".cluster.local", "cluster.local.", "Cluster.local", "a..b", "-a.b", "a-.b", "a_b.c"] {
+            assert!(parse_domain_suffix(bad).is_err(), "{bad:?}");
+        }
+    }
 
     fn list(r: &mut InitialRead, custom: bool) {
         for k in kube_source::KINDS.iter().filter(|k| k.custom == custom) {

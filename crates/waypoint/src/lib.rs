@@ -174,10 +174,7 @@ impl Waypoint {
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(settings.idle_timeout).build(connector.clone());
         let client_h2 =
             Client::builder(TokioExecutor::new()).http2_only(true).pool_idle_timeout(settings.idle_timeout).build(connector.clone());
-        let me = plan::Me {
-            namespace: settings.namespace.clone(),
-            hostname: format!("{}.{}.svc.cluster.local", settings.name, settings.namespace),
-        };
+        let me = plan::Me { namespace: settings.namespace.clone(), name: settings.name.clone() };
         // The node proxy's derivation from the open-files limit, with its
         // per-peer defaults.
         let open_files = slipstream_node::sys::rlimit::current().map(|l| l.soft).unwrap_or(1024);

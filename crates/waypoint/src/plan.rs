@@ -18,8 +18,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Me {
     pub namespace: String,
-    /// `<gateway>.<namespace>.svc.cluster.local`.
-    pub hostname: String,
+    /// Its Gateway's name: the workload API names it
+    /// `<name>.<namespace>.svc.<the cluster's domain>`.
+    pub name: String,
 }
 
 impl Me {
@@ -27,7 +28,18 @@ impl Me {
     /// control plane refused: its listener does not allow the namespace,
     /// or it does not take that kind of traffic).
     fn is(&self, g: Option<&slipstream_core::GatewayAddress>) -> bool {
-        g.is_some_and(|g| g.namespace == self.namespace && g.hostname == self.hostname && g.hbone_mtls_port != 0)
+        g.is_some_and(|g| g.namespace == self.namespace && self.named(&g.hostname) && g.hbone_mtls_port != 0)
+    }
+
+    /// `hostname` is this waypoint's Service, in whatever domain the
+    /// control plane serves (`--domain-suffix`, `cluster.local` by default).
+    fn named(&self, hostname: &str) -> bool {
+        hostname
+            .strip_prefix(self.name.as_str())
+            .and_then(|r| r.strip_prefix('.'))
+            .and_then(|r| r.strip_prefix(self.namespace.as_str()))
+            .and_then(|r| r.strip_prefix(".svc."))
+            .is_some_and(|domain| !domain.is_empty())
     }
 }
 

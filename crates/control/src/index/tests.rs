@@ -576,6 +576,40 @@ fn http_routes_become_route_resources_of_their_parent_services() {
     assert_eq!(e[0].field, "spec.rules[0].matches[0].path.type", "{e:?}");
 }
 
+/// `--domain-suffix`: every name the index makes, and every full name it
+/// reads, is in the cluster's own domain.
+#[test]
+fn a_cluster_domain_other_than_cluster_local_is_used_throughout() {
+    let mut ix = Index::new(IndexSettings { cluster_id: "c1".into(), domain_suffix: "corp.example".into(), ..Default::default() });
+    for o in objects(&format!(
+        "{}{}{}{}{}",
+        namespace("bookinfo", "istio.io/dataplane-mode: ambient, istio.io/use-waypoint: waypoint"),
+        gateway("bookinfo", "waypoint", "", 15008),
+        service("bookinfo", "reviews", "app: reviews", "10.96.0.10"),
+        service("bookinfo", "reviews-v1", "app: reviews, version: v1", "10.96.0.11"),
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  parentRefs: [{group: '', kind: Service, name: reviews, port: 9080}]\n  rules:\n  - backendRefs: [{name: reviews-v1, port: 9080}]\n",
+    )) {
+        ix.apply(ObjectEvent::Upsert(o)).unwrap();
+    }
+    let svc = ix.mesh_config().services.into_iter().find(|s| s.name == "reviews").unwrap();
+    assert_eq!(svc.hostname, "reviews.bookinfo.svc.corp.example");
+    assert_eq!(svc.waypoint.as_ref().map(|g| g.hostname.as_str()), Some("waypoint.bookinfo.svc.corp.example"));
+    let key = ResourceKey::new(TypeUrl::Route, "bookinfo/reviews.bookinfo.svc.corp.example");
+    let r = slipstream_api::routes::routes_from_any(&ix.resources().get(&key).expect("the route resource").body).unwrap();
+    assert_eq!(r.rules[0].backends[0].service, "bookinfo/reviews-v1.bookinfo.svc.corp.example");
+    // A VirtualService may name its host in full, in this domain only
+    // (as the Kubernetes source hands it over: parsed, validated by the
+    // index with its settings).
+    let vs = |host: &str| {
+        let doc: serde_json::Value = serde_yaml::from_str(&format!("---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: r, namespace: bookinfo}}\nspec:\n  hosts: [{host}]\n  http:\n  - route: [{{destination: {{host: reviews-v1}}}}]\n"))
+        .unwrap();
+        crate::objects::parse_value(doc).unwrap().unwrap()
+    };
+    ix.apply(ObjectEvent::Upsert(vs("reviews.bookinfo.svc.corp.example"))).unwrap();
+    let e = ix.apply(ObjectEvent::Upsert(vs("reviews.bookinfo.svc.cluster.local"))).unwrap_err();
+    assert!(e.to_string().contains("spec.hosts[0]"), "{e}");
+}
+
 #[test]
 fn virtual_services_and_destination_rules_become_routes_with_subsets_resolved() {
     let mut ix = index(&format!(

@@ -84,9 +84,10 @@ pub struct BackendRef {
 }
 
 impl BackendRef {
-    /// The workload API's key of the Service it names.
-    pub fn service_key(&self) -> String {
-        format!("{ns}/{name}.{ns}.svc.cluster.local", ns = self.namespace, name = self.name)
+    /// The workload API's key of the Service it names, in the cluster
+    /// domain `domain_suffix`.
+    pub fn service_key(&self, domain_suffix: &str) -> String {
+        format!("{ns}/{name}.{ns}.svc.{domain_suffix}", ns = self.namespace, name = self.name)
     }
 }
 
@@ -639,14 +640,20 @@ pub use grpc::grpc_route;
 /// the service's namespace that names it as a parent, for the parent's
 /// port (0: every port), in Gateway API precedence
 /// ([`slipstream_core::route::sort_rules`]: one entry per match). Backends
-/// are resolved to `namespace/<name>.<namespace>.svc.cluster.local` keys;
+/// are resolved to `namespace/<name>.<namespace>.svc.<domain_suffix>` keys;
 /// a backend without a port takes its parent's.
 ///
 /// Routes in other namespaces that name the service are left out: Istio
 /// applies such a route only to callers in the route's own namespace, and
 /// one `ServiceRoutes` per service cannot say who the caller is, so taking
 /// them would impose one namespace's routes on every caller.
-pub fn compile(routes: &[&HttpRouteInput], service_namespace: &str, service_name: &str, hostname: &str) -> ServiceRoutes {
+pub fn compile(
+    routes: &[&HttpRouteInput],
+    service_namespace: &str,
+    service_name: &str,
+    hostname: &str,
+    domain_suffix: &str,
+) -> ServiceRoutes {
     let mut rules = Vec::new();
     for route in routes.iter().filter(|r| r.namespace == service_namespace) {
         let mut ports: Vec<Option<u16>> =
@@ -661,7 +668,7 @@ pub fn compile(routes: &[&HttpRouteInput], service_namespace: &str, service_name
         for port in ports {
             for (i, r) in route.rules.iter().enumerate() {
                 let resolve = |b: &BackendRef| Backend {
-                    service: b.service_key(),
+                    service: b.service_key(domain_suffix),
                     port: b.port.or(port).unwrap_or(0),
                     weight: b.weight,
                     subset: None,

@@ -190,10 +190,16 @@ pub struct SliceEndpoint {
 /// Validates `o` and turns it into what the index keeps. `root_namespace`
 /// decides whether an AuthorizationPolicy is mesh-wide.
 pub fn input(o: &ClusterObject) -> Result<Input, ObjectError> {
-    input_with_root(o, slipstream_core::ROOT_NAMESPACE)
+    input_with_root(o, slipstream_core::ROOT_NAMESPACE, DEFAULT_DOMAIN_SUFFIX)
 }
 
-pub fn input_with_root(o: &ClusterObject, root_namespace: &str) -> Result<Input, ObjectError> {
+/// Every Service's hostname is `<name>.<namespace>.svc.<this>` unless the
+/// control plane is told otherwise (`--domain-suffix`, istiod's `--domain`).
+pub const DEFAULT_DOMAIN_SUFFIX: &str = "cluster.local";
+
+/// As [`input`], for a mesh whose root namespace and cluster domain are
+/// these (a VirtualService's `hosts` may name `name.ns.svc.<domain>`).
+pub fn input_with_root(o: &ClusterObject, root_namespace: &str, domain_suffix: &str) -> Result<Input, ObjectError> {
     let r = o.object_ref();
     if r.name.is_empty() {
         return Err(ObjectError::new(&r, "metadata.name", "required"));
@@ -215,10 +221,10 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str) -> Result<Input,
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::HTTPRoute => Input::HttpRoute(Box::new(http_route::http_route(o)?)),
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::GRPCRoute => Input::GrpcRoute(Box::new(http_route::grpc_route(o)?)),
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::VirtualService => {
-            Input::VirtualService(Box::new(virtual_service::virtual_service(o)?))
+            Input::VirtualService(Box::new(virtual_service::virtual_service(o, domain_suffix)?))
         }
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::DestinationRule => {
-            Input::DestinationRule(Box::new(virtual_service::destination_rule(o)?))
+            Input::DestinationRule(Box::new(virtual_service::destination_rule(o, domain_suffix)?))
         }
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::LocalRateLimitPolicy => {
             Input::RateLimit(Box::new(rate_limit::rate_limit(o)?))

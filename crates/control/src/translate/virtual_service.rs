@@ -20,9 +20,6 @@ use slipstream_core::route::{
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// The DNS suffix of Kubernetes services (hosts are resolved against it).
-pub const CLUSTER_SUFFIX: &str = "svc.cluster.local";
-
 /// One VirtualService as the index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualServiceInput {
@@ -412,6 +409,8 @@ struct TlsSpec {
 
 struct Reader {
     r: ObjectRef,
+    /// The cluster's domain (`cluster.local`).
+    domain: String,
 }
 
 impl Reader {
@@ -433,8 +432,9 @@ impl Reader {
             self.err(
                 field,
                 format!(
-                    "{host:?} is not a Kubernetes service (name, name.namespace or name.namespace.{CLUSTER_SUFFIX}); \
-                     ServiceEntry hosts and wildcards are not supported"
+                    "{host:?} is not a Kubernetes service (name, name.namespace or name.namespace.svc.{}); \
+                     ServiceEntry hosts and wildcards are not supported",
+                    self.domain
                 ),
             )
         };
@@ -444,10 +444,10 @@ impl Reader {
         let (name, ns) = match labels.as_slice() {
             [name] => (*name, self.r.namespace.as_str()),
             [name, ns] | [name, ns, "svc"] => (*name, *ns),
-            [name, ns, "svc", "cluster", "local"] => (*name, *ns),
+            [name, ns, "svc", domain @ ..] if domain.join(".") == self.domain => (*name, *ns),
             _ => return Err(bad()),
         };
-        Ok(format!("{ns}/{name}.{ns}.{CLUSTER_SUFFIX}"))
+        Ok(format!("{ns}/{name}.{ns}.svc.{}", self.domain))
     }
 }
 
@@ -462,8 +462,11 @@ fn spec<T: for<'de> Deserialize<'de> + Default>(rd: &Reader, o: &OpaqueObject) -
     }
 }
 
-fn reader(o: &OpaqueObject, kind: Kind) -> Result<Reader, ObjectError> {
-    let rd = Reader { r: ObjectRef::new(o.kind, o.metadata.namespace.as_deref().unwrap_or(""), o.metadata.name.as_deref().unwrap_or("")) };
+fn reader(o: &OpaqueObject, kind: Kind, domain: &str) -> Result<Reader, ObjectError> {
+    let rd = Reader {
+        r: ObjectRef::new(o.kind, o.metadata.namespace.as_deref().unwrap_or(""), o.metadata.name.as_deref().unwrap_or("")),
+        domain: domain.to_string(),
+    };
     if o.kind != kind {
         return Err(rd.err("kind", format!("expected {kind}, got {}", o.kind)));
     }
@@ -530,8 +533,9 @@ fn int_in(rd: &Reader, v: i64, lo: i64, hi: i64, field: &str) -> Result<u32, Obj
 }
 
 /// Reads a VirtualService. Every error names the field, from `spec.` on.
-pub fn virtual_service(o: &OpaqueObject) -> Result<VirtualServiceInput, ObjectError> {
-    let rd = reader(o, Kind::VirtualService)?;
+/// Hosts are resolved in the cluster domain `domain_suffix`.
+pub fn virtual_service(o: &OpaqueObject, domain_suffix: &str) -> Result<VirtualServiceInput, ObjectError> {
+    let rd = reader(o, Kind::VirtualService, domain_suffix)?;
     let spec: VsSpec = spec(&rd, o)?;
     if spec.hosts.is_empty() {
         return Err(rd.err("spec.hosts", "required: the services this VirtualService routes"));
@@ -855,8 +859,9 @@ fn fault(rd: &Reader, fs: FaultSpec, f: &str) -> Result<Fault, ObjectError> {
 }
 
 /// Reads a DestinationRule. Every error names the field, from `spec.` on.
-pub fn destination_rule(o: &OpaqueObject) -> Result<DestinationRuleInput, ObjectError> {
-    let rd = reader(o, Kind::DestinationRule)?;
+/// Its host is resolved in the cluster domain `domain_suffix`.
+pub fn destination_rule(o: &OpaqueObject, domain_suffix: &str) -> Result<DestinationRuleInput, ObjectError> {
+    let rd = reader(o, Kind::DestinationRule, domain_suffix)?;
     let spec: DrSpec = spec(&rd, o)?;
     if spec.workload_selector.is_some() {
         return Err(rd.unsupported("spec.workloadSelector", "a DestinationRule here applies to every caller of its host"));

@@ -74,13 +74,6 @@ pub struct Waypoint {
     pub ready: bool,
 }
 
-impl Waypoint {
-    /// The hostname of its Service, which the workload API names it by.
-    pub fn hostname(&self) -> String {
-        format!("{}.{}.svc.cluster.local", self.name, self.namespace)
-    }
-}
-
 /// What the binding is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Traffic {
@@ -126,9 +119,9 @@ pub enum Binding {
     /// (Istio: no error then, only for the pod's own label).
     None,
     /// Through this waypoint (namespace, name).
-    Bound { namespace: String, name: String, hostname: String },
+    Bound { namespace: String, name: String },
     /// Asked for, not in force: traffic is refused, never sent around.
-    Refused { namespace: String, name: String, hostname: String, why: NotBound },
+    Refused { namespace: String, name: String, why: NotBound },
 }
 
 /// Resolves `istio.io/use-waypoint` for an object of `namespace` with
@@ -159,8 +152,7 @@ pub fn bind(
         return Binding::None;
     }
     let wp_namespace = source.get(USE_WAYPOINT_NAMESPACE).map(String::as_str).filter(|n| !n.is_empty()).unwrap_or(namespace);
-    let hostname = format!("{name}.{wp_namespace}.svc.cluster.local");
-    let refused = |why| Binding::Refused { namespace: wp_namespace.into(), name: name.into(), hostname: hostname.clone(), why };
+    let refused = |why| Binding::Refused { namespace: wp_namespace.into(), name: name.into(), why };
     let Some(w) = waypoints.iter().find(|w| w.name == name && w.namespace == wp_namespace) else {
         // A pod inheriting its namespace's waypoint, which does not exist
         // yet: a waypoint takes services only unless it says otherwise,
@@ -190,7 +182,7 @@ pub fn bind(
     if !w.ready {
         return refused(NotBound::NotReady);
     }
-    Binding::Bound { namespace: w.namespace.clone(), name: w.name.clone(), hostname: w.hostname() }
+    Binding::Bound { namespace: w.namespace.clone(), name: w.name.clone() }
 }
 
 /// A Gateway's listeners, checked as a waypoint's: exactly one, port
@@ -290,11 +282,11 @@ mod tests {
     }
 
     fn bound(ns: &str, name: &str) -> Binding {
-        Binding::Bound { namespace: ns.into(), name: name.into(), hostname: format!("{name}.{ns}.svc.cluster.local") }
+        Binding::Bound { namespace: ns.into(), name: name.into() }
     }
 
     fn refused(ns: &str, name: &str, why: NotBound) -> Binding {
-        Binding::Refused { namespace: ns.into(), name: name.into(), hostname: format!("{name}.{ns}.svc.cluster.local"), why }
+        Binding::Refused { namespace: ns.into(), name: name.into(), why }
     }
 
     #[test]

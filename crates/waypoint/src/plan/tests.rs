@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 const WP: &str = "waypoint.bookinfo.svc.cluster.local";
 
 fn me() -> Me {
-    Me { namespace: "bookinfo".into(), hostname: WP.into() }
+    Me { namespace: "bookinfo".into(), name: "waypoint".into() }
 }
 
 fn gw() -> GatewayAddress {
@@ -138,8 +138,15 @@ fn only_what_is_bound_to_this_waypoint_is_served() {
     assert!(matches!(t("192.0.2.1:80"), Err(NotServed::Unknown(_))));
     // Named with port 0: a binding the control plane refused.
     assert_eq!(t("10.96.0.7:9080"), Err(NotServed::NotBound { what: "service refused.bookinfo.svc.cluster.local".into() }));
-    let other = Me { namespace: "bookinfo".into(), hostname: "other.bookinfo.svc.cluster.local".into() };
+    let other = Me { namespace: "bookinfo".into(), name: "other".into() };
     assert!(target(&s, &other, "10.96.0.1:9080".parse().unwrap()).is_err(), "another waypoint's service");
+    // Its name in another cluster domain is still its name; a longer name
+    // or another namespace is not.
+    assert!(me().named("waypoint.bookinfo.svc.corp.example"));
+    assert!(!me().named("waypoint.bookinfo.svc."));
+    assert!(!me().named("waypoint2.bookinfo.svc.cluster.local"));
+    assert!(!me().named("waypoint.bookinfo2.svc.cluster.local"));
+    assert!(!me().named("waypoint.bookinfo.cluster.local"));
 }
 
 /// (method, path, query, headers, draw) -> what happens, as text.

@@ -397,7 +397,7 @@ fn compile_orders_and_resolves() {
     let gateway_only =
         route("bookinfo", "ingress", OLD, "{parentRefs: [{name: gw}], rules: [{matches: [{path: {type: Exact, value: /y}}]}]}");
     let routes = [&canary, &api, &api_new, &a_api, &elsewhere, &ratings, &gateway_only];
-    let compiled = compile(&routes, "bookinfo", "reviews", "reviews.bookinfo.svc.cluster.local");
+    let compiled = compile(&routes, "bookinfo", "reviews", "reviews.bookinfo.svc.cluster.local", "cluster.local");
     assert_eq!(compiled.service, "bookinfo/reviews.bookinfo.svc.cluster.local");
     let key = |name: &str| format!("bookinfo/{name}.bookinfo.svc.cluster.local");
     let s = |v: &[String]| v.to_vec();
@@ -427,11 +427,11 @@ fn compile_orders_and_resolves() {
     assert_eq!(compiled.rules.iter().filter(|r| r.name == "bookinfo/api.0").count(), 1);
 
     // The routes of another service, of none, and of a service nobody routes.
-    let ratings = compile(&routes, "bookinfo", "ratings", "ratings.bookinfo.svc.cluster.local");
+    let ratings = compile(&routes, "bookinfo", "ratings", "ratings.bookinfo.svc.cluster.local", "cluster.local");
     assert_eq!(summary(&ratings), vec![("bookinfo/ratings.0".to_string(), 0, "=/x".to_string(), vec![])]);
-    assert_eq!(compile(&routes, "bookinfo", "details", "details.bookinfo.svc.cluster.local").rules, []);
+    assert_eq!(compile(&routes, "bookinfo", "details", "details.bookinfo.svc.cluster.local", "cluster.local").rules, []);
     // A route in another namespace never binds (see `compile`).
-    assert_eq!(compile(&[&elsewhere], "bookinfo", "reviews", "reviews.bookinfo.svc.cluster.local").rules, []);
+    assert_eq!(compile(&[&elsewhere], "bookinfo", "reviews", "reviews.bookinfo.svc.cluster.local", "cluster.local").rules, []);
 }
 
 #[test]
@@ -445,7 +445,7 @@ fn compiled_routes_select_as_gateway_api_says() {
            {matches: [{path: {type: Exact, value: /a}}, {path: {value: /}}], backendRefs: [{name: catchall}]},
            {matches: [{path: {value: /b}}], backendRefs: [{name: b}]}]}",
     );
-    let compiled = compile(&[&r], "demo", "web", "web.demo.svc.cluster.local");
+    let compiled = compile(&[&r], "demo", "web", "web.demo.svc.cluster.local", "cluster.local");
     let headers = vec![];
     let pick = |path| {
         select(&compiled.rules, 80, &RequestView { method: "GET", path, query: "", headers: &headers })

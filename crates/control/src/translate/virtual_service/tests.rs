@@ -17,11 +17,11 @@ fn object(kind: &str, spec: &str) -> OpaqueObject {
 }
 
 fn vs(spec: &str) -> Result<VirtualServiceInput, ObjectError> {
-    virtual_service(&object("VirtualService", spec))
+    virtual_service(&object("VirtualService", spec), "cluster.local")
 }
 
 fn dr(spec: &str) -> Result<DestinationRuleInput, ObjectError> {
-    destination_rule(&object("DestinationRule", spec))
+    destination_rule(&object("DestinationRule", spec), "cluster.local")
 }
 
 fn key(name: &str) -> String {
@@ -350,4 +350,19 @@ fn durations_as_go_writes_them() {
     for bad in ["", "10", "s", "-1s", "1d", "1.2.3s"] {
         assert!(d(bad).is_err(), "{bad:?}");
     }
+}
+
+#[test]
+fn hosts_are_resolved_in_the_cluster_domain() {
+    let corp = |spec: &str| virtual_service(&object("VirtualService", spec), "corp.example");
+    let v = corp("{hosts: [reviews.bookinfo.svc.corp.example, ratings], http: [{route: [{destination: {host: reviews.bookinfo.svc}}]}]}")
+        .unwrap();
+    assert_eq!(v.hosts, ["bookinfo/reviews.bookinfo.svc.corp.example", "bookinfo/ratings.bookinfo.svc.corp.example"]);
+    assert_eq!(v.rules[0].destinations[0].service, "bookinfo/reviews.bookinfo.svc.corp.example");
+    // Another domain's full name is not a service of this cluster.
+    let e = corp("{hosts: [reviews.bookinfo.svc.cluster.local], http: [{route: [{destination: {host: reviews}}]}]}").unwrap_err();
+    assert_eq!(e.field, "spec.hosts[0]");
+    assert!(e.message.contains("name.namespace.svc.corp.example"), "{e}");
+    let d = destination_rule(&object("DestinationRule", "{host: reviews.bookinfo.svc.corp.example}"), "corp.example").unwrap();
+    assert_eq!(d.host, "bookinfo/reviews.bookinfo.svc.corp.example");
 }

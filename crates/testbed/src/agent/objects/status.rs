@@ -87,7 +87,11 @@ pub fn add(objects: &mut [Value]) {
                         "Programmed",
                         true,
                         "Programmed",
-                        &format!("Resource programmed, assigned to service(s) {}:{}", w.hostname(), wp::HBONE_LISTENER_PORT),
+                        &format!(
+                            "Resource programmed, assigned to service(s) {name}.{ns}.svc.{}:{}",
+                            slipstream_control::translate::DEFAULT_DOMAIN_SUFFIX,
+                            wp::HBONE_LISTENER_PORT
+                        ),
                     )
                 } else {
                     condition("Programmed", false, "Pending", &format!("no pod of Deployment {ns}/{name} is ready yet"))
