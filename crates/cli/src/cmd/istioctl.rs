@@ -91,10 +91,23 @@ fn waypoints(all: &[Value]) -> impl Iterator<Item = &Value> {
     all.iter().filter(|o| o["kind"] == "Gateway" && o["spec"]["gatewayClassName"] == "istio-waypoint")
 }
 
-fn programmed(st: &slipstream_testbed::status::ClusterStatus, ns: &str, name: &str) -> bool {
-    st.pods
-        .iter()
-        .any(|p| p.namespace == ns && p.ready && p.labels.get(slipstream_k8s::expand::GATEWAY_NAME_LABEL).map(String::as_str) == Some(name))
+/// The Gateway's `Programmed` condition, which the agent writes once a pod
+/// of the waypoint is ready (`testbed::agent::objects::status`).
+fn programmed(gateway: &Value) -> bool {
+    condition_true(gateway, "Programmed", None)
+}
+
+/// `o` has a condition of this type that says exactly `message`.
+fn has_condition_message(o: &Value, type_: &str, message: &str) -> bool {
+    o["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == type_ && c["message"] == message))
+}
+
+/// `o` has a condition of this type that is `True` (and, when given, says
+/// exactly `message`).
+fn condition_true(o: &Value, type_: &str, message: Option<&str>) -> bool {
+    o["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == type_ && c["status"] == "True" && message.is_none_or(|m| c["message"] == m)))
 }
 
 pub fn run(ctx: &Ctx, cmd: XCommand) -> anyhow::Result<()> {
@@ -143,14 +156,13 @@ pub fn run(ctx: &Ctx, cmd: XCommand) -> anyhow::Result<()> {
         }
         WaypointCommand::List { namespace, all_namespaces } => {
             let all = objects(ctx)?;
-            let st = ctx.status()?;
             let mut rows = vec![vec!["NAME".to_string(), "REVISION".into(), "PROGRAMMED".into()]];
             if all_namespaces {
                 rows[0].insert(0, "NAMESPACE".into());
             }
             for w in waypoints(&all).filter(|w| all_namespaces || w["metadata"]["namespace"] == namespace.as_str()) {
                 let (ns, n) = (w["metadata"]["namespace"].as_str().unwrap_or(""), w["metadata"]["name"].as_str().unwrap_or(""));
-                let mut r = vec![n.to_string(), "default".into(), if programmed(&st, ns, n) { "True" } else { "False" }.into()];
+                let mut r = vec![n.to_string(), "default".into(), if programmed(w) { "True" } else { "False" }.into()];
                 if all_namespaces {
                     r.insert(0, ns.to_string());
                 }
@@ -165,22 +177,31 @@ pub fn run(ctx: &Ctx, cmd: XCommand) -> anyhow::Result<()> {
         }
         WaypointCommand::Status { namespace, name } => {
             let all = objects(ctx)?;
-            let st = ctx.status()?;
             let Some(w) =
                 waypoints(&all).find(|w| w["metadata"]["name"] == name.as_str() && w["metadata"]["namespace"] == namespace.as_str())
             else {
                 bail!("waypoint {namespace}/{name} not found");
             };
-            let ok = programmed(&st, &namespace, &name);
+            let ok = programmed(w);
             let for_ = w["metadata"]["labels"]["istio.io/waypoint-for"].as_str().unwrap_or("service");
-            let bound_label = |o: &Value| o["metadata"]["labels"]["istio.io/use-waypoint"].as_str() == Some(name.as_str());
-            let ns_bound = all.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == namespace.as_str() && bound_label(o));
-            let services: Vec<&str> = all
+            // The services bound to it, as their istio.io/WaypointBound
+            // condition says (the control plane's binding, every label and
+            // rule of it), and those waiting for it to be ready.
+            use slipstream_testbed::agent::objects::status as st;
+            let bound = st::bound_message(&namespace, &name);
+            let waiting = st::refused_message(&namespace, &name, &slipstream_control::translate::waypoint::NotBound::NotReady);
+            let services: Vec<String> = all
                 .iter()
-                .filter(|o| o["kind"] == "Service" && o["metadata"]["namespace"] == namespace.as_str())
-                .filter(|o| bound_label(o) || (ns_bound && o["metadata"]["labels"]["istio.io/use-waypoint"].is_null()))
-                .filter_map(|o| o["metadata"]["name"].as_str())
-                .filter(|n| *n != name)
+                .filter(|o| o["kind"] == "Service")
+                .filter(|o| condition_true(o, st::WAYPOINT_BOUND, Some(&bound)) || has_condition_message(o, st::WAYPOINT_BOUND, &waiting))
+                .map(|o| {
+                    let (ns, n) = (o["metadata"]["namespace"].as_str().unwrap_or(""), o["metadata"]["name"].as_str().unwrap_or(""));
+                    if ns == namespace {
+                        n.to_string()
+                    } else {
+                        format!("{ns}/{n}")
+                    }
+                })
                 .collect();
             let rows = vec![
                 vec!["NAMESPACE".to_string(), "NAME".into(), "FOR".into(), "STATUS".into(), "BOUND SERVICES".into()],

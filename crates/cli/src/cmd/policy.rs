@@ -141,7 +141,7 @@ pub fn l7_warnings(objects: &[ClusterObject], to: &PodName) -> Vec<String> {
         .filter(|p| {
             let ns = p.metadata.namespace.as_deref().unwrap_or("");
             (ns == to.namespace || ns == slipstream_core::ROOT_NAMESPACE)
-                && p.spec.selector.as_ref().is_none_or(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+                && p.spec.selector.as_ref().is_none_or(|s| slipstream_k8s::expand::selector_matches(&s.match_labels, &labels))
         })
         .filter_map(|p| {
             let (ns, name) = (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));

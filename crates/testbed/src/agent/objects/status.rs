@@ -34,6 +34,18 @@ fn str_of<'a>(o: &'a Value, pointer: &str) -> &'a str {
     o.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
+/// The message of a `True` [`WAYPOINT_BOUND`] condition (Istio's words),
+/// by which readers such as `istioctl waypoint status` find the services
+/// a waypoint serves.
+pub fn bound_message(namespace: &str, name: &str) -> String {
+    format!("bound to {namespace}/{name}")
+}
+
+/// The message of a `False` [`WAYPOINT_BOUND`] condition.
+pub fn refused_message(namespace: &str, name: &str, why: &wp::NotBound) -> String {
+    format!("waypoint {namespace}/{name}: {}; traffic to this service is refused until it is", refusal(why))
+}
+
 fn condition(type_: &str, ok: bool, reason: &str, message: &str) -> Value {
     json!({"type": type_, "status": if ok { "True" } else { "False" }, "reason": reason, "message": message})
 }
@@ -68,9 +80,9 @@ fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
 /// Writes the controllers' status on `objects` (see the module's doc).
 pub fn add(objects: &mut [Value]) {
     let waypoints = waypoints(objects);
-    let namespace_labels = |objects: &[Value], ns: &str| {
-        objects.iter().find(|o| o["kind"] == "Namespace" && str_of(o, "/metadata/name") == ns).map(labels_of).unwrap_or_default()
-    };
+    let namespace_labels: std::collections::BTreeMap<&str, Labels> =
+        objects.iter().filter(|o| o["kind"] == "Namespace").map(|o| (str_of(o, "/metadata/name"), labels_of(o))).collect();
+    let no_labels = Labels::new();
     let mut updates: Vec<(usize, Value)> = Vec::new();
     for (i, o) in objects.iter().enumerate() {
         let (ns, name) = (str_of(o, "/metadata/namespace"), str_of(o, "/metadata/name"));
@@ -107,17 +119,15 @@ pub fn add(objects: &mut [Value]) {
             Some("Service") => {
                 let own = labels_of(o);
                 let is_waypoint = own.contains_key(wp::GATEWAY_NAME_LABEL);
-                let c = match wp::bind(Traffic::Service, ns, &own, &namespace_labels(objects, ns), is_waypoint, &waypoints) {
+                let ns_labels = namespace_labels.get(ns).unwrap_or(&no_labels);
+                let c = match wp::bind(Traffic::Service, ns, &own, ns_labels, is_waypoint, &waypoints) {
                     Binding::None => continue,
-                    Binding::Bound { namespace, name, .. } => {
-                        condition(WAYPOINT_BOUND, true, "WaypointAccepted", &format!("bound to {namespace}/{name}"))
+                    Binding::Bound { namespace, name } => {
+                        condition(WAYPOINT_BOUND, true, "WaypointAccepted", &bound_message(&namespace, &name))
                     }
-                    Binding::Refused { namespace, name, why, .. } => condition(
-                        WAYPOINT_BOUND,
-                        false,
-                        why.reason(),
-                        &format!("waypoint {namespace}/{name}: {}; traffic to this service is refused until it is", refusal(&why)),
-                    ),
+                    Binding::Refused { namespace, name, why } => {
+                        condition(WAYPOINT_BOUND, false, why.reason(), &refused_message(&namespace, &name, &why))
+                    }
                 };
                 updates.push((i, json!({"conditions": [c]})));
             }
