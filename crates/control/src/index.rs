@@ -947,6 +947,13 @@ impl Index {
     /// waypoint fields whether or not a pod of it is ready (the node
     /// proxy refuses the traffic until one is), so readiness changes no
     /// resource; it is reported, not published.
+    /// The service accounts of the waypoints, `(namespace, name)`: a
+    /// waypoint runs as its Gateway's name. The CA lets these callers (and
+    /// no other workload) obtain their own identity on Kubernetes.
+    pub fn waypoint_accounts(&self) -> BTreeSet<(String, String)> {
+        self.namespaces.iter().flat_map(|(n, ns)| ns.waypoints.keys().map(move |w| (n.clone(), w.clone()))).collect()
+    }
+
     fn waypoints(&self) -> Vec<Waypoint> {
         let mut out = Vec::new();
         for (n, ns) in &self.namespaces {

@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod ca;
+pub mod gateway;
 pub mod index;
 pub mod monitor;
 pub mod objects;

@@ -9,7 +9,9 @@
 //! what a control plane restart must never do.
 
 use crate::auth::{Authenticator, Gate, GateSettings, NodeTokens};
-use crate::ca::{CaArgs, CaMaterial, CaService, ResourcePlacement, ResourceSource, TokenReviewAuthenticator};
+use crate::ca::{CaArgs, CaMaterial, CaService, ResourcePlacement, ResourceSource, ReviewPolicy, TokenReviewAuthenticator};
+use crate::gateway::controller::{ControllerSettings, Mirror};
+use crate::gateway::render::DeploySettings;
 use crate::index::{Index, IndexSettings, ObjectEvent};
 use crate::monitor::{self, MonitorSource};
 use crate::objects::{self, Kind, ObjectRef};
@@ -117,7 +119,29 @@ pub struct ControlArgs {
     /// identity.
     #[arg(long, requires = "node_tokens")]
     pub workload_tokens: Option<PathBuf>,
+    /// Kubernetes: the gateway controller. For each Gateway of class
+    /// `istio-waypoint` it applies a ServiceAccount, a Deployment and a
+    /// Service owned by the Gateway, and it writes the Gateway's status
+    /// and the Services' `istio.io/WaypointBound` (docs/waypoint.md). Turn
+    /// it off where another controller (or none) deploys waypoints.
+    #[arg(long, env = "SLIPSTREAM_CONTROL_GATEWAY_CONTROLLER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub gateway_controller: bool,
+    /// The image of the waypoints the gateway controller deploys (it runs
+    /// `slipstream waypoint`).
+    #[arg(long, env = "SLIPSTREAM_CONTROL_WAYPOINT_IMAGE", default_value = DEFAULT_WAYPOINT_IMAGE)]
+    pub waypoint_image: String,
+    /// `host:port` by which deployed waypoints reach this control plane
+    /// (its Service).
+    #[arg(long, env = "SLIPSTREAM_CONTROL_WAYPOINT_CONTROL_PLANE", default_value = "istiod.istio-system.svc:15012")]
+    pub waypoint_control_plane: String,
+    /// How often the gateway controller applies everything again even if
+    /// nothing changed (a made object deleted by hand comes back within it).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub gateway_resync: Duration,
 }
+
+/// The waypoint image by default: this build's.
+pub const DEFAULT_WAYPOINT_IMAGE: &str = concat!("ghcr.io/slipstream-mesh/slipstream:", env!("CARGO_PKG_VERSION"));
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (examples: 200ms, 5s, 24h)"))
@@ -351,12 +375,12 @@ impl InitialRead {
 /// The kubernetes source as batches, and its task: it ends, with every
 /// watcher and its connection to the API server, once the receiver is
 /// dropped.
-fn kube_batches(client: kube::Client) -> (mpsc::Receiver<Batch>, JoinHandle<()>) {
+fn kube_batches(client: kube::Client, mirror: Option<Arc<Mirror>>) -> (mpsc::Receiver<Batch>, JoinHandle<()>) {
     let (raw_tx, raw_rx) = mpsc::channel(1024);
     let watchers = kube_source::spawn(client, raw_tx);
     let (tx, rx) = mpsc::channel(4);
     let task = tokio::spawn(async move {
-        kube_read(raw_rx, tx).await;
+        kube_read(raw_rx, tx, mirror).await;
         for w in &watchers {
             w.abort();
         }
@@ -368,7 +392,8 @@ fn kube_batches(client: kube::Client) -> (mpsc::Receiver<Batch>, JoinHandle<()>)
 }
 
 /// Turns the watchers' events into batches of objects until `tx` closes.
-async fn kube_read(mut raw_rx: mpsc::Receiver<RawEvent>, tx: mpsc::Sender<Batch>) {
+/// The gateway controller's `mirror`, if any, sees every event first.
+async fn kube_read(mut raw_rx: mpsc::Receiver<RawEvent>, tx: mpsc::Sender<Batch>, mirror: Option<Arc<Mirror>>) {
     let mut known: BTreeMap<&'static str, BTreeSet<(String, String)>> = BTreeMap::new();
     let mut initial = InitialRead::default();
     let started = tokio::time::Instant::now();
@@ -393,6 +418,9 @@ async fn kube_read(mut raw_rx: mpsc::Receiver<RawEvent>, tx: mpsc::Sender<Batch>
         }
         let mut events = Vec::new();
         for ev in raw {
+            if let Some(m) = &mirror {
+                m.observe(&ev);
+            }
             match ev {
                 RawEvent::Apply(v) => match objects::parse_value(v) {
                     Ok(Some(o)) => {
@@ -482,6 +510,14 @@ fn parse_domain_suffix(s: &str) -> Result<String, String> {
     }
 }
 
+fn replace_if_changed<T: PartialEq>(held: &mut T, now: T) -> bool {
+    if *held == now {
+        return false;
+    }
+    *held = now;
+    true
+}
+
 /// Reads the source whole, then serves; returns once the port is open.
 pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let trust_domain = TrustDomain::new(&args.trust_domain).with_context(|| format!("--trust-domain {:?}", args.trust_domain))?;
@@ -492,6 +528,10 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let node_tokens = args.node_tokens.as_deref().map(NodeTokens::load).transpose()?;
     let ca_source = args.ca.source()?;
 
+    // The waypoints' accounts, as the index publishes them: the CA lets
+    // them obtain their own identity.
+    let (waypoint_accounts, waypoint_accounts_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    let mut gateway_client = None;
     let (mut batches, source_task, auth): (mpsc::Receiver<Batch>, Option<JoinHandle<()>>, Arc<dyn Authenticator>) = match &args.source {
         SourceArg::Dir(root) => {
             let Some(tokens) = &args.node_tokens else {
@@ -509,10 +549,17 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
             let client = kube_source::client(args.kubeconfig.as_deref()).await?;
             let auth: Arc<dyn Authenticator> = match node_tokens {
                 Some(t) => Arc::new(t),
-                None => Arc::new(TokenReviewAuthenticator::new(client.clone(), args.ca.review_policy()?)),
+                None => {
+                    let policy = ReviewPolicy { trust_domain: args.trust_domain.clone(), ..args.ca.review_policy()? };
+                    Arc::new(TokenReviewAuthenticator::new(client.clone(), policy).with_waypoints(waypoint_accounts_rx))
+                }
             };
             tracing::info!("objects from the Kubernetes API");
-            let (batches, task) = kube_batches(client);
+            let mirror = args.gateway_controller.then(|| Arc::new(Mirror::default()));
+            if let Some(m) = &mirror {
+                gateway_client = Some((client.clone(), m.clone()));
+            }
+            let (batches, task) = kube_batches(client, mirror);
             (batches, Some(task), auth)
         }
     };
@@ -521,6 +568,27 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     // objects generates no root.
     let material = CaMaterial::load(&ca_source, &trust_domain, args.ca.max_cert_validity)?;
     let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
+    let gateway_task = gateway_client.map(|(client, mirror)| {
+        let material = material.clone();
+        let audience = args.ca.review_policy().ok().and_then(|p| p.audiences.first().cloned()).unwrap_or_else(|| "istio-ca".into());
+        let (trust_domain, cluster_id, domain) = (args.trust_domain.clone(), args.cluster_id.clone(), args.domain_suffix.clone());
+        let (image, control_plane, resync) = (args.waypoint_image.clone(), args.waypoint_control_plane.clone(), args.gateway_resync);
+        let san = args.server_names.first().cloned().unwrap_or_else(|| slipstream_api::DEFAULT_CONTROL_PLANE_SAN.into());
+        tracing::info!(image = %image, "gateway controller: deploying waypoints, writing Gateway and Service status");
+        AbortOnDrop(tokio::spawn(crate::gateway::controller::run(client, mirror, move || ControllerSettings {
+            deploy: DeploySettings {
+                image: image.clone(),
+                control_plane: control_plane.clone(),
+                control_plane_san: san.clone(),
+                root_pem: material.roots().to_pem(),
+                trust_domain: trust_domain.clone(),
+                cluster_id: cluster_id.clone(),
+                audience: audience.clone(),
+            },
+            domain: domain.clone(),
+            resync,
+        })))
+    });
 
     // Both services authenticate through one gate: bounded, and a token
     // refused a moment ago is refused again without asking.
@@ -551,6 +619,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     loop {
         let Some(b) = batches.recv().await else { bail!("the object source ended") };
         let (changes, invalid) = apply_batch(&mut index, b.events, "initial");
+        waypoint_accounts.send_if_modified(|held| replace_if_changed(held, index.waypoint_accounts()));
         let generation = store.publish(index.resources().clone(), changes);
         let mut p = lock(&progress);
         p.invalid += invalid;
@@ -598,6 +667,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
                 b = batches.recv() => {
                     let Some(b) = b else { break Err(anyhow::anyhow!("the object source ended")) };
                     let (changes, invalid) = apply_batch(&mut index, b.events, "update");
+                    waypoint_accounts.send_if_modified(|held| replace_if_changed(held, index.waypoint_accounts()));
                     let n = changes.upserted.len() + changes.removed.len();
                     let generation = store.publish(index.resources().clone(), changes);
                     if n > 0 {
@@ -631,7 +701,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         xds.close_streams();
         let _ = stop_server.send(());
         let _ = serving.await;
-        drop((monitor_task, reload));
+        drop((monitor_task, reload, gateway_task));
         result
     });
     Ok(Running { addr, monitor: monitor_addr, stop: Some(stop), task })
@@ -699,7 +769,7 @@ mod tests {
                 Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
             }
         });
-        let (batches, task) = kube_batches(kube::Client::new(api, "default"));
+        let (batches, task) = kube_batches(kube::Client::new(api, "default"), None);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Arc::strong_count(&alive) < 2 + kube_source::KINDS.len() {
             assert!(Instant::now() < deadline, "the watchers did not ask the API server");

@@ -196,7 +196,15 @@ impl ControlPlane {
     /// `slipstream control --source kubernetes` against `server`; with
     /// `node_tokens`, callers are the local cluster's nodes, else node
     /// proxies checked by TokenReview.
+    /// Without the gateway controller: the tests share one API server, and
+    /// only the test of the controller runs one (two with different
+    /// settings would undo each other's writes).
     async fn start(server: &KubeTestServer, node_tokens: Option<&BTreeMap<&str, &str>>) -> ControlPlane {
+        Self::start_with(server, node_tokens, &["--gateway-controller", "false"]).await
+    }
+
+    /// [`start`](Self::start) with more flags.
+    async fn start_with(server: &KubeTestServer, node_tokens: Option<&BTreeMap<&str, &str>>, extra: &[&str]) -> ControlPlane {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
@@ -214,6 +222,7 @@ impl ControlPlane {
             std::fs::write(&path, serde_json::to_string(tokens).unwrap()).unwrap();
             argv.extend(["--node-tokens".into(), path.display().to_string()]);
         }
+        argv.extend(extra.iter().map(|a| a.to_string()));
         let cli = <Cli as clap::Parser>::try_parse_from(argv).expect("valid control plane flags");
         let started = Instant::now();
         let running = start(cli.args).await.expect("the control plane starts");
@@ -834,7 +843,8 @@ async fn node_proxies_authenticate_with_service_account_tokens_and_get_only_thei
             "a token of an account that is not a node proxy's",
             Ask::new(&impostor, TELLER).0,
             Code::Unauthenticated,
-            "the token was refused: service account istio-system/not-ztunnel is not a node proxy's (allowed: istio-system/ztunnel)",
+            "the token was refused: service account istio-system/not-ztunnel is neither a node proxy's (allowed: istio-system/ztunnel) \
+             nor a waypoint's (no Gateway istio-system/not-ztunnel of class istio-waypoint)",
             "",
         ),
         (
@@ -903,5 +913,230 @@ async fn node_proxies_authenticate_with_service_account_tokens_and_get_only_thei
     open_stream(&control, &n1, "n1").await.expect("n1's token for n1");
 
     drop(proxy);
+    control.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// The gateway controller
+
+/// The Gateway API's Gateway kind, namespaced, with its status
+/// subresource (as the Gateway API's CRDs have it); installed once for
+/// the tests sharing the server.
+async fn install_gateway_crd(client: &kube::Client) {
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let name = "gateways.gateway.networking.k8s.io";
+    if crds.get_opt(name).await.expect("reading CRDs").is_none() {
+        let crd: CustomResourceDefinition = from_json(json!({
+            // As the Gateway API's own CRDs carry it: *.k8s.io groups need it.
+            "metadata": {"name": name, "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/2466"}},
+            "spec": {
+                "group": "gateway.networking.k8s.io",
+                "scope": "Namespaced",
+                "names": {"kind": "Gateway", "plural": "gateways", "singular": "gateway", "listKind": "GatewayList", "shortNames": ["gtw"]},
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                }],
+            },
+        }));
+        crds.create(&PostParams::default(), &crd).await.expect("creating the Gateway CRD");
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = crds.get(name).await.expect("reading a CRD");
+        let conditions = got.status.and_then(|s| s.conditions).unwrap_or_default();
+        if conditions.iter().any(|c| c.type_ == "Established" && c.status == "True") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "CRD {name} not established after {WAIT:?}: {conditions:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn gateway_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "Gateway"), "gateways")
+}
+
+/// Polls `get` until `done` says yes (returning what it saw), or fails
+/// naming `what` and the last thing seen.
+async fn eventually<T: std::fmt::Debug, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    get: impl Fn() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let seen = get().await;
+        if let Some(v) = seen {
+            if done(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "{what}: not after {WAIT:?}; last seen {v:#?}");
+        } else {
+            assert!(Instant::now() < deadline, "{what}: not after {WAIT:?}; nothing there");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn condition<'a>(status: &'a serde_json::Value, type_: &str) -> Option<&'a serde_json::Value> {
+    status["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+}
+
+fn condition_is(status: &serde_json::Value, type_: &str, value: &str, reason: &str) -> bool {
+    condition(status, type_).is_some_and(|c| c["status"] == value && c["reason"] == reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_its_own_identity_only() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    logs();
+    let server = api_server().await;
+    let client = server.client().await.unwrap();
+    install_gateway_crd(&client).await;
+    const NS: &str = "wp-shop";
+    create_namespace(&client, NS, json!({})).await;
+
+    let control =
+        ControlPlane::start_with(&server, None, &["--gateway-resync", "2s", "--waypoint-image", "registry.example/slipstream:t"]).await;
+
+    // The Gateway, as a user applies it.
+    let ar = gateway_resource();
+    let gateways = Api::<DynamicObject>::namespaced_with(client.clone(), NS, &ar);
+    let gw = DynamicObject::new("waypoint", &ar).within(NS).data(json!({"spec": {
+        "gatewayClassName": "istio-waypoint",
+        "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}],
+    }}));
+    let gw = gateways.create(&PostParams::default(), &gw).await.expect("creating the Gateway");
+    let gw_uid = gw.metadata.uid.clone().unwrap();
+
+    // What it makes: a ServiceAccount, a Deployment and a Service named
+    // after it, owned by it (Kubernetes' garbage collector, which this
+    // test does not run, deletes them with it).
+    let deployments = Api::<Deployment>::namespaced(client.clone(), NS);
+    let d = eventually("the waypoint's Deployment", || async { deployments.get_opt("waypoint").await.unwrap() }, |_| true).await;
+    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str(), owner.controller),
+        ("Gateway", "waypoint", gw_uid.as_str(), Some(true))
+    );
+    let pod_spec = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod_spec.service_account_name.as_deref(), Some("waypoint"));
+    assert_eq!(pod_spec.containers[0].image.as_deref(), Some("registry.example/slipstream:t"));
+    let env: BTreeMap<String, Option<String>> =
+        pod_spec.containers[0].env.clone().unwrap().into_iter().map(|e| (e.name, e.value)).collect();
+    assert_eq!(
+        env["SLIPSTREAM_WAYPOINT_ROOT_PEM"].as_deref(),
+        Some(control.roots_pem().as_str()),
+        "the mesh root, to verify the control plane"
+    );
+    assert_eq!(env["SLIPSTREAM_WAYPOINT_TOKEN_FILE"].as_deref(), Some("/var/run/secrets/tokens/istio-token"));
+    let sa = Api::<ServiceAccount>::namespaced(client.clone(), NS).get("waypoint").await.expect("the waypoint's ServiceAccount");
+    assert_eq!(sa.metadata.owner_references.unwrap()[0].uid, gw_uid);
+    let svc = Api::<Service>::namespaced(client.clone(), NS).get("waypoint").await.expect("the waypoint's Service");
+    assert_eq!(svc.metadata.owner_references.unwrap()[0].uid, gw_uid);
+    let cluster_ip = svc.spec.unwrap().cluster_ip.expect("the API server gives the Service a ClusterIP");
+    let managed = |fields: &Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry>>| {
+        fields.iter().flatten().any(|f| f.manager.as_deref() == Some("slipstream") && f.operation.as_deref() == Some("Apply"))
+    };
+    assert!(managed(&d.metadata.managed_fields), "applied server-side by field manager slipstream");
+
+    // Its status: accepted, not programmed until a pod of it is ready; its address.
+    let gw_status = || async { gateways.get_opt("waypoint").await.unwrap().map(|g| g.data["status"].clone()) };
+    let st = eventually("the Gateway accepted and pending", gw_status, |s| {
+        condition_is(s, "Accepted", "True", "Accepted") && condition_is(s, "Programmed", "False", "Pending") && s["addresses"].is_array()
+    })
+    .await;
+    assert_eq!(st["addresses"], json!([{"type": "IPAddress", "value": cluster_ip}]));
+    assert!(condition(&st, "Programmed").unwrap()["lastTransitionTime"].is_string(), "{st:#}");
+
+    // A service asking for it: refused while no waypoint pod is ready.
+    let services = Api::<Service>::namespaced(client.clone(), NS);
+    let reviews: Service = from_json(json!({"metadata": {"name": "reviews", "labels": {"istio.io/use-waypoint": "waypoint"}},
+        "spec": {"selector": {"app": "reviews"}, "ports": [{"name": "http", "port": 9080}]}}));
+    services.create(&PostParams::default(), &reviews).await.unwrap();
+    let svc_status =
+        || async { services.get_opt("reviews").await.unwrap().map(|s| serde_json::to_value(s.status.unwrap_or_default()).unwrap()) };
+    eventually("reviews refused, its waypoint not ready", svc_status, |s| {
+        condition_is(s, "istio.io/WaypointBound", "False", "WaypointIsNotReady")
+    })
+    .await;
+
+    // A waypoint pod becomes ready (this API server has no kubelet: the
+    // test writes what one would): programmed, and reviews is bound.
+    create_service_account(&client, NS, "reviews").await;
+    let wp_pod = create_pod(
+        &client,
+        NS,
+        "waypoint-7d9f",
+        "wp-node",
+        "waypoint",
+        json!({"gateway.networking.k8s.io/gateway-name": "waypoint", "gateway.istio.io/managed": "istio.io-mesh-controller"}),
+        Some("10.244.9.5"),
+    )
+    .await;
+    let st = eventually("the Gateway programmed", gw_status, |s| condition_is(s, "Programmed", "True", "Programmed")).await;
+    assert!(
+        condition(&st, "Programmed").unwrap()["message"].as_str().unwrap().contains("waypoint.wp-shop.svc.cluster.local:15008"),
+        "{st:#}"
+    );
+    let bound = eventually("reviews bound", svc_status, |s| condition_is(s, "istio.io/WaypointBound", "True", "WaypointAccepted")).await;
+    assert_eq!(condition(&bound, "istio.io/WaypointBound").unwrap()["message"], "bound to wp-shop/waypoint");
+
+    // The waypoint's own pod-bound token: its own identity, and nothing else.
+    let own = format!("spiffe://cluster.local/ns/{NS}/sa/waypoint");
+    let wp_token = token(&client, NS, "waypoint", Some(&wp_pod), CA_AUDIENCE).await;
+    let (ask, key) = Ask::new(&wp_token, &own);
+    let chain = ask.send(&control).await.expect("the waypoint gets its own certificate");
+    assert_eq!(WorkloadCert::from_istio_chain(&chain, key).unwrap().identity().to_string(), own);
+    open_stream(&control, &wp_token, "wp-node").await.expect("the waypoint's configuration stream, on its pod's node");
+    let e = open_stream(&control, &wp_token, "n1").await.expect_err("a stream claiming another node");
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let (ask, _) = Ask::new(&wp_token, &format!("spiffe://cluster.local/ns/{NS}/sa/reviews"));
+    let e = ask.send(&control).await.expect_err("another identity");
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("may obtain only its own identity"), "{}", e.message());
+    // Any other workload's token is refused, naming what it would need.
+    let reviews_pod = create_pod(&client, NS, "reviews-1", "wp-node", "reviews", json!({"app": "reviews"}), Some("10.244.9.6")).await;
+    let reviews_token = token(&client, NS, "reviews", Some(&reviews_pod), CA_AUDIENCE).await;
+    let (ask, _) = Ask::new(&reviews_token, &format!("spiffe://cluster.local/ns/{NS}/sa/reviews"));
+    let e = ask.send(&control).await.expect_err("a workload that is not a waypoint");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("nor a waypoint's"), "{}", e.message());
+    assert_eq!(open_stream(&control, &reviews_token, "wp-node").await.unwrap_err().code(), Code::Unauthenticated);
+
+    // A made object deleted by hand comes back within a resync.
+    deployments.delete("waypoint", &DeleteParams::default()).await.unwrap();
+    let back = eventually(
+        "the Deployment restored",
+        || async { deployments.get_opt("waypoint").await.unwrap() },
+        |b| b.metadata.uid != d.metadata.uid,
+    )
+    .await;
+    assert_ne!(back.metadata.uid, d.metadata.uid, "a new Deployment");
+
+    // reviews stops asking: its condition goes.
+    services
+        .patch("reviews", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"istio.io/use-waypoint": null}}})))
+        .await
+        .unwrap();
+    eventually("reviews' condition removed", svc_status, |s| condition(s, "istio.io/WaypointBound").is_none()).await;
+
+    // An invalid waypoint Gateway (Kubernetes admits it; this schema
+    // checks nothing) is not accepted, naming the field, and makes nothing.
+    let bad = DynamicObject::new("bad", &ar).within(NS).data(json!({"spec": {
+        "gatewayClassName": "istio-waypoint",
+        "listeners": [{"name": "mesh", "port": 8080, "protocol": "HBONE"}],
+    }}));
+    gateways.create(&PostParams::default(), &bad).await.unwrap();
+    let st = eventually(
+        "the invalid Gateway refused",
+        || async { gateways.get_opt("bad").await.unwrap().map(|g| g.data["status"].clone()) },
+        |s| condition_is(s, "Accepted", "False", "Invalid"),
+    )
+    .await;
+    assert!(condition(&st, "Accepted").unwrap()["message"].as_str().unwrap().contains("spec.listeners[0].port"), "{st:#}");
+    assert!(deployments.get_opt("bad").await.unwrap().is_none(), "nothing deployed for an invalid Gateway");
     control.stop().await;
 }

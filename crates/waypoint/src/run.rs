@@ -53,9 +53,21 @@ pub struct WaypointArgs {
     /// The mesh root, PEM (the text itself: a pod's /run is its own).
     #[arg(long, env = "SLIPSTREAM_WAYPOINT_ROOT_PEM", hide_env_values = true)]
     pub root_pem: String,
-    /// Its bearer token for the control plane.
-    #[arg(long, env = "SLIPSTREAM_WAYPOINT_TOKEN", hide_env_values = true)]
-    pub token: String,
+    /// Its bearer token for the control plane, as text (the local
+    /// cluster's per-pod token).
+    #[arg(
+        long,
+        env = "SLIPSTREAM_WAYPOINT_TOKEN",
+        hide_env_values = true,
+        required_unless_present = "token_file",
+        conflicts_with = "token_file"
+    )]
+    pub token: Option<String>,
+    /// Its bearer token for the control plane, as a file read again at
+    /// every connection (Kubernetes: the projected ServiceAccount token,
+    /// which the kubelet renews).
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     #[arg(long, env = "SLIPSTREAM_WAYPOINT_CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
     #[arg(long, env = "SLIPSTREAM_WAYPOINT_TRUST_DOMAIN", default_value = slipstream_core::DEFAULT_TRUST_DOMAIN)]
@@ -106,7 +118,12 @@ fn private_files(args: &WaypointArgs) -> anyhow::Result<(PathBuf, PathBuf)> {
         f.write_all(text.as_bytes())?;
         Ok(p)
     };
-    Ok((write("root-cert.pem", &args.root_pem)?, write("token", &args.token)?))
+    let token = match (&args.token_file, &args.token) {
+        (Some(f), _) => f.clone(),
+        (None, Some(t)) => write("token", t)?,
+        (None, None) => anyhow::bail!("no token: give --token or --token-file"),
+    };
+    Ok((write("root-cert.pem", &args.root_pem)?, token))
 }
 
 pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
@@ -333,5 +350,42 @@ async fn serve_status(l: tokio::net::TcpListener, ready: Arc<Readiness>, metrics
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WaypointArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<WaypointArgs, clap::Error> {
+        let mut argv = vec!["waypoint", "--namespace", "shop", "--gateway", "waypoint", "--ip", "10.0.0.1", "--node", "n1"];
+        argv.extend(["--control-plane", "cp:15012", "--root-pem", "PEM"]);
+        argv.extend(extra);
+        Cli::try_parse_from(argv).map(|c| c.args)
+    }
+
+    #[test]
+    fn the_token_comes_as_text_or_as_a_file_read_in_place() {
+        // Kubernetes: the projected token's file is used as it is, so the
+        // kubelet's renewals are picked up.
+        let a = parse(&["--token-file", "/var/run/secrets/tokens/istio-token"]).unwrap();
+        let (_, token) = private_files(&a).unwrap();
+        assert_eq!(token, PathBuf::from("/var/run/secrets/tokens/istio-token"));
+        // The local cluster: the text goes into a private file.
+        let a = parse(&["--token", "0123456789abcdef"]).unwrap();
+        let (_, token) = private_files(&a).unwrap();
+        assert_eq!(std::fs::read_to_string(&token).unwrap(), "0123456789abcdef");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o600);
+        // One of them, not both, not neither.
+        assert!(parse(&[]).unwrap_err().to_string().contains("--token"));
+        assert!(parse(&["--token", "x", "--token-file", "/f"]).is_err());
     }
 }

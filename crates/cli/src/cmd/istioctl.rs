@@ -92,7 +92,7 @@ fn waypoints(all: &[Value]) -> impl Iterator<Item = &Value> {
 }
 
 /// The Gateway's `Programmed` condition, which the agent writes once a pod
-/// of the waypoint is ready (`testbed::agent::objects::status`).
+/// of the waypoint is ready (`control::gateway::status`).
 fn programmed(gateway: &Value) -> bool {
     condition_true(gateway, "Programmed", None)
 }
@@ -187,7 +187,7 @@ pub fn run(ctx: &Ctx, cmd: XCommand) -> anyhow::Result<()> {
             // The services bound to it, as their istio.io/WaypointBound
             // condition says (the control plane's binding, every label and
             // rule of it), and those waiting for it to be ready.
-            use slipstream_testbed::agent::objects::status as st;
+            use slipstream_control::gateway::status as st;
             let bound = st::bound_message(&namespace, &name);
             let waiting = st::refused_message(&namespace, &name, &slipstream_control::translate::waypoint::NotBound::NotReady);
             let services: Vec<String> = all

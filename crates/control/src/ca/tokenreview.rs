@@ -8,6 +8,12 @@
 //! and that node is what the caller may obtain identities for. A token
 //! that is not bound to a pod is refused rather than trusted for every
 //! node.
+//!
+//! The one other caller let in is a waypoint: a pod-bound token of the
+//! service account of a Gateway of class `istio-waypoint` (the account is
+//! named after the Gateway) may obtain that account's own identity and
+//! nothing else. Istio signs any workload's own identity; a sidecar-less
+//! mesh has no other workload that needs one, so no other gets one.
 
 use crate::auth::{bearer, AuthError, Authenticator, Caller};
 use futures_util::future::BoxFuture;
@@ -30,6 +36,8 @@ pub struct ReviewPolicy {
     pub cache_for: Duration,
     /// Answers remembered at most.
     pub cache_entries: usize,
+    /// The mesh's trust domain (a waypoint's identity is in it).
+    pub trust_domain: String,
 }
 
 impl Default for ReviewPolicy {
@@ -39,6 +47,7 @@ impl Default for ReviewPolicy {
             audiences: vec!["istio-ca".into()],
             cache_for: Duration::from_secs(60),
             cache_entries: 4096,
+            trust_domain: slipstream_core::DEFAULT_TRUST_DOMAIN.into(),
         }
     }
 }
@@ -56,7 +65,13 @@ impl ReviewPolicy {
 }
 
 /// The caller a TokenReview's answer describes, or why it is refused.
-pub fn caller_from_review(status: &TokenReviewStatus, policy: &ReviewPolicy) -> Result<Caller, AuthError> {
+/// `is_waypoint(namespace, account)` says whether the account is a
+/// waypoint's.
+pub fn caller_from_review(
+    status: &TokenReviewStatus,
+    policy: &ReviewPolicy,
+    is_waypoint: &dyn Fn(&str, &str) -> bool,
+) -> Result<Caller, AuthError> {
     if status.authenticated != Some(true) {
         let why = status.error.as_deref().filter(|e| !e.is_empty()).unwrap_or("the token is not valid");
         return Err(AuthError::Rejected(format!("TokenReview: {why}")));
@@ -73,9 +88,13 @@ pub fn caller_from_review(status: &TokenReviewStatus, policy: &ReviewPolicy) -> 
         .strip_prefix("system:serviceaccount:")
         .and_then(|rest| rest.split_once(':'))
         .ok_or_else(|| AuthError::Rejected(format!("{username:?} is not a service account")))?;
-    if !policy.node_proxies.iter().any(|(n, s)| n == ns && s == sa) {
+    let node_proxy = policy.node_proxies.iter().any(|(n, s)| n == ns && s == sa);
+    if !node_proxy && !is_waypoint(ns, sa) {
         let allowed: Vec<String> = policy.node_proxies.iter().map(|(n, s)| format!("{n}/{s}")).collect();
-        return Err(AuthError::Rejected(format!("service account {ns}/{sa} is not a node proxy's (allowed: {})", allowed.join(", "))));
+        return Err(AuthError::Rejected(format!(
+            "service account {ns}/{sa} is neither a node proxy's (allowed: {}) nor a waypoint's (no Gateway {ns}/{sa} of class istio-waypoint)",
+            allowed.join(", ")
+        )));
     }
     let node = user
         .extra
@@ -88,19 +107,32 @@ pub fn caller_from_review(status: &TokenReviewStatus, policy: &ReviewPolicy) -> 
                 "the token of {ns}/{sa} is not bound to a pod ({NODE_NAME_EXTRA} is absent): use a projected, pod-bound token (Kubernetes 1.30 or later)"
             ))
         })?;
-    Ok(Caller { node: node.clone(), subject: username.to_string(), identity: None })
+    let identity = (!node_proxy).then(|| format!("spiffe://{}/ns/{ns}/sa/{sa}", policy.trust_domain));
+    Ok(Caller { node: node.clone(), subject: username.to_string(), identity })
 }
+
+/// The waypoints' service accounts, `(namespace, name)`, as the index
+/// last published them.
+pub type WaypointAccounts = tokio::sync::watch::Receiver<std::collections::BTreeSet<(String, String)>>;
 
 /// Asks the API server, through a kube client, who a token belongs to.
 pub struct TokenReviewAuthenticator {
     client: kube::Client,
     policy: ReviewPolicy,
     cache: Mutex<HashMap<String, (Caller, Instant)>>,
+    waypoints: Option<WaypointAccounts>,
 }
 
 impl TokenReviewAuthenticator {
+    /// Node proxies only.
     pub fn new(client: kube::Client, policy: ReviewPolicy) -> Self {
-        TokenReviewAuthenticator { client, policy, cache: Mutex::default() }
+        TokenReviewAuthenticator { client, policy, cache: Mutex::default(), waypoints: None }
+    }
+
+    /// Node proxies, and the waypoints `waypoints` names.
+    pub fn with_waypoints(mut self, waypoints: WaypointAccounts) -> Self {
+        self.waypoints = Some(waypoints);
+        self
     }
 
     fn cached(&self, token: &str, now: Instant) -> Option<Caller> {
@@ -142,8 +174,15 @@ impl TokenReviewAuthenticator {
                 _ => format!("TokenReview failed: {e}"),
             })
         })?;
-        let caller = caller_from_review(&answer.status.unwrap_or_default(), &self.policy)?;
-        self.remember(token, &caller, now);
+        let is_waypoint =
+            |ns: &str, sa: &str| self.waypoints.as_ref().is_some_and(|w| w.borrow().contains(&(ns.to_string(), sa.to_string())));
+        let caller = caller_from_review(&answer.status.unwrap_or_default(), &self.policy, &is_waypoint)?;
+        // Only node proxies' answers are reused: a waypoint calls rarely
+        // (a certificate a day, a stream), and must stop being let in as
+        // soon as its Gateway is gone.
+        if caller.identity.is_none() {
+            self.remember(token, &caller, now);
+        }
         Ok(caller)
     }
 }

@@ -150,7 +150,9 @@ pub fn api_view(store: &Store, pods: &[&PodRuntime], nodes: &[Node], vips: &Vips
             _ => {}
         }
     }
-    status::add(&mut out);
+    // What the gateway controller writes (the local cluster's DNS domain
+    // is always the default).
+    slipstream_control::gateway::status::add(&mut out, slipstream_control::translate::DEFAULT_DOMAIN_SUFFIX);
     out
 }
 
@@ -421,6 +423,5 @@ fn remove_others(dir: &Path, wanted: &BTreeMap<PathBuf, String>) -> io::Result<u
     Ok(removed)
 }
 
-pub mod status;
 #[cfg(test)]
 mod tests;

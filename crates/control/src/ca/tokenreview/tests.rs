@@ -22,17 +22,19 @@ fn status(authenticated: bool, user: &str, node: Option<&str>, audiences: &[&str
 fn review_answers() {
     let p = ReviewPolicy::default();
     let zt = "system:serviceaccount:istio-system:ztunnel";
-    let ok = caller_from_review(&status(true, zt, Some("node1"), &["istio-ca"]), &p).unwrap();
+    let no_waypoint = |_: &str, _: &str| false;
+    let ok = caller_from_review(&status(true, zt, Some("node1"), &["istio-ca"]), &p, &no_waypoint).unwrap();
     assert_eq!(ok, Caller { node: "node1".into(), subject: zt.into(), identity: None });
 
-    let refused = |s: TokenReviewStatus| caller_from_review(&s, &p).unwrap_err().to_string();
+    let refused = |s: TokenReviewStatus| caller_from_review(&s, &p, &no_waypoint).unwrap_err().to_string();
     assert_eq!(refused(status(false, "", None, &[])), "the token was refused: TokenReview: the token is not valid");
     let mut expired = status(false, "", None, &[]);
     expired.error = Some("token has expired".into());
     assert_eq!(refused(expired), "the token was refused: TokenReview: token has expired");
     assert_eq!(
         refused(status(true, "system:serviceaccount:default:sleep", Some("node1"), &["istio-ca"])),
-        "the token was refused: service account default/sleep is not a node proxy's (allowed: istio-system/ztunnel)"
+        "the token was refused: service account default/sleep is neither a node proxy's (allowed: istio-system/ztunnel) \
+         nor a waypoint's (no Gateway default/sleep of class istio-waypoint)"
     );
     assert_eq!(refused(status(true, "alice", Some("node1"), &["istio-ca"])), "the token was refused: \"alice\" is not a service account");
     assert!(
@@ -41,7 +43,22 @@ fn review_answers() {
     assert_eq!(refused(status(true, zt, Some("node1"), &["kubernetes"])), "the token was refused: the token is not for audience istio-ca");
     // With no audience required, the API server's default audience does.
     let any = ReviewPolicy { audiences: vec![], ..Default::default() };
-    assert!(caller_from_review(&status(true, zt, Some("node1"), &[]), &any).is_ok());
+    assert!(caller_from_review(&status(true, zt, Some("node1"), &[]), &any, &no_waypoint).is_ok());
+}
+
+#[test]
+fn a_waypoints_account_gets_exactly_its_own_identity() {
+    let p = ReviewPolicy { trust_domain: "corp.example".into(), ..Default::default() };
+    let is_waypoint = |ns: &str, sa: &str| (ns, sa) == ("shop", "waypoint");
+    let wp = "system:serviceaccount:shop:waypoint";
+    let ok = caller_from_review(&status(true, wp, Some("node2"), &["istio-ca"]), &p, &is_waypoint).unwrap();
+    assert_eq!(ok, Caller { node: "node2".into(), subject: wp.into(), identity: Some("spiffe://corp.example/ns/shop/sa/waypoint".into()) });
+    // The same name in another namespace is not a waypoint.
+    let other = caller_from_review(&status(true, "system:serviceaccount:default:waypoint", Some("node2"), &["istio-ca"]), &p, &is_waypoint);
+    assert!(other.unwrap_err().to_string().contains("nor a waypoint's"));
+    // A waypoint's token must be pod-bound too.
+    let unbound = caller_from_review(&status(true, wp, None, &["istio-ca"]), &p, &is_waypoint);
+    assert!(unbound.unwrap_err().to_string().contains("is not bound to a pod"));
 }
 
 #[test]

@@ -1,5 +1,7 @@
-//! What the controllers write on the objects the API view serves, as
-//! Istio's gateway and ambient controllers write them on Kubernetes:
+//! What the gateway controller writes on Kubernetes objects, as Istio's
+//! gateway and ambient controllers write them (the control plane on
+//! Kubernetes through the API, `controller`; the local cluster's API view
+//! on what `get` serves):
 //!
 //! - a waypoint Gateway (class `istio-waypoint`): `status.addresses` (its
 //!   Service's ClusterIP) and the conditions `Accepted` (it passed `apply`,
@@ -12,12 +14,12 @@
 //!   `WaypointIsNotReady`, `UnsupportedTrafficType`, `AttachmentDenied`).
 //!
 //! The binding is decided by the control plane's own pure function
-//! (`control::translate::waypoint::bind`), so what `get` says is what the
-//! node proxies were told. Pure: objects in, the same objects with their
-//! status out.
+//! (`translate::waypoint::bind`), so what the status says is what the
+//! node proxies were told. Pure: objects (as the API serves them) in, the
+//! status each should have out.
 
+use crate::translate::waypoint::{self as wp, Binding, Traffic, Waypoint};
 use serde_json::{json, Value};
-use slipstream_control::translate::waypoint::{self as wp, Binding, Traffic, Waypoint};
 use slipstream_k8s::Labels;
 
 /// The condition Istio writes on a Service bound (or refused) to a waypoint.
@@ -60,14 +62,25 @@ fn gateway_ready(objects: &[Value], ns: &str, name: &str) -> bool {
     })
 }
 
+/// Why a Gateway of the waypoint class is not a valid waypoint, if so.
+pub fn invalid_waypoint(o: &Value) -> Option<String> {
+    if o.pointer("/spec/gatewayClassName").and_then(Value::as_str) != Some(wp::WAYPOINT_CLASS) {
+        return None;
+    }
+    match crate::objects::parse_value(o.clone()) {
+        Ok(Some(crate::objects::ClusterObject::Opaque(g))) => wp::gateway(&g).err().map(|e| e.to_string()),
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
 /// The waypoints, as binding sees them.
 fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
     objects
         .iter()
         .filter(|o| o["kind"] == "Gateway")
         .filter_map(|o| {
-            let Ok(Some(slipstream_control::objects::ClusterObject::Opaque(g))) = slipstream_control::objects::parse_value(o.clone())
-            else {
+            let Ok(Some(crate::objects::ClusterObject::Opaque(g))) = crate::objects::parse_value(o.clone()) else {
                 return None;
             };
             let wp::GatewayInput::Waypoint { takes, allowed } = wp::gateway(&g).ok()? else { return None };
@@ -77,8 +90,12 @@ fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
         .collect()
 }
 
-/// Writes the controllers' status on `objects` (see the module's doc).
-pub fn add(objects: &mut [Value]) {
+/// The status the controllers write, by index into `objects`: for each
+/// waypoint Gateway its whole `status` (`addresses`, `conditions`), for
+/// each Service that asks for a waypoint `{"conditions": [WaypointBound]}`.
+/// Conditions carry `type`, `status`, `reason` and `message` only; the
+/// writer adds the times. `domain` is the cluster's DNS domain.
+pub fn compute(objects: &[Value], domain: &str) -> Vec<(usize, Value)> {
     let waypoints = waypoints(objects);
     let namespace_labels: std::collections::BTreeMap<&str, Labels> =
         objects.iter().filter(|o| o["kind"] == "Namespace").map(|o| (str_of(o, "/metadata/name"), labels_of(o))).collect();
@@ -88,7 +105,18 @@ pub fn add(objects: &mut [Value]) {
         let (ns, name) = (str_of(o, "/metadata/namespace"), str_of(o, "/metadata/name"));
         match o["kind"].as_str() {
             Some("Gateway") => {
-                let Some(w) = waypoints.iter().find(|w| w.namespace == ns && w.name == name) else { continue };
+                let Some(w) = waypoints.iter().find(|w| w.namespace == ns && w.name == name) else {
+                    // A waypoint Gateway that does not read as one: said
+                    // on it, naming the field (the local cluster refuses it
+                    // at apply; Kubernetes admits it).
+                    if let Some(why) = invalid_waypoint(o) {
+                        updates.push((
+                            i,
+                            json!({"conditions": [condition("Accepted", false, "Invalid", &why), condition("Programmed", false, "Invalid", &why)]}),
+                        ));
+                    }
+                    continue;
+                };
                 let ip = objects
                     .iter()
                     .find(|s| s["kind"] == "Service" && str_of(s, "/metadata/namespace") == ns && str_of(s, "/metadata/name") == name)
@@ -99,11 +127,7 @@ pub fn add(objects: &mut [Value]) {
                         "Programmed",
                         true,
                         "Programmed",
-                        &format!(
-                            "Resource programmed, assigned to service(s) {name}.{ns}.svc.{}:{}",
-                            slipstream_control::translate::DEFAULT_DOMAIN_SUFFIX,
-                            wp::HBONE_LISTENER_PORT
-                        ),
+                        &format!("Resource programmed, assigned to service(s) {name}.{ns}.svc.{}:{}", domain, wp::HBONE_LISTENER_PORT),
                     )
                 } else {
                     condition("Programmed", false, "Pending", &format!("no pod of Deployment {ns}/{name} is ready yet"))
@@ -134,7 +158,13 @@ pub fn add(objects: &mut [Value]) {
             _ => {}
         }
     }
-    for (i, status) in updates {
+    updates
+}
+
+/// Writes the controllers' status on `objects` (see the module's doc),
+/// merged into any status they have.
+pub fn add(objects: &mut [Value], domain: &str) {
+    for (i, status) in compute(objects, domain) {
         let o = &mut objects[i];
         match o.get_mut("status").and_then(Value::as_object_mut) {
             Some(existing) => {
@@ -199,7 +229,7 @@ mod tests {
     #[test]
     fn a_ready_waypoint_is_programmed_and_its_services_bound() {
         let mut objects = cluster(true);
-        add(&mut objects);
+        add(&mut objects, "cluster.local");
         let gw = find(&objects, "Gateway", "waypoint");
         assert_eq!(cond(gw, "Accepted").unwrap()["status"], "True");
         let p = cond(gw, "Programmed").unwrap();
@@ -224,7 +254,7 @@ mod tests {
     #[test]
     fn a_waypoint_without_a_ready_pod_is_not_programmed_and_binds_nothing() {
         let mut objects = cluster(false);
-        add(&mut objects);
+        add(&mut objects, "cluster.local");
         let p = cond(find(&objects, "Gateway", "waypoint"), "Programmed").unwrap();
         assert_eq!((p["status"].as_str(), p["reason"].as_str()), (Some("False"), Some("Pending")));
         let b = cond(find(&objects, "Service", "reviews"), WAYPOINT_BOUND).unwrap();
@@ -232,10 +262,23 @@ mod tests {
     }
 
     #[test]
+    fn an_invalid_waypoint_gateway_is_not_accepted_and_says_which_field() {
+        let mut objects = cluster(true);
+        objects[1]["spec"]["listeners"][0]["port"] = json!(8080);
+        add(&mut objects, "cluster.local");
+        let a = cond(find(&objects, "Gateway", "waypoint"), "Accepted").unwrap();
+        assert_eq!((a["status"].as_str(), a["reason"].as_str()), (Some("False"), Some("Invalid")));
+        assert!(a["message"].as_str().unwrap().contains("spec.listeners[0].port"), "{a}");
+        // Its services are refused: there is no waypoint by that name.
+        let b = cond(find(&objects, "Service", "reviews"), WAYPOINT_BOUND).unwrap();
+        assert_eq!(b["reason"], "WaypointNotFound");
+    }
+
+    #[test]
     fn a_waypoint_for_workloads_only_refuses_a_service() {
         let mut objects = cluster(true);
         objects[1]["metadata"]["labels"] = json!({"istio.io/waypoint-for": "workload"});
-        add(&mut objects);
+        add(&mut objects, "cluster.local");
         let b = cond(find(&objects, "Service", "reviews"), WAYPOINT_BOUND).unwrap();
         assert_eq!(b["reason"], "UnsupportedTrafficType");
     }

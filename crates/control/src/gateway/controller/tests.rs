@@ -1,0 +1,141 @@
+use super::*;
+use crate::translate::waypoint::GATEWAY_NAME_LABEL;
+
+fn settings() -> ControllerSettings {
+    ControllerSettings {
+        deploy: render::DeploySettings {
+            image: "slipstream:test".into(),
+            control_plane: "istiod.istio-system.svc:15012".into(),
+            control_plane_san: "istiod.istio-system.svc".into(),
+            root_pem: "PEM".into(),
+            trust_domain: "cluster.local".into(),
+            cluster_id: "Kubernetes".into(),
+            audience: "istio-ca".into(),
+        },
+        domain: "cluster.local".into(),
+        resync: Duration::from_secs(60),
+    }
+}
+
+fn gateway() -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+           "metadata": {"name": "waypoint", "namespace": "shop", "uid": "u-1", "generation": 2},
+           "spec": {"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}})
+}
+
+fn service(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "shop", "labels": labels},
+           "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}})
+}
+
+fn statuses(writes: &[Write]) -> Vec<(&str, &str, &Value)> {
+    writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::Status { kind, name, status, .. } => Some((*kind, name.as_str(), status)),
+            Write::Object(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_new_gateway_gets_its_objects_and_status_and_a_bound_service_its_condition() {
+    let objects = vec![gateway(), service("reviews", json!({"istio.io/use-waypoint": "waypoint"})), service("other", json!({}))];
+    let writes = plan(&objects, &settings(), &HashMap::new(), "2026-11-27T00:00:00Z");
+    let made: Vec<String> = writes.iter().filter(|w| matches!(w, Write::Object(_))).map(Write::describe).collect();
+    assert_eq!(made, ["ServiceAccount shop/waypoint", "Deployment shop/waypoint", "Service shop/waypoint"]);
+    let st = statuses(&writes);
+    assert_eq!(st.len(), 2, "{st:?}");
+    let (kind, name, gw) = st[0];
+    assert_eq!((kind, name), ("Gateway", "waypoint"));
+    let programmed = &gw["conditions"][1];
+    assert_eq!((programmed["type"].as_str(), programmed["status"].as_str()), (Some("Programmed"), Some("False")));
+    assert_eq!(programmed["lastTransitionTime"], "2026-11-27T00:00:00Z");
+    assert_eq!(programmed["observedGeneration"], 2);
+    let (kind, name, svc) = st[1];
+    assert_eq!((kind, name), ("Service", "reviews"));
+    assert_eq!(svc["conditions"][0]["reason"], "WaypointIsNotReady");
+    assert!(svc["conditions"][0].get("observedGeneration").is_none(), "a Service has no generation");
+}
+
+#[test]
+fn what_is_already_written_is_not_written_again() {
+    let mut objects = vec![gateway(), service("reviews", json!({"istio.io/use-waypoint": "waypoint"}))];
+    let first = plan(&objects, &settings(), &HashMap::new(), "t1");
+    // The API server now holds what was written.
+    for w in &first {
+        if let Write::Status { kind, name, status, .. } = w {
+            let o = objects.iter_mut().find(|o| o["kind"] == *kind && o["metadata"]["name"] == name.as_str()).unwrap();
+            o["status"] = status.clone();
+        }
+    }
+    let applied: HashMap<(String, String), Vec<Value>> =
+        [(("shop".to_string(), "waypoint".to_string()), render::objects(&objects[0], &settings().deploy).unwrap())].into();
+    assert_eq!(plan(&objects, &settings(), &applied, "t2"), vec![], "nothing differs");
+
+    // The waypoint's pod becomes ready: Programmed turns True with a new
+    // transition time, Accepted keeps its own; the service is bound.
+    objects.push(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "waypoint-1", "namespace": "shop",
+        "labels": {GATEWAY_NAME_LABEL: "waypoint"}}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
+    let writes = plan(&objects, &settings(), &applied, "t3");
+    let st = statuses(&writes);
+    assert_eq!(st.len(), 2, "{st:?}");
+    let gw = st[0].2;
+    assert_eq!((gw["conditions"][0]["type"].as_str(), gw["conditions"][0]["lastTransitionTime"].as_str()), (Some("Accepted"), Some("t1")));
+    assert_eq!((gw["conditions"][1]["status"].as_str(), gw["conditions"][1]["lastTransitionTime"].as_str()), (Some("True"), Some("t3")));
+    assert_eq!(st[1].2["conditions"][0]["reason"], "WaypointAccepted");
+
+    // A changed spec (generation 3) is acknowledged even if nothing else moved.
+    for w in &writes {
+        if let Write::Status { kind, name, status, .. } = w {
+            let o = objects.iter_mut().find(|o| o["kind"] == *kind && o["metadata"]["name"] == name.as_str()).unwrap();
+            o["status"] = status.clone();
+        }
+    }
+    objects[0]["metadata"]["generation"] = json!(3);
+    let st = plan(&objects, &settings(), &applied, "t4");
+    assert_eq!(statuses(&st).len(), 1);
+    assert_eq!(statuses(&st)[0].2["conditions"][1]["observedGeneration"], 3);
+    assert_eq!(statuses(&st)[0].2["conditions"][1]["lastTransitionTime"], "t3");
+}
+
+#[test]
+fn a_service_that_stops_asking_loses_its_condition() {
+    let mut svc = service("reviews", json!({}));
+    svc["status"] = json!({"conditions": [{"type": status::WAYPOINT_BOUND, "status": "True", "reason": "WaypointAccepted", "message": "bound to shop/waypoint"}]});
+    let writes = plan(&[gateway(), svc], &settings(), &HashMap::new(), "t");
+    let st: Vec<_> = statuses(&writes).into_iter().filter(|(kind, _, _)| *kind == "Service").collect();
+    assert_eq!(st, vec![("Service", "reviews", &json!({}))]);
+}
+
+#[test]
+fn a_changed_rendering_is_applied_again() {
+    let objects = vec![gateway()];
+    let mut applied: HashMap<(String, String), Vec<Value>> =
+        [(("shop".to_string(), "waypoint".to_string()), render::objects(&objects[0], &settings().deploy).unwrap())].into();
+    let objects_written = |w: &[Write]| w.iter().filter(|w| matches!(w, Write::Object(_))).count();
+    assert_eq!(objects_written(&plan(&objects, &settings(), &applied, "t")), 0);
+    let mut rotated = settings();
+    rotated.deploy.root_pem = "NEW PEM".into();
+    assert_eq!(objects_written(&plan(&objects, &rotated, &applied, "t")), 3, "a new root rolls the waypoint");
+    applied.clear();
+    assert_eq!(objects_written(&plan(&objects, &settings(), &applied, "t")), 3, "a resync applies everything");
+}
+
+#[test]
+fn the_mirror_keeps_only_what_the_controller_reads() {
+    let m = Mirror::default();
+    m.observe(&RawEvent::Apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "shop"}})));
+    m.observe(&RawEvent::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "shop"}})));
+    assert!(m.snapshot().is_empty(), "pods of applications and other kinds are not kept");
+    m.observe(&RawEvent::Apply(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "wp", "namespace": "shop", "labels": {GATEWAY_NAME_LABEL: "waypoint"}, "managedFields": [{}]}})));
+    m.observe(&RawEvent::Apply(service("reviews", json!({}))));
+    let snap = m.snapshot();
+    assert_eq!(snap.len(), 2);
+    assert!(snap.iter().all(|o| o["metadata"].get("managedFields").is_none()));
+    m.observe(&RawEvent::Relisted { kind: "Service", present: BTreeSet::new() });
+    assert_eq!(m.snapshot().len(), 1, "a relist without it drops the service");
+    m.observe(&RawEvent::Delete { kind: "Pod", namespace: "shop".into(), name: "wp".into() });
+    assert!(m.snapshot().is_empty());
+}
