@@ -35,16 +35,41 @@ impl Handler for WaypointHandler {
                 tracing::info!(peer = %request.peer_identity, target = %request.target, "tunnel refused: {e}");
                 HboneError::NoWorkload(request.target)
             })?;
+            // The peer's streams across all its tunnels, held for as long
+            // as this one lasts: one pod holds at most its share of the
+            // waypoint every bound service shares, however its node proxy
+            // pools them.
+            let source = match request.context.clone().map(Arc::downcast::<slipstream_node::limits::Source>) {
+                Some(Ok(source)) => source,
+                _ => self.shared.limits.peer(request.peer_addr.ip()),
+            };
+            let held = source.take(slipstream_node::limits::Kind::PeerStreams, 0).map_err(|over| {
+                let ip = request.peer_addr.ip();
+                let now = std::time::Instant::now();
+                for (quiet, n) in self.shared.refusals.summaries(now) {
+                    tracing::warn!(peer = %quiet, "{n} more streams refused over the peer's bound");
+                }
+                if self.shared.refusals.check(&ip, now) == slipstream_node::limits::LogDecision::Log {
+                    tracing::warn!(peer = %ip, identity = %request.peer_identity, target = %request.target, "stream refused: {over}");
+                }
+                HboneError::SourceLimit { peer: ip, what: over.what, limit: over.limit }
+            })?;
             let peer = Peer { identity: request.peer_identity.clone(), addr: request.peer_addr };
             let shared = self.shared.clone();
-            let serve: InPlace = Box::new(move |tunnel| Box::pin(serve(shared, tunnel, target, peer)));
+            let serve: InPlace = Box::new(move |tunnel| {
+                Box::pin(async move {
+                    serve(shared, tunnel, target, peer).await;
+                    drop(held);
+                })
+            });
             Ok(Box::new(InPlaceServer(Some(serve))) as Box<dyn Upstream>)
         })
     }
 
     /// As the node proxy's HBONE port: a peer address holds a bounded
-    /// number of connections and handshakes, and the process a bounded
-    /// number of descriptors; one over its bound is reset before TLS.
+    /// number of connections, handshakes and (in `connect`) streams, and
+    /// the process a bounded number of descriptors; a connection over its
+    /// bound is reset before TLS, a stream answered 503 with `SourceLimit`.
     fn admit(&self, peer_addr: SocketAddr, _local: SocketAddr) -> Result<Admission, AdmissionRefused> {
         use slipstream_node::limits::Kind;
         let peer = self.shared.limits.peer(peer_addr.ip());
@@ -54,7 +79,8 @@ impl Handler for WaypointHandler {
         };
         let conn = peer.take(Kind::PeerConnections, 1).map_err(|o| refused(o, HandshakeFailureKind::PeerConnectionLimit))?;
         let handshake = peer.take(Kind::PeerHandshakes, 0).map_err(|o| refused(o, HandshakeFailureKind::PeerHandshakeLimit))?;
-        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)), context: None })
+        // The peer's counters, found once and handed to every stream.
+        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)), context: Some(peer) })
     }
 
     fn accepts_foreign_target(&self, _tunnel_local: SocketAddr, target: SocketAddr) -> bool {

@@ -82,6 +82,8 @@ pub struct Shared {
     /// descriptor budget: the node proxy's limiter, so one pod cannot hold
     /// the waypoint that every bound service shares.
     limits: slipstream_node::limits::NodeLimits,
+    /// The log lines of refused streams, at most a few per peer per 10 s.
+    refusals: slipstream_node::limits::RefusalLog<std::net::IpAddr>,
     /// Requests in flight, round robin and outlier state, per pool.
     balancer: balance::Balancer,
     pub metrics: Arc<metrics::Metrics>,
@@ -192,6 +194,7 @@ impl Waypoint {
                 client_h2,
                 connector,
                 limits,
+                refusals: slipstream_node::limits::RefusalLog::new(5, std::time::Duration::from_secs(10)),
                 balancer: balance::Balancer::default(),
                 metrics: Arc::default(),
                 buckets: Default::default(),

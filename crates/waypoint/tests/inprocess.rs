@@ -432,6 +432,43 @@ async fn one_peer_address_holds_a_bounded_share_of_the_waypoint() {
     assert!(h.admit(hostile, local).is_ok());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_address_holds_a_bounded_number_of_streams_over_all_its_tunnels() {
+    use slipstream_hbone::{Handler, HboneError, InboundRequest};
+    let (m, _node2, wp, _cfg) = mesh(104).await;
+    let h = wp.handler();
+    let local: SocketAddr = SocketAddr::new(m.ip(5, 1), 15008);
+    let request = |peer: SocketAddr, context| InboundRequest {
+        peer_identity: "spiffe://cluster.local/ns/default/sa/productpage".parse().unwrap(),
+        peer_addr: peer,
+        tunnel_local: local,
+        target: SocketAddr::new(m.ip(9, 1), APP_PORT),
+        headers: Default::default(),
+        context,
+    };
+    // Streams from one address, spread over two of its connections (as a
+    // node proxy's pool spreads them), held open until one is refused.
+    let hostile = SocketAddr::new(m.ip(1, 66), 40000);
+    let tunnels: Vec<_> = (0..2).map(|_| h.admit(hostile, local).expect("a connection").context).collect();
+    let mut held = Vec::new();
+    let refused = loop {
+        match h.connect(&request(hostile, tunnels[held.len() % 2].clone())).await {
+            Ok(up) => held.push(up),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 100_000, "no bound on one peer's streams");
+    };
+    assert!(matches!(refused, HboneError::SourceLimit { what: "open HBONE streams", .. }), "{refused}");
+    let bound = held.len();
+    assert!(bound >= 1_000, "a peer may hold many streams ({bound})");
+    // Another address is served meanwhile; the hostile one again once its
+    // streams end.
+    let other = SocketAddr::new(m.ip(1, 1), 40001);
+    assert!(h.connect(&request(other, None)).await.is_ok(), "another pod is not starved");
+    held.truncate(bound - 1);
+    assert!(h.connect(&request(hostile, tunnels[0].clone())).await.is_ok(), "one stream ended, one more may open");
+}
+
 /// A rule for `reviews` (Istio's VirtualService, as the control plane
 /// compiles it): every request, to `backends` (service, subset).
 fn vs_rule(backends: &[(&str, Option<&str>, u32)]) -> RouteRule {
