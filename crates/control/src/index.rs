@@ -593,8 +593,17 @@ impl Index {
         // Policies whose rules need L7 follow the waypoints in front of
         // what they select: computed again whenever a pod, a service or a
         // binding changed (their bytes decide whether anything is pushed).
+        // A selector selects pods of its own namespace (every namespace's
+        // for the root namespace), so only those namespaces' policies can
+        // have moved, unless every binding did.
         if !batch.pods.is_empty() || !batch.services.is_empty() || batch.all_bindings {
+            let touched: BTreeSet<&str> =
+                batch.pods.iter().map(|(n, _)| n.as_str()).chain(batch.services.iter().map(|(n, _)| n.as_str())).collect();
+            let root = self.settings.root_namespace.as_str();
             for (n, ns) in &self.namespaces {
+                if !batch.all_bindings && n != root && !touched.contains(n.as_str()) {
+                    continue;
+                }
                 for (name, p) in &ns.policies {
                     if p.selected_l7.as_ref().is_some_and(|(_, rules)| !rules.is_empty()) {
                         batch.policies.insert((n.clone(), name.clone()));
