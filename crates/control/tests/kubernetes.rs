@@ -215,7 +215,9 @@ impl ControlPlane {
             ["control", "--source", "kubernetes", "--listen", "127.0.0.1:0", "--monitor", "127.0.0.1:0", "--cluster-id", CLUSTER_ID]
                 .map(String::from)
                 .into();
-        argv.extend(["--kubeconfig".into(), server.kubeconfig_path().display().to_string()]);
+        if !extra.contains(&"--kubeconfig") {
+            argv.extend(["--kubeconfig".into(), server.kubeconfig_path().display().to_string()]);
+        }
         argv.extend(["--ca-dir".into(), dir.path().join("ca").display().to_string()]);
         if let Some(tokens) = node_tokens {
             let path = dir.path().join("node-tokens.json");
@@ -954,6 +956,48 @@ async fn install_gateway_crd(client: &kube::Client) {
     }
 }
 
+/// Creates what deploy/kubernetes/control-plane-rbac.yaml holds, its
+/// account in namespace `ns` (not istio-system, which another test of this
+/// shared server makes), and returns a kubeconfig that authenticates as
+/// that account.
+async fn as_control_plane_account(server: &KubeTestServer, client: &kube::Client, ns: &str) -> PathBuf {
+    use serde::Deserialize;
+    let text =
+        include_str!("../../../deploy/kubernetes/control-plane-rbac.yaml").replace("namespace: istio-system", &format!("namespace: {ns}"));
+    create_namespace(client, ns, json!({})).await;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let o: DynamicObject = DynamicObject::deserialize(doc).expect("a manifest of deploy/kubernetes");
+        let types = o.types.clone().expect("apiVersion and kind");
+        let (group, version) = types.api_version.rsplit_once('/').unwrap_or(("", &types.api_version));
+        let plural = match types.kind.as_str() {
+            "ServiceAccount" => "serviceaccounts",
+            "ClusterRole" => "clusterroles",
+            "ClusterRoleBinding" => "clusterrolebindings",
+            other => panic!("deploy/kubernetes: unexpected kind {other}"),
+        };
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, &types.kind), plural);
+        let api = match o.metadata.namespace.as_deref() {
+            Some(n) => Api::<DynamicObject>::namespaced_with(client.clone(), n, &ar),
+            None => Api::<DynamicObject>::all_with(client.clone(), &ar),
+        };
+        api.create(&PostParams::default(), &o).await.unwrap_or_else(|e| panic!("creating {} from deploy/kubernetes: {e}", types.kind));
+    }
+    let token = token(client, ns, "slipstream-control", None, API_AUDIENCE).await;
+    let dir = server.dir().join(format!("as-{ns}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, server.ca_pem()).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "test", "cluster": {"server": server.server_url(), "certificate-authority": ca}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": "sa"}}],
+    });
+    std::fs::write(&kubeconfig, serde_json::to_string(&config).unwrap()).unwrap();
+    kubeconfig
+}
+
 fn gateway_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "Gateway"), "gateways")
 }
@@ -998,8 +1042,17 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     const NS: &str = "wp-shop";
     create_namespace(&client, NS, json!({})).await;
 
-    let control =
-        ControlPlane::start_with(&server, None, &["--gateway-resync", "2s", "--waypoint-image", "registry.example/slipstream:t"]).await;
+    // The control plane runs as the account deploy/kubernetes gives it,
+    // with exactly that ClusterRole (this API server authorizes with
+    // RBAC): what it does below is what the shipped permissions allow.
+    let kubeconfig = as_control_plane_account(&server, &client, "wp-control").await;
+    let kubeconfig = kubeconfig.display().to_string();
+    let control = ControlPlane::start_with(
+        &server,
+        None,
+        &["--gateway-resync", "2s", "--waypoint-image", "registry.example/slipstream:t", "--kubeconfig", &kubeconfig],
+    )
+    .await;
 
     // The Gateway, as a user applies it.
     let ar = gateway_resource();
