@@ -591,17 +591,27 @@ impl Index {
         }
         let waypoints = self.waypoints();
         // Policies whose rules need L7 follow the waypoints in front of
-        // what they select: computed again whenever a pod, a service or a
-        // binding changed (their bytes decide whether anything is pushed).
-        // A selector selects pods of its own namespace (every namespace's
-        // for the root namespace), so only those namespaces' policies can
-        // have moved, unless every binding did.
-        if !batch.pods.is_empty() || !batch.services.is_empty() || batch.all_bindings {
-            let touched: BTreeSet<&str> =
-                batch.pods.iter().map(|(n, _)| n.as_str()).chain(batch.services.iter().map(|(n, _)| n.as_str())).collect();
-            let root = self.settings.root_namespace.as_str();
+        // what they select, and whether a waypoint may decide them at all
+        // (`waypoint_can_decide`: every policy of their namespace and of
+        // the root namespace): computed again whenever a pod, a service, a
+        // policy or a binding changed (their bytes decide whether anything
+        // is pushed). A selector selects pods of its own namespace, so only
+        // the namespaces a change touched can have moved, unless a binding
+        // or a root-namespace policy changed, which can move them all.
+        let root = self.settings.root_namespace.clone();
+        let root_policy = batch.policies.iter().any(|(n, _)| *n == root);
+        if !batch.pods.is_empty() || !batch.services.is_empty() || !batch.policies.is_empty() || batch.all_bindings {
+            let everywhere = batch.all_bindings || root_policy;
+            let touched: BTreeSet<String> = batch
+                .pods
+                .iter()
+                .map(|(n, _)| n)
+                .chain(batch.services.iter().map(|(n, _)| n))
+                .chain(batch.policies.iter().map(|(n, _)| n))
+                .cloned()
+                .collect();
             for (n, ns) in &self.namespaces {
-                if !batch.all_bindings && n != root && !touched.contains(n.as_str()) {
+                if !everywhere && !touched.contains(n) {
                     continue;
                 }
                 for (name, p) in &ns.policies {
@@ -952,17 +962,33 @@ impl Index {
         format!("{}//Pod/{ns}/{name}", self.settings.cluster_id)
     }
 
+    /// The pods of the waypoints, `(namespace, pod, service account)`: a
+    /// pod labelled with a waypoint Gateway's name that runs as that
+    /// Gateway's account (a waypoint runs as its Gateway's name). The CA
+    /// lets their tokens (and no other workload's) obtain their own
+    /// identity on Kubernetes; an account that merely shares a Gateway's
+    /// name gains nothing.
+    pub fn waypoint_pods(&self) -> BTreeSet<(String, String, String)> {
+        // Through the label index: a few lookups per waypoint, not a scan
+        // of the pods (this runs after every batch).
+        let mut out = BTreeSet::new();
+        for (n, ns) in self.namespaces.iter().filter(|(_, ns)| !ns.waypoints.is_empty()) {
+            for gw in ns.waypoints.keys() {
+                let Some(names) = ns.pods_by_label.get(&(wp::GATEWAY_NAME_LABEL.to_string(), gw.clone())) else { continue };
+                for p in names.iter().filter_map(|name| ns.pods.get(name)) {
+                    if p.service_account == *gw {
+                        out.insert((n.clone(), p.name.clone(), gw.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Every waypoint, as binding sees it. Always ready: binding fills the
     /// waypoint fields whether or not a pod of it is ready (the node
     /// proxy refuses the traffic until one is), so readiness changes no
     /// resource; it is reported, not published.
-    /// The service accounts of the waypoints, `(namespace, name)`: a
-    /// waypoint runs as its Gateway's name. The CA lets these callers (and
-    /// no other workload) obtain their own identity on Kubernetes.
-    pub fn waypoint_accounts(&self) -> BTreeSet<(String, String)> {
-        self.namespaces.iter().flat_map(|(n, ns)| ns.waypoints.keys().map(move |w| (n.clone(), w.clone()))).collect()
-    }
-
     fn waypoints(&self) -> Vec<Waypoint> {
         let mut out = Vec::new();
         for (n, ns) in &self.namespaces {

@@ -135,8 +135,9 @@ pub struct ControlArgs {
     #[arg(long, env = "SLIPSTREAM_CONTROL_WAYPOINT_CONTROL_PLANE", default_value = "istiod.istio-system.svc:15012")]
     pub waypoint_control_plane: String,
     /// How often the gateway controller applies everything again even if
-    /// nothing changed (a made object deleted by hand comes back within it).
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    /// nothing changed (a made object deleted by hand comes back within
+    /// it). At least 5s.
+    #[arg(long, default_value = "60s", value_parser = parse_resync)]
     pub gateway_resync: Duration,
 }
 
@@ -495,6 +496,14 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
 
 /// A DNS domain of lowercase labels (letters, digits, `-`, not at either
 /// end of a label), without a leading or trailing dot.
+fn parse_resync(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(5) {
+        return Err(format!("{s}: at least 5s (each resync applies every waypoint's objects again)"));
+    }
+    Ok(d)
+}
+
 fn parse_domain_suffix(s: &str) -> Result<String, String> {
     let ok_label = |l: &str| {
         !l.is_empty()
@@ -528,9 +537,9 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     let node_tokens = args.node_tokens.as_deref().map(NodeTokens::load).transpose()?;
     let ca_source = args.ca.source()?;
 
-    // The waypoints' accounts, as the index publishes them: the CA lets
-    // them obtain their own identity.
-    let (waypoint_accounts, waypoint_accounts_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    // The waypoints' pods, as the index publishes them: the CA lets them
+    // obtain their own identity.
+    let (waypoint_pods, waypoint_pods_rx) = tokio::sync::watch::channel(BTreeSet::new());
     let mut gateway_client = None;
     let (mut batches, source_task, auth): (mpsc::Receiver<Batch>, Option<JoinHandle<()>>, Arc<dyn Authenticator>) = match &args.source {
         SourceArg::Dir(root) => {
@@ -551,7 +560,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
                 Some(t) => Arc::new(t),
                 None => {
                     let policy = ReviewPolicy { trust_domain: args.trust_domain.clone(), ..args.ca.review_policy()? };
-                    Arc::new(TokenReviewAuthenticator::new(client.clone(), policy).with_waypoints(waypoint_accounts_rx))
+                    Arc::new(TokenReviewAuthenticator::new(client.clone(), policy).with_waypoints(waypoint_pods_rx))
                 }
             };
             tracing::info!("objects from the Kubernetes API");
@@ -575,6 +584,13 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         let (image, control_plane, resync) = (args.waypoint_image.clone(), args.waypoint_control_plane.clone(), args.gateway_resync);
         let san = args.server_names.first().cloned().unwrap_or_else(|| slipstream_api::DEFAULT_CONTROL_PLANE_SAN.into());
         tracing::info!(image = %image, "gateway controller: deploying waypoints, writing Gateway and Service status");
+        if image == DEFAULT_WAYPOINT_IMAGE {
+            tracing::warn!(
+                image = %image,
+                "the waypoint image is the default name, which this repository does not publish: build an image with `slipstream` \
+                 on its PATH and give it with --waypoint-image, or waypoint pods will not start (their Gateways stay Programmed=False)"
+            );
+        }
         AbortOnDrop(tokio::spawn(crate::gateway::controller::run(client, mirror, move || ControllerSettings {
             deploy: DeploySettings {
                 image: image.clone(),
@@ -619,7 +635,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     loop {
         let Some(b) = batches.recv().await else { bail!("the object source ended") };
         let (changes, invalid) = apply_batch(&mut index, b.events, "initial");
-        waypoint_accounts.send_if_modified(|held| replace_if_changed(held, index.waypoint_accounts()));
+        waypoint_pods.send_if_modified(|held| replace_if_changed(held, index.waypoint_pods()));
         let generation = store.publish(index.resources().clone(), changes);
         let mut p = lock(&progress);
         p.invalid += invalid;
@@ -667,7 +683,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
                 b = batches.recv() => {
                     let Some(b) = b else { break Err(anyhow::anyhow!("the object source ended")) };
                     let (changes, invalid) = apply_batch(&mut index, b.events, "update");
-                    waypoint_accounts.send_if_modified(|held| replace_if_changed(held, index.waypoint_accounts()));
+                    waypoint_pods.send_if_modified(|held| replace_if_changed(held, index.waypoint_pods()));
                     let n = changes.upserted.len() + changes.removed.len();
                     let generation = store.publish(index.resources().clone(), changes);
                     if n > 0 {
@@ -710,6 +726,12 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resync_has_a_floor() {
+        assert_eq!(parse_resync("60s"), Ok(Duration::from_secs(60)));
+        assert!(parse_resync("0s").unwrap_err().contains("at least 5s"));
+    }
 
     #[test]
     fn domain_suffixes() {

@@ -846,7 +846,7 @@ async fn node_proxies_authenticate_with_service_account_tokens_and_get_only_thei
             Ask::new(&impostor, TELLER).0,
             Code::Unauthenticated,
             "the token was refused: service account istio-system/not-ztunnel is neither a node proxy's (allowed: istio-system/ztunnel) \
-             nor a waypoint's (no Gateway istio-system/not-ztunnel of class istio-waypoint)",
+             nor the token of a waypoint's pod (a pod of Gateway istio-system/not-ztunnel of class istio-waypoint)",
             "",
         ),
         (
@@ -1050,7 +1050,7 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     let control = ControlPlane::start_with(
         &server,
         None,
-        &["--gateway-resync", "2s", "--waypoint-image", "registry.example/slipstream:t", "--kubeconfig", &kubeconfig],
+        &["--gateway-resync", "5s", "--waypoint-image", "registry.example/slipstream:t", "--kubeconfig", &kubeconfig],
     )
     .await;
 
@@ -1156,8 +1156,15 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     let (ask, _) = Ask::new(&reviews_token, &format!("spiffe://cluster.local/ns/{NS}/sa/reviews"));
     let e = ask.send(&control).await.expect_err("a workload that is not a waypoint");
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
-    assert!(e.message().contains("nor a waypoint's"), "{}", e.message());
+    assert!(e.message().contains("nor the token of a waypoint's pod"), "{}", e.message());
     assert_eq!(open_stream(&control, &reviews_token, "wp-node").await.unwrap_err().code(), Code::Unauthenticated);
+    // Another pod of the waypoint's account that is not a pod of the
+    // Gateway (no gateway-name label) gets nothing either.
+    let lookalike = create_pod(&client, NS, "lookalike-1", "wp-node", "waypoint", json!({"app": "lookalike"}), Some("10.244.9.7")).await;
+    let lookalike_token = token(&client, NS, "waypoint", Some(&lookalike), CA_AUDIENCE).await;
+    let (ask, _) = Ask::new(&lookalike_token, &own);
+    let e = ask.send(&control).await.expect_err("a pod that merely runs as the waypoint's account");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
 
     // A made object deleted by hand comes back within a resync.
     deployments.delete("waypoint", &DeleteParams::default()).await.unwrap();
@@ -1191,5 +1198,28 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     .await;
     assert!(condition(&st, "Accepted").unwrap()["message"].as_str().unwrap().contains("spec.listeners[0].port"), "{st:#}");
     assert!(deployments.get_opt("bad").await.unwrap().is_none(), "nothing deployed for an invalid Gateway");
+
+    // A Gateway named like an existing ServiceAccount of the user's: that
+    // account is not taken over (deleting the Gateway would delete it),
+    // nothing is deployed, and the status says why.
+    create_service_account(&client, NS, "taken").await;
+    let taken = DynamicObject::new("taken", &ar).within(NS).data(json!({"spec": {
+        "gatewayClassName": "istio-waypoint",
+        "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}],
+    }}));
+    gateways.create(&PostParams::default(), &taken).await.unwrap();
+    let st = eventually(
+        "the Gateway whose names are taken",
+        || async { gateways.get_opt("taken").await.unwrap().map(|g| g.data["status"].clone()) },
+        |s| condition_is(s, "Programmed", "False", "Invalid"),
+    )
+    .await;
+    assert!(
+        condition(&st, "Programmed").unwrap()["message"].as_str().unwrap().contains("ServiceAccount wp-shop/taken already exists"),
+        "{st:#}"
+    );
+    let sa = Api::<ServiceAccount>::namespaced(client.clone(), NS).get("taken").await.unwrap();
+    assert!(sa.metadata.owner_references.is_none() && sa.metadata.labels.is_none(), "the user's account is untouched: {:?}", sa.metadata);
+    assert!(deployments.get_opt("taken").await.unwrap().is_none());
     control.stop().await;
 }

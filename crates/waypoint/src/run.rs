@@ -127,6 +127,13 @@ fn private_files(args: &WaypointArgs) -> anyhow::Result<(PathBuf, PathBuf)> {
 }
 
 pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
+    // As the node proxy: the soft limit up to the hard one, before the
+    // per-peer bounds are derived from it (a soft limit of 1 024, common
+    // outside systemd, would leave one peer 128 streams).
+    match slipstream_node::sys::rlimit::raise_nofile() {
+        Ok(l) => tracing::debug!(soft = l.soft, "open files limit"),
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
     let td = TrustDomain::new(&args.trust_domain).with_context(|| format!("--trust-domain {:?}", args.trust_domain))?;
     let id: SpiffeId = format!("spiffe://{}/ns/{}/sa/{}", args.trust_domain, args.namespace, args.gateway)
         .parse()

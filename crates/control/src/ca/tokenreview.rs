@@ -9,11 +9,12 @@
 //! that is not bound to a pod is refused rather than trusted for every
 //! node.
 //!
-//! The one other caller let in is a waypoint: a pod-bound token of the
-//! service account of a Gateway of class `istio-waypoint` (the account is
-//! named after the Gateway) may obtain that account's own identity and
+//! The one other caller let in is a waypoint: a token bound to a pod of a
+//! Gateway of class `istio-waypoint` (labelled with its name, running as
+//! the account named after it) may obtain that account's own identity and
 //! nothing else. Istio signs any workload's own identity; a sidecar-less
-//! mesh has no other workload that needs one, so no other gets one.
+//! mesh has no other workload that needs one, so no other gets one (a
+//! certificate of its own would let a pod around its node proxy).
 
 use crate::auth::{bearer, AuthError, Authenticator, Caller};
 use futures_util::future::BoxFuture;
@@ -64,13 +65,16 @@ impl ReviewPolicy {
     }
 }
 
+/// The user.extra key that names the pod a token is bound to.
+pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+
 /// The caller a TokenReview's answer describes, or why it is refused.
-/// `is_waypoint(namespace, account)` says whether the account is a
-/// waypoint's.
+/// `is_waypoint(namespace, pod, account)` says whether the pod is a
+/// waypoint's, running as that account.
 pub fn caller_from_review(
     status: &TokenReviewStatus,
     policy: &ReviewPolicy,
-    is_waypoint: &dyn Fn(&str, &str) -> bool,
+    is_waypoint: &dyn Fn(&str, &str, &str) -> bool,
 ) -> Result<Caller, AuthError> {
     if status.authenticated != Some(true) {
         let why = status.error.as_deref().filter(|e| !e.is_empty()).unwrap_or("the token is not valid");
@@ -88,21 +92,17 @@ pub fn caller_from_review(
         .strip_prefix("system:serviceaccount:")
         .and_then(|rest| rest.split_once(':'))
         .ok_or_else(|| AuthError::Rejected(format!("{username:?} is not a service account")))?;
+    let extra = |key: &str| user.extra.as_ref().and_then(|e| e.get(key)).and_then(|v| v.first()).filter(|v| !v.is_empty());
     let node_proxy = policy.node_proxies.iter().any(|(n, s)| n == ns && s == sa);
-    if !node_proxy && !is_waypoint(ns, sa) {
+    if !node_proxy && !extra(POD_NAME_EXTRA).is_some_and(|pod| is_waypoint(ns, pod, sa)) {
         let allowed: Vec<String> = policy.node_proxies.iter().map(|(n, s)| format!("{n}/{s}")).collect();
         return Err(AuthError::Rejected(format!(
-            "service account {ns}/{sa} is neither a node proxy's (allowed: {}) nor a waypoint's (no Gateway {ns}/{sa} of class istio-waypoint)",
+            "service account {ns}/{sa} is neither a node proxy's (allowed: {}) nor the token of a waypoint's pod \
+             (a pod of Gateway {ns}/{sa} of class istio-waypoint)",
             allowed.join(", ")
         )));
     }
-    let node = user
-        .extra
-        .as_ref()
-        .and_then(|e| e.get(NODE_NAME_EXTRA))
-        .and_then(|v| v.first())
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| {
+    let node = extra(NODE_NAME_EXTRA).ok_or_else(|| {
             AuthError::Rejected(format!(
                 "the token of {ns}/{sa} is not bound to a pod ({NODE_NAME_EXTRA} is absent): use a projected, pod-bound token (Kubernetes 1.30 or later)"
             ))
@@ -111,16 +111,16 @@ pub fn caller_from_review(
     Ok(Caller { node: node.clone(), subject: username.to_string(), identity })
 }
 
-/// The waypoints' service accounts, `(namespace, name)`, as the index
-/// last published them.
-pub type WaypointAccounts = tokio::sync::watch::Receiver<std::collections::BTreeSet<(String, String)>>;
+/// The waypoints' pods, `(namespace, pod, service account)`, as the
+/// index last published them (`Index::waypoint_pods`).
+pub type WaypointPods = tokio::sync::watch::Receiver<std::collections::BTreeSet<(String, String, String)>>;
 
 /// Asks the API server, through a kube client, who a token belongs to.
 pub struct TokenReviewAuthenticator {
     client: kube::Client,
     policy: ReviewPolicy,
     cache: Mutex<HashMap<String, (Caller, Instant)>>,
-    waypoints: Option<WaypointAccounts>,
+    waypoints: Option<WaypointPods>,
 }
 
 impl TokenReviewAuthenticator {
@@ -129,8 +129,8 @@ impl TokenReviewAuthenticator {
         TokenReviewAuthenticator { client, policy, cache: Mutex::default(), waypoints: None }
     }
 
-    /// Node proxies, and the waypoints `waypoints` names.
-    pub fn with_waypoints(mut self, waypoints: WaypointAccounts) -> Self {
+    /// Node proxies, and the waypoint pods `waypoints` names.
+    pub fn with_waypoints(mut self, waypoints: WaypointPods) -> Self {
         self.waypoints = Some(waypoints);
         self
     }
@@ -174,12 +174,13 @@ impl TokenReviewAuthenticator {
                 _ => format!("TokenReview failed: {e}"),
             })
         })?;
-        let is_waypoint =
-            |ns: &str, sa: &str| self.waypoints.as_ref().is_some_and(|w| w.borrow().contains(&(ns.to_string(), sa.to_string())));
+        let is_waypoint = |ns: &str, pod: &str, sa: &str| {
+            self.waypoints.as_ref().is_some_and(|w| w.borrow().contains(&(ns.to_string(), pod.to_string(), sa.to_string())))
+        };
         let caller = caller_from_review(&answer.status.unwrap_or_default(), &self.policy, &is_waypoint)?;
         // Only node proxies' answers are reused: a waypoint calls rarely
-        // (a certificate a day, a stream), and must stop being let in as
-        // soon as its Gateway is gone.
+        // (a certificate a day, a stream), and its next call is refused as
+        // soon as its Gateway or pod is gone.
         if caller.identity.is_none() {
             self.remember(token, &caller, now);
         }

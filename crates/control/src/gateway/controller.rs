@@ -61,7 +61,22 @@ type Key = (&'static str, String, String);
 #[derive(Default)]
 pub struct Mirror {
     objects: Mutex<BTreeMap<Key, Value>>,
+    /// The kinds whose watcher has listed them whole (or found them not
+    /// served): nothing is decided before all four have.
+    listed: Mutex<BTreeSet<&'static str>>,
     changed: Notify,
+}
+
+/// Set on a mirrored object whose status has fields of [`STATUS_MANAGER`]
+/// (read from `managedFields`, which the mirror does not keep): only then
+/// is a condition left from before cleared. Never sent anywhere.
+pub const STATUS_OWNED: &str = "x-slipstream-status-owned";
+
+/// Whether `o`'s `managedFields` give status fields to [`STATUS_MANAGER`].
+fn status_owned(o: &Value) -> bool {
+    o.pointer("/metadata/managedFields").and_then(Value::as_array).is_some_and(|fields| {
+        fields.iter().any(|f| f["manager"] == STATUS_MANAGER && f["fieldsV1"]["f:status"].as_object().is_some_and(|m| !m.is_empty()))
+    })
 }
 
 const KINDS: [&str; 4] = ["Namespace", "Service", "Gateway", "Pod"];
@@ -84,8 +99,12 @@ impl Mirror {
                     objects.remove(&key).is_some()
                 } else {
                     let mut v = v.clone();
+                    let owned = status_owned(&v);
                     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
                         m.remove("managedFields");
+                    }
+                    if owned {
+                        v[STATUS_OWNED] = json!(true);
                     }
                     objects.insert(key, v.clone()).as_ref() != Some(&v)
                 }
@@ -94,13 +113,24 @@ impl Mirror {
             RawEvent::Relisted { kind, present } => {
                 let before = objects.len();
                 objects.retain(|(k, ns, name), _| k != kind || present.contains(&(ns.clone(), name.clone())));
-                objects.len() != before
+                objects.len() != before || self.listed(kind)
             }
-            RawEvent::Absent { .. } => false,
+            RawEvent::Absent { kind } => self.listed(kind),
         };
         if changed {
             self.changed.notify_one();
         }
+    }
+
+    /// Notes that `kind` was listed whole; true the first time.
+    fn listed(&self, kind: &str) -> bool {
+        let Some(k) = KINDS.into_iter().find(|k| *k == kind) else { return false };
+        self.listed.lock().unwrap_or_else(|e| e.into_inner()).insert(k)
+    }
+
+    /// Every kind the controller reads has been listed whole once.
+    pub fn synced(&self) -> bool {
+        self.listed.lock().unwrap_or_else(|e| e.into_inner()).len() == KINDS.len()
     }
 
     fn snapshot(&self) -> Vec<Value> {
@@ -141,9 +171,11 @@ pub fn status_write(o: &Value, desired: Option<&Value>, now: &str) -> Option<Val
     let have = o["status"]["conditions"].as_array().cloned().unwrap_or_default();
     let generation = o.pointer("/metadata/generation").and_then(Value::as_i64);
     let Some(desired) = desired else {
-        // Nothing to say: only a WaypointBound left from before goes.
-        let stale = o["kind"] == "Service" && have.iter().any(|c| c["type"] == status::WAYPOINT_BOUND);
-        return stale.then(|| json!({}));
+        // Nothing to say: what this controller wrote before goes (a
+        // Service that stopped asking for a waypoint, a Gateway no longer
+        // of the waypoint class). Applying nothing removes only this field
+        // manager's fields; once it owns none, nothing is written.
+        return (o[STATUS_OWNED] == true).then(|| json!({}));
     };
     let want = desired["conditions"].as_array().cloned().unwrap_or_default();
     let mut differs = desired.get("addresses") != o["status"].get("addresses");
@@ -169,30 +201,76 @@ pub fn status_write(o: &Value, desired: Option<&Value>, now: &str) -> Option<Val
     Some(out)
 }
 
+/// A Gateway by `(namespace, name)`.
+pub type GatewayKey = (String, String);
+
+fn gateway_key(gw: &Value) -> GatewayKey {
+    (str_at(gw, "/metadata/namespace").to_string(), str_at(gw, "/metadata/name").to_string())
+}
+
+fn deleting(o: &Value) -> bool {
+    o.pointer("/metadata/deletionTimestamp").is_some_and(|t| !t.is_null())
+}
+
+/// The waypoint Gateways whose objects may be applied, with them: valid
+/// (an invalid one makes nothing; its status says why), not being
+/// deleted, and not known to collide with someone else's object.
+fn deployable<'a>(
+    objects: &'a [Value],
+    settings: &ControllerSettings,
+    conflicts: &HashMap<GatewayKey, String>,
+) -> Vec<(&'a Value, Vec<Value>)> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "Gateway" && !deleting(o) && status::invalid_waypoint(o).is_none())
+        .filter(|gw| !conflicts.contains_key(&gateway_key(gw)))
+        .filter_map(|gw| Some((gw, render::objects(gw, &settings.deploy)?)))
+        .collect()
+}
+
 /// Everything to write for `objects` (a snapshot of the mirror): the made
 /// objects of every waypoint Gateway whose rendering is not in `applied`
 /// (by Gateway, the last rendering applied), and every status that
-/// differs. Pure.
-pub fn plan(objects: &[Value], settings: &ControllerSettings, applied: &HashMap<(String, String), Vec<Value>>, now: &str) -> Vec<Write> {
+/// differs. A Gateway in `conflicts` (a name one of its objects needs is
+/// taken by an object it does not own; with the message) makes nothing
+/// and is not Programmed. Objects being deleted are left alone. Pure.
+pub fn plan(
+    objects: &[Value],
+    settings: &ControllerSettings,
+    applied: &HashMap<GatewayKey, Vec<Value>>,
+    conflicts: &HashMap<GatewayKey, String>,
+    now: &str,
+) -> Vec<Write> {
     let mut writes = Vec::new();
-    for gw in objects.iter().filter(|o| o["kind"] == "Gateway") {
-        // An invalid one makes nothing; its status says why.
-        if status::invalid_waypoint(gw).is_some() {
-            continue;
-        }
-        let Some(made) = render::objects(gw, &settings.deploy) else { continue };
-        let key = (str_at(gw, "/metadata/namespace").to_string(), str_at(gw, "/metadata/name").to_string());
-        if applied.get(&key) != Some(&made) {
+    for (gw, made) in deployable(objects, settings, conflicts) {
+        if applied.get(&gateway_key(gw)) != Some(&made) {
             writes.extend(made.into_iter().map(Write::Object));
         }
     }
-    let desired: BTreeMap<usize, Value> = status::compute(objects, &settings.domain).into_iter().collect();
+    let mut desired: BTreeMap<usize, Value> = status::compute(objects, &settings.domain).into_iter().collect();
+    for (i, o) in objects.iter().enumerate() {
+        if o["kind"] != "Gateway" {
+            continue;
+        }
+        if let Some(why) = conflicts.get(&gateway_key(o)) {
+            desired.insert(
+                i,
+                json!({"conditions": [
+                    {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "Resource accepted"},
+                    {"type": "Programmed", "status": "False", "reason": "Invalid", "message": why},
+                ]}),
+            );
+        }
+    }
     for (i, o) in objects.iter().enumerate() {
         let kind = match o["kind"].as_str() {
             Some("Gateway") => "Gateway",
             Some("Service") => "Service",
             _ => continue,
         };
+        if deleting(o) {
+            continue;
+        }
         if let Some(s) = status_write(o, desired.get(&i), now) {
             writes.push(Write::Status {
                 kind,
@@ -236,6 +314,23 @@ async fn write(client: &kube::Client, w: &Write) -> Result<(), kube::Error> {
     Ok(())
 }
 
+/// Whether a name of `made` is taken by an object not owned by the
+/// Gateway `uid`: the message for its status.
+async fn taken_by_another(client: &kube::Client, uid: &str, made: &[Value]) -> Result<Option<String>, kube::Error> {
+    for o in made {
+        let (kind, ns, name) = (str_at(o, "/kind"), str_at(o, "/metadata/namespace"), str_at(o, "/metadata/name"));
+        let Some(ar) = resource(str_at(o, "/apiVersion"), kind) else { continue };
+        let Some(existing) = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar).get_opt(name).await? else { continue };
+        if !existing.metadata.owner_references.iter().flatten().any(|r| r.uid == uid) {
+            return Ok(Some(format!(
+                "{kind} {ns}/{name} already exists and is not this Gateway's: it is left as it is and nothing is deployed; \
+                 rename the Gateway or remove that {kind}"
+            )));
+        }
+    }
+    Ok(None)
+}
+
 fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
@@ -243,8 +338,14 @@ fn now_rfc3339() -> String {
 /// Runs the controller until the task is aborted. `settings` is read
 /// again at each pass (the root bundle in it may rotate).
 pub async fn run(client: kube::Client, mirror: Arc<Mirror>, settings: impl Fn() -> ControllerSettings + Send + 'static) {
-    let mut applied: HashMap<(String, String), Vec<Value>> = HashMap::new();
+    let mut applied: HashMap<GatewayKey, Vec<Value>> = HashMap::new();
     let mut failing: BTreeSet<String> = BTreeSet::new();
+    // Nothing is decided from a half-read cluster: a Service whose
+    // Gateway has not been listed yet would be marked WaypointNotFound.
+    while !mirror.synced() {
+        mirror.changed.notified().await;
+    }
+    tokio::time::sleep(SETTLE).await;
     let mut next_resync = tokio::time::Instant::now();
     loop {
         let settings = settings();
@@ -254,7 +355,29 @@ pub async fn run(client: kube::Client, mirror: Arc<Mirror>, settings: impl Fn() 
             next_resync = tokio::time::Instant::now() + settings.resync;
         }
         let objects = mirror.snapshot();
-        let writes = plan(&objects, &settings, &applied, &now_rfc3339());
+        // Before a Gateway's first apply (and at every resync): are its
+        // objects' names free, or its own? A forced apply would take over
+        // a user's ServiceAccount, Deployment or Service of the same name,
+        // and deleting the Gateway would then delete them.
+        let mut conflicts: HashMap<GatewayKey, String> = HashMap::new();
+        for (gw, made) in deployable(&objects, &settings, &HashMap::new()) {
+            let key = gateway_key(gw);
+            if applied.contains_key(&key) {
+                continue;
+            }
+            match taken_by_another(&client, str_at(gw, "/metadata/uid"), &made).await {
+                Ok(Some(why)) => {
+                    conflicts.insert(key, why);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Unknown: not applied this pass, checked again soon.
+                    tracing::warn!(gateway = %format!("{}/{}", key.0, key.1), "cannot check the names of its objects: {e}");
+                    conflicts.insert(key, format!("the names of its objects could not be checked yet: {e}"));
+                }
+            }
+        }
+        let writes = plan(&objects, &settings, &applied, &conflicts, &now_rfc3339());
         let mut failed = false;
         let mut done: BTreeSet<(String, String)> = BTreeSet::new();
         let mut refused: BTreeSet<(String, String)> = BTreeSet::new();
@@ -278,8 +401,9 @@ pub async fn run(client: kube::Client, mirror: Arc<Mirror>, settings: impl Fn() 
                     }
                     if failing.insert(what.clone()) {
                         let hint = match &e {
-                            kube::Error::Api(s) if s.code == 403 => {
-                                " (the control plane's service account lacks the permission: see docs/waypoint.md, \"On Kubernetes\")"
+                            // RBAC's words; a terminating namespace also answers 403.
+                            kube::Error::Api(s) if s.code == 403 && s.message.contains(" cannot ") => {
+                                " (the control plane's service account lacks the permission: deploy/kubernetes/control-plane-rbac.yaml)"
                             }
                             _ => "",
                         };
@@ -301,7 +425,7 @@ pub async fn run(client: kube::Client, mirror: Arc<Mirror>, settings: impl Fn() 
             objects.iter().any(|o| o["kind"] == "Gateway" && str_at(o, "/metadata/namespace") == k.0 && str_at(o, "/metadata/name") == k.1)
         });
         let until_resync = next_resync.saturating_duration_since(tokio::time::Instant::now());
-        let wait = if failed { RETRY.min(until_resync) } else { until_resync };
+        let wait = if failed || !conflicts.is_empty() { RETRY.min(until_resync) } else { until_resync };
         tokio::select! {
             _ = mirror.changed.notified() => tokio::time::sleep(SETTLE).await,
             _ = tokio::time::sleep(wait) => {}

@@ -73,7 +73,9 @@ pub fn objects(gw: &Value, s: &DeploySettings) -> Option<Vec<Value>> {
             "name": name,
             "uid": uid,
             "controller": true,
-            "blockOwnerDeletion": true,
+            // No blockOwnerDeletion: it would need `update` on
+            // gateways/finalizers where OwnerReferencesPermissionEnforcement
+            // is on, and background deletion collects the objects anyway.
         }],
     });
     let field = |env: &str, path: &str| json!({"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}});
@@ -126,7 +128,9 @@ pub fn objects(gw: &Value, s: &DeploySettings) -> Option<Vec<Value>> {
         "kind": "Deployment",
         "metadata": metadata,
         "spec": {
-            "replicas": 1,
+            // No `replicas`: the API server defaults it to 1, and an
+            // autoscaler or `kubectl scale` owns it from then on (applying
+            // it would undo them at every resync).
             "selector": {"matchLabels": {GATEWAY_NAME_LABEL: name}},
             "template": {
                 "metadata": {"labels": pod_labels},
@@ -136,6 +140,8 @@ pub fn objects(gw: &Value, s: &DeploySettings) -> Option<Vec<Value>> {
                     // is the projected one, for the CA's audience.
                     "automountServiceAccountToken": false,
                     "terminationGracePeriodSeconds": 30,
+                    // Admitted under the `restricted` Pod Security Standard.
+                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],
                     "volumes": [
                         {"name": "istio-token", "projected": {"sources": [{"serviceAccountToken": {
@@ -217,6 +223,8 @@ mod tests {
         assert_eq!(d["spec"]["selector"]["matchLabels"][GATEWAY_NAME_LABEL], "waypoint");
         assert_eq!(pod["spec"]["serviceAccountName"], "waypoint", "its identity is the Gateway's account");
         assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+        assert_eq!(pod["spec"]["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "restricted Pod Security");
+        assert!(d["spec"].get("replicas").is_none(), "left to the API server's default and to autoscalers");
         let token = &pod["spec"]["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"];
         assert_eq!((token["audience"].as_str(), token["path"].as_str()), (Some("istio-ca"), Some(TOKEN_FILE)));
         assert_eq!(env(d, "SLIPSTREAM_WAYPOINT_TOKEN_FILE")["value"], "/var/run/secrets/tokens/istio-token");

@@ -67,11 +67,29 @@ pub fn invalid_waypoint(o: &Value) -> Option<String> {
     if o.pointer("/spec/gatewayClassName").and_then(Value::as_str) != Some(wp::WAYPOINT_CLASS) {
         return None;
     }
+    let name = str_of(o, "/metadata/name");
+    if !is_dns_label(name) {
+        return Some(format!(
+            "Gateway {}/{name}: metadata.name: a waypoint's name is also its Service's and ServiceAccount's: \
+             at most 63 lowercase letters, digits and '-', starting with a letter and ending with a letter or digit",
+            str_of(o, "/metadata/namespace")
+        ));
+    }
     match crate::objects::parse_value(o.clone()) {
         Ok(Some(crate::objects::ClusterObject::Opaque(g))) => wp::gateway(&g).err().map(|e| e.to_string()),
         Ok(_) => None,
         Err(e) => Some(e.to_string()),
     }
+}
+
+/// A DNS-1035 label, what a Service's name must be.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 /// The waypoints, as binding sees them.
@@ -272,6 +290,16 @@ mod tests {
         // Its services are refused: there is no waypoint by that name.
         let b = cond(find(&objects, "Service", "reviews"), WAYPOINT_BOUND).unwrap();
         assert_eq!(b["reason"], "WaypointNotFound");
+    }
+
+    #[test]
+    fn a_waypoint_whose_name_cannot_be_a_service_name_is_not_accepted() {
+        for bad in ["wp.v1", "1wp", "Waypoint", &"w".repeat(64)] {
+            let mut g = gateway("shop", bad, "istio-waypoint");
+            g["metadata"]["name"] = json!(bad);
+            assert!(invalid_waypoint(&g).is_some_and(|m| m.contains("metadata.name")), "{bad}");
+        }
+        assert!(invalid_waypoint(&gateway("shop", "waypoint-2", "istio-waypoint")).is_none());
     }
 
     #[test]

@@ -736,6 +736,35 @@ fn a_selector_policy_with_l7_rules_moves_to_the_waypoint_in_front_of_its_pods() 
 }
 
 #[test]
+fn a_root_policy_the_waypoint_cannot_decide_keeps_every_namespaces_policies_at_the_node_proxies() {
+    let mut ix = index(&format!(
+        "{}{}{}{}{}{}",
+        namespace("production", "istio.io/dataplane-mode: ambient"),
+        namespace("other", "istio.io/dataplane-mode: ambient"),
+        gateway("production", "waypoint", "", 15008),
+        pod_with("production", "billing-1", "app: billing", "10.244.2.2", "node2", true),
+        service("production", "billing", "app: billing", "10.96.0.20").replace(
+            "metadata: {name: billing, namespace: production}",
+            "metadata: {name: billing, namespace: production, labels: {istio.io/use-waypoint: waypoint}}",
+        ),
+        policy("production", "invoices", "{selector: {matchLabels: {app: billing}}, rules: [{to: [{operation: {methods: [GET]}}]}]}"),
+    ));
+    let first_rule = |ix: &Index| ix.mesh_config().policies.into_iter().find(|p| p.name == "invoices").unwrap().rules[0].clone();
+    assert_ne!(first_rule(&ix), slipstream_core::policy::Rule::never(), "decided at the waypoint: the node proxies let it through");
+    // A mesh-wide policy (root namespace) with an attribute no waypoint
+    // can evaluate, selecting no pod of production: production's policies
+    // must all go back to the node proxies, though none of its pods or
+    // services changed.
+    let root = policy(
+        "istio-system",
+        "by-address",
+        "{selector: {matchLabels: {app: elsewhere}}, rules: [{when: [{key: destination.ip, values: [10.0.0.1]}]}]}",
+    );
+    upsert(&mut ix, &root);
+    assert_eq!(first_rule(&ix), slipstream_core::policy::Rule::never(), "the L4 fail-safe again");
+}
+
+#[test]
 fn a_pod_bound_only_for_workload_traffic_keeps_its_policy_whole_at_its_node_proxy() {
     let ix = index(&format!(
         "{}{}{}{}{}",

@@ -22,7 +22,7 @@ fn status(authenticated: bool, user: &str, node: Option<&str>, audiences: &[&str
 fn review_answers() {
     let p = ReviewPolicy::default();
     let zt = "system:serviceaccount:istio-system:ztunnel";
-    let no_waypoint = |_: &str, _: &str| false;
+    let no_waypoint = |_: &str, _: &str, _: &str| false;
     let ok = caller_from_review(&status(true, zt, Some("node1"), &["istio-ca"]), &p, &no_waypoint).unwrap();
     assert_eq!(ok, Caller { node: "node1".into(), subject: zt.into(), identity: None });
 
@@ -34,7 +34,7 @@ fn review_answers() {
     assert_eq!(
         refused(status(true, "system:serviceaccount:default:sleep", Some("node1"), &["istio-ca"])),
         "the token was refused: service account default/sleep is neither a node proxy's (allowed: istio-system/ztunnel) \
-         nor a waypoint's (no Gateway default/sleep of class istio-waypoint)"
+         nor the token of a waypoint's pod (a pod of Gateway default/sleep of class istio-waypoint)"
     );
     assert_eq!(refused(status(true, "alice", Some("node1"), &["istio-ca"])), "the token was refused: \"alice\" is not a service account");
     assert!(
@@ -47,18 +47,21 @@ fn review_answers() {
 }
 
 #[test]
-fn a_waypoints_account_gets_exactly_its_own_identity() {
+fn a_waypoints_pod_gets_exactly_its_own_identity() {
     let p = ReviewPolicy { trust_domain: "corp.example".into(), ..Default::default() };
-    let is_waypoint = |ns: &str, sa: &str| (ns, sa) == ("shop", "waypoint");
+    let is_waypoint = |ns: &str, pod: &str, sa: &str| (ns, pod, sa) == ("shop", "ztunnel-abcde", "waypoint");
     let wp = "system:serviceaccount:shop:waypoint";
     let ok = caller_from_review(&status(true, wp, Some("node2"), &["istio-ca"]), &p, &is_waypoint).unwrap();
     assert_eq!(ok, Caller { node: "node2".into(), subject: wp.into(), identity: Some("spiffe://corp.example/ns/shop/sa/waypoint".into()) });
-    // The same name in another namespace is not a waypoint.
+    // The same account in another namespace is not a waypoint's.
     let other = caller_from_review(&status(true, "system:serviceaccount:default:waypoint", Some("node2"), &["istio-ca"]), &p, &is_waypoint);
-    assert!(other.unwrap_err().to_string().contains("nor a waypoint's"));
-    // A waypoint's token must be pod-bound too.
+    assert!(other.unwrap_err().to_string().contains("nor the token of a waypoint's pod"));
+    // A token bound to no pod (so to no waypoint pod) is refused.
     let unbound = caller_from_review(&status(true, wp, None, &["istio-ca"]), &p, &is_waypoint);
-    assert!(unbound.unwrap_err().to_string().contains("is not bound to a pod"));
+    assert!(unbound.unwrap_err().to_string().contains("nor the token of a waypoint's pod"));
+    // Another pod of the same account (one that merely shares the name).
+    let elsewhere = |ns: &str, pod: &str, sa: &str| (ns, pod, sa) == ("shop", "waypoint-7d9f", "waypoint");
+    assert!(caller_from_review(&status(true, wp, Some("node2"), &["istio-ca"]), &p, &elsewhere).is_err());
 }
 
 #[test]
