@@ -921,28 +921,41 @@ async fn node_proxies_authenticate_with_service_account_tokens_and_get_only_thei
 // ---------------------------------------------------------------------------
 // The gateway controller
 
-/// The Gateway API's Gateway kind, namespaced, with its status
-/// subresource (as the Gateway API's CRDs have it); installed once for
-/// the tests sharing the server.
+/// The Gateway API release whose CRDs the test installs.
+const GATEWAY_API: &str = "sigs.k8s.io/gateway-api@v1.4.1";
+
+/// The Gateway API's own Gateway CRD (its schema, defaults and CEL rules,
+/// so the status the controller writes is checked as a real cluster
+/// checks it), read from the Go module of the release: `go mod download`
+/// fetches it once into the module cache. Installed once for the tests
+/// sharing the server; returns once the API server serves it. Fails,
+/// never skips, when Go or the module cannot be had.
 async fn install_gateway_crd(client: &kube::Client) {
+    use serde::Deserialize;
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
     let name = "gateways.gateway.networking.k8s.io";
     if crds.get_opt(name).await.expect("reading CRDs").is_none() {
-        let crd: CustomResourceDefinition = from_json(json!({
-            // As the Gateway API's own CRDs carry it: *.k8s.io groups need it.
-            "metadata": {"name": name, "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/2466"}},
-            "spec": {
-                "group": "gateway.networking.k8s.io",
-                "scope": "Namespaced",
-                "names": {"kind": "Gateway", "plural": "gateways", "singular": "gateway", "listKind": "GatewayList", "shortNames": ["gtw"]},
-                "versions": [{
-                    "name": "v1", "served": true, "storage": true,
-                    "subresources": {"status": {}},
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                }],
-            },
-        }));
-        crds.create(&PostParams::default(), &crd).await.expect("creating the Gateway CRD");
+        let go = ["go", "/usr/local/go/bin/go"]
+            .into_iter()
+            .find(|g| std::process::Command::new(g).arg("version").output().is_ok_and(|o| o.status.success()))
+            .expect("Go is needed to fetch the Gateway API's CRDs (scripts/setup.sh and scripts/kube-apiserver.sh use it too)");
+        let out = std::process::Command::new(go)
+            .args(["mod", "download", "-json", GATEWAY_API])
+            .current_dir(std::env::temp_dir())
+            .output()
+            .expect("running go mod download");
+        assert!(out.status.success(), "go mod download {GATEWAY_API}: {}", String::from_utf8_lossy(&out.stderr));
+        let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("go mod download -json");
+        let dir = PathBuf::from(info["Dir"].as_str().expect("the module's directory"));
+        let file = dir.join("config/crd/standard/gateway.networking.k8s.io_gateways.yaml");
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+        let crd = CustomResourceDefinition::deserialize(serde_yaml::Deserializer::from_str(&text)).expect("the Gateway CRD");
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            // Another test of this server got there first.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("creating the Gateway CRD: {e}"),
+        }
     }
     let deadline = Instant::now() + WAIT;
     loop {
@@ -1183,8 +1196,9 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
         .unwrap();
     eventually("reviews' condition removed", svc_status, |s| condition(s, "istio.io/WaypointBound").is_none()).await;
 
-    // An invalid waypoint Gateway (Kubernetes admits it; this schema
-    // checks nothing) is not accepted, naming the field, and makes nothing.
+    // An invalid waypoint Gateway (Kubernetes admits it: the Gateway API
+    // knows nothing of waypoints) is not accepted, naming the field, and
+    // makes nothing.
     let bad = DynamicObject::new("bad", &ar).within(NS).data(json!({"spec": {
         "gatewayClassName": "istio-waypoint",
         "listeners": [{"name": "mesh", "port": 8080, "protocol": "HBONE"}],

@@ -80,7 +80,7 @@ async fn round_trip_with_server_half_close_first() {
     }
     let records = server.handler.wait_records(2).await;
     assert!(records.iter().all(|r| r.result.is_ok()));
-    let mut got = server.handler.greet_results();
+    let mut got = server.handler.wait_greet_results(2).await;
     got.sort();
     assert_eq!(got, vec![1, TEN_MIB as u64]);
 }

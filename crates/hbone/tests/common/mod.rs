@@ -138,6 +138,15 @@ impl TestHandler {
         self.greet_received.lock().unwrap().clone()
     }
 
+    /// Waits until `n` greeting applications read their client to EOF.
+    /// The stream's record can come first: the tunnel is done once the
+    /// client's EOF is handed to the application, which counts a moment
+    /// later.
+    pub async fn wait_greet_results(&self, n: usize) -> Vec<u64> {
+        wait_until_async(format!("{n} greeting applications to read to EOF"), WAIT, || self.greet_results().len() >= n).await;
+        self.greet_results()
+    }
+
     pub fn records(&self) -> Vec<StreamRecord> {
         self.records.lock().unwrap().clone()
     }
