@@ -1070,11 +1070,24 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     // The Gateway, as a user applies it.
     let ar = gateway_resource();
     let gateways = Api::<DynamicObject>::namespaced_with(client.clone(), NS, &ar);
-    let gw = DynamicObject::new("waypoint", &ar).within(NS).data(json!({"spec": {
-        "gatewayClassName": "istio-waypoint",
-        "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}],
-    }}));
-    let gw = gateways.create(&PostParams::default(), &gw).await.expect("creating the Gateway");
+    // A waypoint Gateway named `name` whose listener is on `port`, and
+    // (for those made later) its status as it changes.
+    let create_gateway = |name: &'static str, port: u16| {
+        let gateways = gateways.clone();
+        let gw = DynamicObject::new(name, &ar).within(NS).data(json!({"spec": {
+            "gatewayClassName": "istio-waypoint",
+            "listeners": [{"name": "mesh", "port": port, "protocol": "HBONE"}],
+        }}));
+        async move { gateways.create(&PostParams::default(), &gw).await.expect("creating a Gateway") }
+    };
+    let status_of = |name: &'static str| {
+        let gateways = gateways.clone();
+        move || {
+            let gateways = gateways.clone();
+            async move { gateways.get_opt(name).await.unwrap().map(|g| g.data["status"].clone()) }
+        }
+    };
+    let gw = create_gateway("waypoint", 15008).await;
     let gw_uid = gw.metadata.uid.clone().unwrap();
 
     // What it makes: a ServiceAccount, a Deployment and a Service named
@@ -1199,17 +1212,8 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     // An invalid waypoint Gateway (Kubernetes admits it: the Gateway API
     // knows nothing of waypoints) is not accepted, naming the field, and
     // makes nothing.
-    let bad = DynamicObject::new("bad", &ar).within(NS).data(json!({"spec": {
-        "gatewayClassName": "istio-waypoint",
-        "listeners": [{"name": "mesh", "port": 8080, "protocol": "HBONE"}],
-    }}));
-    gateways.create(&PostParams::default(), &bad).await.unwrap();
-    let st = eventually(
-        "the invalid Gateway refused",
-        || async { gateways.get_opt("bad").await.unwrap().map(|g| g.data["status"].clone()) },
-        |s| condition_is(s, "Accepted", "False", "Invalid"),
-    )
-    .await;
+    create_gateway("bad", 8080).await;
+    let st = eventually("the invalid Gateway refused", status_of("bad"), |s| condition_is(s, "Accepted", "False", "Invalid")).await;
     assert!(condition(&st, "Accepted").unwrap()["message"].as_str().unwrap().contains("spec.listeners[0].port"), "{st:#}");
     assert!(deployments.get_opt("bad").await.unwrap().is_none(), "nothing deployed for an invalid Gateway");
 
@@ -1217,17 +1221,9 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     // account is not taken over (deleting the Gateway would delete it),
     // nothing is deployed, and the status says why.
     create_service_account(&client, NS, "taken").await;
-    let taken = DynamicObject::new("taken", &ar).within(NS).data(json!({"spec": {
-        "gatewayClassName": "istio-waypoint",
-        "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}],
-    }}));
-    gateways.create(&PostParams::default(), &taken).await.unwrap();
-    let st = eventually(
-        "the Gateway whose names are taken",
-        || async { gateways.get_opt("taken").await.unwrap().map(|g| g.data["status"].clone()) },
-        |s| condition_is(s, "Programmed", "False", "Invalid"),
-    )
-    .await;
+    create_gateway("taken", 15008).await;
+    let st =
+        eventually("the Gateway whose names are taken", status_of("taken"), |s| condition_is(s, "Programmed", "False", "Invalid")).await;
     assert!(
         condition(&st, "Programmed").unwrap()["message"].as_str().unwrap().contains("ServiceAccount wp-shop/taken already exists"),
         "{st:#}"
