@@ -9,3 +9,9 @@
 pub mod controller;
 pub mod render;
 pub mod status;
+
+/// The string at a JSON pointer of an object as the API serves it, or ""
+/// (the three modules read objects as JSON, not typed).
+pub(crate) fn str_at<'a>(o: &'a serde_json::Value, pointer: &str) -> &'a str {
+    o.pointer(pointer).and_then(serde_json::Value::as_str).unwrap_or("")
+}

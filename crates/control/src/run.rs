@@ -494,8 +494,7 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
     running.stop().await
 }
 
-/// A DNS domain of lowercase labels (letters, digits, `-`, not at either
-/// end of a label), without a leading or trailing dot.
+/// `--gateway-resync`: a duration of at least 5 s.
 fn parse_resync(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_secs(5) {
@@ -504,6 +503,8 @@ fn parse_resync(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A DNS domain of lowercase labels (letters, digits, `-`, not at either
+/// end of a label), without a leading or trailing dot.
 fn parse_domain_suffix(s: &str) -> Result<String, String> {
     let ok_label = |l: &str| {
         !l.is_empty()
@@ -566,7 +567,10 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
             tracing::info!("objects from the Kubernetes API");
             let mirror = args.gateway_controller.then(|| Arc::new(Mirror::default()));
             if let Some(m) = &mirror {
-                gateway_client = Some((client.clone(), m.clone()));
+                // The waypoints' projected tokens are for the audience the
+                // CA reviews tokens for.
+                let audience = args.ca.review_policy()?.audiences.first().cloned().unwrap_or_else(|| "istio-ca".into());
+                gateway_client = Some((client.clone(), m.clone(), audience));
             }
             let (batches, task) = kube_batches(client, mirror);
             (batches, Some(task), auth)
@@ -577,9 +581,8 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     // objects generates no root.
     let material = CaMaterial::load(&ca_source, &trust_domain, args.ca.max_cert_validity)?;
     let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
-    let gateway_task = gateway_client.map(|(client, mirror)| {
+    let gateway_task = gateway_client.map(|(client, mirror, audience)| {
         let material = material.clone();
-        let audience = args.ca.review_policy().ok().and_then(|p| p.audiences.first().cloned()).unwrap_or_else(|| "istio-ca".into());
         let (trust_domain, cluster_id, domain) = (args.trust_domain.clone(), args.cluster_id.clone(), args.domain_suffix.clone());
         let (image, control_plane, resync) = (args.waypoint_image.clone(), args.waypoint_control_plane.clone(), args.gateway_resync);
         let san = args.server_names.first().cloned().unwrap_or_else(|| slipstream_api::DEFAULT_CONTROL_PLANE_SAN.into());

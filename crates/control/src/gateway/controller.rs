@@ -24,6 +24,7 @@
 //! leader. A failed write is logged (once per object until it succeeds)
 //! and tried again [`RETRY`] later.
 
+use super::str_at;
 use super::{render, status};
 use crate::source::kube::RawEvent;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
@@ -80,10 +81,6 @@ fn status_owned(o: &Value) -> bool {
 }
 
 const KINDS: [&str; 4] = ["Namespace", "Service", "Gateway", "Pod"];
-
-fn str_at<'a>(o: &'a Value, pointer: &str) -> &'a str {
-    o.pointer(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 impl Mirror {
     /// Takes in what a watcher saw (everything else is ignored).
@@ -414,16 +411,14 @@ pub async fn run(client: kube::Client, mirror: Arc<Mirror>, settings: impl Fn() 
         }
         // A Gateway's rendering counts as applied once all its objects were.
         for gw in objects.iter().filter(|o| o["kind"] == "Gateway") {
-            let key = (str_at(gw, "/metadata/namespace").to_string(), str_at(gw, "/metadata/name").to_string());
+            let key = gateway_key(gw);
             if done.contains(&key) && !refused.contains(&key) {
                 if let Some(made) = render::objects(gw, &settings.deploy) {
                     applied.insert(key, made);
                 }
             }
         }
-        applied.retain(|k, _| {
-            objects.iter().any(|o| o["kind"] == "Gateway" && str_at(o, "/metadata/namespace") == k.0 && str_at(o, "/metadata/name") == k.1)
-        });
+        applied.retain(|k, _| objects.iter().any(|o| o["kind"] == "Gateway" && gateway_key(o) == *k));
         let until_resync = next_resync.saturating_duration_since(tokio::time::Instant::now());
         let wait = if failed || !conflicts.is_empty() { RETRY.min(until_resync) } else { until_resync };
         tokio::select! {

@@ -12,6 +12,7 @@
 //! locked-down security context. Pure: the Gateway as the API serves it in,
 //! the objects to apply out.
 
+use super::str_at;
 use crate::translate::waypoint as wp;
 use serde_json::{json, Value};
 use slipstream_k8s::expand::{GATEWAY_NAME_LABEL, WAYPOINT_MANAGED_LABEL, WAYPOINT_MANAGED_VALUE, WAYPOINT_STATUS_PORT};
@@ -40,10 +41,6 @@ pub struct DeploySettings {
     pub cluster_id: String,
     /// The audience of the projected token (the CA's TokenReview audience).
     pub audience: String,
-}
-
-fn str_at<'a>(o: &'a Value, pointer: &str) -> &'a str {
-    o.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 /// Whether `gw` is a Gateway of the waypoint class.

@@ -18,6 +18,7 @@
 //! node proxies were told. Pure: objects (as the API serves them) in, the
 //! status each should have out.
 
+use super::str_at;
 use crate::translate::waypoint::{self as wp, Binding, Traffic, Waypoint};
 use serde_json::{json, Value};
 use slipstream_k8s::Labels;
@@ -30,10 +31,6 @@ fn labels_of(o: &Value) -> Labels {
         .as_object()
         .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
         .unwrap_or_default()
-}
-
-fn str_of<'a>(o: &'a Value, pointer: &str) -> &'a str {
-    o.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 /// The message of a `True` [`WAYPOINT_BOUND`] condition (Istio's words),
@@ -56,7 +53,7 @@ fn condition(type_: &str, ok: bool, reason: &str, message: &str) -> Value {
 fn gateway_ready(objects: &[Value], ns: &str, name: &str) -> bool {
     objects.iter().any(|p| {
         p["kind"] == "Pod"
-            && str_of(p, "/metadata/namespace") == ns
+            && str_at(p, "/metadata/namespace") == ns
             && p["metadata"]["labels"][wp::GATEWAY_NAME_LABEL].as_str() == Some(name)
             && p["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
     })
@@ -67,12 +64,12 @@ pub fn invalid_waypoint(o: &Value) -> Option<String> {
     if o.pointer("/spec/gatewayClassName").and_then(Value::as_str) != Some(wp::WAYPOINT_CLASS) {
         return None;
     }
-    let name = str_of(o, "/metadata/name");
+    let name = str_at(o, "/metadata/name");
     if !is_dns_label(name) {
         return Some(format!(
             "Gateway {}/{name}: metadata.name: a waypoint's name is also its Service's and ServiceAccount's: \
              at most 63 lowercase letters, digits and '-', starting with a letter and ending with a letter or digit",
-            str_of(o, "/metadata/namespace")
+            str_at(o, "/metadata/namespace")
         ));
     }
     match crate::objects::parse_value(o.clone()) {
@@ -102,7 +99,7 @@ fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
                 return None;
             };
             let wp::GatewayInput::Waypoint { takes, allowed } = wp::gateway(&g).ok()? else { return None };
-            let (ns, name) = (str_of(o, "/metadata/namespace"), str_of(o, "/metadata/name"));
+            let (ns, name) = (str_at(o, "/metadata/namespace"), str_at(o, "/metadata/name"));
             Some(Waypoint { name: name.into(), namespace: ns.into(), takes, allowed, ready: gateway_ready(objects, ns, name) })
         })
         .collect()
@@ -116,11 +113,11 @@ fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
 pub fn compute(objects: &[Value], domain: &str) -> Vec<(usize, Value)> {
     let waypoints = waypoints(objects);
     let namespace_labels: std::collections::BTreeMap<&str, Labels> =
-        objects.iter().filter(|o| o["kind"] == "Namespace").map(|o| (str_of(o, "/metadata/name"), labels_of(o))).collect();
+        objects.iter().filter(|o| o["kind"] == "Namespace").map(|o| (str_at(o, "/metadata/name"), labels_of(o))).collect();
     let no_labels = Labels::new();
     let mut updates: Vec<(usize, Value)> = Vec::new();
     for (i, o) in objects.iter().enumerate() {
-        let (ns, name) = (str_of(o, "/metadata/namespace"), str_of(o, "/metadata/name"));
+        let (ns, name) = (str_at(o, "/metadata/namespace"), str_at(o, "/metadata/name"));
         match o["kind"].as_str() {
             Some("Gateway") => {
                 let Some(w) = waypoints.iter().find(|w| w.namespace == ns && w.name == name) else {
@@ -137,8 +134,8 @@ pub fn compute(objects: &[Value], domain: &str) -> Vec<(usize, Value)> {
                 };
                 let ip = objects
                     .iter()
-                    .find(|s| s["kind"] == "Service" && str_of(s, "/metadata/namespace") == ns && str_of(s, "/metadata/name") == name)
-                    .map(|s| str_of(s, "/spec/clusterIP"))
+                    .find(|s| s["kind"] == "Service" && str_at(s, "/metadata/namespace") == ns && str_at(s, "/metadata/name") == name)
+                    .map(|s| str_at(s, "/spec/clusterIP"))
                     .filter(|ip| !ip.is_empty() && *ip != "None");
                 let programmed = if w.ready {
                     condition(
