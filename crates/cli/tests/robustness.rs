@@ -143,16 +143,20 @@ impl Env {
         matching()
     }
 
-    /// One connection through the mesh from the client pod (node1) to each
-    /// of `targets` (on node2), which leaves a pooled tunnel to each; then
+    /// Two connections in a row through the mesh from the client pod
+    /// (node1) to each of `targets` (on node2), which leaves a pooled tunnel
+    /// to each on each of node1's two shards (its `--workers`: consecutive
+    /// connections go to different shards, each with its own pool); then
     /// waits until both proxies counted them closed, so that the next
     /// case's baseline does not catch them half-recorded.
     fn warm(&self, targets: &[&str]) {
         let before = self.before();
         for to in targets {
-            self.debug(&["tcp", "--to", to, "--send", "warm", "--half-close", "-o", "json"]);
+            for _ in 0..2 {
+                self.debug(&["tcp", "--to", to, "--send", "warm", "--half-close", "-o", "json"]);
+            }
         }
-        let n = targets.len() as i64;
+        let n = 2 * targets.len() as i64;
         wait_until("both proxies to count the warm-up connections closed", Duration::from_secs(10), || {
             self.delta("node1", &before, CLOSED, &["reporter=\"source\""]) >= n
                 && self.delta("node2", &before, CLOSED, &["reporter=\"destination\""]) >= n

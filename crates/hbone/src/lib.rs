@@ -21,6 +21,7 @@ mod error;
 mod h2config;
 pub mod headers;
 mod server;
+pub mod shard;
 mod stream;
 
 pub use authority::{format_authority, parse_authority};

@@ -73,8 +73,10 @@ pub struct NodeArgs {
     /// This node's index in the datapath's per-node counters (0-63).
     #[arg(long, env = "SLIPSTREAM_NODE_DATAPATH_INDEX", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..64))]
     pub datapath_index: u16,
-    /// Runtime threads. 1 runs everything on one thread (fewest context
-    /// switches, at most one core); more spread connections over threads.
+    /// Threads, each with its own single-threaded runtime: accepted
+    /// connections are spread over them round robin, and each keeps its
+    /// own pooled HBONE connections, so a connection never crosses threads.
+    /// 1 runs everything on one thread (at most one core).
     #[arg(long, env = "SLIPSTREAM_NODE_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub workers: u16,
     #[command(flatten)]

@@ -16,7 +16,7 @@ use crate::state::{LocalPod, Shared};
 use crate::{inbound, outbound};
 use slipstream_core::{MeshState, NodePods};
 use slipstream_hbone::drain::{self, DrainTrigger, DrainWatch};
-use slipstream_hbone::Server;
+use slipstream_hbone::{shard, Server};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -119,11 +119,17 @@ impl InPod {
         tokio::spawn(server.serve(watch.clone()));
         tokio::spawn(accept_loop(out, watch.clone(), {
             let (shared, pod) = (self.shared.clone(), pod.clone());
-            move |s, peer| tokio::spawn(outbound::handle(shared.clone(), pod.clone(), s, peer))
+            move |s, peer| {
+                let (shared, pod) = (shared.clone(), pod.clone());
+                shard::spawn_accepted(s, move |s| outbound::handle(shared, pod, s, peer));
+            }
         }));
         tokio::spawn(accept_loop(plain, watch, {
             let (shared, pod) = (self.shared.clone(), pod.clone());
-            move |s, peer| tokio::spawn(inbound::handle_plaintext(shared.clone(), pod.clone(), s, peer))
+            move |s, peer| {
+                let (shared, pod) = (shared.clone(), pod.clone());
+                shard::spawn_accepted(s, move |s| inbound::handle_plaintext(shared, pod, s, peer));
+            }
         }));
         self.shared.pods.insert(pod);
         Ok(Running { ip, drain: trigger, conns })
@@ -192,7 +198,7 @@ async fn wait_empty(conns: &Conns, deadline: tokio::time::Instant) {
 /// Accepts until the drain starts; each connection goes to `f`.
 async fn accept_loop<F>(l: TcpListener, drain: DrainWatch, f: F)
 where
-    F: Fn(TcpStream, SocketAddr) -> tokio::task::JoinHandle<()>,
+    F: Fn(TcpStream, SocketAddr),
 {
     loop {
         tokio::select! {
@@ -225,7 +231,6 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(accept_loop(l, watch, move |s, _| {
             tx.send(s.nodelay().unwrap()).unwrap();
-            tokio::spawn(async move { drop(s) })
         }));
         let _c = TcpStream::connect(addr).await.unwrap();
         assert_eq!(rx.recv().await, Some(true));

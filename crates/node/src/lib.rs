@@ -42,3 +42,4 @@ pub mod debug;
 
 pub use config::{Config, NodeArgs};
 pub use error::ProxyError;
+pub use slipstream_hbone::shard;

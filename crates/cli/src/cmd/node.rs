@@ -13,10 +13,11 @@ pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
     slipstream_node::sys::mem::tune_allocator();
     let workers = usize::from(args.workers);
     let config = slipstream_node::Config::from_args(ctx.paths.cluster.as_str(), args);
-    let rt = if workers == 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()?
-    } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()?
-    };
+    // Every thread runs its own single-threaded runtime: this one (control
+    // plane, admin, accepting) and one more per further worker, each serving
+    // the connections handed to it with its own pooled HBONE connections
+    // (docs/node-proxy.md, "Threads").
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    slipstream_node::shard::start(workers)?;
     rt.block_on(slipstream_node::proxy::run(config))
 }

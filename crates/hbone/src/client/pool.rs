@@ -5,6 +5,11 @@
 //! then another is opened; at most one dial per key is in flight and every
 //! caller waiting for it shares its result; a connection with no stream for
 //! `idle_timeout` is closed.
+//!
+//! Keys are per shard ([`crate::shard`]): a tunnel opened on one shard's
+//! thread rides a connection of that shard, whose task runs on the same
+//! thread, so no lock or wake-up of the data path crosses threads. With
+//! N shards a busy key has up to N connections.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,6 +72,8 @@ pub struct ConnectionSnapshot {
 #[derive(Debug, Clone)]
 pub struct PoolSnapshot {
     pub key: PoolKey,
+    /// The shard whose tunnels ride these connections ([`crate::shard`]).
+    pub shard: u16,
     pub connections: Vec<ConnectionSnapshot>,
 }
 
@@ -76,7 +83,9 @@ struct PoolInner {
     config: PoolConfig,
     certs: Arc<dyn CertSource>,
     connector: Arc<dyn Connector>,
-    keys: Mutex<HashMap<PoolKey, KeyState>>,
+    /// Per key and shard ([`crate::shard`]): a shard's tunnels ride only
+    /// its own connections.
+    keys: Mutex<HashMap<(PoolKey, u16), KeyState>>,
     next_id: AtomicU64,
 }
 
@@ -151,13 +160,14 @@ impl Pool {
         }
     }
 
-    /// Connections per key with their stream counts.
+    /// Connections per key and shard with their stream counts.
     pub fn snapshot(&self) -> Vec<PoolSnapshot> {
         self.inner
             .lock()
             .iter()
-            .map(|(key, state)| PoolSnapshot {
+            .map(|((key, shard), state)| PoolSnapshot {
                 key: key.clone(),
+                shard: *shard,
                 connections: state.conns.iter().map(|c| ConnectionSnapshot { id: c.id, active_streams: *c.active.borrow() }).collect(),
             })
             .collect()
@@ -172,6 +182,7 @@ impl Pool {
     /// has room and no dial is already under way.
     async fn checkout(&self, key: &PoolKey) -> Result<Slot, HboneError> {
         let max = self.inner.config.max_streams_per_connection;
+        let key = (key.clone(), crate::shard::current());
         loop {
             let mut dialing = {
                 let mut keys = self.inner.lock();
@@ -220,13 +231,13 @@ impl std::fmt::Debug for Pool {
 }
 
 impl PoolInner {
-    fn lock(&self) -> MutexGuard<'_, HashMap<PoolKey, KeyState>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(PoolKey, u16), KeyState>> {
         // Each critical section leaves the map consistent; ignore poisoning.
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn dial_and_add(self: Arc<Self>, key: PoolKey, done: watch::Sender<DialOutcome>) {
-        let dialed = tokio::time::timeout(self.config.connect_timeout, dial(&key, &*self.certs, &*self.connector, &self.config.h2))
+    async fn dial_and_add(self: Arc<Self>, key: (PoolKey, u16), done: watch::Sender<DialOutcome>) {
+        let dialed = tokio::time::timeout(self.config.connect_timeout, dial(&key.0, &*self.certs, &*self.connector, &self.config.h2))
             .await
             .unwrap_or(Err(HboneError::Timeout(TimeoutStage::Connect)));
 
@@ -246,11 +257,11 @@ impl PoolInner {
                 ));
                 let conn = Arc::new(PooledConn { id, send, active, closed, tls_error });
                 state.conns.push(conn.clone());
-                tracing::debug!(dst = %key.dst(), id, "HBONE connection established");
+                tracing::debug!(dst = %key.0.dst(), id, "HBONE connection established");
                 done.send_replace(Some(Ok(conn)));
             }
             Err(e) => {
-                tracing::debug!(dst = %key.dst(), error = %e, "HBONE dial failed");
+                tracing::debug!(dst = %key.0.dst(), error = %e, "HBONE dial failed");
                 if state.conns.is_empty() {
                     keys.remove(&key);
                 }
@@ -261,7 +272,7 @@ impl PoolInner {
 
     /// Removes connection `id` if it carries no stream. Under the lock, so
     /// no caller can be reserving a slot on it at the same time.
-    fn remove_if_idle(&self, key: &PoolKey, id: u64) -> bool {
+    fn remove_if_idle(&self, key: &(PoolKey, u16), id: u64) -> bool {
         let mut keys = self.lock();
         let Some(state) = keys.get_mut(key) else {
             return true;
@@ -280,7 +291,7 @@ impl PoolInner {
         true
     }
 
-    fn remove(&self, key: &PoolKey, id: u64) {
+    fn remove(&self, key: &(PoolKey, u16), id: u64) {
         let mut keys = self.lock();
         if let Some(state) = keys.get_mut(key) {
             state.conns.retain(|c| c.id != id);
@@ -296,7 +307,7 @@ impl PoolInner {
 /// connection close.
 struct Driver {
     pool: Weak<PoolInner>,
-    key: PoolKey,
+    key: (PoolKey, u16),
     id: u64,
     closed: Arc<AtomicBool>,
     active: watch::Receiver<usize>,
@@ -320,12 +331,12 @@ async fn drive(connection: H2Connection, ping_pong: Option<h2::PingPong>, mut dr
         tokio::select! {
             result = &mut connection => {
                 if let Err(e) = result {
-                    tracing::debug!(dst = %driver.key.dst(), error = %e, "HBONE connection ended");
+                    tracing::debug!(dst = %driver.key.0.dst(), error = %e, "HBONE connection ended");
                 }
                 break;
             }
             () = &mut keepalive => {
-                tracing::warn!(dst = %driver.key.dst(), "HBONE peer stopped answering PINGs; dropping the connection");
+                tracing::warn!(dst = %driver.key.0.dst(), "HBONE peer stopped answering PINGs; dropping the connection");
                 break;
             }
             () = wait_idle(&mut driver.active, idle_timeout), if !idle_closed => {

@@ -111,12 +111,8 @@ impl Server {
             tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok((tcp, peer)) => {
-                        tokio::spawn(connection::serve_connection(
-                            tcp,
-                            peer,
-                            shared.clone(),
-                            drain.clone(),
-                        ));
+                        let (shared, drain) = (shared.clone(), drain.clone());
+                        crate::shard::spawn_accepted(tcp, move |tcp| connection::serve_connection(tcp, peer, shared, drain));
                     }
                     Err(e) => {
                         // Typically out of file descriptors: back off briefly
