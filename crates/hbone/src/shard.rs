@@ -3,14 +3,14 @@
 //!
 //! A multi-threaded runtime spreads one burst of requests over its threads,
 //! but every stream of a pooled HTTP/2 connection then shares that
-//! connection's lock and wakes tasks on the other thread: measured on the
-//! `l7` path, a node proxy with two runtime threads spent a fifth more CPU
-//! per request than one with a single thread (docs/node-proxy.md,
-//! "Threads"). Shards keep both: each accepted connection is handed to one
-//! shard, round robin, and stays there with everything it opens (its
-//! tunnel, the pooled connection that tunnel rides, their tasks), so no
-//! lock or wake-up crosses threads on the data path, while a burst still
-//! spreads over the cores.
+//! connection's lock and wakes tasks on the other thread. Measured on the
+//! `l7` path, a node proxy on tokio's work-stealing runtime with two
+//! threads spent a fifth or more CPU per request than as two shards
+//! (docs/node-proxy.md, "Where the time goes"). Each accepted connection is
+//! handed to one shard, round robin, and stays there with everything it
+//! opens (its tunnel, the pooled connection that tunnel rides, their
+//! tasks): no lock or wake-up crosses threads on the data path, and a
+//! burst still spreads over the cores.
 //!
 //! Without [`start`] there is one shard, the caller's runtime: every
 //! connection is spawned where it was accepted.
