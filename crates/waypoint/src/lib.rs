@@ -10,6 +10,7 @@
 //! ([`plan`]); [`handler`] and [`proxy`] do the I/O.
 #![forbid(unsafe_code)]
 
+pub mod accesslog;
 pub mod balance;
 pub mod handler;
 pub mod logbuf;

@@ -65,6 +65,23 @@ pub async fn flusher() {
     }
 }
 
+/// Appends one line (an access-log line written without `tracing`'s
+/// formatter, [`crate::accesslog`]) as an `info` line is: it waits for the
+/// flusher's pass, or is written at once when no flusher runs or the
+/// buffer is full.
+pub fn append(write: impl FnOnce(&mut Vec<u8>)) {
+    let full = {
+        let mut b = buffer();
+        write(&mut b);
+        b.len() >= HIGH_WATER
+    };
+    if full || !FLUSHER.load(Ordering::Acquire) {
+        flush();
+    } else {
+        WAITING.notify_one();
+    }
+}
+
 /// The `MakeWriter` of the waypoint's log.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Writer;

@@ -196,8 +196,7 @@ fn evaluate_l7<'p>(
     req: Option<(&RequestView, &str)>,
 ) -> slipstream_core::policy::l7::L7Verdict {
     use slipstream_core::policy::l7::{evaluate, L7Request};
-    let principal = peer.to_string();
-    let principal = principal.strip_prefix("spiffe://").unwrap_or(&principal);
+    let principal = peer.principal();
     let empty: [(String, String); 0] = [];
     let r = L7Request {
         principal: Some(principal),

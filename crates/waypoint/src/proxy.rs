@@ -177,7 +177,7 @@ fn mirror(
 struct Forwarded {
     response: Response<Body>,
     flag: &'static str,
-    upstream: Option<(std::net::SocketAddr, String)>,
+    upstream: Option<(std::net::SocketAddr, slipstream_core::SpiffeId)>,
     attempts: u32,
     /// The selector-bound policy of the endpoint that refused it.
     denied_by: Option<String>,
@@ -271,6 +271,8 @@ async fn forward(
     }
     let retries = if replay.is_some() { retries } else { 0 };
     let key = crate::balance::hash_key(&f.traffic.lb, view_headers, query, peer.addr.ip());
+    // Copied for an attempt only when another may follow it.
+    let mut parts = Some(parts);
     let mut tried: Vec<std::net::SocketAddr> = Vec::new();
     let mut attempt = 0u32;
     loop {
@@ -287,7 +289,7 @@ async fn forward(
             }
         };
         let ep = slot.addr;
-        let upstream = Some((ep, slot.endpoint.workload.identity().to_string()));
+        let upstream = Some((ep, slot.endpoint.workload.identity().clone()));
         tried.push(ep);
         if let Err(d) = shared.source_egress(state, peer, ep) {
             shared.balancer.finish(&f, slot, Some(200));
@@ -312,7 +314,16 @@ async fn forward(
                 };
             }
         }
-        let mut p = parts.clone();
+        let mut p = match parts.take() {
+            Some(p) if attempt <= retries => {
+                let copy = p.clone();
+                parts = Some(p);
+                copy
+            }
+            Some(p) => p,
+            // Never: the attempt that takes them is the last.
+            None => return answer(500, "internal error: the request was already sent\n".into(), "-", attempt),
+        };
         p.uri = match format!("http://{ep}{}", f.path_and_query).parse() {
             Ok(u) => u,
             Err(_) => {
@@ -389,7 +400,9 @@ async fn forward(
 }
 
 fn request_id() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let n = rand::random::<u128>();
+    (0..32).rev().map(|i| char::from(HEX[((n >> (i * 4)) & 0xf) as usize])).collect()
 }
 
 pub async fn handle(
@@ -483,34 +496,31 @@ pub async fn handle(
         }
     };
     let code = response.status().as_u16();
-    let (up, dst) = upstream.as_ref().map_or(("-".to_string(), "-".to_string()), |(a, i)| (a.to_string(), i.clone()));
-    tracing::info!(
-        target: slipstream_core::ACCESS_LOG_TARGET,
-        method = %method,
-        path = %path,
-        authority = %host,
+    crate::accesslog::write(&crate::accesslog::RequestLine {
+        method: &method,
+        path: &path,
+        authority: &host,
         code,
-        flags = flag,
-        route = %rule,
-        policy = %policy,
-        upstream = %up,
+        flags: flag,
+        route: &rule,
+        policy: &policy,
+        upstream: upstream.as_ref().map(|(a, _)| *a),
         attempts,
-        duration_ms = start.elapsed().as_millis() as u64,
-        src = %peer.identity,
-        dst = %dst,
-        request_id = %id,
-        trace_id = %trace.trace_id,
-        "request"
-    );
+        duration_ms: start.elapsed().as_millis() as u64,
+        src: &peer.identity,
+        dst: upstream.as_ref().map(|(_, i)| i),
+        request_id: &id,
+        trace_id: &trace.trace_id,
+    });
     // Istio's request metrics, observed when the answer has been sent.
     let src = state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity);
-    let dst_workload = upstream.as_ref().and_then(|(a, i)| state.workload_by_ip(a.ip()).filter(|w| w.identity().to_string() == *i));
+    let dst_workload = upstream.as_ref().and_then(|(a, i)| state.workload_by_ip(a.ip()).filter(|w| w.identity() == i));
     let service = match &*target {
         Target::Service { service, .. } => Some(service.clone()),
         Target::Workload { .. } => None,
     };
     let mut labels =
-        RequestLabels::new(src.as_deref(), &peer.identity.to_string(), service.as_deref(), dst_workload.as_deref(), protocol, code, flag);
+        RequestLabels::new(src.as_deref(), peer.identity.as_str(), service.as_deref(), dst_workload.as_deref(), protocol, code, flag);
     if let Some(code) = crate::metrics::grpc_status(response.headers()) {
         labels.grpc_response_status = code;
     }
