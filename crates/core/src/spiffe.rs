@@ -326,7 +326,7 @@ mod tests {
         assert_ne!(id("a", "b", "c"), id("a", "b", "d"));
         assert_ne!(id("a", "bc", "d"), id("a", "b", "cd"));
         // By parts, as before: "a-b" sorts after "a" although '-' < '/'.
-        let mut v = vec![id("a-b", "x", "y"), id("a", "z", "z"), id("a", "b", "c")];
+        let mut v = [id("a-b", "x", "y"), id("a", "z", "z"), id("a", "b", "c")];
         v.sort();
         assert_eq!(v.iter().map(|x| x.principal()).collect::<Vec<_>>(), ["a/ns/b/sa/c", "a/ns/z/sa/z", "a-b/ns/x/sa/y"]);
         let set: std::collections::HashSet<SpiffeId> = [id("a", "b", "c"), id("a", "b", "c")].into_iter().collect();

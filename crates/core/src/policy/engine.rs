@@ -57,7 +57,7 @@ pub fn istio(state: &MeshState, dst: &MeshWorkload, c: &Connection, dry_run: &mu
     let ps = state.policies_for(dst);
     let principal = c.peer.map(SpiffeId::principal);
     let attrs = ConnAttrs {
-        principal: principal.as_deref(),
+        principal,
         namespace: c.peer.map(SpiffeId::namespace),
         source_ip: c.src_ip,
         destination_ip: c.dst_ip,
