@@ -36,7 +36,23 @@ pub fn sysctl(netns: &str, settings: &[(&str, &str)]) -> Result<(), CmdError> {
 
 pub fn create_fabric(netns: &str) -> Result<(), CmdError> {
     add_netns(netns)?;
-    ip_batch(Some(netns), &["link add fabric type bridge".into(), "link set fabric up".into()])
+    ip_batch(Some(netns), &["link add fabric type bridge".into(), "link set fabric up".into()])?;
+    // The fabric stands for the switch between machines, which runs no
+    // firewall. When the host has loaded br_netfilter, a new namespace's
+    // bridges pass every frame through the IP hooks (its
+    // bridge-nf-call-* default to 1); the fabric has no rules, so that
+    // is only cost, paid on every packet between nodes.
+    if std::path::Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() {
+        sysctl(
+            netns,
+            &[
+                ("net.bridge.bridge-nf-call-iptables", "0"),
+                ("net.bridge.bridge-nf-call-ip6tables", "0"),
+                ("net.bridge.bridge-nf-call-arptables", "0"),
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 /// One node: a namespace plugged into the fabric bridge, forwarding on.
