@@ -275,7 +275,7 @@ pub struct RequestView<'a> {
     /// Raw, without the `?`.
     pub query: &'a str,
     /// Names lower-case; a name may repeat.
-    pub headers: &'a [(String, String)],
+    pub headers: &'a [(&'a str, &'a str)],
 }
 
 /// A prefix without its trailing `/` (`/` itself becomes empty, which
@@ -329,8 +329,8 @@ impl RouteMatch {
     }
 }
 
-fn header_value(headers: &[(String, String)], name: &str) -> Option<String> {
-    let mut values = headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str());
+fn header_value(headers: &[(&str, &str)], name: &str) -> Option<String> {
+    let mut values = headers.iter().filter(|(n, _)| *n == name).map(|(_, v)| *v);
     let first = values.next()?;
     Some(values.fold(first.to_string(), |mut acc, v| {
         acc.push(',');
@@ -471,12 +471,12 @@ pub fn sort_rules(rules: impl IntoIterator<Item = (RouteRule, RuleOrigin)>) -> V
 mod tests {
     use super::*;
 
-    fn req<'a>(method: &'a str, path: &'a str, query: &'a str, headers: &'a [(String, String)]) -> RequestView<'a> {
+    fn req<'a>(method: &'a str, path: &'a str, query: &'a str, headers: &'a [(&'a str, &'a str)]) -> RequestView<'a> {
         RequestView { method, path, query, headers }
     }
 
-    fn hdrs(kv: &[(&str, &str)]) -> Vec<(String, String)> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    fn hdrs<'a>(kv: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        kv.to_vec()
     }
 
     fn prefix(p: &str) -> RouteMatch {

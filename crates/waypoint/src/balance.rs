@@ -99,7 +99,7 @@ fn addr(e: &Endpoint) -> SocketAddr {
 /// The hash key of a request for consistent hashing, if it has one.
 pub fn hash_key(
     lb: &slipstream_core::route::traffic::LoadBalancer,
-    headers: &[(String, String)],
+    headers: &[(&str, &str)],
     query: &str,
     source: std::net::IpAddr,
 ) -> Option<u64> {
@@ -107,7 +107,7 @@ pub fn hash_key(
     let LoadBalancer::Hash(on) = lb else { return None };
     match on {
         HashOn::Header(name) => headers.iter().find(|(k, _)| k == name).map(|(_, v)| hash_bytes(v.as_bytes())),
-        HashOn::Cookie(name) => headers.iter().filter(|(k, _)| k == "cookie").flat_map(|(_, v)| v.split(';')).find_map(|c| {
+        HashOn::Cookie(name) => headers.iter().filter(|(k, _)| *k == "cookie").flat_map(|(_, v)| v.split(';')).find_map(|c| {
             let (k, v) = c.trim().split_once('=')?;
             (k == name).then(|| hash_bytes(v.as_bytes()))
         }),

@@ -97,7 +97,7 @@ impl RequestLabels {
     /// workload when the mesh knows it) to `service` or `dst`.
     pub fn new(
         src: Option<&MeshWorkload>,
-        src_principal: &str,
+        src_principal: &Arc<str>,
         service: Option<&MeshService>,
         dst: Option<&MeshWorkload>,
         protocol: Protocol,
@@ -112,7 +112,7 @@ impl RequestLabels {
             reporter: Waypoint,
             source_workload: v(src, |l| &l.workload_name),
             source_workload_namespace: v(src, |l| &l.namespace),
-            source_principal: Lv::from(src_principal),
+            source_principal: Lv(src_principal.clone()),
             source_app: v(src, |l| &l.app),
             source_version: v(src, |l| &l.version),
             source_canonical_service: v(src, |l| &l.app),
@@ -310,7 +310,7 @@ mod tests {
     #[tokio::test]
     async fn a_response_is_observed_once_with_both_sizes() {
         let m = Arc::new(Metrics::default());
-        let l = RequestLabels::new(None, "spiffe://cluster.local/ns/a/sa/b", None, None, Protocol::Http, 200, "-");
+        let l = RequestLabels::new(None, &Arc::from("spiffe://cluster.local/ns/a/sa/b"), None, None, Protocol::Http, 200, "-");
         let request = Tally::default();
         request.add(7);
         let body = Counted::new(
@@ -338,7 +338,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_dropped_unfinished_is_still_observed() {
         let m = Arc::new(Metrics::default());
-        let l = RequestLabels::new(None, "x", None, None, Protocol::Grpc, 503, "UF");
+        let l = RequestLabels::new(None, &Arc::from("x"), None, None, Protocol::Grpc, 503, "UF");
         let body = Counted::new(
             Full::new(Bytes::from_static(b"abc")),
             Tally::default(),

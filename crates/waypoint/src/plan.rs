@@ -197,7 +197,7 @@ fn evaluate_l7<'p>(
 ) -> slipstream_core::policy::l7::L7Verdict {
     use slipstream_core::policy::l7::{evaluate, L7Request};
     let principal = peer.principal();
-    let empty: [(String, String); 0] = [];
+    let empty: [(&str, &str); 0] = [];
     let r = L7Request {
         principal: Some(principal),
         namespace: Some(peer.namespace()),

@@ -416,32 +416,37 @@ pub async fn handle(
         Some(v) => v.to_string(),
         None => {
             let v = request_id();
-            req.headers_mut().insert(REQUEST_ID, HeaderValue::try_from(v.as_str()).expect("hex is a header value"));
+            // A static name: inserting a `&str` copies it each time.
+            req.headers_mut()
+                .insert(http::HeaderName::from_static(REQUEST_ID), HeaderValue::try_from(v.as_str()).expect("hex is a header value"));
             v
         }
     };
     let incoming_trace = req.headers().get(trace::TRACEPARENT).and_then(|v| v.to_str().ok());
     let trace = trace::next(incoming_trace, rand::random(), rand::random());
-    req.headers_mut().insert(trace::TRACEPARENT, HeaderValue::try_from(trace.header.as_str()).expect("hex is a header value"));
+    req.headers_mut().insert(
+        http::HeaderName::from_static(trace::TRACEPARENT),
+        HeaderValue::try_from(trace.header.as_str()).expect("hex is a header value"),
+    );
     let protocol = match req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         Some(c) if c.starts_with("application/grpc") => Protocol::Grpc,
         _ => Protocol::Http,
     };
     let version = req.version();
-    let method = req.method().as_str().to_string();
-    let path = req.uri().path().to_string();
-    let query = req.uri().query().unwrap_or("").to_string();
-    let host =
-        req.headers().get(HOST).and_then(|v| v.to_str().ok()).or(req.uri().authority().map(|a| a.as_str())).unwrap_or("").to_string();
-    let headers: Vec<(String, String)> =
-        req.headers().iter().filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string()))).collect();
+    // What routes, policies and the access log read, kept apart from the
+    // request that goes on: copies that share the parsed bytes (a header
+    // map's copy is two allocations, not two per header).
+    let (method, uri, header_map) = (req.method().clone(), req.uri().clone(), req.headers().clone());
+    let (method, path, query) = (method.as_str(), uri.path(), uri.query().unwrap_or(""));
+    let host = header_map.get(HOST).and_then(|v| v.to_str().ok()).or(uri.authority().map(|a| a.as_str())).unwrap_or("");
+    let headers: Vec<(&str, &str)> = header_map.iter().filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?))).collect();
     let state = shared.mesh.load_full();
     let service_routes = shared.routes_of(&target);
-    let view = RequestView { method: &method, path: &path, query: &query, headers: &headers };
+    let view = RequestView { method, path, query, headers: &headers };
     let request_bytes = Tally::default();
     let req = req.map(|b| Counted::new(b, request_bytes.clone(), None));
     // Authorization first: a denied request learns nothing of the routes.
-    let verdict = plan::authorize(service_routes.as_deref(), &target, &peer.identity, peer.addr.ip(), Some((&view, &host)));
+    let verdict = plan::authorize(service_routes.as_deref(), &target, &peer.identity, peer.addr.ip(), Some((&view, host)));
     for d in &verdict.dry_run_denials {
         tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), "dry-run: {method} {path} would be denied");
     }
@@ -456,7 +461,7 @@ pub async fn handle(
             service_routes.as_deref(),
             &|svc: &str| shared.traffic_of(svc),
             &target,
-            &Req { view, host: &host, draw_backend: rand::random() },
+            &Req { view, host, draw_backend: rand::random() },
         );
         rule = decision.rule.map(|r| r.name.clone()).unwrap_or_else(|| "-".into());
         let filters = decision.rule.map(|r| r.filters.clone()).unwrap_or_default();
@@ -484,8 +489,8 @@ pub async fn handle(
                     (r, "-", None)
                 }
                 Action::Forward(f) => {
-                    let view = RequestView { method: &method, path: &path, query: &query, headers: &headers };
-                    let r = forward(&shared, &state, &peer, *f, &filters, req, &host, &view, &id).await;
+                    let view = RequestView { method, path, query, headers: &headers };
+                    let r = forward(&shared, &state, &peer, *f, &filters, req, host, &view, &id).await;
                     attempts = r.attempts;
                     if let Some(by) = r.denied_by {
                         policy = by;
@@ -497,9 +502,9 @@ pub async fn handle(
     };
     let code = response.status().as_u16();
     crate::accesslog::write(&crate::accesslog::RequestLine {
-        method: &method,
-        path: &path,
-        authority: &host,
+        method,
+        path,
+        authority: host,
         code,
         flags: flag,
         route: &rule,
@@ -520,7 +525,7 @@ pub async fn handle(
         Target::Workload { .. } => None,
     };
     let mut labels =
-        RequestLabels::new(src.as_deref(), peer.identity.as_str(), service.as_deref(), dst_workload.as_deref(), protocol, code, flag);
+        RequestLabels::new(src.as_deref(), peer.identity.uri(), service.as_deref(), dst_workload.as_deref(), protocol, code, flag);
     if let Some(code) = crate::metrics::grpc_status(response.headers()) {
         labels.grpc_response_status = code;
     }

@@ -118,7 +118,7 @@ pub struct L7Request<'a> {
     pub host: &'a str,
     pub port: u16,
     /// Lower-case names.
-    pub headers: &'a [(String, String)],
+    pub headers: &'a [(&'a str, &'a str)],
     /// False for a connection passed through as TCP (no request).
     pub http: bool,
 }
@@ -194,7 +194,7 @@ impl L7Condition {
         let ip = r.source_ip.to_string();
         let v: Option<String> = match &self.key {
             ConditionKey::RequestHeader(h) => {
-                let values: Vec<&str> = r.headers.iter().filter(|(k, _)| k == h).map(|(_, v)| v.as_str()).collect();
+                let values: Vec<&str> = r.headers.iter().filter(|(k, _)| k == h).map(|(_, v)| *v).collect();
                 (!values.is_empty()).then(|| values.join(","))
             }
             ConditionKey::SourceIp => Some(ip),
@@ -297,7 +297,7 @@ mod tests {
         StringMatch::Exact(s.into())
     }
 
-    fn req<'a>(principal: &'a str, method: &'a str, path: &'a str, headers: &'a [(String, String)]) -> L7Request<'a> {
+    fn req<'a>(principal: &'a str, method: &'a str, path: &'a str, headers: &'a [(&'a str, &'a str)]) -> L7Request<'a> {
         L7Request {
             principal: Some(principal),
             namespace: principal.split('/').nth(2),
@@ -335,7 +335,7 @@ mod tests {
     fn istio_semantics_deny_first_then_one_allow_must_match() {
         let fe = "cluster.local/ns/production/sa/frontend";
         let legacy = "cluster.local/ns/production/sa/legacy-service";
-        let none: Vec<(String, String)> = vec![];
+        let none: Vec<(&str, &str)> = vec![];
         let p = [billing()];
         let allowed = |r: &L7Request| evaluate(p.iter(), r).allowed;
         assert!(allowed(&req(fe, "GET", "/api/v1/invoices", &none)));
@@ -363,7 +363,7 @@ mod tests {
             ..Default::default()
         };
         let both = [billing(), deny.clone()];
-        let debug = vec![("x-debug".to_string(), "1".to_string())];
+        let debug = vec![("x-debug", "1")];
         let v = evaluate(both.iter(), &req(fe, "GET", "/api/v1/invoices", &debug));
         assert!(!v.allowed);
         assert_eq!(v.by.unwrap().rule.as_deref(), Some("spec.rules[0]"));
@@ -376,7 +376,7 @@ mod tests {
 
     #[test]
     fn hosts_ports_sources_and_conditions() {
-        let none: Vec<(String, String)> = vec![];
+        let none: Vec<(&str, &str)> = vec![];
         let r = req("cluster.local/ns/production/sa/frontend", "GET", "/x", &none);
         let op = |o: L7Operation| L7Rule { to: vec![o], ..Default::default() }.matches(&r, false);
         assert!(op(L7Operation { hosts: vec![exact("billing-service.production")], ..Default::default() }), "a host without port");
@@ -403,7 +403,7 @@ mod tests {
 
     #[test]
     fn tcp_passed_through_allows_less_and_denies_more() {
-        let none: Vec<(String, String)> = vec![];
+        let none: Vec<(&str, &str)> = vec![];
         let fe = "cluster.local/ns/production/sa/frontend";
         let tcp = L7Request { http: false, method: "", path: "", host: "", ..req(fe, "GET", "/api/v1/invoices", &none) };
         // The ALLOW on GET /api/v1/invoices cannot allow a TCP connection.

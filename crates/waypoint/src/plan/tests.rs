@@ -152,9 +152,8 @@ fn only_what_is_bound_to_this_waypoint_is_served() {
 /// (method, path, query, headers, draw) -> what happens, as text.
 fn run(s: &MeshState, r: Option<&ServiceRoutes>, dialed: &str, path: &str, headers: &[(&str, &str)], draw: u64) -> String {
     let t = target(s, &me(), dialed.parse().unwrap()).unwrap();
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
-    let req = Req { view: RequestView { method: "GET", path, query, headers: &headers }, host: "reviews:9080", draw_backend: draw };
+    let req = Req { view: RequestView { method: "GET", path, query, headers }, host: "reviews:9080", draw_backend: draw };
     let d = decide(s, r, &|_: &str| Default::default(), &t, &req);
     let rule = d.rule.map(|r| r.name.as_str()).unwrap_or("-");
     match d.action {

@@ -446,7 +446,7 @@ fn compiled_routes_select_as_gateway_api_says() {
            {matches: [{path: {value: /b}}], backendRefs: [{name: b}]}]}",
     );
     let compiled = compile(&[&r], "demo", "web", "web.demo.svc.cluster.local", "cluster.local");
-    let headers = vec![];
+    let headers: Vec<(&str, &str)> = vec![];
     let pick = |path| {
         select(&compiled.rules, 80, &RequestView { method: "GET", path, query: "", headers: &headers })
             .map(|(r, _)| r.backends[0].service.clone())
