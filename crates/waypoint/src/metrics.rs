@@ -107,7 +107,9 @@ impl RequestLabels {
         let v = |w: Option<&MeshWorkload>, f: fn(&slipstream_core::WorkloadLabels) -> &Arc<str>| {
             w.map(|w| Lv(f(w.labels()).clone())).unwrap_or_default()
         };
-        let s = |f: fn(&MeshService) -> &str| service.map(|s| Lv::from(f(s))).unwrap_or_default();
+        // Shared with the mesh's own copies: labelling a request copies
+        // pointers, not strings.
+        let s = |f: fn(&MeshService) -> &Arc<str>| service.map(|s| Lv(f(s).clone())).unwrap_or_default();
         RequestLabels {
             reporter: Waypoint,
             source_workload: v(src, |l| &l.workload_name),
@@ -118,8 +120,8 @@ impl RequestLabels {
             source_canonical_service: v(src, |l| &l.app),
             source_cluster: v(src, |l| &l.cluster),
             destination_service: s(|x| x.hostname()),
-            destination_service_namespace: s(|x| x.namespace.as_str()),
-            destination_service_name: s(|x| x.name.as_str()),
+            destination_service_namespace: s(|x| x.namespace()),
+            destination_service_name: s(|x| x.name()),
             destination_workload: v(dst, |l| &l.workload_name),
             destination_workload_namespace: v(dst, |l| &l.namespace),
             destination_principal: v(dst, |l| &l.principal),
@@ -130,10 +132,30 @@ impl RequestLabels {
             request_protocol: protocol,
             response_code: Code(code),
             grpc_response_status: Lv::default(),
-            response_flags: Lv::from(flag),
+            response_flags: flag_label(flag),
             connection_security_policy: Security::MutualTls,
         }
     }
+}
+
+/// The label of a response flag. The flags are a few fixed words: each
+/// is made into a label once per thread, not once per request.
+fn flag_label(flag: &str) -> Lv {
+    thread_local! {
+        static SEEN: std::cell::RefCell<Vec<Lv>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SEEN.with(|seen| {
+        let mut seen = seen.borrow_mut();
+        if let Some(l) = seen.iter().find(|l| &*l.0 == flag) {
+            return l.clone();
+        }
+        let l = Lv::from(flag);
+        // Bounded: flags come from the code, but never let it grow.
+        if seen.len() < 64 {
+            seen.push(l.clone());
+        }
+        l
+    })
 }
 
 /// Istio's buckets for `istio_request_duration_milliseconds`.

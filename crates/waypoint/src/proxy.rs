@@ -450,9 +450,12 @@ pub async fn handle(
     for d in &verdict.dry_run_denials {
         tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), "dry-run: {method} {path} would be denied");
     }
-    let mut policy = verdict.by.as_ref().map(|b| format!("{}/{}", b.namespace, b.name)).unwrap_or_else(|| "-".into());
+    let mut policy: std::borrow::Cow<'_, str> = match &verdict.by {
+        Some(b) => format!("{}/{}", b.namespace, b.name).into(),
+        None => "-".into(),
+    };
     let mut attempts = 0u32;
-    let mut rule = "-".to_string();
+    let mut rule = "-";
     let (response, flag, upstream) = if !verdict.allowed {
         (text(403, "RBAC: access denied\n".into()), "RBAC", None)
     } else {
@@ -463,7 +466,7 @@ pub async fn handle(
             &target,
             &Req { view, host, draw_backend: rand::random() },
         );
-        rule = decision.rule.map(|r| r.name.clone()).unwrap_or_else(|| "-".into());
+        rule = decision.rule.map_or("-", |r| r.name.as_str());
         let filters = decision.rule.map(|r| r.filters.clone()).unwrap_or_default();
         // LocalRateLimitPolicy: requests the waypoint would route, not
         // those it answers itself (404, 503 without endpoints).
@@ -476,7 +479,7 @@ pub async fn handle(
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             r.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
             // The access log names the policy that limited it.
-            policy = by;
+            policy = by.into();
             (r, "RL", None)
         } else {
             match decision.action {
@@ -493,7 +496,7 @@ pub async fn handle(
                     let r = forward(&shared, &state, &peer, *f, &filters, req, host, &view, &id).await;
                     attempts = r.attempts;
                     if let Some(by) = r.denied_by {
-                        policy = by;
+                        policy = by.into();
                     }
                     (r.response, r.flag, r.upstream)
                 }
@@ -507,7 +510,7 @@ pub async fn handle(
         authority: host,
         code,
         flags: flag,
-        route: &rule,
+        route: rule,
         policy: &policy,
         upstream: upstream.as_ref().map(|(a, _)| *a),
         attempts,
