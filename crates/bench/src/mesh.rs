@@ -129,6 +129,11 @@ pub fn end(procs: &[MeshProcess], before: &Before) -> Vec<ProcUsage> {
         .collect()
 }
 
+/// Whether `pid` is a pod sandbox's init (`slipstream pod-init ...`).
+fn is_pod_init(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"pod-init"))
+}
+
 /// Open file descriptors of every mesh process.
 pub fn fd_counts(procs: &[MeshProcess]) -> Vec<usize> {
     procs
@@ -172,7 +177,26 @@ pub fn sample(procs: &[MeshProcess]) -> Vec<ProcSample> {
         .iter()
         .map(|p| {
             let pids = pids(p);
-            ProcSample { process: p.name.clone(), rss_mb: memory(&pids, "VmRSS"), anon_mb: Some(memory(&pids, "RssAnon")), pids }
+            if !crate::results::is_waypoint(&p.name) {
+                return ProcSample {
+                    process: p.name.clone(),
+                    rss_mb: memory(&pids, "VmRSS"),
+                    anon_mb: Some(memory(&pids, "RssAnon")),
+                    pod_rss_mb: None,
+                    pids,
+                };
+            }
+            // A waypoint's cgroup is its pod: the waypoint and the
+            // sandbox's pod-init processes (what a pause container is
+            // to Kubernetes, which leaves it out of a container's memory).
+            let own: Vec<i32> = pids.iter().copied().filter(|pid| !is_pod_init(*pid)).collect();
+            ProcSample {
+                process: p.name.clone(),
+                rss_mb: memory(&own, "VmRSS"),
+                anon_mb: Some(memory(&own, "RssAnon")),
+                pod_rss_mb: Some(memory(&pids, "VmRSS")),
+                pids,
+            }
         })
         .collect()
 }

@@ -118,6 +118,11 @@ pub fn is_node_proxy(process: &str) -> bool {
     process.starts_with("node proxy ")
 }
 
+/// Whether a mesh process (by its name, `bench::mesh`) is a waypoint.
+pub fn is_waypoint(process: &str) -> bool {
+    process.starts_with("waypoint ")
+}
+
 /// A mesh process (one cgroup, e.g. a node proxy) during a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProcUsage {
@@ -145,4 +150,9 @@ pub struct ProcSample {
     /// with every other slipstream process (absent in older results).
     #[serde(default)]
     pub anon_mb: Option<f64>,
+    /// For a waypoint: `rss_mb` is its own process (the container, as
+    /// Kubernetes reports a container's memory); this is the whole pod,
+    /// with the sandbox's `pod-init` processes (absent in older results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_rss_mb: Option<f64>,
 }

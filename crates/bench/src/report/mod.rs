@@ -118,6 +118,7 @@ pub fn markdown(r: &Results, page: &Page) -> String {
     resources_table(&mut s, &v);
     targets_table(&mut s, &v);
     ebpf_targets(&mut s, &v);
+    waypoint_targets(&mut s, &v);
     failures(&mut s, r);
     scenarios(&mut s, r);
     experiments(&mut s, r);
@@ -133,6 +134,7 @@ pub fn summary(r: &Results) -> String {
     resources_table(&mut s, &v);
     targets_table(&mut s, &v);
     ebpf_targets(&mut s, &v);
+    waypoint_targets(&mut s, &v);
     s.trim_end().to_string()
 }
 
@@ -209,14 +211,18 @@ fn main_table(s: &mut String, v: &View) {
 }
 
 fn resources_table(s: &mut String, v: &View) {
-    let procs: Vec<String> =
-        v.r.idle
-            .iter()
-            .map(|p| match p.anon_mb {
-                Some(a) => format!("{} {:.1} MB ({:.1} MB its own, the rest the binary's shared code pages)", p.process, p.rss_mb, a),
+    let procs: Vec<String> = v
+        .r
+        .idle
+        .iter()
+        .map(|p| {
+            let pod = p.pod_rss_mb.map(|m| format!("; the pod, with its pod-init processes, {m:.1} MB")).unwrap_or_default();
+            match p.anon_mb {
+                Some(a) => format!("{} {:.1} MB ({:.1} MB its own, the rest the binary's shared code pages{pod})", p.process, p.rss_mb, a),
                 None => format!("{} {:.1} MB", p.process, p.rss_mb),
-            })
-            .collect();
+            }
+        })
+        .collect();
     let _ = writeln!(
         s,
         "## R1: resources of the mesh processes\n\n\
@@ -310,6 +316,49 @@ For reference only: the benchmark measures, it never fails on a target.
         _ => "not measured".into(),
     };
     let _ = writeln!(s, "| L1 p99 below l4-nft | {p99} |");
+    s.push('\n');
+}
+
+/// The waypoint's targets (issue 16): `l7` against `none` of the same
+/// run, and the waypoint's idle memory (its process, as a container's).
+fn waypoint_targets(s: &mut String, v: &View) {
+    let available = |n: &str| v.r.scenarios.iter().any(|x| x.name == n && x.not_available.is_none());
+    if !available("l7") {
+        return;
+    }
+    let get = |sc: &str, e: ExperimentId, f: &str| v.get(sc, &figure_id(e, f));
+    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+    let (q1, l1) = (ExperimentId::Q1, ExperimentId::L1);
+    let q1_cell = match (get("l7", q1, "rps"), get(BASELINE, q1, "rps")) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×: {}", a / b, verdict(a / b >= 0.30)),
+        _ => "not measured".into(),
+    };
+    let l1_cell = match (get("l7", l1, "p50_ms"), get(BASELINE, l1, "p50_ms")) {
+        (Some(a), Some(b)) => format!("{:+.2} ms: {}", a - b, verdict(a - b <= 3.0)),
+        _ => "not measured".into(),
+    };
+    let idle: Vec<String> =
+        v.r.idle
+            .iter()
+            .filter(|p| crate::results::is_waypoint(&p.process))
+            .map(|p| {
+                let pod = p.pod_rss_mb.map(|m| format!(", the pod {m:.1} MB")).unwrap_or_default();
+                format!("{:.1} MB{pod}: {}", p.rss_mb, verdict(p.rss_mb < 30.0))
+            })
+            .collect();
+    let rss_cell = if idle.is_empty() { "not measured".to_string() } else { idle.join("; ") };
+    let _ = writeln!(
+        s,
+        "## Targets for the waypoint
+
+For reference only: the benchmark measures, it never fails on a target. The waypoint's memory is its \
+process, as Kubernetes reports a container's; its pod adds the sandbox's `pod-init` processes.
+"
+    );
+    let _ = writeln!(s, "| target | l7 |\n|---|---|");
+    let _ = writeln!(s, "| Q1 requests/s ≥ 0.30 × none | {q1_cell} |");
+    let _ = writeln!(s, "| L1 p50 ≤ none + 3 ms | {l1_cell} |");
+    let _ = writeln!(s, "| waypoint RSS idle < 30 MB | {rss_cell} |");
     s.push('\n');
 }
 
@@ -481,8 +530,8 @@ pub(crate) mod tests {
                 .map(|e| ExperimentInfo { id: *e, title: e.title().into(), command: e.action(&s).describe() })
                 .collect(),
             idle: vec![
-                ProcSample { process: "node proxy node1".into(), pids: vec![1], rss_mb: 13.9, anon_mb: Some(1.8) },
-                ProcSample { process: "node proxy node2".into(), pids: vec![2], rss_mb: 14.2, anon_mb: None },
+                ProcSample { process: "node proxy node1".into(), pids: vec![1], rss_mb: 13.9, anon_mb: Some(1.8), pod_rss_mb: None },
+                ProcSample { process: "node proxy node2".into(), pids: vec![2], rss_mb: 14.2, anon_mb: None, pod_rss_mb: None },
             ],
             runs,
             medians: Default::default(),
@@ -555,6 +604,33 @@ pub(crate) mod tests {
         assert!(md.contains("/var/tmp/slipstream-target/release/slipstream bench --update-docs"));
         assert!(md.contains("commit `0123456789ab`"));
         assert!(!md.contains("Failed runs"));
+    }
+
+    #[test]
+    fn waypoint_targets_use_its_process_and_name_the_pod() {
+        let mut r = sample();
+        let md = markdown(&r, &page());
+        assert_eq!(line(&md, "| Q1 requests/s ≥ 0.30 × none"), "| Q1 requests/s ≥ 0.30 × none | 0.20×: **missed** |");
+        assert_eq!(line(&md, "| L1 p50 ≤ none + 3 ms"), "| L1 p50 ≤ none + 3 ms | +4.00 ms: **missed** |");
+        assert_eq!(line(&md, "| waypoint RSS idle"), "| waypoint RSS idle < 30 MB | not measured |");
+        r.idle.push(ProcSample {
+            process: "waypoint bench-l7/waypoint-abc".into(),
+            pids: vec![3, 4, 5],
+            rss_mb: 19.6,
+            anon_mb: Some(2.2),
+            pod_rss_mb: Some(32.8),
+        });
+        let md = markdown(&r, &page());
+        assert_eq!(line(&md, "| waypoint RSS idle"), "| waypoint RSS idle < 30 MB | 19.6 MB, the pod 32.8 MB: met |");
+        assert!(
+            md.contains("waypoint bench-l7/waypoint-abc 19.6 MB (2.2 MB its own, the rest the binary's shared code pages; the pod, with its pod-init processes, 32.8 MB)"),
+            "{md}"
+        );
+        // Only the node proxies count for the node proxy's target.
+        assert_eq!(line(&md, "| node proxy RSS idle"), "| node proxy RSS idle ≤ 15 MB | 14.2 MB: met | 14.2 MB: met |");
+        // Without l7, no section.
+        r.scenarios.retain(|s| s.name != "l7");
+        assert!(!markdown(&r, &page()).contains("## Targets for the waypoint"));
     }
 
     #[test]
