@@ -42,11 +42,16 @@ pub struct RequestLine<'a> {
 /// Appends the line of `r` to the waypoint's log, unless `SLIPSTREAM_LOG`
 /// filters the access log out.
 pub fn write(r: &RequestLine<'_>) {
-    if !tracing::enabled!(target: slipstream_core::ACCESS_LOG_TARGET, tracing::Level::INFO) {
+    if !enabled() {
         return;
     }
     let now = SystemTime::now();
     crate::logbuf::append(|buf| format_into(buf, now, r));
+}
+
+/// Whether the log filter lets the access log through.
+fn enabled() -> bool {
+    tracing::enabled!(target: slipstream_core::ACCESS_LOG_TARGET, tracing::Level::INFO)
 }
 
 /// The whole line, newline included.
@@ -272,6 +277,19 @@ mod tests {
             assert_eq!(t1.len(), t2.len(), "{t1} / {t2}");
             assert!(t1.ends_with('Z') && t1.as_bytes()[10] == b'T' && t1.as_bytes()[19] == b'.', "{t1}");
         }
+    }
+
+    #[test]
+    fn slipstream_log_still_turns_it_off() {
+        use tracing_subscriber::prelude::*;
+        let with = |filter: &str| {
+            let s = tracing_subscriber::registry().with(tracing_subscriber::EnvFilter::new(filter));
+            tracing::subscriber::with_default(s, enabled)
+        };
+        assert!(with("info"));
+        assert!(with("warn,slipstream::access=info"));
+        assert!(!with("info,slipstream::access=off"));
+        assert!(!with("warn"));
     }
 
     #[test]
