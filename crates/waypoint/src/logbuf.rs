@@ -75,7 +75,14 @@ pub fn append(write: impl FnOnce(&mut Vec<u8>)) {
         write(&mut b);
         b.len() >= HIGH_WATER
     };
-    if full || !FLUSHER.load(Ordering::Acquire) {
+    line_done(full);
+}
+
+/// After a line went into the buffer: written at once when `now` (a
+/// warning, a full buffer) or when no flusher runs, else left for the
+/// flusher's pass.
+fn line_done(now: bool) {
+    if now || !FLUSHER.load(Ordering::Acquire) {
         flush();
     } else {
         WAITING.notify_one();
@@ -108,11 +115,7 @@ impl Write for Line {
 
 impl Drop for Line {
     fn drop(&mut self) {
-        if self.at_once || self.full || !FLUSHER.load(Ordering::Acquire) {
-            flush();
-        } else {
-            WAITING.notify_one();
-        }
+        line_done(self.at_once || self.full);
     }
 }
 
