@@ -64,6 +64,11 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Whether the run measured scenario `n` (asked for and available).
+    fn available(&self, n: &str) -> bool {
+        self.r.scenarios.iter().any(|x| x.name == n && x.not_available.is_none())
+    }
+
     fn idle_rss(&self) -> Option<f64> {
         self.r.idle.iter().filter(|p| crate::results::is_node_proxy(&p.process)).map(|p| p.rss_mb).reduce(f64::max)
     }
@@ -279,11 +284,19 @@ fn targets_table(s: &mut String, v: &View) {
     s.push('\n');
 }
 
+/// A target's verdict as the tables write it.
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**missed**"
+    }
+}
+
 /// The eBPF datapath's own targets (BENCHMARKS.md): against `none` and
 /// against `l4-nft` of the same run.
 fn ebpf_targets(s: &mut String, v: &View) {
-    let available = |n: &str| v.r.scenarios.iter().any(|x| x.name == n && x.not_available.is_none());
-    if !available("l4-ebpf") {
+    if !v.available("l4-ebpf") {
         return;
     }
     let get = |sc: &str, e: ExperimentId, f: &str| v.get(sc, &figure_id(e, f));
@@ -291,7 +304,6 @@ fn ebpf_targets(s: &mut String, v: &View) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
-    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
     let cell = |r: Option<f64>, min: f64| match r {
         Some(r) => format!("{r:.2}×: {}", verdict(r >= min)),
         None => "not measured".into(),
@@ -308,7 +320,7 @@ For reference only: the benchmark measures, it never fails on a target.
     let _ = writeln!(s, "| target | l4-ebpf |\n|---|---|");
     let _ = writeln!(s, "| T1 throughput ≥ 0.55 × none | {} |", cell(ratio(get(e, t1, "gbps"), get(BASELINE, t1, "gbps")), 0.55));
     let _ = writeln!(s, "| Q1 requests/s ≥ 0.60 × none | {} |", cell(ratio(get(e, q1, "rps"), get(BASELINE, q1, "rps")), 0.60));
-    let nft = available("l4-nft");
+    let nft = v.available("l4-nft");
     let q1_nft = if nft { cell(ratio(get(e, q1, "rps"), get("l4-nft", q1, "rps")), 1.2) } else { "not measured (no l4-nft)".into() };
     let _ = writeln!(s, "| Q1 requests/s ≥ 1.2 × l4-nft | {q1_nft} |");
     let p99 = match (get(e, l1, "p99_ms"), get("l4-nft", l1, "p99_ms")) {
@@ -322,12 +334,10 @@ For reference only: the benchmark measures, it never fails on a target.
 /// The waypoint's targets (issue 16): `l7` against `none` of the same
 /// run, and the waypoint's idle memory (its process, as a container's).
 fn waypoint_targets(s: &mut String, v: &View) {
-    let available = |n: &str| v.r.scenarios.iter().any(|x| x.name == n && x.not_available.is_none());
-    if !available("l7") {
+    if !v.available("l7") {
         return;
     }
     let get = |sc: &str, e: ExperimentId, f: &str| v.get(sc, &figure_id(e, f));
-    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
     let (q1, l1) = (ExperimentId::Q1, ExperimentId::L1);
     let q1_cell = match (get("l7", q1, "rps"), get(BASELINE, q1, "rps")) {
         (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×: {}", a / b, verdict(a / b >= 0.30)),
