@@ -12,6 +12,7 @@
 
 pub mod accesslog;
 pub mod balance;
+pub mod client;
 pub mod handler;
 pub mod logbuf;
 pub mod metrics;
@@ -24,9 +25,6 @@ pub mod trace;
 pub mod upstream;
 
 use arc_swap::ArcSwap;
-use http_body_util::combinators::BoxBody;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use slipstream_core::route::ServiceRoutes;
 use slipstream_core::{MeshState, SpiffeId};
 use slipstream_hbone::Pool;
@@ -72,11 +70,10 @@ pub struct Shared {
     me: plan::Me,
     mesh: Arc<ArcSwap<MeshState>>,
     routes: ArcSwap<Routes>,
-    client: Client<upstream::Connector, BoxBody<bytes::Bytes, hyper::Error>>,
-    /// The same over HTTP/2 (prior knowledge), for requests that came as
-    /// HTTP/2 (gRPC among them): the upstream speaks what the client spoke
-    /// to the service.
-    client_h2: Client<upstream::Connector, BoxBody<bytes::Bytes, hyper::Error>>,
+    /// HTTP to endpoints, pooled per endpoint: HTTP/2 (prior knowledge)
+    /// for requests that came as HTTP/2 (gRPC among them), else HTTP/1.1;
+    /// the upstream speaks what the client spoke to the service.
+    client: client::Clients,
     /// What the client uses, for TCP passed through.
     connector: upstream::Connector,
     /// Per-peer bounds on connections and handshakes, and the process's
@@ -174,9 +171,7 @@ impl Waypoint {
         let mesh: Arc<ArcSwap<MeshState>> = Arc::new(ArcSwap::from_pointee(MeshState::default()));
         let connector =
             upstream::Connector { pool, identity: Arc::new(settings.identity.clone()), own_ip: settings.own_ip, mesh: mesh.clone() };
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(settings.idle_timeout).build(connector.clone());
-        let client_h2 =
-            Client::builder(TokioExecutor::new()).http2_only(true).pool_idle_timeout(settings.idle_timeout).build(connector.clone());
+        let client = client::Clients::new(connector.clone(), settings.idle_timeout);
         let me = plan::Me { namespace: settings.namespace.clone(), name: settings.name.clone() };
         // The node proxy's derivation from the open-files limit, with its
         // per-peer defaults.
@@ -192,7 +187,6 @@ impl Waypoint {
                 mesh,
                 routes: ArcSwap::from_pointee(Routes::new()),
                 client,
-                client_h2,
                 connector,
                 limits,
                 refusals: slipstream_node::limits::RefusalLog::new(5, std::time::Duration::from_secs(10)),

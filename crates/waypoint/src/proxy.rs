@@ -134,7 +134,7 @@ fn mirror(
         }
         let Some(ep) = slipstream_core::MeshState::pick(&eps, rand::random()) else { continue };
         let addr = std::net::SocketAddr::new(ep.workload.address(), ep.target_port);
-        let Ok(uri) = format!("http://{addr}{path_and_query}").parse::<http::Uri>() else { continue };
+        let Ok(uri) = http::Uri::try_from(path_and_query) else { continue };
         let kib = (bytes.len() as u64).div_ceil(1024) as u32;
         let permit = if kib == 0 {
             None
@@ -159,11 +159,11 @@ fn mirror(
                 req.headers_mut().insert(HOST, v);
             }
         }
-        let client = if parts.version == http::Version::HTTP_2 { shared.client_h2.clone() } else { shared.client.clone() };
+        let client = shared.client.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let _ = tokio::time::timeout(MIRROR_TIMEOUT, async move {
-                if let Ok(resp) = client.request(req).await {
+                if let Ok(resp) = client.send(addr, req).await {
                     let _ = resp.into_body().collect().await;
                 }
             })
@@ -324,7 +324,8 @@ async fn forward(
             // Never: the attempt that takes them is the last.
             None => return answer(500, "internal error: the request was already sent\n".into(), "-", attempt),
         };
-        p.uri = match format!("http://{ep}{}", f.path_and_query).parse() {
+        // Origin form; the client makes it absolute for HTTP/2.
+        p.uri = match http::Uri::try_from(f.path_and_query.as_str()) {
             Ok(u) => u,
             Err(_) => {
                 shared.balancer.finish(&f, slot, Some(200));
@@ -336,8 +337,7 @@ async fn forward(
             (None, Some(stream)) => stream.boxed(),
             (None, None) => full(Bytes::new()),
         };
-        let client = if h2 { &shared.client_h2 } else { &shared.client };
-        let sent = client.request(Request::from_parts(p, body));
+        let sent = shared.client.send(ep, Request::from_parts(p, body));
         let bound = match (f.attempt_timeout, crate::balance::remaining(deadline)) {
             (Some(a), Some(r)) => Some(a.min(r)),
             (a, r) => a.or(r),
@@ -371,7 +371,7 @@ async fn forward(
                 Forwarded { response: Response::from_parts(parts, body.boxed()), flag: "-", upstream, attempts: attempt, denied_by: None }
             }
             Some(Err(e)) => {
-                tracing::debug!(upstream = %ep, "upstream request failed: {e:?}");
+                tracing::debug!(upstream = %ep, "upstream request failed: {e}");
                 let flag = if e.is_connect() { "UF" } else { "UC" };
                 Forwarded {
                     response: text(503, format!("upstream connect error: {e}\n")),
