@@ -221,9 +221,18 @@ async fn forward(
     let start = Instant::now();
     let deadline = f.timeout.map(|t| start + t);
     let (mut parts, body) = req.into_parts();
-    // HTTP/2 from the client has no Host; HTTP/1.1 to the endpoint needs it.
-    let new_host = f.host.clone().unwrap_or_else(|| host.to_string());
-    if let Ok(v) = HeaderValue::try_from(new_host) {
+    // The rule's rewrite, else the request's authority: HTTP/2 from the
+    // client has no Host, and HTTP/1.1 to the endpoint needs exactly one.
+    let one_host = {
+        let mut all = parts.headers.get_all(HOST).iter();
+        all.next().is_some() && all.next().is_none()
+    };
+    let new_host = match &f.host {
+        Some(h) => Some(h.as_str()),
+        None if !one_host => Some(host),
+        None => None,
+    };
+    if let Some(Ok(v)) = new_host.map(HeaderValue::try_from) {
         parts.headers.insert(HOST, v);
     }
     // Headers the client's `Connection` names are hop-by-hop too.
@@ -239,9 +248,13 @@ async fn forward(
     // hop-by-hop.
     let h2 = parts.version == http::Version::HTTP_2;
     let keep_te = h2 && parts.headers.get(http::header::TE).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    for h in HOP_BY_HOP.iter().chain(IDENTITY_HEADERS).copied().chain(named.iter().map(String::as_str)) {
-        if !(keep_te && h == "te") {
-            parts.headers.remove(h);
+    // Most requests have none of them: one pass over the names decides.
+    let dropped = |k: &HeaderName| HOP_BY_HOP.contains(&k.as_str()) || IDENTITY_HEADERS.contains(&k.as_str());
+    if !named.is_empty() || parts.headers.keys().any(dropped) {
+        for h in HOP_BY_HOP.iter().chain(IDENTITY_HEADERS).copied().chain(named.iter().map(String::as_str)) {
+            if !(keep_te && h == "te") {
+                parts.headers.remove(h);
+            }
         }
     }
     // The upstream speaks what the client spoke to the service: HTTP/2
@@ -399,10 +412,11 @@ async fn forward(
     }
 }
 
-fn request_id() -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let n = rand::random::<u128>();
-    (0..32).rev().map(|i| char::from(HEX[((n >> (i * 4)) & 0xf) as usize])).collect()
+/// A new `x-request-id`: 128 random bits in hex.
+fn request_id() -> HeaderValue {
+    let mut hex = [0u8; 32];
+    trace::put_hex(&mut hex, rand::random::<u128>());
+    HeaderValue::from_bytes(&hex).expect("hex is a header value")
 }
 
 pub async fn handle(
@@ -412,21 +426,22 @@ pub async fn handle(
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let start = Instant::now();
-    let id = match req.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
-        Some(v) => v.to_string(),
-        None => {
+    // Kept (a shared copy, not a String) for the access log.
+    let id = match req.headers().get(REQUEST_ID) {
+        Some(v) if v.to_str().is_ok() => v.clone(),
+        _ => {
             let v = request_id();
             // A static name: inserting a `&str` copies it each time.
-            req.headers_mut()
-                .insert(http::HeaderName::from_static(REQUEST_ID), HeaderValue::try_from(v.as_str()).expect("hex is a header value"));
+            req.headers_mut().insert(http::HeaderName::from_static(REQUEST_ID), v.clone());
             v
         }
     };
+    let id = id.to_str().unwrap_or_default();
     let incoming_trace = req.headers().get(trace::TRACEPARENT).and_then(|v| v.to_str().ok());
     let trace = trace::next(incoming_trace, rand::random(), rand::random());
     req.headers_mut().insert(
         http::HeaderName::from_static(trace::TRACEPARENT),
-        HeaderValue::try_from(trace.header.as_str()).expect("hex is a header value"),
+        HeaderValue::from_bytes(trace.header().as_bytes()).expect("hex is a header value"),
     );
     let protocol = match req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         Some(c) if c.starts_with("application/grpc") => Protocol::Grpc,
@@ -493,7 +508,7 @@ pub async fn handle(
                 }
                 Action::Forward(f) => {
                     let view = RequestView { method, path, query, headers: &headers };
-                    let r = forward(&shared, &state, &peer, *f, &filters, req, host, &view, &id).await;
+                    let r = forward(&shared, &state, &peer, *f, &filters, req, host, &view, id).await;
                     attempts = r.attempts;
                     if let Some(by) = r.denied_by {
                         policy = by.into();
@@ -517,8 +532,8 @@ pub async fn handle(
         duration_ms: start.elapsed().as_millis() as u64,
         src: &peer.identity,
         dst: upstream.as_ref().map(|(_, i)| i),
-        request_id: &id,
-        trace_id: &trace.trace_id,
+        request_id: id,
+        trace_id: trace.trace_id(),
     });
     // Istio's request metrics, observed when the answer has been sent.
     let src = state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity);

@@ -122,7 +122,12 @@ async fn app(l: TcpListener, version: &'static str) {
                 if host.contains("-shadow") {
                     SHADOWED.lock().unwrap().push((local, format!("{host} {}", req.uri().path())));
                 }
-                let body = format!("{version} {}", req.uri().path());
+                // `/headers`: the headers it got, one `name: value` a line.
+                let body = if req.uri().path() == "/headers" {
+                    req.headers().iter().map(|(k, v)| format!("{k}: {}\n", v.to_str().unwrap_or("?"))).collect()
+                } else {
+                    format!("{version} {}", req.uri().path())
+                };
                 // v2 is the bad version: `/flaky...` fails half the time,
                 // `/fail-v2...` always.
                 let path = req.uri().path();
@@ -380,6 +385,37 @@ async fn what_is_not_http_passes_through_the_waypoint_as_tcp() {
     let mut back = [0u8; 3];
     tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back)).await.expect("echoed in time").unwrap();
     assert_eq!(&back, b"abc");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_and_identity_headers_stop_at_the_waypoint() {
+    let (m, _node2, _wp, _cfg) = mesh(105).await;
+    let forged = [
+        ("x-forwarded-client-cert", "By=spiffe://cluster.local/ns/default/sa/admin"),
+        ("x-slipstream-peer", "spiffe://cluster.local/ns/default/sa/admin"),
+        ("forwarded", "for=10.0.0.1"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("te", "gzip"),
+        ("connection", "keep-alive, x-named-hop"),
+        ("x-named-hop", "1"),
+        ("x-request-id", "abc-123"),
+        ("x-kept", "yes"),
+    ];
+    let answers = get_with(&m, SocketAddr::new(m.ip(9, 1), APP_PORT), "/headers", 4, &forged).await;
+    for (a, _) in &answers {
+        let lines: Vec<&str> = a.strip_prefix("200 ").unwrap_or_else(|| panic!("{a}")).lines().collect();
+        let names: Vec<&str> = lines.iter().filter_map(|l| l.split_once(": ").map(|(k, _)| k)).collect();
+        for dropped in ["x-forwarded-client-cert", "x-slipstream-peer", "forwarded", "keep-alive", "proxy-connection", "te", "x-named-hop"]
+        {
+            assert!(!names.contains(&dropped), "{dropped} reached the endpoint: {lines:?}");
+        }
+        assert!(lines.contains(&"x-kept: yes"), "{lines:?}");
+        assert!(lines.contains(&"x-request-id: abc-123"), "the caller's request id is kept: {lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.starts_with("host: ")).collect::<Vec<_>>(), [&"host: reviews:9080"], "{lines:?}");
+        let trace = lines.iter().find_map(|l| l.strip_prefix("traceparent: ")).unwrap_or_else(|| panic!("a trace is started: {lines:?}"));
+        assert!(slipstream_waypoint::trace::parse(trace).is_some(), "{trace}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
