@@ -402,7 +402,10 @@ async fn hop_by_hop_and_identity_headers_stop_at_the_waypoint() {
         ("x-request-id", "abc-123"),
         ("x-kept", "yes"),
     ];
-    let answers = get_with(&m, SocketAddr::new(m.ip(9, 1), APP_PORT), "/headers", 4, &forged).await;
+    let mut answers = get_with(&m, SocketAddr::new(m.ip(9, 1), APP_PORT), "/headers", 4, &forged).await;
+    // A second Host: the endpoint gets one, the one the waypoint routed by.
+    let twice: Vec<(&str, &str)> = forged.iter().copied().chain([("host", "admin.internal:80")]).collect();
+    answers.extend(get_with(&m, SocketAddr::new(m.ip(9, 1), APP_PORT), "/headers", 2, &twice).await);
     for (a, _) in &answers {
         let lines: Vec<&str> = a.strip_prefix("200 ").unwrap_or_else(|| panic!("{a}")).lines().collect();
         let names: Vec<&str> = lines.iter().filter_map(|l| l.split_once(": ").map(|(k, _)| k)).collect();
