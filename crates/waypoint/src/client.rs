@@ -16,8 +16,10 @@
 //! - HTTP/2 (prior knowledge): one connection per endpoint, shared by all
 //!   requests; opened once however many requests ask for it at the same
 //!   time.
-//! - Idle connections of either kind are closed after the idle timeout,
-//!   by the next request to that endpoint or by a sweep (every timeout).
+//! - Idle connections are closed after the idle timeout by a sweep (every
+//!   timeout); an HTTP/1.1 one also by the next request to its endpoint.
+//!   An HTTP/2 connection idles from the last request handed to it; one
+//!   closed by the sweep still finishes the streams it carries.
 //! - A request refused by a reused connection before it was sent (the
 //!   endpoint closed it meanwhile) is sent again on another: nothing of it
 //!   reached the endpoint.
