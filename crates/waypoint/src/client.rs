@@ -68,11 +68,11 @@ struct Idle {
 
 /// One endpoint's HTTP/2 connection: made once, by whichever request
 /// came first.
-#[derive(Default)]
 struct H2Slot {
     sender: tokio::sync::OnceCell<http2::SendRequest<ReqBody>>,
-    /// Last handed out: the sweep closes it when idle too long.
-    used: Mutex<Option<Instant>>,
+    /// Made, or last handed out: the sweep closes it when idle too long
+    /// (one still connecting is not idle).
+    used: Mutex<Instant>,
 }
 
 #[derive(Default)]
@@ -176,8 +176,8 @@ impl Inner {
             });
             idles.h2.retain(|_, slot| {
                 let used = *slot.used.lock().unwrap_or_else(|p| p.into_inner());
-                let live = slot.sender.get().is_some_and(|s| !s.is_closed());
-                live && used.is_some_and(|u| now.saturating_duration_since(u) < timeout)
+                let live = slot.sender.get().map_or(true, |s| !s.is_closed());
+                live && now.saturating_duration_since(used) < timeout
             });
         }
         drop(closed);
@@ -276,7 +276,7 @@ impl Clients {
                     return Err(e);
                 }
             };
-            *slot.used.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            *slot.used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
             match sender.try_send_request(req).await {
                 Ok(resp) => {
                     let (parts, body) = resp.into_parts();
@@ -299,7 +299,7 @@ impl Clients {
         if let Some(s) = idles.h2.get(&addr) {
             return (s.clone(), true);
         }
-        let slot = Arc::new(H2Slot::default());
+        let slot = Arc::new(H2Slot { sender: tokio::sync::OnceCell::new(), used: Mutex::new(Instant::now()) });
         idles.h2.insert(addr, slot.clone());
         self.inner.start_sweep(&mut idles);
         (slot, false)
