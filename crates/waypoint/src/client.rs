@@ -16,6 +16,11 @@
 //! - HTTP/2 (prior knowledge): one connection per endpoint, shared by all
 //!   requests; opened once however many requests ask for it at the same
 //!   time.
+//! - At most [`MAX_IDLE_PER_ENDPOINT`] HTTP/1.1 connections wait idle per
+//!   endpoint: a burst of requests (a client's, through a pod's 4 096
+//!   streams) does not leave that many descriptors and tunnels held for
+//!   the idle timeout; past it, a connection is closed when its exchange
+//!   ends.
 //! - Idle connections are closed after the idle timeout by a sweep (every
 //!   timeout); an HTTP/1.1 one also by the next request to its endpoint.
 //!   An HTTP/2 connection idles from the last request handed to it; one
@@ -38,6 +43,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+/// Idle HTTP/1.1 connections kept per endpoint (Envoy bounds a cluster's
+/// connections at 1 024 by default).
+pub const MAX_IDLE_PER_ENDPOINT: usize = 256;
 
 /// What the waypoint sends upstream.
 pub type ReqBody = BoxBody<Bytes, hyper::Error>;
@@ -85,6 +94,7 @@ struct Idles {
 
 struct Inner {
     idle_timeout: Duration,
+    max_idle: usize,
     idles: Mutex<Idles>,
 }
 
@@ -136,7 +146,14 @@ impl Inner {
 
     fn insert_h1(self: &Arc<Self>, addr: SocketAddr, sender: http1::SendRequest<ReqBody>) {
         let mut idles = self.lock();
-        idles.h1.entry(addr).or_default().push(Idle { sender, since: Instant::now() });
+        let list = idles.h1.entry(addr).or_default();
+        if list.len() >= self.max_idle {
+            // Full: this one closes (dropped after the lock).
+            drop(idles);
+            drop(sender);
+            return;
+        }
+        list.push(Idle { sender, since: Instant::now() });
         self.start_sweep(&mut idles);
     }
 
@@ -193,7 +210,11 @@ pub struct Clients {
 
 impl Clients {
     pub fn new(connector: Connector, idle_timeout: Duration) -> Clients {
-        Clients { connector, inner: Arc::new(Inner { idle_timeout, idles: Mutex::default() }) }
+        Clients::with_max_idle(connector, idle_timeout, MAX_IDLE_PER_ENDPOINT)
+    }
+
+    fn with_max_idle(connector: Connector, idle_timeout: Duration, max_idle: usize) -> Clients {
+        Clients { connector, inner: Arc::new(Inner { idle_timeout, max_idle, idles: Mutex::default() }) }
     }
 
     /// Sends `req` to the endpoint `addr`: HTTP/2 when the request is
@@ -267,9 +288,14 @@ impl Clients {
             let mut sender = match slot.sender.get_or_try_init(|| self.connect_h2(addr)).await {
                 Ok(s) if !s.is_closed() => s.clone(),
                 Ok(_) => {
-                    // Closed (GOAWAY, reset): the next request makes anew.
+                    // Closed (GOAWAY, reset): made anew, once. One closed
+                    // as soon as it was made is the endpoint's answer, not
+                    // a reason to connect again and again.
                     self.drop_h2_slot(addr, &slot);
-                    continue;
+                    if reused {
+                        continue;
+                    }
+                    return Err(SendError::Connect { addr, source: "the endpoint closed the connection as soon as it was made".into() });
                 }
                 Err(e) => {
                     self.drop_h2_slot(addr, &slot);
@@ -400,6 +426,11 @@ mod tests {
     use tokio::net::TcpListener;
 
     fn clients(idle_timeout: Duration) -> Clients {
+        clients_keeping(idle_timeout, MAX_IDLE_PER_ENDPOINT)
+    }
+
+    /// At most `max_idle` idle connections per endpoint.
+    fn clients_keeping(idle_timeout: Duration, max_idle: usize) -> Clients {
         let ca = Arc::new(Ca::generate(&TrustDomain::default()).unwrap());
         let certs = CertManager::new(Arc::new(LocalCaProvider::new(ca, Duration::from_secs(3600))), CertManagerConfig::default());
         let pool = Pool::new(PoolConfig::default(), Arc::new(certs), Arc::new(slipstream_hbone::PlainConnector));
@@ -409,7 +440,7 @@ mod tests {
             own_ip: "127.0.0.1".parse().unwrap(),
             mesh: Arc::new(ArcSwap::from_pointee(MeshState::default())),
         };
-        Clients::new(connector, idle_timeout)
+        Clients::with_max_idle(connector, idle_timeout, max_idle)
     }
 
     /// Connections accepted and connections the client closed.
@@ -520,6 +551,26 @@ mod tests {
             text(&c, addr, "/", Version::HTTP_11).await;
         }
         assert_eq!(counts.accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn past_the_idle_bound_a_connection_closes_when_its_exchange_ends() {
+        let (addr, counts) = endpoint(false).await;
+        let c = clients_keeping(Duration::from_secs(30), 2);
+        // Three at once, then all three done: two wait idle, one closes.
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(c.send(addr, get("/big", Version::HTTP_11)).await.unwrap());
+        }
+        for r in held {
+            r.into_body().collect().await.unwrap();
+        }
+        wait_for("one connection closed", || counts.closed.load(Ordering::SeqCst) == 1).await;
+        for _ in 0..4 {
+            text(&c, addr, "/", Version::HTTP_11).await;
+        }
+        assert_eq!(counts.accepted.load(Ordering::SeqCst), 3, "the two kept are reused");
+        assert_eq!(counts.closed.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
