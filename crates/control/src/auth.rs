@@ -27,6 +27,19 @@ pub struct Caller {
     pub identity: Option<String>,
 }
 
+impl Caller {
+    /// Whose share of the CA's per-caller bounds a request comes out of:
+    /// a node proxy's node, or the one workload pod calling for itself (a
+    /// waypoint's `subject` names its pod), so a waypoint pod at its bound
+    /// never delays the certificates its node's proxy asks for.
+    pub fn budget(&self) -> String {
+        match &self.identity {
+            None => format!("node:{}", self.node),
+            Some(_) => format!("workload:{}", self.subject),
+        }
+    }
+}
+
 /// Why a caller was not let in. Messages never echo the credential.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {

@@ -3,10 +3,12 @@
 //! owned by the Gateway) and the status Istio writes ([`status`]: the
 //! Gateway's `Accepted`, `Programmed` and `addresses`, the Services'
 //! `istio.io/WaypointBound`), both pure; [`controller`] applies them
-//! through the Kubernetes API. The local cluster's agent uses the same
+//! through the Kubernetes API; [`genuine`] says whether a pod runs the
+//! rendered template, which is what makes it one of a waypoint's. The local cluster's agent uses the same
 //! status function for what `get` serves.
 
 pub mod controller;
+pub mod genuine;
 pub mod render;
 pub mod status;
 

@@ -51,6 +51,13 @@ pub struct IndexSettings {
     pub domain_suffix: String,
     /// Policies here apply mesh-wide.
     pub root_namespace: String,
+    /// On Kubernetes, what the gateway controller deploys for a waypoint:
+    /// a pod labelled with a waypoint Gateway's name is that waypoint's
+    /// only if its spec is the rendered template (`gateway::genuine`).
+    /// None where the cluster's own controller guarantees it (the local
+    /// cluster, whose agent refuses those labels in anything a user
+    /// applies).
+    pub waypoint_template: Option<crate::gateway::render::DeploySettings>,
 }
 
 impl Default for IndexSettings {
@@ -60,6 +67,7 @@ impl Default for IndexSettings {
             trust_domain: slipstream_core::DEFAULT_TRUST_DOMAIN.into(),
             domain_suffix: crate::translate::DEFAULT_DOMAIN_SUFFIX.into(),
             root_namespace: slipstream_core::ROOT_NAMESPACE.into(),
+            waypoint_template: None,
         }
     }
 }
@@ -962,12 +970,12 @@ impl Index {
         format!("{}//Pod/{ns}/{name}", self.settings.cluster_id)
     }
 
-    /// The pods of the waypoints, `(namespace, pod, service account)`: a
-    /// pod labelled with a waypoint Gateway's name that runs as that
-    /// Gateway's account (a waypoint runs as its Gateway's name). The CA
-    /// lets their tokens (and no other workload's) obtain their own
-    /// identity on Kubernetes; an account that merely shares a Gateway's
-    /// name gains nothing.
+    /// The pods of the waypoints, `(namespace, pod, service account)`
+    /// ([`Index::is_waypoint_pod`]). The CA lets their tokens (and no
+    /// other workload's) obtain their own identity on Kubernetes, and the
+    /// xDS server their configuration; an account that merely shares a
+    /// Gateway's name, or a pod that copies a waypoint's labels, owner and
+    /// account but runs anything else, gains nothing.
     pub fn waypoint_pods(&self) -> BTreeSet<(String, String, String)> {
         // Through the label index: a few lookups per waypoint, not a scan
         // of the pods (this runs after every batch).
@@ -976,13 +984,43 @@ impl Index {
             for gw in ns.waypoints.keys() {
                 let Some(names) = ns.pods_by_label.get(&(wp::GATEWAY_NAME_LABEL.to_string(), gw.clone())) else { continue };
                 for p in names.iter().filter_map(|name| ns.pods.get(name)) {
-                    if p.service_account == *gw {
+                    if self.is_waypoint_pod(ns, p) {
                         out.insert((n.clone(), p.name.clone(), gw.clone()));
                     }
                 }
             }
         }
         out
+    }
+
+    /// Whether `pod` is a pod of a waypoint of its namespace: labelled
+    /// with the Gateway's name, running as the Gateway's account (a
+    /// waypoint runs as its Gateway's name) and, on Kubernetes, running
+    /// the controller's rendered template (`gateway::genuine`: labels,
+    /// owners and accounts are written by whoever creates the pod).
+    fn is_waypoint_pod(&self, ns: &Ns, pod: &PodInput) -> bool {
+        self.not_waypoint_pod(ns, pod).is_none()
+    }
+
+    /// Why `pod` is not a waypoint's pod ([`Index::is_waypoint_pod`]).
+    fn not_waypoint_pod(&self, ns: &Ns, pod: &PodInput) -> Option<String> {
+        let Some(gw) = pod.labels.get(wp::GATEWAY_NAME_LABEL) else { return Some("it has no gateway-name label".into()) };
+        if !ns.waypoints.contains_key(gw) {
+            return Some(format!("there is no waypoint Gateway {gw}"));
+        }
+        if pod.service_account != *gw {
+            return Some(format!("it runs as service account {}, not {gw}", pod.service_account));
+        }
+        let settings = self.settings.waypoint_template.as_ref()?;
+        let Some(spec) = pod.waypoint_spec.as_deref() else { return Some("its spec is unknown".into()) };
+        // The mesh root in the template is whatever the root was when the
+        // pod was made (a rotation rolls the Deployment): public, and
+        // only ever used to verify the control plane at the address the
+        // pod dials, which is compared.
+        let root = crate::gateway::genuine::root_pem(spec).unwrap_or_default();
+        let settings = crate::gateway::render::DeploySettings { root_pem: root.to_string(), ..settings.clone() };
+        let template = crate::gateway::render::pod_template(gw, &settings);
+        crate::gateway::genuine::differs(spec, &template["spec"]).map(|field| format!("its {field} differs from waypoint {gw}'s template"))
     }
 
     /// Every waypoint, as binding sees it. Always ready: binding fills the
@@ -1042,11 +1080,29 @@ impl Index {
         }
         let ns_labels = ns.labels();
         let meshed = !pod.host_network && translate::is_meshed(&ns_labels, &pod.labels);
+        let waypoint_pod = match pod.labels.get(wp::GATEWAY_NAME_LABEL).filter(|gw| ns.waypoints.contains_key(*gw)) {
+            None => false,
+            Some(gw) => match self.not_waypoint_pod(ns, pod) {
+                None => true,
+                Some(why) => {
+                    tracing::warn!(
+                        pod = %format!("{}/{}", pod.namespace, pod.name),
+                        "a pod labelled as waypoint {gw}'s is not one ({why}): it gets no certificate, no configuration and no traffic for the waypoint"
+                    );
+                    false
+                }
+            },
+        };
         let mut services = BTreeMap::new();
         let mut selecting: BTreeSet<&String> = ns.services_by_selector.candidates(&pod.labels).collect();
         selecting.extend(ns.selectorless.iter());
         for name in selecting {
             let Some(s) = ns.services.get(name) else { continue };
+            // A waypoint's own Service has only the waypoint's pods as
+            // endpoints: a pod that only looks like one is no replica.
+            if ns.waypoints.contains_key(&s.name) && !waypoint_pod {
+                continue;
+            }
             let ports = match &s.selector {
                 Some(sel) if selector_matches(sel, &pod.labels) => {
                     s.ports.iter().filter_map(|p| Some(Port { service_port: p.port, target_port: p.target_on(pod)? })).collect()

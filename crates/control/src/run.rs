@@ -567,10 +567,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
             tracing::info!("objects from the Kubernetes API");
             let mirror = args.gateway_controller.then(|| Arc::new(Mirror::default()));
             if let Some(m) = &mirror {
-                // The waypoints' projected tokens are for the audience the
-                // CA reviews tokens for.
-                let audience = args.ca.review_policy()?.audiences.first().cloned().unwrap_or_else(|| "istio-ca".into());
-                gateway_client = Some((client.clone(), m.clone(), audience));
+                gateway_client = Some((client.clone(), m.clone()));
             }
             let (batches, task) = kube_batches(client, mirror);
             (batches, Some(task), auth)
@@ -581,11 +578,30 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     // objects generates no root.
     let material = CaMaterial::load(&ca_source, &trust_domain, args.ca.max_cert_validity)?;
     let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
-    let gateway_task = gateway_client.map(|(client, mirror, audience)| {
+    // What a waypoint's pods run on Kubernetes (the root is added when
+    // rendered: it follows rotations). The index admits as a waypoint's pod
+    // only one that runs this, whether or not this replica runs the
+    // controller that deploys it.
+    let waypoint_template = matches!(args.source, SourceArg::Kubernetes).then(|| -> anyhow::Result<DeploySettings> {
+        Ok(DeploySettings {
+            image: args.waypoint_image.clone(),
+            control_plane: args.waypoint_control_plane.clone(),
+            control_plane_san: args.server_names.first().cloned().unwrap_or_else(|| slipstream_api::DEFAULT_CONTROL_PLANE_SAN.into()),
+            root_pem: String::new(),
+            trust_domain: args.trust_domain.clone(),
+            cluster_id: args.cluster_id.clone(),
+            // The waypoints' projected tokens are for the audience the CA
+            // reviews tokens for.
+            audience: args.ca.review_policy()?.audiences.first().cloned().unwrap_or_else(|| "istio-ca".into()),
+        })
+    });
+    let waypoint_template = waypoint_template.transpose()?;
+    // (Both are set on Kubernetes only.)
+    let gateway_task = gateway_client.zip(waypoint_template.clone()).map(|((client, mirror), template)| {
         let material = material.clone();
-        let (trust_domain, cluster_id, domain) = (args.trust_domain.clone(), args.cluster_id.clone(), args.domain_suffix.clone());
-        let (image, control_plane, resync) = (args.waypoint_image.clone(), args.waypoint_control_plane.clone(), args.gateway_resync);
-        let san = args.server_names.first().cloned().unwrap_or_else(|| slipstream_api::DEFAULT_CONTROL_PLANE_SAN.into());
+        let domain = args.domain_suffix.clone();
+        let resync = args.gateway_resync;
+        let image = template.image.clone();
         tracing::info!(image = %image, "gateway controller: deploying waypoints, writing Gateway and Service status");
         if image == DEFAULT_WAYPOINT_IMAGE {
             tracing::warn!(
@@ -595,15 +611,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
             );
         }
         AbortOnDrop(tokio::spawn(crate::gateway::controller::run(client, mirror, move || ControllerSettings {
-            deploy: DeploySettings {
-                image: image.clone(),
-                control_plane: control_plane.clone(),
-                control_plane_san: san.clone(),
-                root_pem: material.roots().to_pem(),
-                trust_domain: trust_domain.clone(),
-                cluster_id: cluster_id.clone(),
-                audience: audience.clone(),
-            },
+            deploy: DeploySettings { root_pem: material.roots().to_pem(), ..template.clone() },
             domain: domain.clone(),
             resync,
         })))
@@ -618,6 +626,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         trust_domain: args.trust_domain.clone(),
         domain_suffix: args.domain_suffix.clone(),
         root_namespace: args.root_namespace.clone(),
+        waypoint_template,
     });
     let store = Store::new(Resources::new());
     let progress = Arc::new(Mutex::new(Progress::default()));

@@ -112,6 +112,52 @@ async fn create_pod(client: &kube::Client, ns: &str, name: &str, node: &str, sa:
     }
 }
 
+/// The ReplicaSet the deployment controller would make for `d` (its
+/// template, owned by it).
+async fn replica_set_of(client: &kube::Client, d: &k8s_openapi::api::apps::v1::Deployment) -> k8s_openapi::api::apps::v1::ReplicaSet {
+    use k8s_openapi::api::apps::v1::ReplicaSet;
+    let ns = d.metadata.namespace.clone().unwrap();
+    let name = d.metadata.name.clone().unwrap();
+    let spec = d.spec.clone().unwrap();
+    let mut template = spec.template.clone();
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("pod-template-hash".into(), "7d9f".into());
+    let rs: ReplicaSet = from_json(json!({
+        "metadata": {"name": format!("{name}-7d9f"), "labels": template.metadata.as_ref().unwrap().labels,
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": d.metadata.uid, "controller": true}]},
+        "spec": {"replicas": 1, "selector": spec.selector, "template": template},
+    }));
+    Api::<ReplicaSet>::namespaced(client.clone(), &ns).create(&PostParams::default(), &rs).await.expect("creating a ReplicaSet")
+}
+
+/// A pod as the ReplicaSet controller makes it from `rs` (its template's
+/// labels and spec, owned by it), `change`d, then scheduled on `wp-node`
+/// and reported ready at `ip` as a kubelet would.
+async fn pod_of(
+    client: &kube::Client,
+    rs: &k8s_openapi::api::apps::v1::ReplicaSet,
+    name: &str,
+    ip: &str,
+    change: impl FnOnce(&mut serde_json::Value),
+) -> Pod {
+    let ns = rs.metadata.namespace.clone().unwrap();
+    let template = rs.spec.as_ref().unwrap().template.clone().unwrap();
+    let mut spec = serde_json::to_value(template.spec.unwrap()).unwrap();
+    spec["nodeName"] = json!("wp-node");
+    change(&mut spec);
+    let pod: Pod = from_json(json!({
+        "metadata": {"name": name, "labels": template.metadata.unwrap().labels,
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.metadata.name, "uid": rs.metadata.uid, "controller": true}]},
+        "spec": spec,
+    }));
+    Api::<Pod>::namespaced(client.clone(), &ns).create(&PostParams::default(), &pod).await.expect("creating a pod");
+    set_status(client, &ns, name, ip, true).await
+}
+
 /// The status subresource: what the kubelet writes.
 async fn set_status(client: &kube::Client, ns: &str, name: &str, ip: &str, ready: bool) -> Pod {
     let ready = if ready { "True" } else { "False" };
@@ -1142,19 +1188,13 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     })
     .await;
 
-    // A waypoint pod becomes ready (this API server has no kubelet: the
-    // test writes what one would): programmed, and reviews is bound.
+    // A waypoint pod becomes ready (this API server has no controllers and
+    // no kubelet: the test does what the deployment controller, the
+    // ReplicaSet controller and the kubelet would): programmed, and
+    // reviews is bound.
     create_service_account(&client, NS, "reviews").await;
-    let wp_pod = create_pod(
-        &client,
-        NS,
-        "waypoint-7d9f",
-        "wp-node",
-        "waypoint",
-        json!({"gateway.networking.k8s.io/gateway-name": "waypoint", "gateway.istio.io/managed": "istio.io-mesh-controller"}),
-        Some("10.244.9.5"),
-    )
-    .await;
+    let rs = replica_set_of(&client, &d).await;
+    let wp_pod = pod_of(&client, &rs, "waypoint-7d9f-a", "10.244.9.5", |_| {}).await;
     let st = eventually("the Gateway programmed", gw_status, |s| condition_is(s, "Programmed", "True", "Programmed")).await;
     assert!(
         condition(&st, "Programmed").unwrap()["message"].as_str().unwrap().contains("waypoint.wp-shop.svc.cluster.local:15008"),
@@ -1191,6 +1231,37 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     let (ask, _) = Ask::new(&lookalike_token, &own);
     let e = ask.send(&control).await.expect_err("a pod that merely runs as the waypoint's account");
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+
+    // A tenant who may create pods in the waypoint's namespace forges the
+    // whole chain: the real ReplicaSet's uid in ownerReferences, the
+    // waypoint's account and labels, its image; and runs its own command
+    // (any other field would do: genuine.rs has the table). No
+    // certificate, no configuration, never a replica of the waypoint.
+    let forged = pod_of(&client, &rs, "waypoint-7d9f-x", "10.244.9.8", |spec| {
+        spec["containers"][0]["command"] = json!(["sh", "-c", "cat /var/run/secrets/tokens/istio-token"]);
+    })
+    .await;
+    assert_eq!(forged.metadata.owner_references, wp_pod.metadata.owner_references, "the same owner");
+    assert_eq!(forged.metadata.labels, wp_pod.metadata.labels, "the same labels");
+    let forged_token = token(&client, NS, "waypoint", Some(&forged), CA_AUDIENCE).await;
+    assert!(reviewed(&client, &forged_token).await, "a valid token of the waypoint's account, bound to the forged pod");
+    let (ask, _) = Ask::new(&forged_token, &own);
+    let e = ask.send(&control).await.expect_err("a pod that copies the waypoint's chain but runs something else");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert_eq!(open_stream(&control, &forged_token, "wp-node").await.unwrap_err().code(), Code::Unauthenticated);
+    // What the mesh is told: the genuine pod is the waypoint's replica,
+    // the forged one is a workload of nothing.
+    let mut view = Proxy::connect(control.channel(&wp_token), "wp-node");
+    let waypoint_service = format!("{NS}/waypoint.{NS}.svc.cluster.local");
+    view.until("both pods, the waypoint's replica and the forgery", |h| {
+        h.workload(NS, "waypoint-7d9f-a").is_some_and(|w| w.services.contains_key(&waypoint_service))
+            && h.workload(NS, "waypoint-7d9f-x").is_some()
+    })
+    .await;
+    assert!(
+        !view.held.workload(NS, "waypoint-7d9f-x").unwrap().services.contains_key(&waypoint_service),
+        "the forged pod is never a replica of the waypoint's Service"
+    );
 
     // A made object deleted by hand comes back within a resync.
     deployments.delete("waypoint", &DeleteParams::default()).await.unwrap();

@@ -149,14 +149,45 @@ pub fn waypoint_objects(gw: &KeptObject) -> Option<Vec<Object>> {
     Some(vec![Object::ServiceAccount(ServiceAccount { metadata: meta }), Object::Deployment(deployment), Object::Service(service)])
 }
 
-/// Whether a pod's labels say a waypoint Gateway made it (users cannot
-/// apply objects with the label, so only the agent's own Deployment's
-/// pods carry it).
-pub fn is_waypoint_pod(labels: &Labels) -> bool {
-    labels.get(WAYPOINT_MANAGED_LABEL).map(String::as_str) == Some(WAYPOINT_MANAGED_VALUE)
+/// Labels only the waypoint Gateway controller sets on what it makes:
+/// which pods are a waypoint, and which Service selects them. A user's
+/// object may not carry them (`reserved_labels`), so that no pod template
+/// a tenant writes can join a waypoint's Service or pass for one of its
+/// pods.
+pub const RESERVED_POD_LABELS: &[&str] = &[WAYPOINT_MANAGED_LABEL, GATEWAY_NAME_LABEL];
+
+/// The fields of `o`, as a user applies it, that set a reserved label:
+/// `metadata.labels[gateway.istio.io/managed]` on any object the
+/// controller makes, and either reserved label on a pod or in a
+/// Deployment's pod template (`spec.template.metadata.labels[...]`).
+pub fn reserved_labels(o: &Object) -> Vec<String> {
+    let field = |at: &str, k: &str| format!("{at}.labels[{k}]");
+    let mut out = Vec::new();
+    let (meta, template) = match o {
+        Object::ServiceAccount(x) => (&x.metadata, None),
+        Object::Service(x) => (&x.metadata, None),
+        Object::Deployment(x) => (&x.metadata, Some(&x.spec.template.metadata)),
+        Object::Pod(x) => (&x.metadata, Some(&x.metadata)),
+        _ => return out,
+    };
+    if meta.labels.contains_key(WAYPOINT_MANAGED_LABEL) {
+        out.push(field("metadata", WAYPOINT_MANAGED_LABEL));
+    }
+    if let Some(t) = template {
+        let at = if matches!(o, Object::Pod(_)) { "metadata" } else { "spec.template.metadata" };
+        for k in RESERVED_POD_LABELS.iter().filter(|k| t.labels.contains_key(**k)) {
+            let f = field(at, k);
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+    }
+    out
 }
 
-/// Whether an object was made for a waypoint Gateway.
+/// Whether an object was made for a waypoint Gateway. Only the agent's
+/// own expansion carries the label: a user's object with it is refused
+/// (`reserved_labels`).
 pub fn is_waypoint_made(o: &Object) -> bool {
     let m = match o {
         Object::ServiceAccount(x) => &x.metadata,
@@ -172,6 +203,43 @@ pub fn is_waypoint_made(o: &Object) -> bool {
 mod tests {
     use super::*;
     use crate::load::{load_str, Source};
+
+    #[test]
+    fn reserved_labels_are_named_wherever_a_user_puts_them() {
+        let rows: &[(&str, &[&str])] = &[
+            // A pod template that passes for a waypoint's: both labels named.
+            (
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: fake}\nspec:\n  selector: {matchLabels: {app: x}}\n  template:\n    metadata: {labels: {app: x, gateway.istio.io/managed: istio.io-mesh-controller, gateway.networking.k8s.io/gateway-name: waypoint}}\n    spec: {serviceAccountName: waypoint, containers: [{name: c, command: [sleep, infinity]}]}\n",
+                &["spec.template.metadata.labels[gateway.istio.io/managed]", "spec.template.metadata.labels[gateway.networking.k8s.io/gateway-name]"],
+            ),
+            // The gateway-name label alone joins the waypoint's Service.
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {gateway.networking.k8s.io/gateway-name: waypoint}}\nspec: {containers: [{name: c, command: [sleep, infinity]}]}\n",
+                &["metadata.labels[gateway.networking.k8s.io/gateway-name]"],
+            ),
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {gateway.istio.io/managed: x}}\nspec: {containers: [{name: c, command: [sleep, infinity]}]}\n",
+                &["metadata.labels[gateway.istio.io/managed]"],
+            ),
+            ("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: waypoint, labels: {gateway.istio.io/managed: istio.io-mesh-controller}}\n", &["metadata.labels[gateway.istio.io/managed]"]),
+            // On a Deployment's own metadata only the managed label is reserved.
+            (
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d, labels: {gateway.networking.k8s.io/gateway-name: w}}\nspec:\n  selector: {matchLabels: {app: x}}\n  template:\n    metadata: {labels: {app: x}}\n    spec: {containers: [{name: c, command: [sleep, infinity]}]}\n",
+                &[],
+            ),
+            ("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: waypoint}\n", &[]),
+        ];
+        for (yaml, want) in rows {
+            let o = &load_str(yaml, &Source("t".into())).unwrap()[0].object;
+            assert_eq!(reserved_labels(o), want.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "{yaml}");
+        }
+        // What the agent's own expansion makes carries them, and is made.
+        let gw = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: waypoint, namespace: shop}\nspec:\n  gatewayClassName: istio-waypoint\n  listeners: [{name: mesh, port: 15008, protocol: HBONE}]\n";
+        let Object::Kept(k) = &load_str(gw, &Source("t".into())).unwrap()[0].object else { panic!("a Gateway is kept") };
+        let made = waypoint_objects(k).unwrap();
+        assert!(made.iter().all(is_waypoint_made));
+        assert!(made.iter().all(|o| !reserved_labels(o).is_empty()), "a user could not apply them");
+    }
 
     #[test]
     fn deployments_expand_to_replicas_with_template_hash() {

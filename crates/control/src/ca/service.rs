@@ -176,11 +176,11 @@ struct Seen {
 }
 
 impl Seen {
-    /// Whose budget a refusal line comes out of: the node once known,
+    /// Whose budget a refusal line comes out of: the caller once known,
     /// else the peer's address.
     fn log_key(&self) -> String {
         match (&self.caller, self.peer) {
-            (Some(c), _) => format!("node:{}", c.node),
+            (Some(c), _) => c.budget(),
             (None, Some(p)) => format!("peer:{}", p.ip()),
             (None, None) => "unauthenticated".into(),
         }
@@ -232,7 +232,7 @@ impl CaService {
         // Bounded and remembered for refusals by the auth::Gate in front.
         let caller = inner.auth.authenticate(md).await.map_err(Refusal::Auth)?;
         seen.caller = Some(caller.clone());
-        let _permit: Permit = inner.limits.admit(&format!("node:{}", caller.node), Instant::now()).map_err(Refusal::Limited)?;
+        let _permit: Permit = inner.limits.admit(&caller.budget(), Instant::now()).map_err(Refusal::Limited)?;
         let csr = Csr::parse(&req.csr).map_err(Refusal::Csr)?;
         if seen.identity.is_none() {
             seen.identity = Some(csr.identity().to_string());

@@ -240,6 +240,67 @@ async fn one_node_cannot_starve_another() {
     Ask::new(TOKEN2, DB).0.send(&mut c).await.expect("node2 has its own budget");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waypoint_pod_at_ten_times_its_budget_does_not_delay_its_nodes_proxy() {
+    const WAYPOINT: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
+    const WP_TOKEN: &str = "waypoint-token-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("workload-tokens.json");
+    let entry =
+        serde_json::json!({WP_TOKEN: {"namespace": "default", "service_account": "waypoint", "node": "node1", "pod": "waypoint-abc"}});
+    std::fs::write(&file, entry.to_string()).unwrap();
+    let auth = crate::auth::LocalTokens { nodes: tokens(), workloads: Some(crate::auth::WorkloadTokens::new(&file, "cluster.local")) };
+    // A budget of 20 a second: the waypoint asks for 200 in that second.
+    let config = CaConfig {
+        limits: CallerLimits { requests: Rate { burst: 20.0, per_second: 20.0 }, ..CallerLimits::default() },
+        ..CaConfig::default()
+    };
+    let material = CaMaterial::fixed(Ca::generate(&TrustDomain::default()).unwrap());
+    let service = CaService::new(config, Arc::new(auth), Arc::new(ResourcePlacement::new(resources())), material.clone());
+    let served = serve_tls(service, &material.current()).await.unwrap();
+    let roots = material.roots();
+    // 200 requests in one second, 50 at a time: ten times its budget.
+    let asks: Vec<Ask<'static>> = (0..200).map(|_| Ask::new(WP_TOKEN, WAYPOINT).0).collect();
+    let flood = {
+        let c = client(served.addr, &roots).await;
+        tokio::spawn(async move {
+            let (mut granted, mut limited) = (0, 0);
+            let mut asks = asks.into_iter();
+            for _ in 0..4 {
+                let wave: Vec<_> = asks
+                    .by_ref()
+                    .take(50)
+                    .map(|a| {
+                        let mut c = c.clone();
+                        async move { a.send(&mut c).await }
+                    })
+                    .collect();
+                for r in futures_util::future::join_all(wave).await {
+                    match r {
+                        Ok(_) => granted += 1,
+                        Err(e) if e.code() == Code::ResourceExhausted => limited += 1,
+                        Err(e) => panic!("the waypoint's own identity: {e:?}"),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            (granted, limited)
+        })
+    };
+    // Meanwhile node1's proxy asks for a new pod's identity, again and again.
+    let mut c = client(served.addr, &roots).await;
+    let mut slowest = Duration::ZERO;
+    while !flood.is_finished() {
+        let t = std::time::Instant::now();
+        Ask::new(TOKEN1, WEB).0.send(&mut c).await.expect("node1's proxy has its own budget");
+        slowest = slowest.max(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (granted, limited) = flood.await.unwrap();
+    assert!(limited >= 100, "the waypoint was held to its own budget: {granted} granted, {limited} limited");
+    assert!(slowest < Duration::from_millis(100), "node1's proxy waited {slowest:?} for a certificate during the flood");
+}
+
 /// Operator material: root -> intermediate (the signing CA).
 pub(crate) fn operator_root_and_intermediate(name: &str) -> (rcgen::Certificate, KeyPair, rcgen::Certificate, KeyPair) {
     let root_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();

@@ -108,7 +108,13 @@ pub fn caller_from_review(
             ))
         })?;
     let identity = (!node_proxy).then(|| format!("spiffe://{}/ns/{ns}/sa/{sa}", policy.trust_domain));
-    Ok(Caller { node: node.clone(), subject: username.to_string(), identity })
+    // A waypoint is one pod (its own share of the CA's bounds); the node
+    // proxies of all nodes share one account, told apart by their node.
+    let subject = match (&identity, extra(POD_NAME_EXTRA)) {
+        (Some(_), Some(pod)) => format!("{username} (pod {ns}/{pod})"),
+        _ => username.to_string(),
+    };
+    Ok(Caller { node: node.clone(), subject, identity })
 }
 
 /// The waypoints' pods, `(namespace, pod, service account)`, as the

@@ -244,7 +244,7 @@ pub fn plan(
             writes.extend(made.into_iter().map(Write::Object));
         }
     }
-    let mut desired: BTreeMap<usize, Value> = status::compute(objects, &settings.domain).into_iter().collect();
+    let mut desired: BTreeMap<usize, Value> = status::compute(objects, &settings.domain, Some(&settings.deploy)).into_iter().collect();
     for (i, o) in objects.iter().enumerate() {
         if o["kind"] != "Gateway" {
             continue;

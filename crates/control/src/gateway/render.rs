@@ -75,6 +75,47 @@ pub fn objects(gw: &Value, s: &DeploySettings) -> Option<Vec<Value>> {
             // is on, and background deletion collects the objects anyway.
         }],
     });
+    let template = pod_template(name, s);
+    let deployment = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            // No `replicas`: the API server defaults it to 1, and an
+            // autoscaler or `kubectl scale` owns it from then on (applying
+            // it would undo them at every resync).
+            "selector": {"matchLabels": {GATEWAY_NAME_LABEL: name}},
+            "template": template,
+        },
+    });
+    let port = |n: &str, p: i64, app: Option<&str>| {
+        let mut v = json!({"name": n, "port": p, "targetPort": p, "protocol": "TCP"});
+        if let Some(a) = app {
+            v["appProtocol"] = json!(a);
+        }
+        v
+    };
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {GATEWAY_NAME_LABEL: name},
+            "ports": [port("status-port", WAYPOINT_STATUS_PORT, None), port("mesh", i64::from(wp::HBONE_LISTENER_PORT), Some("hbone"))],
+        },
+    });
+    let account = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata});
+    Some(vec![account, deployment, service])
+}
+
+/// The pod template of waypoint Gateway `name`'s Deployment (the same in
+/// every namespace):
+/// what the ReplicaSet controller copies into each of its pods, and what
+/// the control plane compares a caller's pod with before it treats that
+/// pod as the waypoint ([`super::genuine`]).
+pub fn pod_template(name: &str, s: &DeploySettings) -> Value {
+    let labels = json!({ WAYPOINT_MANAGED_LABEL: WAYPOINT_MANAGED_VALUE, GATEWAY_NAME_LABEL: name });
     let field = |env: &str, path: &str| json!({"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}});
     let value = |env: &str, v: &str| json!({"name": env, "value": v});
     let container = json!({
@@ -120,55 +161,25 @@ pub fn objects(gw: &Value, s: &DeploySettings) -> Option<Vec<Value>> {
     });
     let mut pod_labels = labels.clone();
     pod_labels["istio.io/dataplane-mode"] = json!("none");
-    let deployment = json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata,
+    json!({
+        "metadata": {"labels": pod_labels},
         "spec": {
-            // No `replicas`: the API server defaults it to 1, and an
-            // autoscaler or `kubectl scale` owns it from then on (applying
-            // it would undo them at every resync).
-            "selector": {"matchLabels": {GATEWAY_NAME_LABEL: name}},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    "serviceAccountName": name,
-                    // The waypoint needs no API token: its only credential
-                    // is the projected one, for the CA's audience.
-                    "automountServiceAccountToken": false,
-                    "terminationGracePeriodSeconds": 30,
-                    // Admitted under the `restricted` Pod Security Standard.
-                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "istio-token", "projected": {"sources": [{"serviceAccountToken": {
-                            "audience": s.audience, "expirationSeconds": TOKEN_SECONDS, "path": TOKEN_FILE,
-                        }}]}},
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
-                },
-            },
+            "serviceAccountName": name,
+            // The waypoint needs no API token: its only credential
+            // is the projected one, for the CA's audience.
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 30,
+            // Admitted under the `restricted` Pod Security Standard.
+            "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [container],
+            "volumes": [
+                {"name": "istio-token", "projected": {"sources": [{"serviceAccountToken": {
+                    "audience": s.audience, "expirationSeconds": TOKEN_SECONDS, "path": TOKEN_FILE,
+                }}]}},
+                {"name": "tmp", "emptyDir": {}},
+            ],
         },
-    });
-    let port = |n: &str, p: i64, app: Option<&str>| {
-        let mut v = json!({"name": n, "port": p, "targetPort": p, "protocol": "TCP"});
-        if let Some(a) = app {
-            v["appProtocol"] = json!(a);
-        }
-        v
-    };
-    let service = json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata,
-        "spec": {
-            "type": "ClusterIP",
-            "selector": {GATEWAY_NAME_LABEL: name},
-            "ports": [port("status-port", WAYPOINT_STATUS_PORT, None), port("mesh", i64::from(wp::HBONE_LISTENER_PORT), Some("hbone"))],
-        },
-    });
-    let account = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata});
-    Some(vec![account, deployment, service])
+    })
 }
 
 #[cfg(test)]

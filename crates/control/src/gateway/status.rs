@@ -49,12 +49,21 @@ fn condition(type_: &str, ok: bool, reason: &str, message: &str) -> Value {
     json!({"type": type_, "status": if ok { "True" } else { "False" }, "reason": reason, "message": message})
 }
 
-/// A pod of Gateway `ns/name` is ready.
-fn gateway_ready(objects: &[Value], ns: &str, name: &str) -> bool {
+/// A pod of Gateway `ns/name` is ready: labelled with its name, running as
+/// its account and, where `template` says what a waypoint's pods run
+/// (Kubernetes), running that ([`super::genuine`]); a pod that only looks
+/// like one does not make the Gateway `Programmed`.
+fn gateway_ready(objects: &[Value], ns: &str, name: &str, template: Option<&super::render::DeploySettings>) -> bool {
     objects.iter().any(|p| {
         p["kind"] == "Pod"
             && str_at(p, "/metadata/namespace") == ns
             && p["metadata"]["labels"][wp::GATEWAY_NAME_LABEL].as_str() == Some(name)
+            && str_at(p, "/spec/serviceAccountName") == name
+            && template.is_none_or(|t| {
+                let root = super::genuine::root_pem(&p["spec"]).unwrap_or_default().to_string();
+                let t = super::render::pod_template(name, &super::render::DeploySettings { root_pem: root, ..t.clone() });
+                super::genuine::differs(&p["spec"], &t["spec"]).is_none()
+            })
             && p["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
     })
 }
@@ -90,7 +99,7 @@ fn is_dns_label(s: &str) -> bool {
 }
 
 /// The waypoints, as binding sees them.
-fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
+fn waypoints(objects: &[Value], template: Option<&super::render::DeploySettings>) -> Vec<Waypoint> {
     objects
         .iter()
         .filter(|o| o["kind"] == "Gateway")
@@ -100,7 +109,7 @@ fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
             };
             let wp::GatewayInput::Waypoint { takes, allowed } = wp::gateway(&g).ok()? else { return None };
             let (ns, name) = (str_at(o, "/metadata/namespace"), str_at(o, "/metadata/name"));
-            Some(Waypoint { name: name.into(), namespace: ns.into(), takes, allowed, ready: gateway_ready(objects, ns, name) })
+            Some(Waypoint { name: name.into(), namespace: ns.into(), takes, allowed, ready: gateway_ready(objects, ns, name, template) })
         })
         .collect()
 }
@@ -109,9 +118,10 @@ fn waypoints(objects: &[Value]) -> Vec<Waypoint> {
 /// waypoint Gateway its whole `status` (`addresses`, `conditions`), for
 /// each Service that asks for a waypoint `{"conditions": [WaypointBound]}`.
 /// Conditions carry `type`, `status`, `reason` and `message` only; the
-/// writer adds the times. `domain` is the cluster's DNS domain.
-pub fn compute(objects: &[Value], domain: &str) -> Vec<(usize, Value)> {
-    let waypoints = waypoints(objects);
+/// writer adds the times. `domain` is the cluster's DNS domain;
+/// `template`, on Kubernetes, what a waypoint's pods run.
+pub fn compute(objects: &[Value], domain: &str, template: Option<&super::render::DeploySettings>) -> Vec<(usize, Value)> {
+    let waypoints = waypoints(objects, template);
     let namespace_labels: std::collections::BTreeMap<&str, Labels> =
         objects.iter().filter(|o| o["kind"] == "Namespace").map(|o| (str_at(o, "/metadata/name"), labels_of(o))).collect();
     let no_labels = Labels::new();
@@ -179,7 +189,7 @@ pub fn compute(objects: &[Value], domain: &str) -> Vec<(usize, Value)> {
 /// Writes the controllers' status on `objects` (see the module's doc),
 /// merged into any status they have.
 pub fn add(objects: &mut [Value], domain: &str) {
-    for (i, status) in compute(objects, domain) {
+    for (i, status) in compute(objects, domain, None) {
         let o = &mut objects[i];
         match o.get_mut("status").and_then(Value::as_object_mut) {
             Some(existing) => {

@@ -163,6 +163,7 @@ fn trust_domain_and_settings_shape_names() {
         trust_domain: "example.org".into(),
         domain_suffix: "corp.internal".into(),
         root_namespace: "mesh-root".into(),
+        waypoint_template: None,
     });
     for o in objects(&[pod("demo", "web-a", "web", "10.244.1.2", "node1"), service("demo", "web", "app: web", "10.96.0.10")].concat()) {
         ix.apply(ObjectEvent::Upsert(o)).unwrap();
@@ -777,4 +778,66 @@ fn a_pod_bound_only_for_workload_traffic_keeps_its_policy_whole_at_its_node_prox
     assert!(workload(&ix, "production", "billing-1").unwrap().waypoint.is_some(), "bound for workload traffic");
     let a = ix.mesh_config().policies.into_iter().find(|p| p.name == "invoices").unwrap();
     assert_eq!(a.rules[0], slipstream_core::policy::Rule::never(), "no routes carry its policies: fail closed, not opened to the waypoint");
+}
+
+#[test]
+fn a_pod_that_copies_a_waypoints_labels_owner_and_account_but_runs_anything_else_is_no_waypoint() {
+    use crate::gateway::render::{pod_template, DeploySettings};
+    use serde_json::json;
+    let deploy = DeploySettings {
+        image: "registry.example/slipstream:1".into(),
+        control_plane: "istiod.istio-system.svc:15012".into(),
+        control_plane_san: "istiod.istio-system.svc".into(),
+        root_pem: "ROOT".into(),
+        trust_domain: "cluster.local".into(),
+        cluster_id: "c1".into(),
+        audience: "istio-ca".into(),
+    };
+    let mut ix = Index::new(IndexSettings { waypoint_template: Some(deploy.clone()), ..settings() });
+    for o in objects(&format!(
+        "{}{}{}",
+        namespace("shop", "istio.io/dataplane-mode: ambient"),
+        gateway("shop", "waypoint", "", 15008),
+        service("shop", "waypoint", "gateway.networking.k8s.io/gateway-name: waypoint", "10.96.0.9"),
+    )) {
+        ix.apply(ObjectEvent::Upsert(o)).unwrap();
+    }
+    // The ReplicaSet's pod: the template's labels and spec, with what the
+    // API server and scheduler add.
+    let template = pod_template("waypoint", &deploy);
+    let pod = |name: &str, ip: &str, spec: serde_json::Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "shop", "labels": template["metadata"]["labels"],
+                            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "waypoint-7d9f", "uid": "rs-uid", "controller": true}]},
+               "spec": spec,
+               "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "conditions": [{"type": "Ready", "status": "True"}]}})
+    };
+    let mut genuine = template["spec"].clone();
+    genuine["nodeName"] = json!("node1");
+    genuine["restartPolicy"] = json!("Always");
+    genuine["containers"][0]["imagePullPolicy"] = json!("IfNotPresent");
+    let mut forged = genuine.clone();
+    forged["containers"][0]["command"] = json!(["sh", "-c", "cat /var/run/secrets/tokens/istio-token"]);
+    for o in [pod("waypoint-7d9f-a", "10.244.1.20", genuine), pod("waypoint-7d9f-x", "10.244.1.21", forged)] {
+        ix.apply(ObjectEvent::Upsert(crate::objects::parse_value(o).unwrap().unwrap())).unwrap();
+    }
+    assert_eq!(
+        ix.waypoint_pods(),
+        [("shop".to_string(), "waypoint-7d9f-a".to_string(), "waypoint".to_string())].into(),
+        "only the pod that runs the template may obtain the waypoint's identity and configuration"
+    );
+    let key = "shop/waypoint.shop.svc.cluster.local";
+    assert!(workload(&ix, "shop", "waypoint-7d9f-a").unwrap().services.contains_key(key), "a replica of the waypoint");
+    assert!(!workload(&ix, "shop", "waypoint-7d9f-x").unwrap().services.contains_key(key), "never a waypoint replica");
+    // Without a template (the local cluster, whose agent refuses the
+    // labels in what users apply) the label and account decide.
+    let mut local = Index::new(settings());
+    for o in objects(&format!(
+        "{}{}",
+        gateway("shop", "waypoint", "", 15008),
+        pod_with("shop", "waypoint-5d9f-a", "gateway.networking.k8s.io/gateway-name: waypoint", "10.244.1.20", "node1", true),
+    )) {
+        local.apply(ObjectEvent::Upsert(o)).unwrap();
+    }
+    assert!(local.waypoint_pods().is_empty(), "runs as account web, not the waypoint's");
 }

@@ -103,6 +103,11 @@ pub struct PodInput {
     pub workload_name: String,
     pub container_ports: Vec<ContainerPort>,
     pub use_waypoint: Option<String>,
+    /// The spec, as the API serves it, of a pod labelled with a waypoint
+    /// Gateway's name: compared with the Gateway's rendered template
+    /// before the pod is treated as the waypoint
+    /// (`crate::gateway::genuine`). None for every other pod.
+    pub waypoint_spec: Option<std::sync::Arc<serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -321,6 +326,10 @@ fn pod(p: &core_v1::Pod, r: &ObjectRef) -> Result<PodInput, ObjectError> {
         workload_name,
         container_ports,
         use_waypoint: labels.get(USE_WAYPOINT).cloned(),
+        waypoint_spec: labels
+            .contains_key(waypoint::GATEWAY_NAME_LABEL)
+            .then(|| serde_json::to_value(&spec).map(std::sync::Arc::new).ok())
+            .flatten(),
         labels,
     })
 }

@@ -321,7 +321,9 @@ impl Agent {
             let ns_labels = mesh::namespace_labels(&self.store, &inst.namespace);
             let meshed = mesh::is_meshed(&ns_labels, &inst.labels);
             let nft = mesh::wants_nftables(&ns_labels, &inst.labels);
-            let waypoint = slipstream_k8s::expand::is_waypoint_pod(&inst.labels);
+            // Provenance, not labels: a pod of the Deployment the agent made
+            // for a Gateway (users cannot apply one that says it is).
+            let waypoint = inst.owner.as_deref().is_some_and(|d| self.store.made_for_waypoint(&inst.namespace, d));
             let mut pod = PodRuntime::create(&self.paths, inst, node, ip, meshed, nft, &mut self.capture);
             if waypoint {
                 let token = random_token();
@@ -452,7 +454,7 @@ impl Agent {
     fn sync_enrolment(&mut self) {
         let cluster = self.paths.cluster.to_string();
         for p in self.pods.values_mut() {
-            if p.sandbox_error.is_some() || p.terminating() || slipstream_k8s::expand::is_waypoint_pod(&p.inst.labels) {
+            if p.sandbox_error.is_some() || p.terminating() || p.workload_token.is_some() {
                 continue;
             }
             let ns_labels = mesh::namespace_labels(&self.store, &p.inst.namespace);

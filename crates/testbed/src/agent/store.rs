@@ -86,10 +86,10 @@ impl Store {
             if let Some(e) = check_immutable(self.get(&key), &o, facts) {
                 errors.push(format!("{key}: {e}"));
             }
-            if slipstream_k8s::expand::is_waypoint_made(&o) {
+            for field in slipstream_k8s::expand::reserved_labels(&o) {
                 errors.push(format!(
-                    "{key}: metadata.labels[{}]: objects with this label are made for waypoint Gateways and cannot be applied",
-                    slipstream_k8s::expand::WAYPOINT_MANAGED_LABEL
+                    "{key}: {field}: this label is set only by the waypoint controller on what it makes for a waypoint Gateway \
+                     (its pods get the waypoint's credentials), and cannot be applied"
                 ));
             }
             lines.push(format!("{} {verb}", resource_name(&o)));
@@ -138,6 +138,14 @@ impl Store {
         } else {
             Err(errors)
         }
+    }
+
+    /// Whether the Deployment `namespace/name` is one the agent made for a
+    /// waypoint Gateway: only its pods get a waypoint's credentials. Users
+    /// cannot apply an object that says so (`plan_apply` refuses the
+    /// reserved labels), so what a pod template says decides nothing.
+    pub fn made_for_waypoint(&self, namespace: &str, deployment: &str) -> bool {
+        self.get(&key("Deployment", namespace, deployment)).is_some_and(slipstream_k8s::expand::is_waypoint_made)
     }
 
     /// `kubectl label` / `kubectl annotate` of one object: each change sets

@@ -52,7 +52,9 @@ fn a_waypoints_pod_gets_exactly_its_own_identity() {
     let is_waypoint = |ns: &str, pod: &str, sa: &str| (ns, pod, sa) == ("shop", "ztunnel-abcde", "waypoint");
     let wp = "system:serviceaccount:shop:waypoint";
     let ok = caller_from_review(&status(true, wp, Some("node2"), &["istio-ca"]), &p, &is_waypoint).unwrap();
-    assert_eq!(ok, Caller { node: "node2".into(), subject: wp.into(), identity: Some("spiffe://corp.example/ns/shop/sa/waypoint".into()) });
+    let subject = format!("{wp} (pod shop/ztunnel-abcde)");
+    assert_eq!(ok, Caller { node: "node2".into(), subject, identity: Some("spiffe://corp.example/ns/shop/sa/waypoint".into()) });
+    assert_eq!(ok.budget(), "workload:system:serviceaccount:shop:waypoint (pod shop/ztunnel-abcde)", "its own share of the CA's bounds");
     // The same account in another namespace is not a waypoint's.
     let other = caller_from_review(&status(true, "system:serviceaccount:default:waypoint", Some("node2"), &["istio-ca"]), &p, &is_waypoint);
     assert!(other.unwrap_err().to_string().contains("nor the token of a waypoint's pod"));

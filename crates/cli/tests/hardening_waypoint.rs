@@ -1,0 +1,152 @@
+//! Issue 36: a hostile pod or tenant against the waypoint and its
+//! policies. Each case attacks from inside a pod (as an unprivileged user
+//! unless it says otherwise) or as a tenant who may apply objects into its
+//! own namespace, in a real local cluster, and checks what holds: the
+//! refusal, where it shows, and that everyone else is served.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+/// Runs a command in a pod as uid/gid 1000 without supplementary groups or
+/// capabilities, whatever the pod's securityContext says.
+const AS_USER: [&str; 6] = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups"];
+
+/// A namespace whose services and pods are bound to its waypoint (for
+/// both), an echo server `web` on node2 (HTTP on 8080, TCP echo on 9000),
+/// and two clients on node1.
+const SHOP: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {istio.io/dataplane-mode: ambient, istio.io/use-waypoint: waypoint}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: shop, labels: {istio.io/waypoint-for: all}}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: web, namespace: shop}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: client, namespace: shop}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: intruder, namespace: shop}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      serviceAccountName: web
+      nodeName: node2
+      containers:
+      - name: web
+        command: [slipstream, app, echo]
+        securityContext: {runAsUser: 65532, runAsGroup: 65532}
+        ports: [{name: http, containerPort: 8080}, {name: tcp-echo, containerPort: 9000}]
+        readinessProbe: {httpGet: {path: /healthz, port: http}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 8080, targetPort: 8080}, {name: tcp-echo, port: 9000, targetPort: 9000}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: client, namespace: shop}
+spec:
+  selector: {matchLabels: {app: client}}
+  template:
+    metadata: {labels: {app: client}}
+    spec:
+      serviceAccountName: client
+      nodeName: node1
+      containers: [{name: c, command: [sleep, infinity], securityContext: {runAsUser: 65532, runAsGroup: 65532}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: intruder, namespace: shop}
+spec:
+  selector: {matchLabels: {app: intruder}}
+  template:
+    metadata: {labels: {app: intruder}}
+    spec:
+      serviceAccountName: intruder
+      nodeName: node1
+      containers: [{name: c, command: [sleep, infinity], securityContext: {runAsUser: 65532, runAsGroup: 65532}}]
+"#;
+
+fn shop(name: &str) -> (Cluster, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let world = write_manifest(&dir, "shop.yaml", SHOP);
+    let c = Cluster::up(name, &["-f", &world]);
+    wait_until("the waypoint pod ready", Duration::from_secs(60), || c.pods("waypoint-").first().is_some_and(|p| p["ready"] == true));
+    (c, dir)
+}
+
+/// Issue 36, item 1: a tenant's pod template that passes for the
+/// waypoint's gets nothing of it. The reserved labels are refused at
+/// apply, naming the field; a pod that runs as the waypoint's account
+/// without them has no credential, no route to the control plane and is
+/// no replica of the waypoint.
+#[test]
+fn a_pod_template_that_passes_for_the_waypoint_gets_none_of_its_credentials() {
+    let (c, dir) = shop("t-hard-wp-id");
+    let forged = write_manifest(
+        &dir,
+        "forged.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: lookalike, namespace: shop}\nspec:\n  selector: {matchLabels: {app: lookalike}}\n  template:\n    metadata:\n      labels: {app: lookalike, gateway.istio.io/managed: istio.io-mesh-controller, gateway.networking.k8s.io/gateway-name: waypoint}\n    spec:\n      serviceAccountName: waypoint\n      containers: [{name: c, command: [sleep, infinity]}]\n",
+    );
+    let o = c.run(&["apply", "-f", &forged]);
+    let out = text(&o);
+    assert!(!o.status.success(), "a pod template with the waypoint's labels was accepted:\n{out}");
+    for field in
+        ["spec.template.metadata.labels[gateway.istio.io/managed]", "spec.template.metadata.labels[gateway.networking.k8s.io/gateway-name]"]
+    {
+        assert!(out.contains(&format!("Deployment shop/lookalike: {field}")), "{field} not named:\n{out}");
+    }
+    assert!(c.pods("lookalike-").is_empty(), "the refused apply changed nothing");
+    // A bare pod with the label, and `label` putting it on one later.
+    let bare = write_manifest(
+        &dir,
+        "bare.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: bare, namespace: shop, labels: {gateway.networking.k8s.io/gateway-name: waypoint}}\nspec:\n  serviceAccountName: waypoint\n  containers: [{name: c, command: [sleep, infinity]}]\n",
+    );
+    let out = text(&c.run(&["apply", "-f", &bare]));
+    assert!(out.contains("Pod shop/bare: metadata.labels[gateway.networking.k8s.io/gateway-name]"), "{out}");
+    let plain = bare.replace("bare.yaml", "plain.yaml");
+    std::fs::write(
+        &plain,
+        std::fs::read_to_string(&bare).unwrap().replace(", labels: {gateway.networking.k8s.io/gateway-name: waypoint}", ""),
+    )
+    .unwrap();
+    c.ok(&["apply", "-f", &plain]);
+    let o = c.run(&["label", "pod", "bare", "-n", "shop", "gateway.networking.k8s.io/gateway-name=waypoint"]);
+    assert!(!o.status.success() && text(&o).contains("metadata.labels[gateway.networking.k8s.io/gateway-name]"), "{}", text(&o));
+    // The pod runs as the waypoint's account and is given nothing: no
+    // token in its environment, no route to the control plane.
+    wait_until("the bare pod running", Duration::from_secs(30), || c.pods("bare").first().is_some_and(|p| p["phase"] == "Running"));
+    let mut probe = vec!["exec", "--privileged", "-n", "shop", "bare", "--"];
+    probe.extend(AS_USER);
+    probe.extend(["sh", "-c", "env | grep -c SLIPSTREAM_WAYPOINT; curl -sS --max-time 3 -o /dev/null http://172.18.255.1:15012/ && echo reached || echo unreachable"]);
+    let out = String::from_utf8_lossy(&c.run(&probe).stdout).into_owned();
+    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["0", "unreachable"], "{out}");
+    // It is no replica of the waypoint: the waypoint's Service has its own pod only.
+    let status = c.status();
+    let svc = status["services"].as_array().unwrap().iter().find(|s| s["namespace"] == "shop" && s["name"] == "waypoint").unwrap();
+    let pods: Vec<&str> = svc["endpoints"].as_array().unwrap().iter().map(|e| e["pod"].as_str().unwrap()).collect();
+    assert!(pods.len() == 1 && pods[0].starts_with("waypoint-"), "the waypoint's Service: {svc}");
+    c.down();
+}
