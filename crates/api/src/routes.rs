@@ -217,6 +217,8 @@ mod l7 {
             dry_run: p.dry_run,
             per_workload: p.workloads.is_some(),
             workloads: p.workloads.clone().unwrap_or_default(),
+            per_pod: p.pods.is_some(),
+            pods: p.pods.clone().unwrap_or_default(),
             rules: p
                 .rules
                 .iter()
@@ -352,11 +354,13 @@ mod l7 {
             }
             rules.push(L7Rule { from, to, when });
         }
-        let workloads = p.per_workload.then(|| {
-            let mut w = p.workloads.clone();
+        let sorted = |v: &Vec<String>| {
+            let mut w = v.clone();
             w.sort();
             w
-        });
+        };
+        let workloads = p.per_workload.then(|| sorted(&p.workloads));
+        let pods = p.per_pod.then(|| sorted(&p.pods));
         Ok(L7Policy {
             namespace: p.namespace.clone(),
             name: p.name.clone(),
@@ -364,6 +368,7 @@ mod l7 {
             dry_run: p.dry_run,
             rules,
             workloads,
+            pods,
         })
     }
 }
@@ -749,6 +754,7 @@ mod tests {
                     action: Action::Deny,
                     dry_run: true,
                     workloads: Some(vec!["c//Pod/bookinfo/a".into(), "c//Pod/bookinfo/b".into()]),
+                    pods: Some(vec!["c//Pod/bookinfo/c".into()]),
                     rules: vec![L7Rule {
                         from: vec![L7Source {
                             principals: vec![ex("cluster.local/ns/bookinfo/sa/productpage")],

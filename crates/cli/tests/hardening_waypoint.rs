@@ -150,3 +150,64 @@ fn a_pod_template_that_passes_for_the_waypoint_gets_none_of_its_credentials() {
     assert!(pods.len() == 1 && pods[0].starts_with("waypoint-"), "the waypoint's Service: {svc}");
     c.down();
 }
+
+/// The HTTP status of `curl URL` from `deploy/client`, as uid 1000.
+fn status_of(c: &Cluster, from: &str, url: &str, extra: &[&str]) -> String {
+    let target = format!("deploy/{from}");
+    let mut a = vec!["exec", "--privileged", "-n", "shop", &target, "--"];
+    a.extend(AS_USER);
+    a.extend(["curl", "-sS", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}"]);
+    a.extend(extra);
+    a.push(url);
+    let o = c.run(&a);
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Issue 36, item 2: a request addressed to a pod's own address passes
+/// the same policies at the waypoint as one addressed to its Service: the
+/// Gateway's, the Service's (stricter than Istio, which applies those to
+/// service-addressed requests only) and the pod's own.
+#[test]
+fn a_pod_addressed_directly_meets_the_same_policies_at_the_waypoint() {
+    let (c, dir) = shop("t-hard-wp-addr");
+    let web = c.pods("web-")[0]["ip"].as_str().unwrap().to_string();
+    let by_pod = |path: &str| status_of(&c, "client", &format!("http://{web}:8080{path}"), &[]);
+    let by_service = |path: &str| status_of(&c, "client", &format!("http://web.shop:8080{path}"), &[]);
+    assert_eq!((by_pod("/headers"), by_service("/headers")), ("200".into(), "200".into()));
+    let policies = write_manifest(
+        &dir,
+        "policies.yaml",
+        r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: no-gateway-admin, namespace: shop}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]
+  action: DENY
+  rules: [{to: [{operation: {paths: [/gateway-admin]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: no-service-admin, namespace: shop}
+spec:
+  targetRefs: [{kind: Service, name: web}]
+  action: DENY
+  rules: [{to: [{operation: {paths: [/service-admin]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: web-no-pod-admin, namespace: shop}
+spec:
+  selector: {matchLabels: {app: web}}
+  action: DENY
+  rules: [{to: [{operation: {paths: [/pod-admin]}}]}]
+"#,
+    );
+    c.ok(&["apply", "-f", &policies]);
+    for path in ["/gateway-admin", "/service-admin", "/pod-admin"] {
+        assert_eq!(by_service(path), "403", "{path} by the Service");
+        assert_eq!(by_pod(path), "403", "{path} by the pod's own address");
+    }
+    assert_eq!(by_pod("/headers"), "200", "what no policy denies still passes");
+    c.down();
+}

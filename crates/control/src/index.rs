@@ -327,7 +327,7 @@ impl Index {
                 ns.add_slice(name, s);
                 batch.pods.extend(affected.into_iter().map(|p| (ns_name.to_string(), p)));
             }
-            Input::AuthorizationPolicy(p) => self.set_policy(ns_name, name, Some(p), batch),
+            Input::AuthorizationPolicy(p) => self.set_policy(ns_name, name, Some(*p), batch),
             Input::PeerAuthentication(p) => self.set_peer_authn(ns_name, name, Some(p), batch),
             Input::NetworkPolicy(p) => {
                 let key = net_key(r);
@@ -349,6 +349,9 @@ impl Index {
                 // binding: a Gateway written again unchanged (its status,
                 // on Kubernetes) costs nothing.
                 batch.all_bindings |= was != now;
+                if was != now {
+                    batch.routes.insert((ns_name.to_string(), name.to_string()));
+                }
                 if let Some(w) = now {
                     ns.waypoints.insert(name.to_string(), w);
                 }
@@ -450,7 +453,11 @@ impl Index {
             Kind::Gateway => {
                 if let Some(ns) = self.namespaces.get_mut(ns_name) {
                     ns.other_gateways.remove(name);
-                    batch.all_bindings |= ns.waypoints.remove(name).is_some();
+                    if ns.waypoints.remove(name).is_some() {
+                        batch.all_bindings = true;
+                        // Its own routes go with it.
+                        batch.routes.insert((ns_name.to_string(), name.to_string()));
+                    }
                 }
             }
         }
@@ -629,6 +636,17 @@ impl Index {
                 }
             }
         }
+        // Each waypoint that takes workload traffic has routes of its own:
+        // the policies it enforces on requests addressed to a pod bound to
+        // it (`waypoint_own_policies`), computed again whenever a pod, a
+        // service, a policy or a binding changed (waypoints are few; one
+        // whose bytes did not change is not pushed).
+        if batch.all_bindings || batch.all_routes || !batch.pods.is_empty() || !batch.services.is_empty() || !batch.policies.is_empty() {
+            for (n, ns) in &self.namespaces {
+                let own = ns.waypoints.iter().filter(|(_, (takes, _))| takes.takes(Traffic::Workload));
+                batch.routes.extend(own.map(|(gw, _)| (n.clone(), gw.clone())));
+            }
+        }
         for (ns_name, name) in std::mem::take(&mut batch.policies) {
             let key = ResourceKey::new(TypeUrl::Authorization, &format!("{ns_name}/{name}"));
             let resource = self
@@ -652,54 +670,8 @@ impl Index {
         for (ns_name, name) in std::mem::take(&mut batch.routes) {
             let hostname = self.hostname(&name, &ns_name);
             let key = ResourceKey::new(TypeUrl::Route, &format!("{ns_name}/{hostname}"));
-            let resource = self.namespaces.get(&ns_name).and_then(|ns| Some((ns, ns.services.get(&name)?))).and_then(|(ns, svc)| {
-                let routes: Vec<&crate::translate::http_route::HttpRouteInput> = ns.http_routes.values().collect();
-                let mut compiled = crate::translate::http_route::compile(&routes, &ns_name, &name, &hostname, &self.settings.domain_suffix);
-                let service_key = format!("{ns_name}/{hostname}");
-                // HTTPRoutes first (Gateway API is what the waypoint is
-                // for); without them, the oldest VirtualService naming
-                // the service.
-                if compiled.rules.is_empty() {
-                    if let Some(v) = self.virtual_service_for(&service_key, &ns_name) {
-                        compiled.rules = vs::compile(v, &|svc: &str, subset: &str| self.subset(svc, subset));
-                        compiled.source = "VirtualService".into();
-                    }
-                }
-                if let Some(d) = self.destination_rule_for(&service_key) {
-                    compiled.traffic = vs::TrafficInput::merged(d.traffic.as_ref(), None);
-                }
-                compiled.limits = self.rate_limits_for(&ns_name, &name, &compiled.rules);
-                // The waypoint's policies on this service: those naming it,
-                // and those naming the waypoint it is bound to.
-                let gateway = self
-                    .waypoint_of(Traffic::Service, ns, &ns_name, &svc.labels, &waypoints)
-                    .filter(|g| g.hbone_mtls_port != 0)
-                    .map(|g| (g.namespace.clone(), g.hostname.split('.').next().unwrap_or("").to_string()));
-                let mut policies = Vec::new();
-                for l7 in ns.policies.values().filter_map(|p| p.l7.as_ref()) {
-                    if l7.services.contains(&name) {
-                        policies.push(l7.policy.clone());
-                    }
-                }
-                if let Some((gw_ns, gw)) = &gateway {
-                    if let Some(gns) = self.namespaces.get(gw_ns) {
-                        for l7 in gns.policies.values().filter_map(|p| p.l7.as_ref()) {
-                            if l7.gateways.contains(gw) && !policies.contains(&l7.policy) {
-                                policies.push(l7.policy.clone());
-                            }
-                        }
-                    }
-                }
-                if gateway.is_some() {
-                    policies.extend(self.selected_policies_at_waypoint(ns, &ns_name, svc));
-                }
-                compiled.policies = policies;
-                (!compiled.rules.is_empty()
-                    || !compiled.policies.is_empty()
-                    || compiled.traffic != Default::default()
-                    || !compiled.limits.is_empty())
-                .then(|| Versioned::new(slipstream_api::routes::routes_any(&compiled)))
-            });
+            let resource =
+                self.service_routes(&ns_name, &name, &hostname, &waypoints).map(|r| Versioned::new(slipstream_api::routes::routes_any(&r)));
             batch.set(key, resource);
         }
         for (ns, pod) in std::mem::take(&mut batch.pods) {
@@ -805,6 +777,11 @@ impl Index {
                 bound.extend(self.waypoint_of(Traffic::Service, ns, ns_name, &s.labels, waypoints));
             }
         }
+        // Bound itself (for workload traffic): that waypoint's own routes
+        // carry its policies (`waypoint_own_policies`).
+        if !pod.host_network && translate::is_meshed(&ns.labels(), &pod.labels) {
+            bound.extend(self.waypoint_of(Traffic::Workload, ns, ns_name, &pod.labels, waypoints));
+        }
         bound
             .into_iter()
             .filter(|g| g.hbone_mtls_port != 0)
@@ -873,6 +850,13 @@ impl Index {
     fn selected_policies_at_waypoint(&self, ns: &Ns, ns_name: &str, svc: &ServiceInput) -> Vec<slipstream_core::policy::l7::L7Policy> {
         let Some(sel) = &svc.selector else { return Vec::new() };
         let pods: Vec<&PodInput> = ns.pods.values().filter(|p| selector_matches(sel, &p.labels)).collect();
+        self.selected_policies_for(ns, ns_name, &pods)
+    }
+
+    /// The selector-bound and namespace-wide policies of `pods` (of
+    /// namespace `ns_name`) that a waypoint in front of them enforces:
+    /// all of them as soon as one needs L7 for one of those pods.
+    fn selected_policies_for(&self, ns: &Ns, ns_name: &str, pods: &[&PodInput]) -> Vec<slipstream_core::policy::l7::L7Policy> {
         let selects = |p: &PolicyInput, pod: &PodInput| p.selector.as_ref().is_none_or(|s| selector_matches(s, &pod.labels));
         let needs = ns_name != self.settings.root_namespace
             && ns
@@ -893,6 +877,132 @@ impl Index {
             }
             uids.sort();
             out.push(slipstream_core::policy::l7::L7Policy { workloads: Some(uids), ..l7.clone() });
+        }
+        out
+    }
+
+    /// The routes resource of the service `ns_name/name` (or of a
+    /// waypoint's own name: see `waypoint_own_policies`), None when it has
+    /// nothing for a waypoint.
+    fn service_routes(
+        &self,
+        ns_name: &str,
+        name: &str,
+        hostname: &str,
+        waypoints: &[Waypoint],
+    ) -> Option<slipstream_core::route::ServiceRoutes> {
+        let own = self.waypoint_own_policies(ns_name, name, waypoints);
+        let Some((ns, svc)) = self.namespaces.get(ns_name).and_then(|ns| Some((ns, ns.services.get(name)?))) else {
+            // A waypoint whose Service is not there (yet): its own routes.
+            return (!own.is_empty()).then(|| slipstream_core::route::ServiceRoutes {
+                service: format!("{ns_name}/{hostname}"),
+                policies: own,
+                ..Default::default()
+            });
+        };
+        let routes: Vec<&crate::translate::http_route::HttpRouteInput> = ns.http_routes.values().collect();
+        let mut compiled = crate::translate::http_route::compile(&routes, ns_name, name, hostname, &self.settings.domain_suffix);
+        let service_key = format!("{ns_name}/{hostname}");
+        // HTTPRoutes first (Gateway API is what the waypoint is
+        // for); without them, the oldest VirtualService naming
+        // the service.
+        if compiled.rules.is_empty() {
+            if let Some(v) = self.virtual_service_for(&service_key, ns_name) {
+                compiled.rules = vs::compile(v, &|svc: &str, subset: &str| self.subset(svc, subset));
+                compiled.source = "VirtualService".into();
+            }
+        }
+        if let Some(d) = self.destination_rule_for(&service_key) {
+            compiled.traffic = vs::TrafficInput::merged(d.traffic.as_ref(), None);
+        }
+        compiled.limits = self.rate_limits_for(ns_name, name, &compiled.rules);
+        // The waypoint's policies on this service: those naming it,
+        // and those naming the waypoint it is bound to.
+        let gateway = self
+            .waypoint_of(Traffic::Service, ns, ns_name, &svc.labels, waypoints)
+            .filter(|g| g.hbone_mtls_port != 0)
+            .map(|g| (g.namespace.clone(), g.hostname.split('.').next().unwrap_or("").to_string()));
+        let mut policies = Vec::new();
+        for l7 in ns.policies.values().filter_map(|p| p.l7.as_ref()) {
+            if l7.services.contains(&name.to_string()) {
+                policies.push(l7.policy.clone());
+            }
+        }
+        if let Some((gw_ns, gw)) = &gateway {
+            if let Some(gns) = self.namespaces.get(gw_ns) {
+                for l7 in gns.policies.values().filter_map(|p| p.l7.as_ref()) {
+                    if l7.gateways.contains(gw) && !policies.contains(&l7.policy) {
+                        policies.push(l7.policy.clone());
+                    }
+                }
+            }
+        }
+        if gateway.is_some() {
+            policies.extend(self.selected_policies_at_waypoint(ns, ns_name, svc));
+        }
+        policies.extend(own);
+        compiled.policies = policies;
+        (!compiled.rules.is_empty()
+            || !compiled.policies.is_empty()
+            || compiled.traffic != Default::default()
+            || !compiled.limits.is_empty())
+        .then_some(compiled)
+    }
+
+    /// What waypoint `ns_name/gw` enforces on requests addressed to a pod
+    /// bound to it (`istio.io/waypoint-for: workload` or `all`): the
+    /// policies targeting its Gateway (as Istio), the policies targeting
+    /// each Service bound to it that selects the pod (stricter than Istio,
+    /// which applies them only to requests addressed to the Service: no
+    /// pod under a Service's L7 policy is reachable through the waypoint
+    /// without it; restricted to those pods, `L7Policy.pods`), and the
+    /// pods' own selector-bound and namespace-wide policies (as in front
+    /// of a Service: `selected_policies_for`). Empty for anything that is
+    /// not a waypoint taking workload traffic.
+    fn waypoint_own_policies(&self, ns_name: &str, gw: &str, waypoints: &[Waypoint]) -> Vec<slipstream_core::policy::l7::L7Policy> {
+        use slipstream_core::policy::l7::L7Policy;
+        let Some(gns) = self.namespaces.get(ns_name) else { return Vec::new() };
+        if !gns.waypoints.get(gw).is_some_and(|(takes, _)| takes.takes(Traffic::Workload)) {
+            return Vec::new();
+        }
+        let hostname = self.hostname(gw, ns_name);
+        let is_me = |g: &GatewayAddress| g.hbone_mtls_port != 0 && g.namespace == ns_name && g.hostname == hostname;
+        let mut out: Vec<L7Policy> = gns
+            .policies
+            .values()
+            .filter_map(|p| p.l7.as_ref())
+            .filter(|l7| l7.gateways.iter().any(|g| g == gw))
+            .map(|l7| l7.policy.clone())
+            .collect();
+        for (n, ns) in &self.namespaces {
+            let ns_labels = ns.labels();
+            let bound: Vec<&PodInput> = ns
+                .pods
+                .values()
+                .filter(|p| !p.host_network && translate::is_meshed(&ns_labels, &p.labels))
+                .filter(|p| self.waypoint_of(Traffic::Workload, ns, n, &p.labels, waypoints).is_some_and(|g| is_me(&g)))
+                .collect();
+            if bound.is_empty() {
+                continue;
+            }
+            let mut by_policy: BTreeMap<&str, (L7Policy, BTreeSet<String>)> = BTreeMap::new();
+            for s in ns.services.values() {
+                let Some(sel) = &s.selector else { continue };
+                if !self.waypoint_of(Traffic::Service, ns, n, &s.labels, waypoints).is_some_and(|g| is_me(&g)) {
+                    continue;
+                }
+                let uids: Vec<String> =
+                    bound.iter().filter(|p| selector_matches(sel, &p.labels)).map(|p| self.workload_uid(n, &p.name)).collect();
+                if uids.is_empty() {
+                    continue;
+                }
+                for (pname, p) in &ns.policies {
+                    let Some(l7) = p.l7.as_ref().filter(|l7| l7.services.contains(&s.name)) else { continue };
+                    by_policy.entry(pname).or_insert_with(|| (l7.policy.clone(), BTreeSet::new())).1.extend(uids.iter().cloned());
+                }
+            }
+            out.extend(by_policy.into_values().map(|(p, uids)| L7Policy { pods: Some(uids.into_iter().collect()), ..p }));
+            out.extend(self.selected_policies_for(ns, n, &bound));
         }
         out
     }

@@ -70,6 +70,8 @@ pub struct Shared {
     me: plan::Me,
     mesh: Arc<ArcSwap<MeshState>>,
     routes: ArcSwap<Routes>,
+    /// Its own routes (`plan::Me::is_own_routes`), found once per update.
+    own_routes: arc_swap::ArcSwapOption<ServiceRoutes>,
     /// HTTP to endpoints, pooled per endpoint: HTTP/2 (prior knowledge)
     /// for requests that came as HTTP/2 (gRPC among them), else HTTP/1.1;
     /// the upstream speaks what the client spoke to the service.
@@ -99,10 +101,13 @@ pub struct Shared {
 
 impl Shared {
     /// The routes and policies of the service a tunnel is for.
+    /// A pod addressed directly is under the waypoint's own routes (its
+    /// Gateway's policies, and the bound Services' policies restricted to
+    /// their pods: `plan::authorize`).
     fn routes_of(&self, target: &plan::Target) -> Option<Arc<ServiceRoutes>> {
         match target {
             plan::Target::Service { service, .. } => self.routes.load().get(service.key()).cloned(),
-            plan::Target::Workload { .. } => None,
+            plan::Target::Workload { .. } => self.own_routes.load_full(),
         }
     }
 
@@ -186,6 +191,7 @@ impl Waypoint {
                 me,
                 mesh,
                 routes: ArcSwap::from_pointee(Routes::new()),
+                own_routes: arc_swap::ArcSwapOption::empty(),
                 client,
                 connector,
                 limits,
@@ -225,6 +231,7 @@ impl Waypoint {
             }
         }
         self.shared.workload_policies.store(Arc::new(by_uid));
+        self.shared.own_routes.store(map.iter().find(|(k, _)| self.shared.me.is_own_routes(k)).map(|(_, r)| r.clone()));
         self.shared.routes.store(Arc::new(map));
     }
 

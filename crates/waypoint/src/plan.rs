@@ -31,6 +31,12 @@ impl Me {
         g.is_some_and(|g| g.namespace == self.namespace && self.named(&g.hostname) && g.hbone_mtls_port != 0)
     }
 
+    /// `key` (`namespace/hostname`) names this waypoint's own routes: the
+    /// policies it enforces on requests addressed to a pod bound to it.
+    pub fn is_own_routes(&self, key: &str) -> bool {
+        key.split_once('/').is_some_and(|(ns, host)| ns == self.namespace && self.named(host))
+    }
+
     /// `hostname` is this waypoint's Service, in whatever domain the
     /// control plane serves (`--domain-suffix`, `cluster.local` by default).
     fn named(&self, hostname: &str) -> bool {
@@ -170,7 +176,17 @@ pub fn authorize(
         Target::Service { port, .. } | Target::Workload { port, .. } => *port,
     };
     let policies = routes.map(|r| r.policies.as_slice()).unwrap_or(&[]);
-    evaluate_l7(policies.iter().filter(|p| p.workloads.is_none()), port, peer, source_ip, req)
+    // A service's: those bound to it (the selector-bound ones are the
+    // endpoint's, `authorize_endpoint`). A pod's (the waypoint's own
+    // routes): the Gateway's, and its Services' restricted to it.
+    let applies = |p: &&slipstream_core::policy::l7::L7Policy| {
+        p.workloads.is_none()
+            && match target {
+                Target::Service { .. } => p.pods.is_none(),
+                Target::Workload { workload, .. } => p.pods.as_ref().map_or(true, |uids| uids.binary_search(&workload.uid).is_ok()),
+            }
+    };
+    evaluate_l7(policies.iter().filter(applies), port, peer, source_ip, req)
 }
 
 /// The authorization of the workload a request (or TCP connection) is

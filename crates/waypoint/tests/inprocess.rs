@@ -813,6 +813,7 @@ async fn a_pods_own_policies_hold_at_the_waypoint_when_it_is_reached_by_its_addr
             ..Default::default()
         }],
         workloads: Some(vec!["test//Pod/default/reviews-v1".into()]),
+        pods: None,
     };
     wp.set_routes([ServiceRoutes { service: key("reviews"), policies: vec![deny], ..Default::default() }]);
     let pod = SocketAddr::new(m.ip(2, 1), APP_PORT);

@@ -229,6 +229,7 @@ mod tests {
     fn pod(ns: &str, name: &str, gateway: &str, ready: bool) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns,
                "labels": {wp::GATEWAY_NAME_LABEL: gateway}},
+               "spec": {"serviceAccountName": gateway},
                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
     }
     fn cond<'a>(o: &'a Value, type_: &str) -> Option<&'a Value> {

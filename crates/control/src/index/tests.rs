@@ -766,18 +766,60 @@ fn a_root_policy_the_waypoint_cannot_decide_keeps_every_namespaces_policies_at_t
 }
 
 #[test]
-fn a_pod_bound_only_for_workload_traffic_keeps_its_policy_whole_at_its_node_proxy() {
-    let ix = index(&format!(
-        "{}{}{}{}{}",
+fn requests_addressed_to_a_pod_meet_the_gateways_its_services_and_its_own_policies_at_the_waypoint() {
+    use slipstream_core::policy::StringMatch;
+    let mut ix = index(&format!(
+        "{}{}{}{}{}{}{}",
         namespace("production", "istio.io/dataplane-mode: ambient"),
         gateway("production", "waypoint", "istio.io/waypoint-for: workload", 15008),
         pod_with("production", "billing-1", "app: billing, istio.io/use-waypoint: waypoint", "10.244.2.2", "node2", true),
+        pod_with("production", "other-1", "app: other", "10.244.2.3", "node2", true),
         service("production", "billing", "app: billing", "10.96.0.20"),
         policy("production", "invoices", "{selector: {matchLabels: {app: billing}}, rules: [{to: [{operation: {methods: [GET]}}]}]}",),
+        policy("production", "no-admin", "{targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}], action: DENY, rules: [{to: [{operation: {paths: [/admin]}}]}]}"),
     ));
     assert!(workload(&ix, "production", "billing-1").unwrap().waypoint.is_some(), "bound for workload traffic");
+    let own = |ix: &Index| {
+        let key = ResourceKey::new(TypeUrl::Route, "production/waypoint.production.svc.cluster.local");
+        ix.resources().get(&key).map(|v| slipstream_api::routes::routes_from_any(&v.body).unwrap()).expect("the waypoint's own routes")
+    };
+    let r = own(&ix);
+    type Placed<'a> = (&'a str, Option<&'a [String]>, Option<&'a [String]>);
+    let names: Vec<Placed> = r.policies.iter().map(|p| (p.name.as_str(), p.workloads.as_deref(), p.pods.as_deref())).collect();
+    let billing = ["c1//Pod/production/billing-1".to_string()];
+    assert_eq!(
+        names,
+        [("no-admin", None, None), ("invoices", Some(&billing[..]), None)],
+        "the Gateway's policy for every pod-addressed request, billing's own policy at its endpoint"
+    );
+    // The node proxies let the waypoint through the rule that needs L7:
+    // the waypoint decides it, with the original client.
     let a = ix.mesh_config().policies.into_iter().find(|p| p.name == "invoices").unwrap();
-    assert_eq!(a.rules[0], slipstream_core::policy::Rule::never(), "no routes carry its policies: fail closed, not opened to the waypoint");
+    assert_eq!(a.rules[0].clauses[0].matches[0].principals, [StringMatch::Exact("cluster.local/ns/production/sa/waypoint".into())]);
+    // A policy of a Service bound to the waypoint: also for the requests
+    // addressed to its pods bound to the waypoint (stricter than Istio).
+    upsert(
+        &mut ix,
+        &service("production", "billing", "app: billing", "10.96.0.20").replace(
+            "metadata: {name: billing, namespace: production}",
+            "metadata: {name: billing, namespace: production, labels: {istio.io/use-waypoint: waypoint}}",
+        ),
+    );
+    upsert(&mut ix, &gateway("production", "waypoint", "istio.io/waypoint-for: all", 15008));
+    upsert(
+        &mut ix,
+        &policy(
+            "production",
+            "billing-get",
+            "{targetRefs: [{kind: Service, name: billing}], rules: [{to: [{operation: {methods: [GET]}}]}]}",
+        ),
+    );
+    let r = own(&ix);
+    let p = r.policies.iter().find(|p| p.name == "billing-get").expect("billing's Service policy in the waypoint's own routes");
+    assert_eq!((p.workloads.as_deref(), p.pods.as_deref()), (None, Some(&billing[..])), "for billing's pod only");
+    // The Gateway goes: so do its routes.
+    ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Gateway, "production", "waypoint"))).unwrap();
+    assert!(ix.resources().get(&ResourceKey::new(TypeUrl::Route, "production/waypoint.production.svc.cluster.local")).is_none());
 }
 
 #[test]

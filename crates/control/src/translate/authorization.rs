@@ -254,7 +254,7 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
     Ok(L7Bound {
         services,
         gateways,
-        policy: L7Policy { namespace: r.namespace.clone(), name: r.name.clone(), action, dry_run, rules, workloads: None },
+        policy: L7Policy { namespace: r.namespace.clone(), name: r.name.clone(), action, dry_run, rules, workloads: None, pods: None },
     })
 }
 

@@ -44,7 +44,7 @@ impl TrafficType {
         }
     }
 
-    fn takes(self, kind: Traffic) -> bool {
+    pub fn takes(self, kind: Traffic) -> bool {
         matches!(
             (self, kind),
             (TrafficType::All, _) | (TrafficType::Service, Traffic::Service) | (TrafficType::Workload, Traffic::Workload)

@@ -33,6 +33,13 @@ pub struct L7Policy {
     /// original client, as a sidecar would have (docs/waypoint.md, "Policy").
     #[serde(default)]
     pub workloads: Option<Vec<String>>,
+    /// Only in a waypoint's own routes (the requests addressed to a pod
+    /// bound to it): Some for a Service's policy, evaluated (with the
+    /// Gateway's) on the requests addressed to one of these pods (UIDs,
+    /// sorted) of that Service; None for the Gateway's policies, on every
+    /// such request (docs/waypoint.md, "Policy").
+    #[serde(default)]
+    pub pods: Option<Vec<String>>,
 }
 
 /// `from` (any source), `to` (any operation), `when` (every condition);
@@ -319,6 +326,7 @@ mod tests {
             action: Action::Allow,
             dry_run: false,
             workloads: None,
+            pods: None,
             rules: vec![L7Rule {
                 from: vec![L7Source { principals: vec![exact("cluster.local/ns/production/sa/frontend")], ..Default::default() }],
                 to: vec![L7Operation {

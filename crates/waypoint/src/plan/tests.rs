@@ -261,3 +261,51 @@ fn subsets_timeouts_retries_and_the_backends_traffic_policy() {
     assert_eq!(status, 503);
     assert!(detail.contains("subset v9 of service reviews"), "{detail}");
 }
+
+#[test]
+fn which_policies_a_request_meets_by_how_it_was_addressed() {
+    use slipstream_core::policy::l7::{L7Operation, L7Policy, L7Rule};
+    use slipstream_core::policy::{Action, StringMatch};
+    let s = state();
+    let deny = |name: &str, path: &str, workloads: Option<&[&str]>, pods: Option<&[&str]>| L7Policy {
+        namespace: "bookinfo".into(),
+        name: name.into(),
+        action: Action::Deny,
+        rules: vec![L7Rule {
+            to: vec![L7Operation { paths: vec![StringMatch::Exact(path.into())], ..Default::default() }],
+            ..Default::default()
+        }],
+        workloads: workloads.map(|w| w.iter().map(|s| s.to_string()).collect()),
+        pods: pods.map(|w| w.iter().map(|s| s.to_string()).collect()),
+        ..Default::default()
+    };
+    // The waypoint's own routes: its Gateway's policy, ratings' Service
+    // policy for the ratings pod, a selector-bound one (the endpoint's).
+    let own = ServiceRoutes {
+        service: format!("bookinfo/{WP}"),
+        policies: vec![
+            deny("gateway", "/gateway", None, None),
+            deny("service", "/service", None, Some(&["c//Pod/bookinfo/ratings"])),
+            deny("selector", "/selector", Some(&["c//Pod/bookinfo/ratings"]), None),
+        ],
+        ..Default::default()
+    };
+    assert!(me().is_own_routes(&own.service) && !me().is_own_routes(&key("ratings")));
+    let pod = target(&s, &me(), "10.244.1.3:9080".parse().unwrap()).unwrap();
+    let peer: slipstream_core::SpiffeId = "spiffe://cluster.local/ns/bookinfo/sa/productpage".parse().unwrap();
+    let denied = |target: &Target, routes: &ServiceRoutes, path: &str| {
+        let view = RequestView { method: "GET", path, query: "", headers: &[] };
+        !authorize(Some(routes), target, &peer, "10.244.9.9".parse().unwrap(), Some((&view, "x"))).allowed
+    };
+    assert!(denied(&pod, &own, "/gateway"), "the Gateway's policy holds for a pod addressed directly");
+    assert!(denied(&pod, &own, "/service"), "so does its Service's, for its own pods");
+    assert!(!denied(&pod, &own, "/selector"), "the endpoint's own policy is the endpoint's check (authorize_endpoint)");
+    let other = Target::Workload { workload: s.workload_by_ip("10.244.1.1".parse().unwrap()).unwrap(), port: 9080 };
+    assert!(denied(&other, &own, "/gateway") && !denied(&other, &own, "/service"), "another pod: the Gateway's only");
+    let svc = target(&s, &me(), "10.96.0.4:9080".parse().unwrap()).unwrap();
+    let svc_routes = ServiceRoutes { service: key("ratings"), policies: own.policies.clone(), ..Default::default() };
+    assert!(
+        denied(&svc, &svc_routes, "/gateway") && !denied(&svc, &svc_routes, "/service"),
+        "pod-only copies do not apply to the Service's requests"
+    );
+}

@@ -73,10 +73,18 @@ fn what_is_already_written_is_not_written_again() {
         [(("shop".to_string(), "waypoint".to_string()), render::objects(&objects[0], &settings().deploy).unwrap())].into();
     assert_eq!(plan(&objects, &settings(), &applied, &HashMap::new(), "t2"), vec![], "nothing differs");
 
+    // A ready pod that only looks like the waypoint's (its labels and
+    // account, another command) programs nothing.
+    let mut spec = render::pod_template("waypoint", &settings().deploy)["spec"].clone();
+    spec["containers"][0]["command"] = json!(["sh"]);
+    objects.push(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "lookalike", "namespace": "shop",
+        "labels": {GATEWAY_NAME_LABEL: "waypoint"}}, "spec": spec, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
+    assert_eq!(plan(&objects, &settings(), &applied, &HashMap::new(), "t2"), vec![], "still not programmed");
     // The waypoint's pod becomes ready: Programmed turns True with a new
     // transition time, Accepted keeps its own; the service is bound.
+    let spec = render::pod_template("waypoint", &settings().deploy)["spec"].clone();
     objects.push(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "waypoint-1", "namespace": "shop",
-        "labels": {GATEWAY_NAME_LABEL: "waypoint"}}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
+        "labels": {GATEWAY_NAME_LABEL: "waypoint"}}, "spec": spec, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
     let writes = plan(&objects, &settings(), &applied, &HashMap::new(), "t3");
     let st = statuses(&writes);
     assert_eq!(st.len(), 2, "{st:?}");
