@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/istio/authorization.proto",
         "proto/slipstream/network_policy.proto",
         "proto/slipstream/route.proto",
+        "proto/slipstream/mesh.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod convert;
+pub mod mesh;
 pub mod netpol;
 pub mod routes;
 
@@ -43,6 +44,12 @@ pub mod route {
     tonic::include_proto!("slipstream.route.v1");
 }
 
+/// `slipstream.mesh.v1`: mesh-wide settings for waypoints (our own type).
+pub mod meshpb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("slipstream.mesh.v1");
+}
+
 /// `istio.v1.auth`: the certificate service.
 pub mod ca {
     #![allow(clippy::all, missing_docs)]
@@ -60,6 +67,11 @@ pub const AUTHORIZATION_TYPE_URL: &str = "type.googleapis.com/istio.security.Aut
 pub const NETWORK_POLICY_TYPE_URL: &str = "type.googleapis.com/slipstream.policy.NetworkPolicy";
 /// Type URL of the waypoint's routes, one resource per service (Slipstream's own).
 pub const ROUTE_TYPE_URL: &str = "type.googleapis.com/slipstream.route.v1.ServiceRoutes";
+/// Type URL of the mesh-wide settings for waypoints, one resource named
+/// [`MESH_RESOURCE`] (Slipstream's own).
+pub const MESH_TYPE_URL: &str = "type.googleapis.com/slipstream.mesh.v1.MeshSettings";
+/// The name of the one mesh-settings resource.
+pub const MESH_RESOURCE: &str = "mesh";
 
 /// The resource types served: the workload API's two, the network
 /// policies, and the waypoints' routes.
@@ -69,14 +81,15 @@ pub enum TypeUrl {
     Authorization,
     NetworkPolicy,
     Route,
+    Mesh,
 }
 
 impl TypeUrl {
-    pub const ALL: [TypeUrl; 4] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::NetworkPolicy, TypeUrl::Route];
+    pub const ALL: [TypeUrl; 5] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::NetworkPolicy, TypeUrl::Route, TypeUrl::Mesh];
     /// What a node proxy subscribes to (ztunnel's two, and ours).
     pub const NODE: [TypeUrl; 3] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::NetworkPolicy];
     /// What a waypoint subscribes to.
-    pub const WAYPOINT: [TypeUrl; 3] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::Route];
+    pub const WAYPOINT: [TypeUrl; 4] = [TypeUrl::Address, TypeUrl::Authorization, TypeUrl::Route, TypeUrl::Mesh];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -84,6 +97,7 @@ impl TypeUrl {
             TypeUrl::Authorization => AUTHORIZATION_TYPE_URL,
             TypeUrl::NetworkPolicy => NETWORK_POLICY_TYPE_URL,
             TypeUrl::Route => ROUTE_TYPE_URL,
+            TypeUrl::Mesh => MESH_TYPE_URL,
         }
     }
 
@@ -98,6 +112,7 @@ impl TypeUrl {
             TypeUrl::Authorization => "Authorization",
             TypeUrl::NetworkPolicy => "NetworkPolicy",
             TypeUrl::Route => "Route",
+            TypeUrl::Mesh => "Mesh",
         }
     }
 }

@@ -144,7 +144,10 @@ fn check_mesh_kinds(loaded: &[Loaded]) -> anyhow::Result<()> {
         .collect();
     for l in loaded {
         let Object::Kept(k) = &l.object else { continue };
-        let value = serde_json::json!({"apiVersion": k.api_version, "kind": k.kind, "metadata": k.metadata, "spec": k.spec});
+        let mut value = serde_json::json!({"apiVersion": k.api_version, "kind": k.kind, "metadata": k.metadata, "spec": k.spec});
+        if let Some(data) = &k.data {
+            value["data"] = data.clone();
+        }
         let parsed = slipstream_control::objects::parse_value(value);
         let checked = parsed.as_ref().map_err(Clone::clone).and_then(|o| match o {
             Some(o) => o.validate(),

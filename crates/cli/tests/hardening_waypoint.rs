@@ -211,3 +211,49 @@ spec:
     assert_eq!(by_pod("/headers"), "200", "what no policy denies still passes");
     c.down();
 }
+
+/// The `path` the echo server saw (its `/headers` answer) for `curl
+/// --path-as-is URL` from `deploy/client`, or the HTTP status when it is
+/// not 200.
+fn path_seen(c: &Cluster, url: &str) -> String {
+    let mut a = vec!["exec", "--privileged", "-n", "shop", "deploy/client", "--"];
+    a.extend(AS_USER);
+    a.extend(["curl", "-sS", "--max-time", "5", "--path-as-is", "-w", "\n%{http_code}", url]);
+    let out = String::from_utf8_lossy(&c.run(&a).stdout).into_owned();
+    let (body, status) = out.rsplit_once('\n').unwrap_or(("", &out));
+    if status != "200" {
+        return status.to_string();
+    }
+    serde_json::from_str::<serde_json::Value>(body)
+        .map(|v| v["path"].as_str().unwrap_or("?").to_string())
+        .unwrap_or_else(|e| format!("{e}: {body}"))
+}
+
+/// Issue 36, item 3: paths are normalized as Istio's MeshConfig says
+/// (`pathNormalization`, in the `mesh` key of istio-system's `istio`
+/// ConfigMap) before routes, policies and the app see them; a MeshConfig
+/// that cannot be read is refused at apply, naming the field.
+#[test]
+fn paths_are_normalized_as_the_mesh_config_says() {
+    let (c, dir) = shop("t-hard-wp-path");
+    let url = |p: &str| format!("http://web.shop:8080{p}");
+    // BASE, Istio's default: dot segments, encoded dots and backslashes.
+    for p in ["/x/../headers", "/x/%2e%2e/headers", "/x\\..\\headers", "/%68eaders"] {
+        assert_eq!(path_seen(&c, &url(p)), "/headers", "{p}");
+    }
+    assert_eq!(path_seen(&c, &url("//headers")), "404", "BASE keeps empty segments");
+    let mesh = |mode: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: istio, namespace: istio-system}}\ndata:\n  mesh: |\n    pathNormalization:\n      normalization: {mode}\n")
+    };
+    let bad = write_manifest(&dir, "bad-mesh.yaml", &mesh("STRICT"));
+    let o = c.run(&["apply", "-f", &bad]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("ConfigMap istio-system/istio: data.mesh: pathNormalization.normalization: \"STRICT\" is not one of"), "{out}");
+    let good = write_manifest(&dir, "mesh.yaml", &mesh("DECODE_AND_MERGE_SLASHES"));
+    c.ok(&["apply", "-f", &good]);
+    wait_until("the waypoint merging slashes", Duration::from_secs(30), || path_seen(&c, &url("//headers")) == "/headers");
+    assert_eq!(path_seen(&c, &url("/x%2f..%2fheaders")), "/headers", "encoded slashes decoded, then the dot segment");
+    assert_eq!(path_seen(&c, &url("/headers%00")), "400", "an encoded NUL is refused");
+    c.down();
+}

@@ -97,6 +97,8 @@ pub struct Index {
     /// account or named ports, or of a namespace's labels, resolves them
     /// all again (a resource whose bytes did not change is not pushed).
     net_policies: BTreeMap<String, NetPolicyInput>,
+    /// The root namespace's `istio` ConfigMap's settings, once it exists.
+    mesh: Option<slipstream_core::mesh::MeshSettings>,
     resources: Resources,
 }
 
@@ -260,7 +262,7 @@ impl Ns {
 
 impl Index {
     pub fn new(settings: IndexSettings) -> Self {
-        Index { settings, namespaces: HashMap::new(), net_policies: BTreeMap::new(), resources: Resources::new() }
+        Index { settings, namespaces: HashMap::new(), net_policies: BTreeMap::new(), mesh: None, resources: Resources::new() }
     }
 
     pub fn settings(&self) -> &IndexSettings {
@@ -375,6 +377,10 @@ impl Index {
                 let ns = self.ns(ns_name);
                 batch.all_routes |= ns.rate_limits.insert(name.to_string(), *l.clone()).as_ref() != Some(&*l);
             }
+            Input::MeshConfig(m) => {
+                batch.mesh |= self.mesh != Some(m);
+                self.mesh = Some(m);
+            }
             Input::Opaque => {}
         }
     }
@@ -448,6 +454,11 @@ impl Index {
             Kind::LocalRateLimitPolicy => {
                 if let Some(ns) = self.namespaces.get_mut(ns_name) {
                     batch.all_routes |= ns.rate_limits.remove(name).is_some();
+                }
+            }
+            Kind::ConfigMap => {
+                if crate::translate::mesh_config::is_mesh_config(r, &self.settings.root_namespace) {
+                    batch.mesh |= self.mesh.take().is_some();
                 }
             }
             Kind::Gateway => {
@@ -683,6 +694,10 @@ impl Index {
             };
             batch.set(ResourceKey::new(TypeUrl::Address, &uid), workload);
             batch.set(policy_key, policy.map(|a| Versioned::new(authorization_any(&a))));
+        }
+        if batch.mesh {
+            let key = ResourceKey::new(TypeUrl::Mesh, slipstream_api::MESH_RESOURCE);
+            batch.set(key, self.mesh.map(|m| Versioned::new(slipstream_api::mesh::mesh_any(&m))));
         }
         let mut changes = Changes::default();
         for (key, new) in batch.resources {
@@ -1324,8 +1339,8 @@ pub fn decode(resources: &Resources) -> MeshConfig {
             },
             TypeUrl::Authorization => cfg.policies.extend(authorization_from_any(&v.body).ok()),
             TypeUrl::NetworkPolicy => cfg.net_policies.extend(slipstream_api::netpol::net_policy_from_any(&v.body).ok()),
-            // Not part of the mesh model: `Index::routes` has them.
-            TypeUrl::Route => {}
+            // Not part of the mesh model: the waypoints' own.
+            TypeUrl::Route | TypeUrl::Mesh => {}
         }
     }
     cfg.workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
@@ -1407,6 +1422,8 @@ struct Batch {
     net_all: bool,
     /// AuthorizationPolicies (namespace, name) whose resource to compute.
     policies: BTreeSet<(String, String)>,
+    /// The mesh's settings changed.
+    mesh: bool,
 }
 
 impl Batch {

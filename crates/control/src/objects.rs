@@ -40,10 +40,12 @@ pub enum Kind {
     VirtualService,
     DestinationRule,
     LocalRateLimitPolicy,
+    /// Only the root namespace's `istio` (MeshConfig) is read.
+    ConfigMap,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Namespace,
         Kind::ServiceAccount,
         Kind::Pod,
@@ -59,6 +61,7 @@ impl Kind {
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::LocalRateLimitPolicy,
+        Kind::ConfigMap,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,13 +81,14 @@ impl Kind {
             Kind::VirtualService => "VirtualService",
             Kind::DestinationRule => "DestinationRule",
             Kind::LocalRateLimitPolicy => "LocalRateLimitPolicy",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
     /// The API group of the kind (empty for the core group).
     pub fn group(self) -> &'static str {
         match self {
-            Kind::Namespace | Kind::ServiceAccount | Kind::Pod | Kind::Service => "",
+            Kind::Namespace | Kind::ServiceAccount | Kind::Pod | Kind::Service | Kind::ConfigMap => "",
             Kind::EndpointSlice => "discovery.k8s.io",
             Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
             Kind::NetworkPolicy => "networking.k8s.io",
@@ -100,7 +104,7 @@ impl Kind {
     /// we use are the same in Istio's `v1beta1` and `v1`).
     fn accepts_version(self, version: &str) -> bool {
         match self {
-            Kind::Namespace | Kind::ServiceAccount | Kind::Pod | Kind::Service | Kind::EndpointSlice => version == "v1",
+            Kind::Namespace | Kind::ServiceAccount | Kind::Pod | Kind::Service | Kind::EndpointSlice | Kind::ConfigMap => version == "v1",
             _ => !version.is_empty(),
         }
     }
@@ -547,6 +551,7 @@ pub fn parse_value(mut value: serde_json::Value) -> Result<Option<ClusterObject>
                 kind: kind_name.clone(),
                 metadata: Default::default(),
                 spec: value.get("spec").cloned().unwrap_or(serde_json::Value::Null),
+                data: None,
             };
             let spec = slipstream_k8s::istio::peer_authentication(&kept).map_err(|fes| {
                 let mut e = err.clone();

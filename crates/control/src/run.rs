@@ -376,9 +376,9 @@ impl InitialRead {
 /// The kubernetes source as batches, and its task: it ends, with every
 /// watcher and its connection to the API server, once the receiver is
 /// dropped.
-fn kube_batches(client: kube::Client, mirror: Option<Arc<Mirror>>) -> (mpsc::Receiver<Batch>, JoinHandle<()>) {
+fn kube_batches(client: kube::Client, mirror: Option<Arc<Mirror>>, root_namespace: &str) -> (mpsc::Receiver<Batch>, JoinHandle<()>) {
     let (raw_tx, raw_rx) = mpsc::channel(1024);
-    let watchers = kube_source::spawn(client, raw_tx);
+    let watchers = kube_source::spawn(client, raw_tx, root_namespace);
     let (tx, rx) = mpsc::channel(4);
     let task = tokio::spawn(async move {
         kube_read(raw_rx, tx, mirror).await;
@@ -569,7 +569,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
             if let Some(m) = &mirror {
                 gateway_client = Some((client.clone(), m.clone()));
             }
-            let (batches, task) = kube_batches(client, mirror);
+            let (batches, task) = kube_batches(client, mirror, &args.root_namespace);
             (batches, Some(task), auth)
         }
     };
@@ -803,7 +803,7 @@ mod tests {
                 Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
             }
         });
-        let (batches, task) = kube_batches(kube::Client::new(api, "default"), None);
+        let (batches, task) = kube_batches(kube::Client::new(api, "default"), None, "istio-system");
         let deadline = Instant::now() + Duration::from_secs(10);
         while Arc::strong_count(&alive) < 2 + kube_source::KINDS.len() {
             assert!(Instant::now() < deadline, "the watchers did not ask the API server");

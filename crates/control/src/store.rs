@@ -56,7 +56,7 @@ pub struct Published {
     log: imbl::Vector<Arc<LogEntry>>,
     log_keys: usize,
     /// Resources of each type, kept as changes arrive.
-    counts: [usize; 4],
+    counts: [usize; 5],
 }
 
 fn type_index(t: TypeUrl) -> usize {
@@ -65,6 +65,7 @@ fn type_index(t: TypeUrl) -> usize {
         TypeUrl::Authorization => 1,
         TypeUrl::NetworkPolicy => 2,
         TypeUrl::Route => 3,
+        TypeUrl::Mesh => 4,
     }
 }
 
@@ -112,7 +113,7 @@ impl Store {
     }
 
     pub fn with_limits(resources: Resources, limits: LogLimits) -> Store {
-        let mut counts = [0; 4];
+        let mut counts = [0; 5];
         for k in resources.keys() {
             counts[type_index(k.type_url)] += 1;
         }

@@ -327,6 +327,7 @@ struct Held {
     services: BTreeMap<String, MeshService>,
     policies: BTreeMap<String, Authorization>,
     net_policies: BTreeMap<String, slipstream_core::policy::network::NetPolicy>,
+    mesh: Option<slipstream_core::mesh::MeshSettings>,
 }
 
 impl Held {
@@ -343,6 +344,7 @@ impl Held {
                 TypeUrl::NetworkPolicy => {
                     self.net_policies.remove(name);
                 }
+                TypeUrl::Mesh => self.mesh = None,
                 TypeUrl::Route => {}
             }
         }
@@ -360,6 +362,7 @@ impl Held {
                 Upsert::NetPolicy(p) => {
                     self.net_policies.insert(p.key(), p.clone());
                 }
+                Upsert::Mesh(m) => self.mesh = Some(*m),
                 Upsert::Routes(_) => {}
             }
         }
@@ -385,6 +388,7 @@ fn names(d: &Delta) -> Vec<String> {
             Upsert::Policy(p) => p.key(),
             Upsert::NetPolicy(p) => p.key(),
             Upsert::Routes(r) => r.service.clone(),
+            Upsert::Mesh(_) => slipstream_api::MESH_RESOURCE.to_string(),
         })
         .chain(d.removals.iter().cloned())
         .collect();
@@ -402,6 +406,11 @@ struct Proxy {
 
 impl Proxy {
     fn connect(channel: ControlChannel, node: &str) -> Proxy {
+        Self::connect_for(channel, node, &TypeUrl::NODE)
+    }
+
+    /// A client of `types` (a waypoint's: [`TypeUrl::WAYPOINT`]).
+    fn connect_for(channel: ControlChannel, node: &str, types: &[TypeUrl]) -> Proxy {
         let info = NodeInfo {
             node_name: node.into(),
             cluster_id: CLUSTER_ID.into(),
@@ -410,7 +419,7 @@ impl Proxy {
             namespace: ZTUNNEL_NS.into(),
         };
         let (client, mut updates) =
-            XdsClient::new(channel, &info, Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(1) });
+            XdsClient::with_types(channel, &info, Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(1) }, types);
         let (tx, deltas) = mpsc::unbounded_channel();
         let forward = tokio::spawn(async move {
             while let Some(u) = updates.recv().await {
@@ -1016,9 +1025,10 @@ async fn install_gateway_crd(client: &kube::Client) {
 }
 
 /// Creates what deploy/kubernetes/control-plane-rbac.yaml holds, its
-/// account in namespace `ns` (not istio-system, which another test of this
-/// shared server makes), and returns a kubeconfig that authenticates as
-/// that account.
+/// account (and the root namespace its Role is for) in namespace `ns` (not
+/// istio-system, which another test of this shared server makes): start
+/// the control plane with `--root-namespace ns`. Returns a kubeconfig that
+/// authenticates as that account.
 async fn as_control_plane_account(server: &KubeTestServer, client: &kube::Client, ns: &str) -> PathBuf {
     use serde::Deserialize;
     let text =
@@ -1032,6 +1042,8 @@ async fn as_control_plane_account(server: &KubeTestServer, client: &kube::Client
             "ServiceAccount" => "serviceaccounts",
             "ClusterRole" => "clusterroles",
             "ClusterRoleBinding" => "clusterrolebindings",
+            "Role" => "roles",
+            "RoleBinding" => "rolebindings",
             other => panic!("deploy/kubernetes: unexpected kind {other}"),
         };
         let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, &types.kind), plural);
@@ -1109,7 +1121,16 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     let control = ControlPlane::start_with(
         &server,
         None,
-        &["--gateway-resync", "5s", "--waypoint-image", "registry.example/slipstream:t", "--kubeconfig", &kubeconfig],
+        &[
+            "--gateway-resync",
+            "5s",
+            "--waypoint-image",
+            "registry.example/slipstream:t",
+            "--kubeconfig",
+            &kubeconfig,
+            "--root-namespace",
+            "wp-control",
+        ],
     )
     .await;
 
@@ -1251,7 +1272,7 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     assert_eq!(open_stream(&control, &forged_token, "wp-node").await.unwrap_err().code(), Code::Unauthenticated);
     // What the mesh is told: the genuine pod is the waypoint's replica,
     // the forged one is a workload of nothing.
-    let mut view = Proxy::connect(control.channel(&wp_token), "wp-node");
+    let mut view = Proxy::connect_for(control.channel(&wp_token), "wp-node", &TypeUrl::WAYPOINT);
     let waypoint_service = format!("{NS}/waypoint.{NS}.svc.cluster.local");
     view.until("both pods, the waypoint's replica and the forgery", |h| {
         h.workload(NS, "waypoint-7d9f-a").is_some_and(|w| w.services.contains_key(&waypoint_service))
@@ -1261,6 +1282,24 @@ async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_
     assert!(
         !view.held.workload(NS, "waypoint-7d9f-x").unwrap().services.contains_key(&waypoint_service),
         "the forged pod is never a replica of the waypoint's Service"
+    );
+
+    // MeshConfig where Istio's operators put it (the root namespace's
+    // `istio` ConfigMap, read with the Role the RBAC file gives): sent to
+    // the waypoint.
+    let mesh: k8s_openapi::api::core::v1::ConfigMap = from_json(json!({"metadata": {"name": "istio"}, "data": {"mesh":
+        "pathNormalization:\n  normalization: DECODE_AND_MERGE_SLASHES\ndefaultConfig:\n  gatewayTopology: {numTrustedProxies: 1}\n"}}));
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "wp-control")
+        .create(&PostParams::default(), &mesh)
+        .await
+        .unwrap();
+    view.until("the mesh settings at the waypoint", |h| h.mesh.is_some()).await;
+    assert_eq!(
+        view.held.mesh,
+        Some(slipstream_core::mesh::MeshSettings {
+            path_normalization: slipstream_core::mesh::PathNormalization::DecodeAndMergeSlashes,
+            num_trusted_proxies: 1
+        })
     );
 
     // A made object deleted by hand comes back within a resync.

@@ -12,6 +12,8 @@ pub mod abi;
 #[cfg(test)]
 mod fixtures;
 pub mod index;
+pub mod mesh;
+pub mod path;
 pub mod policy;
 pub mod route;
 pub mod spiffe;

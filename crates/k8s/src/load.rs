@@ -308,10 +308,11 @@ fn object_from_value(value: serde_json::Value) -> Result<(Object, Vec<String>), 
         }
         None => match kept_note(&api_version, &kind) {
             Some(note) => {
-                if !note.is_empty() {
+                let kept: KeptObject = typed(value).map_err(|e| with(&label, e))?;
+                if !note.is_empty() && !crate::objects::is_mesh_config(&kept) {
                     warnings.push(format!("{label}: {note}"));
                 }
-                Object::Kept(typed(value).map_err(|e| with(&label, e))?)
+                Object::Kept(kept)
             }
             None => {
                 let mut supported: Vec<String> = NATIVE_KINDS.iter().map(|(a, k)| format!("{k} ({a})")).collect();

@@ -364,6 +364,10 @@ pub struct KeptObject {
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: serde_json::Value,
+    /// A ConfigMap's `data` (the root namespace's `istio` one holds
+    /// MeshConfig, which the control plane reads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
 }
 
 /// Externally tagged when serialized (`{"Pod": {...}}`): kept objects carry
@@ -465,8 +469,21 @@ pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     ("networking.istio.io", "DestinationRule", ""),
     // Our own: a token bucket at the waypoint (docs/waypoint.md).
     ("slipstream.io", "LocalRateLimitPolicy", ""),
+    // Stored; the local cluster mounts no volumes. The root namespace's
+    // `istio` holds MeshConfig, which the control plane reads
+    // (`is_mesh_config`), and is no cause for the warning.
     ("", "ConfigMap", "stored; the local cluster mounts no volumes"),
 ];
+
+/// The namespace whose `istio` ConfigMap holds MeshConfig (Istio's root
+/// namespace; the local cluster's is always this one).
+pub const MESH_CONFIG_NAMESPACE: &str = "istio-system";
+
+/// Whether `k` is the ConfigMap MeshConfig comes from (`istio-system/istio`,
+/// its `mesh` key): the one ConfigMap the mesh reads.
+pub fn is_mesh_config(k: &KeptObject) -> bool {
+    k.kind == "ConfigMap" && k.metadata.namespace == MESH_CONFIG_NAMESPACE && k.metadata.name == "istio"
+}
 
 /// Whether the mesh acts on this kind (an empty note in `KEPT_KINDS`).
 pub fn is_enforced(kind: &str) -> bool {

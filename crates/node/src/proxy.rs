@@ -177,7 +177,7 @@ impl NodeProxy {
                 TypeUrl::Authorization => self.index.remove_policy(name),
                 TypeUrl::NetworkPolicy => self.index.remove_net_policy(name),
                 // Never subscribed to by a node proxy.
-                TypeUrl::Route => Change::Absent,
+                TypeUrl::Route | TypeUrl::Mesh => Change::Absent,
             });
         }
         let mut errors = Vec::new();
@@ -187,7 +187,7 @@ impl NodeProxy {
                 xds::Upsert::Service(s) => self.index.upsert_service(s),
                 xds::Upsert::Policy(p) => self.index.upsert_policy(p),
                 xds::Upsert::NetPolicy(p) => self.index.upsert_net_policy(p),
-                xds::Upsert::Routes(_) => Ok(Change::Unchanged),
+                xds::Upsert::Routes(_) | xds::Upsert::Mesh(_) => Ok(Change::Unchanged),
             };
             match r {
                 Ok(c) => count(c),

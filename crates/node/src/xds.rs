@@ -69,6 +69,8 @@ pub enum Upsert {
     NetPolicy(NetPolicy),
     /// A waypoint's routes for one service (waypoints only subscribe).
     Routes(slipstream_core::route::ServiceRoutes),
+    /// The mesh-wide settings (waypoints only subscribe).
+    Mesh(slipstream_core::mesh::MeshSettings),
 }
 
 /// One response, converted.
@@ -375,6 +377,7 @@ fn convert(t: TypeUrl, resp: &DeltaDiscoveryResponse) -> Converted {
             TypeUrl::Authorization => authorization_from_any(any).map(|p| (p.key(), Upsert::Policy(p))),
             TypeUrl::NetworkPolicy => net_policy_from_any(any).map(|p| (p.key(), Upsert::NetPolicy(p))),
             TypeUrl::Route => slipstream_api::routes::routes_from_any(any).map(|r| (r.service.clone(), Upsert::Routes(r))),
+            TypeUrl::Mesh => slipstream_api::mesh::mesh_from_any(any).map(|m| (slipstream_api::MESH_RESOURCE.to_string(), Upsert::Mesh(m))),
         };
         match converted {
             Err(e) => out.refused.push(refuse(e.to_string())),

@@ -70,6 +70,9 @@ pub struct Shared {
     me: plan::Me,
     mesh: Arc<ArcSwap<MeshState>>,
     routes: ArcSwap<Routes>,
+    /// The mesh-wide settings (MeshConfig), Istio's defaults until the
+    /// control plane sends them.
+    settings_mesh: ArcSwap<slipstream_core::mesh::MeshSettings>,
     /// Its own routes (`plan::Me::is_own_routes`), found once per update.
     own_routes: arc_swap::ArcSwapOption<ServiceRoutes>,
     /// HTTP to endpoints, pooled per endpoint: HTTP/2 (prior knowledge)
@@ -192,6 +195,7 @@ impl Waypoint {
                 mesh,
                 routes: ArcSwap::from_pointee(Routes::new()),
                 own_routes: arc_swap::ArcSwapOption::empty(),
+                settings_mesh: ArcSwap::from_pointee(Default::default()),
                 client,
                 connector,
                 limits,
@@ -208,6 +212,13 @@ impl Waypoint {
 
     pub fn set_mesh(&self, state: Arc<MeshState>) {
         self.shared.mesh.store(state);
+    }
+
+    /// The mesh-wide settings (MeshConfig): how paths are normalized, how
+    /// much of `X-Forwarded-For` is trusted. Requests already in flight
+    /// keep what they were decided with.
+    pub fn set_settings(&self, settings: slipstream_core::mesh::MeshSettings) {
+        self.shared.settings_mesh.store(Arc::new(settings));
     }
 
     pub fn set_routes(&self, routes: impl IntoIterator<Item = ServiceRoutes>) {

@@ -228,27 +228,6 @@ fn evaluate_l7<'p>(
     evaluate(policies, &r)
 }
 
-/// Why a path is refused before any rule sees it: a path an app would
-/// read as another (`/public/../admin` is `/admin`) must not slip past a
-/// rule written for that other. Istio normalizes such paths; we refuse
-/// them (400), which no well-behaved client sends.
-pub fn unsafe_path(path: &str) -> Option<&'static str> {
-    if !path.starts_with('/') {
-        return Some("the path must start with /");
-    }
-    if path.contains("//") {
-        return Some("empty path segment (//)");
-    }
-    if path.split('/').any(|seg| seg == "." || seg == "..") {
-        return Some("dot segment (/./ or /../)");
-    }
-    let lower = path.to_ascii_lowercase();
-    if ["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e)) || path.contains('\\') {
-        return Some("encoded dot, slash or backslash");
-    }
-    None
-}
-
 /// Decides one request to `target`. A service with routes takes the first
 /// matching rule (Gateway API: none matching is a 404); a service without
 /// routes goes to its own endpoints on the dialed port; a pod is the
@@ -263,9 +242,6 @@ pub fn decide<'r>(
     target: &Target,
     req: &Req,
 ) -> Decision<'r> {
-    if let Some(why) = unsafe_path(req.view.path) {
-        return respond(None, 400, "DPE", format!("path refused: {why}"));
-    }
     let pq = path_and_query(req.view.path, req.view.query);
     let (service, port) = match target {
         Target::Workload { workload, port } => {

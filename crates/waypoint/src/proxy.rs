@@ -452,7 +452,13 @@ pub async fn handle(
     // request that goes on: copies that share the parsed bytes (a header
     // map's copy is two allocations, not two per header).
     let (method, uri, header_map) = (req.method().clone(), req.uri().clone(), req.headers().clone());
-    let (method, path, query) = (method.as_str(), uri.path(), uri.query().unwrap_or(""));
+    // The path as MeshConfig says to normalize it (`core::path`), before
+    // anything reads it: routes, policies, the access log and the request
+    // the endpoint receives all see this one.
+    let normalized = slipstream_core::path::normalize(uri.path(), shared.settings_mesh.load().path_normalization);
+    let refused_path = normalized.as_ref().err().copied();
+    let path = normalized.unwrap_or(std::borrow::Cow::Borrowed(uri.path()));
+    let (method, path, query) = (method.as_str(), path.as_ref(), uri.query().unwrap_or(""));
     let host = header_map.get(HOST).and_then(|v| v.to_str().ok()).or(uri.authority().map(|a| a.as_str())).unwrap_or("");
     let headers: Vec<(&str, &str)> = header_map.iter().filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?))).collect();
     let state = shared.mesh.load_full();
@@ -471,7 +477,9 @@ pub async fn handle(
     };
     let mut attempts = 0u32;
     let mut rule = "-";
-    let (response, flag, upstream) = if !verdict.allowed {
+    let (response, flag, upstream) = if let Some(e) = refused_path {
+        (text(400, format!("path refused: {e}\n")), "DPE", None)
+    } else if !verdict.allowed {
         (text(403, "RBAC: access denied\n".into()), "RBAC", None)
     } else {
         let decision = plan::decide(

@@ -245,11 +245,13 @@ async fn follow(
 ) {
     let mut index = MeshIndex::default();
     let mut routes = BTreeMap::new();
+    let mut settings = slipstream_core::mesh::MeshSettings::default();
     let mut complete = false;
     while let Some(u) = updates.recv().await {
-        let refused = apply(&mut index, &mut routes, &u.delta);
+        let refused = apply(&mut index, &mut routes, &mut settings, &u.delta);
         wp.set_mesh(index.snapshot());
         wp.set_routes(routes.values().cloned());
+        wp.set_settings(settings);
         complete |= u.delta.complete;
         u.done(refused);
         // Ready with the whole configuration and a certificate in hand:
@@ -267,7 +269,12 @@ async fn follow(
 }
 
 /// Applies one delta; the resources refused, for the NACK.
-fn apply(index: &mut MeshIndex, routes: &mut BTreeMap<String, slipstream_core::route::ServiceRoutes>, d: &xds::Delta) -> Vec<Refusal> {
+fn apply(
+    index: &mut MeshIndex,
+    routes: &mut BTreeMap<String, slipstream_core::route::ServiceRoutes>,
+    settings: &mut slipstream_core::mesh::MeshSettings,
+    d: &xds::Delta,
+) -> Vec<Refusal> {
     for name in &d.removals {
         match d.type_url {
             TypeUrl::Address => {
@@ -281,6 +288,8 @@ fn apply(index: &mut MeshIndex, routes: &mut BTreeMap<String, slipstream_core::r
             TypeUrl::Route => {
                 routes.remove(name);
             }
+            // Back to Istio's defaults.
+            TypeUrl::Mesh => *settings = Default::default(),
             TypeUrl::NetworkPolicy => {}
         }
     }
@@ -293,6 +302,17 @@ fn apply(index: &mut MeshIndex, routes: &mut BTreeMap<String, slipstream_core::r
             Upsert::NetPolicy(_) => Ok(()),
             Upsert::Routes(r) => {
                 routes.insert(r.service.clone(), r);
+                Ok(())
+            }
+            Upsert::Mesh(m) => {
+                if *settings != m {
+                    tracing::info!(
+                        path_normalization = m.path_normalization.as_str(),
+                        num_trusted_proxies = m.num_trusted_proxies,
+                        "mesh settings from the control plane"
+                    );
+                }
+                *settings = m;
                 Ok(())
             }
         };

@@ -138,7 +138,11 @@ async fn app(l: TcpListener, version: &'static str) {
                 }
                 Ok::<_, std::convert::Infallible>(resp)
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+            // HTTP/1.1 or HTTP/2 (prior knowledge), as the waypoint speaks
+            // to it what its client spoke.
+            let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(TokioIo::new(s), svc)
+                .await;
         });
     }
 }
@@ -891,4 +895,107 @@ async fn a_draining_waypoint_moves_clients_between_requests() {
     if let Ok(r) = after.send_request(req()).await {
         assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
     }
+}
+
+/// One request of `version` (1 or 2) on a fresh connection from the client
+/// pod to `dst`: its status and its body, or the gRPC status for gRPC.
+async fn one(m: &Mesh, dst: SocketAddr, path: &str, h2: bool, body: Option<Vec<u8>>) -> (u16, String) {
+    let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, dst).await.unwrap();
+    let grpc = body.is_some();
+    let mut req = hyper::Request::post(path).header("host", "reviews:9080");
+    if grpc {
+        req = req.header("content-type", "application/grpc").header("te", "trailers");
+    }
+    let req = req.body(Full::new(bytes::Bytes::from(body.unwrap_or_default()))).unwrap();
+    let resp = if h2 {
+        let (mut send, conn) = hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(s)).await.unwrap();
+        tokio::spawn(conn);
+        send.send_request(req).await.unwrap()
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+        tokio::spawn(conn);
+        send.send_request(req).await.unwrap()
+    };
+    let status = resp.status().as_u16();
+    // A trailers-only gRPC answer carries its status in the headers.
+    let in_headers = resp.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let collected = resp.into_body().collect().await.unwrap();
+    if grpc {
+        let in_trailers = collected.trailers().and_then(|t| t.get("grpc-status")).and_then(|v| v.to_str().ok()).map(str::to_string);
+        return (status, format!("grpc-status {}", in_trailers.or(in_headers).unwrap_or_else(|| "?".into())));
+    }
+    (status, String::from_utf8_lossy(&collected.to_bytes()).trim_start_matches("v1 ").trim_start_matches("v2 ").to_string())
+}
+
+/// Issue 36, item 3: the path is normalized as MeshConfig says before the
+/// routes, the policies and the app see it, on HTTP/1.1, HTTP/2 and gRPC;
+/// rows of Istio's own table (the whole table is `core::path`'s test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_are_normalized_as_meshconfig_says_before_routes_policies_and_the_app() {
+    use slipstream_core::mesh::{MeshSettings, PathNormalization as P};
+    use slipstream_core::policy::l7::{L7Operation, L7Policy, L7Rule};
+    use slipstream_core::policy::{Action, StringMatch};
+    let (m, _node2, wp, _cfg) = mesh(103).await;
+    let reviews = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    let rows: &[(&str, [&str; 4])] = &[
+        ("/app/../admin", ["/app/../admin", "/admin", "/admin", "/admin"]),
+        ("/app//", ["/app//", "/app//", "/app/", "/app/"]),
+        ("/app%2f/", ["/app%2f/", "/app%2f/", "/app%2f/", "/app/"]),
+        ("/xyz%30..//abc", ["/xyz%30..//abc", "/xyz0..//abc", "/xyz0../abc", "/xyz0../abc"]),
+        ("/app\\admin", ["/app\\admin", "/app/admin", "/app/admin", "/app/admin"]),
+        (
+            "/%5Capp%2f%5c%2F%2e%2e%2fadmin%5c\\abc",
+            [
+                "/%5Capp%2f%5c%2F%2e%2e%2fadmin%5c\\abc",
+                "/%5Capp%2f%5c%2F..%2fadmin%5c/abc",
+                "/%5Capp%2f%5c%2F..%2fadmin%5c/abc",
+                "/app/admin/abc",
+            ],
+        ),
+        ("/app#foo", ["/app", "/app", "/app", "/app"]),
+    ];
+    for (i, mode) in [P::None, P::Base, P::MergeSlashes, P::DecodeAndMergeSlashes].into_iter().enumerate() {
+        wp.set_settings(MeshSettings { path_normalization: mode, num_trusted_proxies: 0 });
+        for (input, want) in rows {
+            for h2 in [false, true] {
+                assert_eq!(one(&m, reviews, input, h2, None).await, (200, want[i].to_string()), "{input} in {mode:?}, HTTP/2 {h2}");
+            }
+        }
+    }
+    // An encoded NUL is refused before anything reads it.
+    wp.set_settings(MeshSettings { path_normalization: P::DecodeAndMergeSlashes, num_trusted_proxies: 0 });
+    assert_eq!(one(&m, reviews, "/admin%00", false, None).await.0, 400);
+    // A policy written for /admin holds for every spelling of it (BASE,
+    // Istio's default); with NONE it is the operator's choice not to.
+    let deny = L7Policy {
+        namespace: "default".into(),
+        name: "no-admin".into(),
+        action: Action::Deny,
+        rules: vec![L7Rule {
+            to: vec![L7Operation { paths: vec![StringMatch::Exact("/admin".into())], ..Default::default() }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    wp.set_routes([ServiceRoutes { service: key("reviews"), policies: vec![deny], ..Default::default() }]);
+    wp.set_settings(MeshSettings::default());
+    for spelling in ["/admin", "/public/../admin", "/public/%2e%2e/admin", "/public/%2E/%2E%2E/admin", "/x\\..\\admin", "/..;/admin"] {
+        for h2 in [false, true] {
+            assert_eq!(one(&m, reviews, spelling, h2, None).await.0, 403, "{spelling}, HTTP/2 {h2}");
+        }
+    }
+    wp.set_settings(MeshSettings { path_normalization: P::None, num_trusted_proxies: 0 });
+    assert_eq!(one(&m, reviews, "/public/../admin", false, None).await, (200, "/public/../admin".into()), "NONE: as it came");
+    wp.set_routes([]);
+    // gRPC: a method path with a dot segment reaches the method it means.
+    wp.set_settings(MeshSettings::default());
+    let msg = prost::Message::encode_to_vec(&slipstream_api::ca::IstioCertificateRequest { csr: "x".into(), ..Default::default() });
+    let mut frame = vec![0u8];
+    frame.extend((msg.len() as u32).to_be_bytes());
+    frame.extend(msg);
+    let grpc = SocketAddr::new(m.ip(9, 9), GRPC_PORT);
+    let path = "/istio.v1.auth.IstioCertificateService/x/../CreateCertificate";
+    assert_eq!(one(&m, grpc, path, true, Some(frame.clone())).await, (200, "grpc-status 0".into()), "normalized to the method");
+    wp.set_settings(MeshSettings { path_normalization: P::None, num_trusted_proxies: 0 });
+    assert_eq!(one(&m, grpc, path, true, Some(frame)).await, (200, "grpc-status 12".into()), "NONE: no such method (UNIMPLEMENTED)");
 }

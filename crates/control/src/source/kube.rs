@@ -35,28 +35,70 @@ pub struct Kind {
     pub version: &'static str,
     pub kind: &'static str,
     pub plural: &'static str,
-    /// Served only once a CRD defines it: the control plane serves
-    /// without it rather than wait for it.
+    /// Served only once a CRD defines it, or readable only with a
+    /// permission the operator may not have given: the control plane
+    /// serves without it rather than wait for it.
     pub custom: bool,
+    /// Only this one object of the root namespace (the `istio`
+    /// ConfigMap), not every object of the kind in the cluster.
+    pub root_only: Option<&'static str>,
 }
 
 /// Everything the index reads (shared/PROTOCOLS.md section 5 for the mesh kinds).
 pub const KINDS: &[Kind] = &[
-    Kind { group: "", version: "v1", kind: "Namespace", plural: "namespaces", custom: false },
-    Kind { group: "", version: "v1", kind: "Pod", plural: "pods", custom: false },
-    Kind { group: "", version: "v1", kind: "Service", plural: "services", custom: false },
-    Kind { group: "", version: "v1", kind: "ServiceAccount", plural: "serviceaccounts", custom: false },
-    Kind { group: "discovery.k8s.io", version: "v1", kind: "EndpointSlice", plural: "endpointslices", custom: false },
-    Kind { group: "security.istio.io", version: "v1", kind: "AuthorizationPolicy", plural: "authorizationpolicies", custom: true },
-    Kind { group: "security.istio.io", version: "v1", kind: "PeerAuthentication", plural: "peerauthentications", custom: true },
-    Kind { group: "networking.k8s.io", version: "v1", kind: "NetworkPolicy", plural: "networkpolicies", custom: false },
-    Kind { group: "cilium.io", version: "v2", kind: "CiliumNetworkPolicy", plural: "ciliumnetworkpolicies", custom: true },
-    Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "Gateway", plural: "gateways", custom: true },
-    Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "HTTPRoute", plural: "httproutes", custom: true },
-    Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "GRPCRoute", plural: "grpcroutes", custom: true },
-    Kind { group: "networking.istio.io", version: "v1", kind: "VirtualService", plural: "virtualservices", custom: true },
-    Kind { group: "networking.istio.io", version: "v1", kind: "DestinationRule", plural: "destinationrules", custom: true },
-    Kind { group: "slipstream.io", version: "v1alpha1", kind: "LocalRateLimitPolicy", plural: "localratelimitpolicies", custom: true },
+    Kind { group: "", version: "v1", kind: "Namespace", plural: "namespaces", custom: false, root_only: None },
+    Kind { group: "", version: "v1", kind: "Pod", plural: "pods", custom: false, root_only: None },
+    Kind { group: "", version: "v1", kind: "Service", plural: "services", custom: false, root_only: None },
+    Kind { group: "", version: "v1", kind: "ServiceAccount", plural: "serviceaccounts", custom: false, root_only: None },
+    Kind { group: "discovery.k8s.io", version: "v1", kind: "EndpointSlice", plural: "endpointslices", custom: false, root_only: None },
+    Kind {
+        group: "security.istio.io",
+        version: "v1",
+        kind: "AuthorizationPolicy",
+        plural: "authorizationpolicies",
+        custom: true,
+        root_only: None,
+    },
+    Kind {
+        group: "security.istio.io",
+        version: "v1",
+        kind: "PeerAuthentication",
+        plural: "peerauthentications",
+        custom: true,
+        root_only: None,
+    },
+    Kind { group: "networking.k8s.io", version: "v1", kind: "NetworkPolicy", plural: "networkpolicies", custom: false, root_only: None },
+    Kind { group: "cilium.io", version: "v2", kind: "CiliumNetworkPolicy", plural: "ciliumnetworkpolicies", custom: true, root_only: None },
+    Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "Gateway", plural: "gateways", custom: true, root_only: None },
+    Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "HTTPRoute", plural: "httproutes", custom: true, root_only: None },
+    Kind { group: "gateway.networking.k8s.io", version: "v1", kind: "GRPCRoute", plural: "grpcroutes", custom: true, root_only: None },
+    Kind { group: "networking.istio.io", version: "v1", kind: "VirtualService", plural: "virtualservices", custom: true, root_only: None },
+    Kind {
+        group: "networking.istio.io",
+        version: "v1",
+        kind: "DestinationRule",
+        plural: "destinationrules",
+        custom: true,
+        root_only: None,
+    },
+    Kind {
+        group: "slipstream.io",
+        version: "v1alpha1",
+        kind: "LocalRateLimitPolicy",
+        plural: "localratelimitpolicies",
+        custom: true,
+        root_only: None,
+    },
+    // MeshConfig: the `mesh` key of the root namespace's `istio` ConfigMap.
+    // Without it (or without the permission to read it) Istio's defaults.
+    Kind {
+        group: "",
+        version: "v1",
+        kind: "ConfigMap",
+        plural: "configmaps",
+        custom: true,
+        root_only: Some(crate::translate::mesh_config::CONFIG_MAP),
+    },
 ];
 
 impl Kind {
@@ -125,8 +167,9 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube
 }
 
 /// Starts one watcher per kind; events arrive on `tx` until it is closed.
-pub fn spawn(client: kube::Client, tx: mpsc::Sender<RawEvent>) -> Vec<tokio::task::JoinHandle<()>> {
-    KINDS.iter().map(|k| tokio::spawn(watch_kind(client.clone(), *k, tx.clone()))).collect()
+/// `root_namespace` holds the objects of the kinds read there only.
+pub fn spawn(client: kube::Client, tx: mpsc::Sender<RawEvent>, root_namespace: &str) -> Vec<tokio::task::JoinHandle<()>> {
+    KINDS.iter().map(|k| tokio::spawn(watch_kind(client.clone(), *k, tx.clone(), root_namespace.to_string()))).collect()
 }
 
 fn key(o: &DynamicObject) -> (String, String) {
@@ -166,10 +209,16 @@ async fn served(client: &kube::Client, k: &Kind) -> Result<bool, kube::Error> {
     Ok(resources.resources.iter().any(|r| r.name == k.plural))
 }
 
-async fn watch_kind(client: kube::Client, k: Kind, tx: mpsc::Sender<RawEvent>) {
+async fn watch_kind(client: kube::Client, k: Kind, tx: mpsc::Sender<RawEvent>, root_namespace: String) {
     let gvk = GroupVersionKind::gvk(k.group, k.version, k.kind);
     let ar = ApiResource::from_gvk_with_plural(&gvk, k.plural);
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let (api, config): (Api<DynamicObject>, watcher::Config) = match k.root_only {
+        None => (Api::all_with(client.clone(), &ar), watcher::Config::default()),
+        Some(name) => (
+            Api::namespaced_with(client.clone(), &root_namespace, &ar),
+            watcher::Config::default().fields(&format!("metadata.name={name}")),
+        ),
+    };
     let mut failing = false;
     let mut absent = false;
     // Each pass is one watcher, started once discovery lists the kind (custom
@@ -180,7 +229,7 @@ async fn watch_kind(client: kube::Client, k: Kind, tx: mpsc::Sender<RawEvent>) {
         // A discovery failure is left to the watcher to meet and report.
         let not_served = (k.custom || absent) && matches!(served(&client, &k).await, Ok(false));
         if !not_served {
-            let mut stream = std::pin::pin!(watcher(api.clone(), watcher::Config::default()).default_backoff());
+            let mut stream = std::pin::pin!(watcher(api.clone(), config.clone()).default_backoff());
             let mut listing: Option<BTreeSet<(String, String)>> = None;
             while let Some(ev) = stream.next().await {
                 let out = match ev {

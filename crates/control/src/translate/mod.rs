@@ -11,6 +11,7 @@
 
 pub mod authorization;
 pub mod http_route;
+pub mod mesh_config;
 pub mod network_policy;
 pub mod peer_authentication;
 pub mod rate_limit;
@@ -70,6 +71,8 @@ pub enum Input {
     VirtualService(Box<virtual_service::VirtualServiceInput>),
     DestinationRule(Box<virtual_service::DestinationRuleInput>),
     RateLimit(Box<rate_limit::RateLimitInput>),
+    /// The root namespace's `istio` ConfigMap: the mesh's settings.
+    MeshConfig(slipstream_core::mesh::MeshSettings),
     /// A kind kept for later work; it changes no resource yet.
     Opaque,
 }
@@ -230,6 +233,13 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str, domain_suffix: &
         }
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::DestinationRule => {
             Input::DestinationRule(Box::new(virtual_service::destination_rule(o, domain_suffix)?))
+        }
+        ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::ConfigMap => {
+            if mesh_config::is_mesh_config(&r, root_namespace) {
+                Input::MeshConfig(mesh_config::mesh_settings(o, &r)?)
+            } else {
+                Input::Opaque
+            }
         }
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::LocalRateLimitPolicy => {
             Input::RateLimit(Box::new(rate_limit::rate_limit(o)?))

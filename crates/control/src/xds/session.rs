@@ -117,6 +117,7 @@ fn idx(t: TypeUrl) -> usize {
         TypeUrl::Authorization => 1,
         TypeUrl::NetworkPolicy => 2,
         TypeUrl::Route => 3,
+        TypeUrl::Mesh => 4,
     }
 }
 
@@ -125,7 +126,7 @@ pub struct Session {
     proxy: Arc<str>,
     current: Arc<Published>,
     held: Resources,
-    types: [TypeState; 4],
+    types: [TypeState; 5],
     next_nonce: u64,
     unknown_types: BTreeSet<String>,
 }

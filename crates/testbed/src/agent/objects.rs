@@ -184,7 +184,9 @@ pub fn cluster_objects(store: &Store, pods: &[&PodRuntime], nodes: &[Node], vips
                 accounts.insert((m.namespace.clone(), m.name.clone()));
             }
             Object::Service(s) => out.push(KubeObject::Service(Box::new(service(s, vips)))),
-            Object::Kept(k) if MESH_KINDS.contains(&k.kind.as_str()) => out.push(KubeObject::Mesh(Box::new(k.clone()))),
+            Object::Kept(k) if MESH_KINDS.contains(&k.kind.as_str()) || slipstream_k8s::is_mesh_config(k) => {
+                out.push(KubeObject::Mesh(Box::new(k.clone())))
+            }
             _ => {}
         }
     }
