@@ -64,13 +64,26 @@ fn port16(v: u32, field: &str) -> Result<u16, ConvertError> {
 }
 
 fn port_to_wire(p: &Port) -> wl::Port {
-    wl::Port { service_port: p.service_port.into(), target_port: p.target_port.into(), app_protocol: 0 }
+    wl::Port { service_port: p.service_port.into(), target_port: p.target_port.into(), app_protocol: p.app_protocol as i32 }
 }
 
 fn port_from_wire(p: &wl::Port, field: &str) -> Result<Port, ConvertError> {
+    use slipstream_core::AppProtocol;
+    // An unknown value (a newer control plane's) is read as undeclared:
+    // the waypoint then looks at what the client sends, and applies L7
+    // rules fail-closed to what is not HTTP.
+    let app_protocol = match p.app_protocol {
+        1 => AppProtocol::Http11,
+        2 => AppProtocol::Http2,
+        3 => AppProtocol::Grpc,
+        4 => AppProtocol::Tcp,
+        5 => AppProtocol::Tls,
+        _ => AppProtocol::Unknown,
+    };
     Ok(Port {
         service_port: port16(p.service_port, &format!("{field}.service_port"))?,
         target_port: port16(p.target_port, &format!("{field}.target_port"))?,
+        app_protocol,
     })
 }
 

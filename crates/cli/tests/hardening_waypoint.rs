@@ -257,3 +257,69 @@ fn paths_are_normalized_as_the_mesh_config_says() {
     assert_eq!(path_seen(&c, &url("/headers%00")), "400", "an encoded NUL is refused");
     c.down();
 }
+
+/// Sends each of `payloads` on its own connection to `web.shop:PORT` from
+/// `deploy/client` (as uid 1000), with `pause` seconds between its first
+/// byte and the rest; what came back on each, as text.
+fn raw_from_client(c: &Cluster, port: u16, payloads: &[&str], pause: f32) -> Vec<String> {
+    let script = r#"
+import json, socket, sys, time
+port, pause, payloads = int(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
+out = []
+for p in payloads:
+    data = p.encode('latin-1')
+    s = socket.create_connection(('web.shop', port), timeout=5)
+    s.sendall(data[:1]); time.sleep(pause); s.sendall(data[1:])
+    got = b''
+    s.settimeout(1.5)
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b: break
+            got += b
+    except OSError:
+        pass
+    out.append(got.decode('latin-1'))
+print(json.dumps(out))
+"#;
+    let arg = serde_json::to_string(payloads).unwrap();
+    let (port, pause) = (port.to_string(), pause.to_string());
+    let mut a = vec!["exec", "--privileged", "-n", "shop", "deploy/client", "--"];
+    a.extend(AS_USER);
+    a.extend(["python3", "-c", script, &port, &pause, &arg]);
+    let o = c.run(&a);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {}", String::from_utf8_lossy(&o.stderr)))
+}
+
+/// Issue 36, item 4: web's port 8080 is named `http`, so declared HTTP:
+/// what a client sends first (a blank line, a lowercase method, a slow
+/// first byte, TLS) never turns it into raw TCP around the waypoint's
+/// request handling (its `x-request-id` reaches the app) and policies; its
+/// port 9000, named `tcp-echo`, is TCP and passes through as it came.
+#[test]
+fn a_client_cannot_turn_a_port_declared_http_into_raw_tcp_from_inside_a_pod() {
+    let (c, _dir) = shop("t-hard-wp-proto");
+    let get = "GET /headers HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n";
+    let handled = |o: &str| o.starts_with("HTTP/1.1 200") && o.to_ascii_lowercase().contains("x-request-id");
+    let outs = raw_from_client(&c, 8080, &[&format!("\r\n{get}"), get, &get.replacen("GET", "get", 1)], 0.0);
+    for (what, o) in ["a leading CRLF", "plain"].iter().zip(&outs) {
+        assert!(handled(o), "{what}: {o}");
+    }
+    // The echo server refuses the method `get` (405): the waypoint took it
+    // as an HTTP request and logged it, it did not pass it through.
+    assert!(outs[2].starts_with("HTTP/1.1 405"), "{}", outs[2]);
+    let slow = raw_from_client(&c, 8080, &[get], 1.0);
+    assert!(handled(&slow[0]), "a first byte alone for a second: {}", slow[0]);
+    let tls = raw_from_client(&c, 8080, &["\u{16}\u{3}\u{1}\u{0}\u{a5}\u{1}\u{0}\u{0}\u{a1}\u{3}\u{3}"], 0.0);
+    assert!(tls[0].starts_with("HTTP/1.1 400"), "a TLS ClientHello on the HTTP port: {}", tls[0]);
+    // The TCP port is TCP, HTTP-looking or not.
+    let echoed = raw_from_client(&c, 9000, &[get], 0.0);
+    assert_eq!(echoed[0], get, "echoed as it came");
+    // The waypoint logged the refusal.
+    let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
+    let log = c.ok(&["logs", "-n", "shop", &pod]);
+    assert!(log.contains("connection refused: not HTTP, on a port declared HTTP"), "{log}");
+    assert!(log.lines().any(|l| l.contains("slipstream::access") && l.contains("method=get") && l.contains("code=405")), "{log}");
+    c.down();
+}

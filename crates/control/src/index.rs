@@ -1189,7 +1189,11 @@ impl Index {
             namespace: s.namespace.clone(),
             hostname: hostname.to_string(),
             addresses: s.addresses.iter().map(|a| NetworkAddress { network: String::new(), address: *a }).collect(),
-            ports: s.ports.iter().map(|p| Port { service_port: p.port, target_port: p.wire_target() }).collect(),
+            ports: s
+                .ports
+                .iter()
+                .map(|p| Port { service_port: p.port, target_port: p.wire_target(), app_protocol: p.app_protocol })
+                .collect(),
             subject_alt_names: Vec::new(),
             waypoint: self.waypoint_of(Traffic::Service, ns, &s.namespace, &s.labels, waypoints),
         };
@@ -1229,9 +1233,11 @@ impl Index {
                 continue;
             }
             let ports = match &s.selector {
-                Some(sel) if selector_matches(sel, &pod.labels) => {
-                    s.ports.iter().filter_map(|p| Some(Port { service_port: p.port, target_port: p.target_on(pod)? })).collect()
-                }
+                Some(sel) if selector_matches(sel, &pod.labels) => s
+                    .ports
+                    .iter()
+                    .filter_map(|p| Some(Port { service_port: p.port, target_port: p.target_on(pod)?, app_protocol: p.app_protocol }))
+                    .collect(),
                 Some(_) => continue,
                 None => match slice_ports(ns, s, pod) {
                     Some(ports) => ports,
@@ -1397,7 +1403,7 @@ fn slice_ports(ns: &Ns, s: &ServiceInput, pod: &PodInput) -> Option<Vec<Port>> {
                     translate::TargetPort::Number(n) => Some(n),
                     translate::TargetPort::Named(_) => None,
                 })?;
-                Some(Port { service_port: p.port, target_port: target })
+                Some(Port { service_port: p.port, target_port: target, app_protocol: p.app_protocol })
             })
             .collect(),
     )

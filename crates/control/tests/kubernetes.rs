@@ -630,11 +630,15 @@ async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_
         capacity: 1,
         ..Default::default()
     };
-    let web_services = BTreeMap::from([(web_key.clone(), vec![Port { service_port: 80, target_port: 8080 }])]);
+    let web_services =
+        BTreeMap::from([(web_key.clone(), vec![Port { service_port: 80, target_port: 8080, app_protocol: Default::default() }])]);
     let web1 = Workload { services: web_services.clone(), ..expected_workload("web-1", "10.244.1.11", "node-a", "web", "web") };
     let web2 = Workload { services: web_services.clone(), ..expected_workload("web-2", "10.244.2.12", "node-b", "web", "web") };
     let db1 = Workload {
-        services: BTreeMap::from([(ext_key.clone(), vec![Port { service_port: 5432, target_port: 5433 }])]),
+        services: BTreeMap::from([(
+            ext_key.clone(),
+            vec![Port { service_port: 5432, target_port: 5433, app_protocol: Default::default() }],
+        )]),
         ..expected_workload("db-1", "10.244.1.13", "node-a", "db", "db")
     };
     let web_service = MeshService {
@@ -643,7 +647,7 @@ async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_
         hostname: web_host.into(),
         addresses: vec![NetworkAddress { network: String::new(), address: cluster_ip(&web_svc) }],
         // Named target ports are resolved per workload.
-        ports: vec![Port { service_port: 80, target_port: 0 }],
+        ports: vec![Port { service_port: 80, target_port: 0, app_protocol: Default::default() }],
         subject_alt_names: vec![],
         waypoint: None,
     };
@@ -652,7 +656,7 @@ async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_
         namespace: SHOP.into(),
         hostname: ext_host.into(),
         addresses: vec![NetworkAddress { network: String::new(), address: cluster_ip(&ext_svc) }],
-        ports: vec![Port { service_port: 5432, target_port: 5432 }],
+        ports: vec![Port { service_port: 5432, target_port: 5432, app_protocol: Default::default() }],
         subject_alt_names: vec![],
         waypoint: None,
     };

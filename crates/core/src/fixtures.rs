@@ -30,7 +30,7 @@ pub fn uid(name: &str) -> String {
 
 /// `w`, member of `service` with one port.
 pub fn member(mut w: Workload, service: &str, service_port: u16, target_port: u16) -> Workload {
-    w.services.insert(service.into(), vec![Port { service_port, target_port }]);
+    w.services.insert(service.into(), vec![Port { service_port, target_port, app_protocol: Default::default() }]);
     w
 }
 
@@ -41,7 +41,7 @@ pub fn svc(name: &str, namespace: &str, vip: &str) -> Service {
         namespace: namespace.into(),
         hostname: format!("{name}.{namespace}.svc.cluster.local"),
         addresses: vec![NetworkAddress { network: String::new(), address: ip(vip) }],
-        ports: vec![Port { service_port: 80, target_port: 8080 }],
+        ports: vec![Port { service_port: 80, target_port: 8080, app_protocol: Default::default() }],
         subject_alt_names: vec![],
         waypoint: None,
     }

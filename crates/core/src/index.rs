@@ -600,8 +600,13 @@ mod tests {
             (
                 "service port 0",
                 |w| {
-                    w.services
-                        .insert(ECHO.into(), vec![Port { service_port: 80, target_port: 8080 }, Port { service_port: 0, target_port: 1 }]);
+                    w.services.insert(
+                        ECHO.into(),
+                        vec![
+                            Port { service_port: 80, target_port: 8080, app_protocol: Default::default() },
+                            Port { service_port: 0, target_port: 1, app_protocol: Default::default() },
+                        ],
+                    );
                 },
                 format!("services[{key:?}][1].service_port"),
             ),
@@ -648,8 +653,16 @@ mod tests {
         let rows: Vec<Row<Service, &str>> = vec![
             ("no namespace", |s| s.namespace.clear(), "namespace"),
             ("no hostname", |s| s.hostname.clear(), "hostname"),
-            ("service port 0", |s| s.ports.push(Port { service_port: 0, target_port: 80 }), "ports[1].service_port"),
-            ("same service port twice", |s| s.ports.push(Port { service_port: 80, target_port: 9090 }), "ports[1].service_port"),
+            (
+                "service port 0",
+                |s| s.ports.push(Port { service_port: 0, target_port: 80, app_protocol: Default::default() }),
+                "ports[1].service_port",
+            ),
+            (
+                "same service port twice",
+                |s| s.ports.push(Port { service_port: 80, target_port: 9090, app_protocol: Default::default() }),
+                "ports[1].service_port",
+            ),
             (
                 "SAN not a SPIFFE ID",
                 |s| s.subject_alt_names = vec!["spiffe://cluster.local/ns/default/sa/ok".into(), "echo.default".into()],
@@ -671,7 +684,7 @@ mod tests {
             assert!(matches!(s.destination(ip("10.96.0.11")), Destination::Unknown), "{what}");
         }
         let mut dup = held.clone();
-        dup.ports.push(Port { service_port: 80, target_port: 9090 });
+        dup.ports.push(Port { service_port: 80, target_port: 9090, app_protocol: Default::default() });
         assert_eq!(MeshIndex::default().upsert_service(dup).unwrap_err().message, "80 is also ports[0]'s");
     }
 

@@ -43,6 +43,53 @@ pub enum WorkloadType {
 pub struct Port {
     pub service_port: u16,
     pub target_port: u16,
+    /// The port's declared protocol (the Service port's `appProtocol`, or
+    /// its name's prefix, as Istio reads them): a waypoint handles a port
+    /// declared HTTP, HTTP/2 or gRPC as HTTP whatever its clients send.
+    #[serde(default)]
+    pub app_protocol: AppProtocol,
+}
+
+/// `istio.workload.AppProtocol`, with its numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, PartialOrd, Ord, Hash)]
+pub enum AppProtocol {
+    /// Not declared: the waypoint looks at what the client sends.
+    #[default]
+    Unknown = 0,
+    Http11 = 1,
+    Http2 = 2,
+    Grpc = 3,
+    Tcp = 4,
+    Tls = 5,
+}
+
+impl AppProtocol {
+    /// HTTP in any version: handled as HTTP, never passed through as TCP.
+    pub fn is_http(self) -> bool {
+        matches!(self, AppProtocol::Http11 | AppProtocol::Http2 | AppProtocol::Grpc)
+    }
+
+    /// As Istio reads a Service port (`appProtocol`, which wins, else the
+    /// name: the whole name or its prefix before `-`, case-insensitive);
+    /// None for a protocol the workload API has no value for (UDP, Mongo,
+    /// Redis, ...), which is not HTTP.
+    pub fn of_port(app_protocol: Option<&str>, name: Option<&str>) -> AppProtocol {
+        let named = |s: &str| -> Option<AppProtocol> {
+            Some(match s.to_ascii_lowercase().as_str() {
+                "http" | "http1" | "http/1.1" | "kubernetes.io/ws" | "kubernetes.io/wss" => AppProtocol::Http11,
+                "http2" | "h2" | "h2c" | "kubernetes.io/h2c" | "grpc-web" => AppProtocol::Http2,
+                "grpc" => AppProtocol::Grpc,
+                "tcp" => AppProtocol::Tcp,
+                "tls" | "https" => AppProtocol::Tls,
+                _ => return None,
+            })
+        };
+        if let Some(p) = app_protocol.filter(|p| !p.is_empty()) {
+            return named(p).unwrap_or(AppProtocol::Unknown);
+        }
+        let name = name.unwrap_or_default();
+        named(name).or_else(|| named(name.split_once('-').map_or("", |(p, _)| p))).unwrap_or(AppProtocol::Unknown)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -53,7 +53,7 @@ struct Mesh {
 fn workload(name: &str, ip: IpAddr, node: &str, service: Option<&str>) -> Workload {
     let mut services = BTreeMap::new();
     if let Some(s) = service {
-        services.insert(s.to_string(), vec![Port { service_port: 80, target_port: ECHO_PORT }]);
+        services.insert(s.to_string(), vec![Port { service_port: 80, target_port: ECHO_PORT, app_protocol: Default::default() }]);
     }
     Workload {
         uid: format!("test//Pod/default/{name}"),
@@ -104,7 +104,7 @@ impl Mesh {
                 namespace: "default".into(),
                 hostname: "echo.default.svc.cluster.local".into(),
                 addresses: vec![NetworkAddress { network: String::new(), address: vip.ip() }],
-                ports: vec![Port { service_port: 80, target_port: ECHO_PORT }],
+                ports: vec![Port { service_port: 80, target_port: ECHO_PORT, app_protocol: Default::default() }],
                 subject_alt_names: vec![],
                 waypoint: None,
             }],

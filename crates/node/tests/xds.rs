@@ -29,7 +29,10 @@ const TOKEN: &str = "node1-token-0123456789abcdef";
 
 fn workload(name: &str, ip: [u8; 4]) -> Workload {
     let mut services = BTreeMap::new();
-    services.insert("default/echo.default.svc.cluster.local".to_string(), vec![Port { service_port: 80, target_port: 8080 }]);
+    services.insert(
+        "default/echo.default.svc.cluster.local".to_string(),
+        vec![Port { service_port: 80, target_port: 8080, app_protocol: Default::default() }],
+    );
     Workload {
         uid: format!("test//Pod/default/{name}"),
         name: name.into(),
@@ -51,7 +54,7 @@ fn service() -> Service {
         namespace: "default".into(),
         hostname: "echo.default.svc.cluster.local".into(),
         addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
-        ports: vec![Port { service_port: 80, target_port: 8080 }],
+        ports: vec![Port { service_port: 80, target_port: 8080, app_protocol: Default::default() }],
         subject_alt_names: vec![],
         waypoint: None,
     }

@@ -121,6 +121,40 @@ impl tokio::io::AsyncWrite for InPlaceServer {
     }
 }
 
+/// Says why an HTTP connection ended in error: what did not parse as HTTP
+/// (answered 400 by hyper) or a client that did not send its headers in
+/// time is logged, at most a few lines per peer per 10 s; an ordinary end
+/// (the client went away) is not.
+fn not_http(shared: &Shared, target: &Target, peer: &Peer, e: &(dyn std::error::Error + 'static)) {
+    let Some(h) = e.downcast_ref::<hyper::Error>() else {
+        tracing::debug!("tunnel's HTTP connection ended: {e}");
+        return;
+    };
+    let why = if h.is_parse() || h.is_parse_status() {
+        "not HTTP, on a port declared HTTP (or undeclared and sniffed as HTTP): answered 400"
+    } else if h.is_timeout() {
+        "headers not sent in time: closed"
+    } else {
+        tracing::debug!("tunnel's HTTP connection ended: {e}");
+        return;
+    };
+    let now = std::time::Instant::now();
+    for (quiet, n) in shared.refusals.summaries(now) {
+        tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, peer = %quiet, "{n} more connections refused as not HTTP or too slow");
+    }
+    if shared.refusals.check(&peer.addr.ip(), now) == slipstream_node::limits::LogDecision::Log {
+        tracing::info!(
+            target: slipstream_core::ACCESS_LOG_TARGET,
+            protocol = "http",
+            target = %target.name(),
+            src = %peer.identity,
+            peer = %peer.addr,
+            error = %e,
+            "connection refused: {why}"
+        );
+    }
+}
+
 /// How long the waypoint waits for a client's first bytes before it takes
 /// the connection for a protocol where the server speaks first (TCP).
 const SNIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300);
@@ -130,19 +164,30 @@ const SNIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300)
 async fn serve(shared: Arc<Shared>, mut io: slipstream_hbone::TunnelStream, target: Target, peer: Peer) {
     use crate::sniff::{sniff, Sniffed, MAX_SNIFF};
     use tokio::io::AsyncReadExt;
+    let handling = plan::handling(&target);
     let mut first = Vec::with_capacity(MAX_SNIFF);
     let deadline = tokio::time::Instant::now() + SNIFF_TIMEOUT;
+    // A port declared HTTP is HTTP whatever the client sends first (a
+    // leading CRLF, a lowercase method, a slow first byte, TLS): only what
+    // tells HTTP/2 from HTTP/1.1 is read ahead. One declared TCP is TCP.
     let http = loop {
-        match sniff(&first) {
-            Sniffed::Http => break true,
-            Sniffed::Tcp => break false,
-            Sniffed::Undecided => {}
+        let seen = sniff(&first);
+        match (handling, seen) {
+            (plan::Handling::Tcp, _) => break false,
+            (plan::Handling::Sniff, Sniffed::Http) => break true,
+            (plan::Handling::Sniff, Sniffed::Tcp) => break false,
+            (plan::Handling::Http, _) if !crate::sniff::H2_PREFACE.starts_with(&first) || first.len() >= crate::sniff::H2_PREFACE.len() => {
+                break true
+            }
+            _ => {}
         }
         let mut buf = [0u8; MAX_SNIFF];
         let want = MAX_SNIFF - first.len();
         match tokio::time::timeout_at(deadline, io.read(&mut buf[..want])).await {
             Ok(Ok(0)) | Ok(Err(_)) => return,
             Ok(Ok(n)) => first.extend_from_slice(&buf[..n]),
+            // Declared HTTP: HTTP/1.1, whose header timeout then applies.
+            Err(_) if handling == plan::Handling::Http => break true,
             // The server speaks first, or a client this slow is not HTTP.
             Err(_) => break false,
         }
@@ -155,6 +200,7 @@ async fn serve(shared: Arc<Shared>, mut io: slipstream_hbone::TunnelStream, targ
     let io = TokioIo::new(io);
     let target = Arc::new(target);
     let mut stage = shared.drain.subscribe();
+    let (log_shared, log_target, log_peer) = (shared.clone(), target.clone(), peer.clone());
     let service = hyper::service::service_fn(move |req| crate::proxy::handle(shared.clone(), target.clone(), peer.clone(), req));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its headers does not hold the tunnel.
@@ -168,7 +214,7 @@ async fn serve(shared: Arc<Shared>, mut io: slipstream_hbone::TunnelStream, targ
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
-                    tracing::debug!("tunnel's HTTP connection ended: {e}");
+                    not_http(&log_shared, &log_target, &log_peer, e.as_ref());
                 }
                 return;
             }

@@ -100,6 +100,9 @@ pub struct Shared {
     buckets: std::sync::Mutex<HashMap<(String, String), slipstream_core::route::traffic::Bucket>>,
     /// The graceful stop's stage.
     drain: tokio::sync::watch::Sender<Drain>,
+    /// Bumped at every configuration change: connections passed through
+    /// as TCP are decided again (a policy change may deny them now).
+    generation: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -206,12 +209,14 @@ impl Waypoint {
                 replay_budget: Arc::new(tokio::sync::Semaphore::new(proxy::REPLAY_BUDGET_KIB)),
                 workload_policies: ArcSwap::from_pointee(HashMap::new()),
                 drain: tokio::sync::watch::Sender::new(Drain::Serving),
+                generation: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
 
     pub fn set_mesh(&self, state: Arc<MeshState>) {
         self.shared.mesh.store(state);
+        self.shared.generation.send_modify(|g| *g += 1);
     }
 
     /// The mesh-wide settings (MeshConfig): how paths are normalized, how
@@ -244,6 +249,7 @@ impl Waypoint {
         self.shared.workload_policies.store(Arc::new(by_uid));
         self.shared.own_routes.store(map.iter().find(|(k, _)| self.shared.me.is_own_routes(k)).map(|(_, r)| r.clone()));
         self.shared.routes.store(Arc::new(map));
+        self.shared.generation.send_modify(|g| *g += 1);
     }
 
     /// Moves the graceful stop on (never back): tunnels and requests

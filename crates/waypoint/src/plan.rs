@@ -88,6 +88,44 @@ pub fn target(state: &MeshState, me: &Me, authority: SocketAddr) -> Result<Targe
     }
 }
 
+/// How the waypoint takes a tunnel's bytes: by what the port is declared
+/// as (`Port.app_protocol`: the Service port's `appProtocol`, or its
+/// name's prefix), never by what the client chooses to send first, so a
+/// client cannot turn an HTTP port into raw TCP around its routes and
+/// policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handling {
+    /// Declared HTTP, HTTP/2 or gRPC: served as HTTP (HTTP/1.1, or HTTP/2
+    /// when the client starts with its preface) whatever comes; what does
+    /// not parse as HTTP is answered 400 and logged. Never passed through.
+    Http,
+    /// Declared TCP or TLS: passed through, under the policies at L4 (an
+    /// HTTP attribute fails closed).
+    Tcp,
+    /// Not declared: HTTP if the client starts with an HTTP request, else
+    /// passed through as for `Tcp`.
+    Sniff,
+}
+
+/// The handling of `target`'s port: a pod's port is declared by the
+/// Services that select it (one of them declaring HTTP is enough).
+pub fn handling(target: &Target) -> Handling {
+    use slipstream_core::AppProtocol;
+    let declared: Vec<AppProtocol> = match target {
+        Target::Service { service, port } => service.ports.iter().filter(|p| p.service_port == *port).map(|p| p.app_protocol).collect(),
+        Target::Workload { workload, port } => {
+            workload.services.values().flatten().filter(|p| p.target_port == *port).map(|p| p.app_protocol).collect()
+        }
+    };
+    if declared.iter().any(|p| p.is_http()) {
+        Handling::Http
+    } else if declared.iter().any(|p| matches!(p, AppProtocol::Tcp | AppProtocol::Tls)) {
+        Handling::Tcp
+    } else {
+        Handling::Sniff
+    }
+}
+
 /// One request as the decision sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Req<'a> {

@@ -66,6 +66,28 @@ pub fn endpoint(state: &MeshState, target: &Target, draw: u64) -> Result<(Socket
     }
 }
 
+/// Whether a TCP connection from `peer` to `target`, sent to `ep`
+/// (workload `w`), may go on under the configuration now: the policies
+/// bound to the service (or the waypoint's own, for a pod), the source's
+/// egress network policies, the endpoint's own policies, each at L4 (an
+/// HTTP attribute fails closed). The refusal's text, if not.
+fn allowed(shared: &Shared, target: &Target, peer: &Peer, ep: SocketAddr, w: &slipstream_core::MeshWorkload) -> Result<(), String> {
+    let state = shared.mesh.load_full();
+    let service_routes = shared.routes_of(target);
+    let verdict = crate::plan::authorize(service_routes.as_deref(), target, &peer.identity, peer.addr.ip(), None);
+    if !verdict.allowed {
+        return Err(verdict.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default());
+    }
+    if let Err(d) = shared.source_egress(&state, peer, ep) {
+        return Err(d.to_string());
+    }
+    // The endpoint's own policies, at L4 semantics (as for the service's).
+    match shared.authorize_workload(&w.uid, ep.port(), peer, None) {
+        Some(v) if !v.allowed => Err(v.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default()),
+        _ => Ok(()),
+    }
+}
+
 pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, target: &Target, peer: &Peer, mut client: T) {
     let start = Instant::now();
     let state = shared.mesh.load_full();
@@ -85,33 +107,37 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
             "connection"
         );
     };
-    let service_routes = shared.routes_of(target);
-    let verdict = crate::plan::authorize(service_routes.as_deref(), target, &peer.identity, peer.addr.ip(), None);
-    if !verdict.allowed {
-        let by = verdict.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default();
-        return log("RBAC", "-", "-", 0, 0, &by);
-    }
     let (ep, w) = match endpoint(&state, target, rand::random()) {
         Ok(e) => e,
         Err(why) => return log("UH", "-", "-", 0, 0, &why),
     };
     let dst = w.identity().to_string();
-    if let Err(d) = shared.source_egress(&state, peer, ep) {
-        return log("RBAC", &ep.to_string(), &dst, 0, 0, &d.to_string());
-    }
-    // The endpoint's own policies, at L4 semantics (as for the service's).
-    if let Some(v) = shared.authorize_workload(&w.uid, ep.port(), peer, None) {
-        if !v.allowed {
-            let by = v.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default();
-            return log("RBAC", &ep.to_string(), &dst, 0, 0, &by);
-        }
+    if let Err(why) = allowed(&shared, target, peer, ep, &w) {
+        return log("RBAC", &ep.to_string(), &dst, 0, 0, &why);
     }
     let mut upstream = match shared.connector.open(ep).await {
         Ok(s) => s,
         Err(e) => return log("UF", &ep.to_string(), &dst, 0, 0, &e.to_string()),
     };
-    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        Ok((up, down)) => log("-", &ep.to_string(), &dst, up, down, "-"),
-        Err(e) => log("-", &ep.to_string(), &dst, 0, 0, &e.to_string()),
+    // Decided again at every configuration change: a policy that denies
+    // the connection now closes it, as the node proxies do.
+    let mut changes = shared.generation.subscribe();
+    changes.mark_unchanged();
+    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    tokio::pin!(copy);
+    loop {
+        tokio::select! {
+            r = &mut copy => {
+                return match r {
+                    Ok((up, down)) => log("-", &ep.to_string(), &dst, up, down, "-"),
+                    Err(e) => log("-", &ep.to_string(), &dst, 0, 0, &e.to_string()),
+                };
+            }
+            Ok(()) = changes.changed() => {
+                if let Err(why) = allowed(&shared, target, peer, ep, &w) {
+                    return log("RBAC", &ep.to_string(), &dst, 0, 0, &format!("closed: the configuration changed and {why}"));
+                }
+            }
+        }
     }
 }

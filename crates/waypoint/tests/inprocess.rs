@@ -49,7 +49,10 @@ fn workload(name: &str, ip: IpAddr, node: &str, meshed: bool, services: &[(&str,
         service_account: name.split('-').next().unwrap_or(name).into(),
         node: node.into(),
         workload_name: name.into(),
-        services: services.iter().map(|(s, p)| (key(s), vec![Port { service_port: *p, target_port: *p }])).collect::<BTreeMap<_, _>>(),
+        services: services
+            .iter()
+            .map(|(s, p)| (key(s), vec![Port { service_port: *p, target_port: *p, app_protocol: Default::default() }]))
+            .collect::<BTreeMap<_, _>>(),
         ..Default::default()
     }
 }
@@ -60,7 +63,7 @@ fn service(name: &str, vip: IpAddr, port: u16, waypoint: Option<&str>) -> Servic
         namespace: "default".into(),
         hostname: format!("{name}.default.svc.cluster.local"),
         addresses: vec![NetworkAddress { network: String::new(), address: vip }],
-        ports: vec![Port { service_port: port, target_port: port }],
+        ports: vec![Port { service_port: port, target_port: port, app_protocol: Default::default() }],
         subject_alt_names: vec![],
         waypoint: waypoint.map(gw),
     }
@@ -935,7 +938,7 @@ async fn paths_are_normalized_as_meshconfig_says_before_routes_policies_and_the_
     use slipstream_core::mesh::{MeshSettings, PathNormalization as P};
     use slipstream_core::policy::l7::{L7Operation, L7Policy, L7Rule};
     use slipstream_core::policy::{Action, StringMatch};
-    let (m, _node2, wp, _cfg) = mesh(103).await;
+    let (m, _node2, wp, _cfg) = mesh(107).await;
     let reviews = SocketAddr::new(m.ip(9, 1), APP_PORT);
     let rows: &[(&str, [&str; 4])] = &[
         ("/app/../admin", ["/app/../admin", "/admin", "/admin", "/admin"]),
@@ -998,4 +1001,116 @@ async fn paths_are_normalized_as_meshconfig_says_before_routes_policies_and_the_
     assert_eq!(one(&m, grpc, path, true, Some(frame.clone())).await, (200, "grpc-status 0".into()), "normalized to the method");
     wp.set_settings(MeshSettings { path_normalization: P::None, num_trusted_proxies: 0 });
     assert_eq!(one(&m, grpc, path, true, Some(frame)).await, (200, "grpc-status 12".into()), "NONE: no such method (UNIMPLEMENTED)");
+}
+
+/// Writes each chunk after its pause on a connection from the client pod
+/// to `dst`, then reads until the connection closes or is silent for 1 s.
+async fn raw(m: &Mesh, dst: SocketAddr, chunks: &[(&[u8], Duration)]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, dst).await.unwrap();
+    for (bytes, pause) in chunks {
+        tokio::time::sleep(*pause).await;
+        if s.write_all(bytes).await.is_err() {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Issue 36, item 4: a port declared HTTP is HTTP whatever the client
+/// sends first: every request passes the waypoint's request handling (its
+/// `x-request-id` reaches the app) or is answered 400; none is passed
+/// through as raw TCP. A port declared TCP is TCP, and a connection passed
+/// through is decided again when a policy changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_turn_a_port_declared_http_into_raw_tcp() {
+    use slipstream_core::policy::l7::{L7Operation, L7Policy, L7Rule};
+    use slipstream_core::policy::Action;
+    let (mut m, mut node2, wp, mut cfg) = mesh(106).await;
+    // reviews' port is declared HTTP (appProtocol: http, or a name `http-...`).
+    for s in cfg.services.iter_mut().filter(|s| s.name == "reviews") {
+        s.ports[0].app_protocol = AppProtocol::Http11;
+    }
+    for s in cfg.services.iter_mut().filter(|s| s.name == "echo") {
+        s.ports[0].app_protocol = AppProtocol::Tcp;
+    }
+    assert!(m.node1.apply_mesh(&cfg).errors.is_empty() && node2.apply_mesh(&cfg).errors.is_empty());
+    let (state, errors) = MeshState::from_config(&cfg);
+    assert!(errors.is_empty(), "{errors:?}");
+    wp.set_mesh(state);
+    let reviews = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    let now = Duration::ZERO;
+    let get = b"GET /headers HTTP/1.1\r\nHost: reviews\r\n\r\n";
+    let handled = |out: &str| out.starts_with("HTTP/1.1 200") && out.contains("x-request-id: ");
+    type Case<'a> = (&'a str, Vec<(&'a [u8], Duration)>, fn(&str) -> bool);
+    let cases: &[Case] = &[
+        ("a leading CRLF", vec![(b"\r\n", now), (get, now)], |o| o.starts_with("HTTP/1.1 200") && o.contains("x-request-id: ")),
+        ("a lowercase method", vec![(b"get /headers HTTP/1.1\r\nHost: reviews\r\n\r\n", now)], |o| {
+            o.starts_with("HTTP/1.1 200") && o.contains("x-request-id: ")
+        }),
+        ("an extension method", vec![(b"PURGE /headers HTTP/1.1\r\nHost: reviews\r\n\r\n", now)], |o| {
+            o.starts_with("HTTP/1.1 200") && o.contains("x-request-id: ")
+        }),
+        ("one byte, then the rest a second later", vec![(b"G", now), (&get[1..], Duration::from_secs(1))], |o| {
+            o.starts_with("HTTP/1.1 200") && o.contains("x-request-id: ")
+        }),
+        ("a TLS ClientHello", vec![(b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03", now)], |o| o.starts_with("HTTP/1.1 400")),
+        (
+            "Upgrade: h2c",
+            vec![(b"GET /headers HTTP/1.1\r\nHost: reviews\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n", now)],
+            |o| o.starts_with("HTTP/1.1 200") && o.contains("x-request-id: ") && !o.to_ascii_lowercase().contains("upgrade"),
+        ),
+        (
+            "Upgrade: websocket, then other bytes",
+            vec![(b"GET /headers HTTP/1.1\r\nHost: reviews\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n\x81\x85\x37\xfa\x21\x3d\x7f\x9f\x4d\x51\x58", now)],
+            // The bytes after the headers read as a malformed next
+            // request: the connection is closed (and logged), never
+            // switched to a raw stream to the app.
+            |o| !o.contains(" 101 ") && (o.is_empty() || o.contains("x-request-id: ")),
+        ),
+        ("two pipelined requests", vec![([&get[..], &get[..]].concat().leak(), now)], |o| {
+            o.matches("HTTP/1.1 200").count() == 2 && o.matches("x-request-id: ").count() == 2
+        }),
+        (
+            "Content-Length and Transfer-Encoding both",
+            vec![(b"POST /headers HTTP/1.1\r\nHost: reviews\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", now)],
+            |o| o.starts_with("HTTP/1.1 200") && o.contains("x-request-id: ") && !o.contains("content-length: 40"),
+        ),
+    ];
+    for (what, chunks, ok) in cases {
+        let out = raw(&m, reviews, chunks).await;
+        assert!(ok(&out), "{what}: {out:?}");
+    }
+    // An HTTP/2 preface on the HTTP/1 port: HTTP/2, still handled.
+    let (status, body) = one(&m, reviews, "/headers", true, None).await;
+    assert!(status == 200 && body.contains("x-request-id: "), "{body}");
+    assert!(handled(&raw(&m, reviews, &[(get, now)]).await));
+    // A port declared TCP is passed through as it came, whatever it looks like.
+    let echo = SocketAddr::new(m.ip(9, 7), 7000);
+    assert_eq!(raw(&m, echo, &[(get, now)]).await.as_bytes(), get, "echoed, not parsed");
+    // A connection passed through is decided again when a policy changes:
+    // a DENY of everything on echo closes it.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, echo).await.unwrap();
+    s.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back)).await.expect("echoed").unwrap();
+    let deny = L7Policy {
+        namespace: "default".into(),
+        name: "deny-all".into(),
+        action: Action::Deny,
+        rules: vec![L7Rule { to: vec![L7Operation { ports: vec![7000], ..Default::default() }], ..Default::default() }],
+        ..Default::default()
+    };
+    wp.set_routes([ServiceRoutes { service: key("echo"), policies: vec![deny], ..Default::default() }]);
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut back)).await.expect("closed in time");
+    assert!(matches!(n, Ok(0) | Err(_)), "the denied connection is closed: {n:?}");
 }

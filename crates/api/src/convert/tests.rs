@@ -19,7 +19,11 @@ fn workload() -> Workload {
         canonical_revision: "v1".into(),
         workload_type: WorkloadType::Deployment,
         workload_name: "web".into(),
-        services: [("default/web.default.svc.cluster.local".to_string(), vec![Port { service_port: 80, target_port: 8080 }])].into(),
+        services: [(
+            "default/web.default.svc.cluster.local".to_string(),
+            vec![Port { service_port: 80, target_port: 8080, app_protocol: Default::default() }],
+        )]
+        .into(),
         authorization_policies: vec!["default/allow-web".into()],
         status: WorkloadStatus::Unhealthy,
         cluster_id: "c".into(),
@@ -51,7 +55,7 @@ fn service_round_trip() {
         namespace: "default".into(),
         hostname: "web.default.svc.cluster.local".into(),
         addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
-        ports: vec![Port { service_port: 80, target_port: 0 }],
+        ports: vec![Port { service_port: 80, target_port: 0, app_protocol: Default::default() }],
         subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/web".into()],
         waypoint: None,
     };

@@ -108,11 +108,17 @@ fn workloads_and_services_from_objects() {
         services: [
             (
                 "demo/headless.demo.svc.cluster.local".to_string(),
-                vec![Port { service_port: 80, target_port: 8080 }, Port { service_port: 9000, target_port: 9000 }],
+                vec![
+                    Port { service_port: 80, target_port: 8080, app_protocol: Default::default() },
+                    Port { service_port: 9000, target_port: 9000, app_protocol: Default::default() },
+                ],
             ),
             (
                 "demo/web.demo.svc.cluster.local".to_string(),
-                vec![Port { service_port: 80, target_port: 8080 }, Port { service_port: 9000, target_port: 9000 }],
+                vec![
+                    Port { service_port: 80, target_port: 8080, app_protocol: Default::default() },
+                    Port { service_port: 9000, target_port: 9000, app_protocol: Default::default() },
+                ],
             ),
         ]
         .into(),
@@ -134,7 +140,10 @@ fn workloads_and_services_from_objects() {
                 namespace: "demo".into(),
                 hostname: "headless.demo.svc.cluster.local".into(),
                 addresses: vec![],
-                ports: vec![Port { service_port: 80, target_port: 0 }, Port { service_port: 9000, target_port: 9000 }],
+                ports: vec![
+                    Port { service_port: 80, target_port: 0, app_protocol: Default::default() },
+                    Port { service_port: 9000, target_port: 9000, app_protocol: Default::default() }
+                ],
                 subject_alt_names: vec![],
                 waypoint: None,
             },
@@ -143,7 +152,10 @@ fn workloads_and_services_from_objects() {
                 namespace: "demo".into(),
                 hostname: "web.demo.svc.cluster.local".into(),
                 addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
-                ports: vec![Port { service_port: 80, target_port: 0 }, Port { service_port: 9000, target_port: 9000 }],
+                ports: vec![
+                    Port { service_port: 80, target_port: 0, app_protocol: Default::default() },
+                    Port { service_port: 9000, target_port: 9000, app_protocol: Default::default() }
+                ],
                 subject_alt_names: vec![],
                 waypoint: None,
             },
@@ -378,7 +390,7 @@ fn services_without_selector_take_members_from_endpoint_slices() {
     assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/a-1", "Address c1//Pod/demo/b-1"]);
     assert_eq!(
         workload(&ix, "demo", "a-1").unwrap().services["demo/ext.demo.svc.cluster.local"],
-        vec![Port { service_port: 80, target_port: 8081 }]
+        vec![Port { service_port: 80, target_port: 8081, app_protocol: Default::default() }]
     );
     let c = upsert(&mut ix, &slice.replace(", {addresses: [10.244.1.3], targetRef: {kind: Pod, name: b-1}}", ""));
     assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/b-1"]);

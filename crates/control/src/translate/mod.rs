@@ -141,6 +141,8 @@ pub struct ServicePortInput {
     pub protocol: String,
     pub port: u16,
     pub target: TargetPort,
+    /// Its declared protocol (`appProtocol`, else the name's prefix).
+    pub app_protocol: slipstream_core::AppProtocol,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -400,7 +402,13 @@ fn service(s: &core_v1::Service, r: &ObjectRef) -> Result<ServiceInput, ObjectEr
                 Err(_) => TargetPort::Named(n.clone()),
             },
         };
-        ports.push(ServicePortInput { name: p.name.clone().filter(|n| !n.is_empty()), protocol: protocol(&p.protocol), port, target });
+        let name = p.name.clone().filter(|n| !n.is_empty());
+        // UDP and SCTP are never HTTP, whatever the name says.
+        let app_protocol = match p.protocol.as_deref() {
+            None | Some("TCP") => slipstream_core::AppProtocol::of_port(p.app_protocol.as_deref(), name.as_deref()),
+            Some(_) => slipstream_core::AppProtocol::Unknown,
+        };
+        ports.push(ServicePortInput { name, protocol: protocol(&p.protocol), port, target, app_protocol });
     }
     let labels = labels_of(&s.metadata);
     Ok(ServiceInput {

@@ -52,7 +52,7 @@ fn state() -> Arc<MeshState> {
             namespace: "default".into(),
             hostname: "echo.default.svc.cluster.local".into(),
             addresses: vec![NetworkAddress { network: String::new(), address: "10.96.0.10".parse().unwrap() }],
-            ports: vec![Port { service_port: 80, target_port: 8080 }],
+            ports: vec![Port { service_port: 80, target_port: 8080, app_protocol: Default::default() }],
             subject_alt_names: vec![],
             waypoint: None,
         }],

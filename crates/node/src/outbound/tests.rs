@@ -25,7 +25,7 @@ const OWN: &str = "10.244.1.5";
 fn wl(name: &str, ip: &str, meshed: bool, sa: &str, cap: u32, target: Option<u16>, healthy: bool) -> Workload {
     let mut services = BTreeMap::new();
     if let Some(t) = target {
-        services.insert(SVC.to_string(), vec![Port { service_port: 80, target_port: t }]);
+        services.insert(SVC.to_string(), vec![Port { service_port: 80, target_port: t, app_protocol: Default::default() }]);
     }
     Workload {
         uid: format!("c//Pod/default/{name}"),
@@ -47,7 +47,7 @@ fn svc(name: &str, vip: &str, sans: &[&str]) -> Service {
         namespace: "default".into(),
         hostname: format!("{name}.default.svc.cluster.local"),
         addresses: vec![NetworkAddress { network: String::new(), address: vip.parse().unwrap() }],
-        ports: vec![Port { service_port: 80, target_port: 8080 }],
+        ports: vec![Port { service_port: 80, target_port: 8080, app_protocol: Default::default() }],
         subject_alt_names: sans.iter().map(|s| s.to_string()).collect(),
         waypoint: None,
     }
@@ -75,7 +75,10 @@ fn state() -> Arc<MeshState> {
     };
     let mut cfg = cfg;
     // legacy's only endpoint is the unmeshed pod.
-    cfg.workloads[4].services.insert("default/legacy.default.svc.cluster.local".into(), vec![Port { service_port: 80, target_port: 9090 }]);
+    cfg.workloads[4].services.insert(
+        "default/legacy.default.svc.cluster.local".into(),
+        vec![Port { service_port: 80, target_port: 9090, app_protocol: Default::default() }],
+    );
     let (s, errors) = MeshState::from_config(&cfg);
     assert!(errors.is_empty(), "{errors:?}");
     s
@@ -231,13 +234,19 @@ fn waypoint_state() -> Arc<MeshState> {
     let mut w = wl("client", OWN, true, "client", 1, None, true);
     cfg.workloads.push(w.clone());
     w = wl("wp-pod", "10.244.3.3", false, "wp", 1, None, true);
-    w.services.insert("default/wp.default.svc.cluster.local".into(), vec![Port { service_port: 15008, target_port: 15008 }]);
+    w.services.insert(
+        "default/wp.default.svc.cluster.local".into(),
+        vec![Port { service_port: 15008, target_port: 15008, app_protocol: Default::default() }],
+    );
     cfg.workloads.push(w);
     // A pod of another service account that joined both waypoint
     // Services (by their selectors' labels): never a waypoint endpoint.
     let mut impostor = wl("impostor", "10.244.3.9", false, "impostor", 1, None, true);
     for s in ["wp", "idle"] {
-        impostor.services.insert(format!("default/{s}.default.svc.cluster.local"), vec![Port { service_port: 15008, target_port: 15008 }]);
+        impostor.services.insert(
+            format!("default/{s}.default.svc.cluster.local"),
+            vec![Port { service_port: 15008, target_port: 15008, app_protocol: Default::default() }],
+        );
     }
     cfg.workloads.push(impostor);
     let mut bound_pod = wl("echo-a", "10.244.2.2", true, "echo", 1, Some(8080), true);
@@ -247,10 +256,10 @@ fn waypoint_state() -> Arc<MeshState> {
     missing_pod.waypoint = Some(gateway("gone"));
     cfg.workloads.push(missing_pod);
     let mut wp = svc("wp", "10.96.0.20", &[]);
-    wp.ports = vec![Port { service_port: 15008, target_port: 15008 }];
+    wp.ports = vec![Port { service_port: 15008, target_port: 15008, app_protocol: Default::default() }];
     cfg.services.push(wp);
     let mut idle = svc("idle", "10.96.0.21", &[]);
-    idle.ports = vec![Port { service_port: 15008, target_port: 15008 }];
+    idle.ports = vec![Port { service_port: 15008, target_port: 15008, app_protocol: Default::default() }];
     cfg.services.push(idle);
     for (name, vip, to) in [("echo", "10.96.0.10", Some("wp")), ("lost", "10.96.0.11", Some("gone")), ("waits", "10.96.0.12", Some("idle"))]
     {

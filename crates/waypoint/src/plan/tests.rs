@@ -21,7 +21,7 @@ fn key(name: &str) -> String {
 }
 
 fn pod(name: &str, ip: &str, service: &str, bound: bool) -> Workload {
-    let ports = vec![Port { service_port: 9080, target_port: 9080 }];
+    let ports = vec![Port { service_port: 9080, target_port: 9080, app_protocol: Default::default() }];
     let mut services = BTreeMap::from([(key(service), ports.clone())]);
     if name.starts_with("reviews") {
         services.insert(key("reviews"), ports);
@@ -44,7 +44,7 @@ fn svc(name: &str, vip: &str, bound: bool) -> Service {
         namespace: "bookinfo".into(),
         hostname: format!("{name}.bookinfo.svc.cluster.local"),
         addresses: vec![NetworkAddress { network: String::new(), address: vip.parse().unwrap() }],
-        ports: vec![Port { service_port: 9080, target_port: 9080 }],
+        ports: vec![Port { service_port: 9080, target_port: 9080, app_protocol: Default::default() }],
         subject_alt_names: vec![],
         waypoint: bound.then(gw),
     }
@@ -303,4 +303,45 @@ fn which_policies_a_request_meets_by_how_it_was_addressed() {
         denied(&svc, &svc_routes, "/gateway") && !denied(&svc, &svc_routes, "/service"),
         "pod-only copies do not apply to the Service's requests"
     );
+}
+
+#[test]
+fn a_port_is_handled_as_it_is_declared_whatever_the_client_sends() {
+    let declared = |p: AppProtocol| {
+        let mut s = svc("reviews", "10.96.0.1", true);
+        s.ports[0].app_protocol = p;
+        let mut w = pod("reviews-v1", "10.244.1.1", "reviews-v1", false);
+        for ports in w.services.values_mut() {
+            ports[0].app_protocol = p;
+        }
+        let (st, e) = MeshState::from_config(&MeshConfig { workloads: vec![w], services: vec![s], ..Default::default() });
+        assert!(e.is_empty(), "{e:?}");
+        let svc = Target::Service { service: st.service("bookinfo/reviews.bookinfo.svc.cluster.local").unwrap(), port: 9080 };
+        let pod = Target::Workload { workload: st.workload_by_ip("10.244.1.1".parse().unwrap()).unwrap(), port: 9080 };
+        let other_port = Target::Workload { workload: st.workload_by_ip("10.244.1.1".parse().unwrap()).unwrap(), port: 7 };
+        (handling(&svc), handling(&pod), handling(&other_port))
+    };
+    assert_eq!(declared(AppProtocol::Http11), (Handling::Http, Handling::Http, Handling::Sniff));
+    assert_eq!(declared(AppProtocol::Http2), (Handling::Http, Handling::Http, Handling::Sniff));
+    assert_eq!(declared(AppProtocol::Grpc), (Handling::Http, Handling::Http, Handling::Sniff));
+    assert_eq!(declared(AppProtocol::Tcp), (Handling::Tcp, Handling::Tcp, Handling::Sniff));
+    assert_eq!(declared(AppProtocol::Tls), (Handling::Tcp, Handling::Tcp, Handling::Sniff));
+    assert_eq!(declared(AppProtocol::Unknown), (Handling::Sniff, Handling::Sniff, Handling::Sniff));
+    // As Istio reads a Service port: appProtocol first, else the name.
+    for (app, name, want) in [
+        (Some("http"), Some("tcp-x"), AppProtocol::Http11),
+        (Some("kubernetes.io/h2c"), None, AppProtocol::Http2),
+        (Some("GRPC"), None, AppProtocol::Grpc),
+        (Some("mongo"), Some("http"), AppProtocol::Unknown),
+        (None, Some("http-web"), AppProtocol::Http11),
+        (None, Some("http2"), AppProtocol::Http2),
+        (None, Some("grpc-api"), AppProtocol::Grpc),
+        (None, Some("tcp-echo"), AppProtocol::Tcp),
+        (None, Some("https"), AppProtocol::Tls),
+        (None, Some("httpx"), AppProtocol::Unknown),
+        (None, Some("web"), AppProtocol::Unknown),
+        (None, None, AppProtocol::Unknown),
+    ] {
+        assert_eq!(AppProtocol::of_port(app, name), want, "{app:?} {name:?}");
+    }
 }
