@@ -323,3 +323,63 @@ fn a_client_cannot_turn_a_port_declared_http_into_raw_tcp_from_inside_a_pod() {
     assert!(log.lines().any(|l| l.contains("slipstream::access") && l.contains("method=get") && l.contains("code=405")), "{log}");
     c.down();
 }
+
+/// Issue 36, item 5: a destination's identity rules hold behind its
+/// waypoint. The waypoint decides them with the original client; the
+/// destination's node proxy, which sees the waypoint, lets the waypoint
+/// through them. `policy check` shows both decisions.
+#[test]
+fn identity_rules_keep_holding_behind_a_waypoint() {
+    let (c, dir) = shop("t-hard-wp-ident");
+    let web = c.pods("web-")[0]["ip"].as_str().unwrap().to_string();
+    let status = |from: &str, url: &str| status_of(&c, from, url, &[]);
+    let svc = "http://web.shop:8080/headers";
+    let pod = format!("http://{web}:8080/headers");
+    let policy = |spec: &str| {
+        format!(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: web-callers, namespace: shop}}\nspec: {spec}\n"
+        )
+    };
+    // A DENY of one caller.
+    let deny = write_manifest(
+        &dir,
+        "deny.yaml",
+        &policy("{selector: {matchLabels: {app: web}}, action: DENY, rules: [{from: [{source: {principals: [cluster.local/ns/shop/sa/intruder]}}]}]}"),
+    );
+    c.ok(&["apply", "-f", &deny]);
+    wait_until("the DENY in force at the waypoint", Duration::from_secs(30), || status("intruder", svc) == "403");
+    assert_eq!(status("intruder", &pod), "403", "by the pod's address too");
+    assert_eq!((status("client", svc), status("client", &pod)), ("200".into(), "200".into()));
+    // TCP through the waypoint: the intruder's connection is refused too.
+    let echoed = {
+        let mut a = vec!["exec", "--privileged", "-n", "shop", "deploy/intruder", "--"];
+        a.extend(AS_USER);
+        a.extend(["python3", "-c", "import socket\ns=socket.create_connection(('web.shop',9000),timeout=5)\ns.sendall(b'ping')\ns.settimeout(3)\ntry:\n    print(s.recv(10).decode() or 'closed')\nexcept OSError:\n    print('closed')\n"]);
+        String::from_utf8_lossy(&c.run(&a).stdout).trim().to_string()
+    };
+    assert_eq!(echoed, "closed", "the intruder's TCP through the waypoint");
+    // ALLOW only one caller: that one is served (the node proxy lets the
+    // waypoint through), the other is not.
+    let allow = write_manifest(
+        &dir,
+        "allow.yaml",
+        &policy("{selector: {matchLabels: {app: web}}, rules: [{from: [{source: {principals: [cluster.local/ns/shop/sa/client]}}]}]}"),
+    );
+    c.ok(&["apply", "-f", &allow]);
+    wait_until("the ALLOW in force", Duration::from_secs(30), || status("client", svc) == "200" && status("intruder", svc) == "403");
+    assert_eq!((status("client", &pod), status("intruder", &pod)), ("200".into(), "403".into()));
+    // policy check names the waypoint hop and both decisions.
+    let out = c.ok(&["policy", "check", "--from", "shop/deploy/intruder", "--to", "shop/deploy/web:8080"]);
+    assert!(
+        out.contains("DENY  through waypoint shop/waypoint (spiffe://cluster.local/ns/shop/sa/waypoint), addressed to service shop/web"),
+        "{out}"
+    );
+    assert!(out.contains("at the waypoint, as shop/deploy/intruder") || out.contains("at the waypoint, as shop/intruder"), "{out}");
+    assert!(out.contains("AuthorizationPolicy shop/web-callers"), "the deciding policy: {out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&c.ok(&["policy", "check", "--from", "shop/deploy/client", "--to", "shop/deploy/web:8080", "-o", "json"]))
+            .unwrap();
+    let paths = json["waypoints"].as_array().unwrap_or_else(|| panic!("{json}"));
+    assert!(paths.iter().all(|p| p["verdict"] == "allow" && p["at_destination"]["istio"]["allowed"] == true), "{json:#}");
+    c.down();
+}

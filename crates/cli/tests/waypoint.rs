@@ -131,11 +131,12 @@ fn billing_answers_only_get_invoices_to_frontend_at_the_waypoint() {
     let seen: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
     assert!(seen.to_string().contains("billing-service"), "billing answered (its /headers, by the route's rewrite): {seen}");
     assert_seed_policy_refuses(&c);
-    // Not HTTP is no way around it: the ALLOW names methods and paths, so it
-    // allows no TCP connection (Istio's semantics).
-    let probe = "import socket\ns = socket.create_connection(('billing-service.production', 8080), timeout=5)\ns.sendall(b'\\x00not http')\ntry:\n    print('answered' if s.recv(100) else 'closed')\nexcept OSError:\n    print('closed')\n";
+    // Not HTTP is no way around it: the port is declared HTTP (its name),
+    // so the waypoint answers what does not parse as HTTP with 400 itself
+    // (issue 36); nothing reaches the app as raw TCP.
+    let probe = "import socket\ns = socket.create_connection(('billing-service.production', 8080), timeout=5)\ns.sendall(b'\\x00not http')\ntry:\n    print(s.recv(100).decode('latin-1').split('\\r\\n')[0] or 'closed')\nexcept OSError:\n    print('closed')\n";
     let (code, out) = c.exec("production", "deploy/legacy-service", &["python3", "-c", probe]);
-    assert_eq!((code, out.trim()), (0, "closed"), "TCP through the waypoint");
+    assert_eq!((code, out.trim()), (0, "HTTP/1.1 400 Bad Request"), "garbage to an HTTP port through the waypoint");
     // The access log names the policy of each denial, with the caller.
     let pod = c.pods("waypoint-")[0]["name"].as_str().unwrap().to_string();
     let log = c.ok(&["logs", "-n", "production", &pod]);

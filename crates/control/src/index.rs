@@ -508,16 +508,17 @@ impl Index {
     }
 
     fn set_policy(&mut self, ns_name: &str, name: &str, new: Option<PolicyInput>, batch: &mut Batch) {
-        // Computed at the flush: a rule needing L7 depends on the
-        // waypoints in front of the workloads the policy selects.
+        // Computed at the flush: it lets every waypoint through.
         batch.policies.insert((ns_name.to_string(), name.to_string()));
         let root = ns_name == self.settings.root_namespace;
+        let any_waypoint = self.namespaces.values().any(|n| !n.waypoints.is_empty());
         let ns = self.ns(ns_name);
         let old = ns.policies.remove(name);
-        // A selector-bound policy may be enforced by a waypoint too: the
-        // routes of the namespace's services (every namespace's, for the
-        // root's).
-        if old.iter().chain(new.iter()).any(|p| p.selected_l7.is_some()) {
+        // A selector-bound policy may be enforced by a waypoint too, and any
+        // policy decides whether a waypoint may take its namespace's at L7
+        // (`waypoint_can_decide`): the routes of the namespace's services
+        // (every namespace's, for the root's), when there are waypoints.
+        if any_waypoint {
             if root {
                 batch.all_routes = true;
             } else {
@@ -616,35 +617,11 @@ impl Index {
             batch.routes.extend(more);
         }
         let waypoints = self.waypoints();
-        // Policies whose rules need L7 follow the waypoints in front of
-        // what they select, and whether a waypoint may decide them at all
-        // (`waypoint_can_decide`: every policy of their namespace and of
-        // the root namespace): computed again whenever a pod, a service, a
-        // policy or a binding changed (their bytes decide whether anything
-        // is pushed). A selector selects pods of its own namespace, so only
-        // the namespaces a change touched can have moved, unless a binding
-        // or a root-namespace policy changed, which can move them all.
-        let root = self.settings.root_namespace.clone();
-        let root_policy = batch.policies.iter().any(|(n, _)| *n == root);
-        if !batch.pods.is_empty() || !batch.services.is_empty() || !batch.policies.is_empty() || batch.all_bindings {
-            let everywhere = batch.all_bindings || root_policy;
-            let touched: BTreeSet<String> = batch
-                .pods
-                .iter()
-                .map(|(n, _)| n)
-                .chain(batch.services.iter().map(|(n, _)| n))
-                .chain(batch.policies.iter().map(|(n, _)| n))
-                .cloned()
-                .collect();
+        // Every policy lets the waypoints through (`policy_resource`): all
+        // of them again when the waypoints may have changed.
+        if batch.all_bindings {
             for (n, ns) in &self.namespaces {
-                if !everywhere && !touched.contains(n) {
-                    continue;
-                }
-                for (name, p) in &ns.policies {
-                    if p.selected_l7.as_ref().is_some_and(|(_, rules)| !rules.is_empty()) {
-                        batch.policies.insert((n.clone(), name.clone()));
-                    }
-                }
+                batch.policies.extend(ns.policies.keys().map(|name| (n.clone(), name.clone())));
             }
         }
         // Each waypoint that takes workload traffic has routes of its own:
@@ -664,7 +641,7 @@ impl Index {
                 .namespaces
                 .get(&ns_name)
                 .and_then(|ns| ns.policies.get(&name))
-                .and_then(|p| self.policy_resource(&ns_name, p, &waypoints))
+                .and_then(|p| self.policy_resource(p, &waypoints))
                 .map(|a| Versioned::new(authorization_any(&a)));
             batch.set(key, resource);
         }
@@ -779,36 +756,11 @@ impl Index {
             })
     }
 
-    /// The principals (without `spiffe://`) of the waypoints in force in
-    /// front of `pod` through its services: the waypoints whose routes
-    /// carry its policies (`selected_policies_at_waypoint`), and which then
-    /// evaluate them whether the pod is reached through a service or by
-    /// its own address. A pod bound only for workload traffic gets no such
-    /// routes: its policies stay whole at its node proxy (fail closed).
-    fn waypoints_in_front(&self, ns: &Ns, ns_name: &str, pod: &PodInput, waypoints: &[Waypoint]) -> BTreeSet<String> {
-        let mut bound: Vec<GatewayAddress> = Vec::new();
-        for s in ns.services.values() {
-            if s.selector.as_ref().is_some_and(|sel| selector_matches(sel, &pod.labels)) {
-                bound.extend(self.waypoint_of(Traffic::Service, ns, ns_name, &s.labels, waypoints));
-            }
-        }
-        // Bound itself (for workload traffic): that waypoint's own routes
-        // carry its policies (`waypoint_own_policies`).
-        if !pod.host_network && translate::is_meshed(&ns.labels(), &pod.labels) {
-            bound.extend(self.waypoint_of(Traffic::Workload, ns, ns_name, &pod.labels, waypoints));
-        }
-        bound
-            .into_iter()
-            .filter(|g| g.hbone_mtls_port != 0)
-            .map(|g| format!("{}/ns/{}/sa/{}", self.settings.trust_domain, g.namespace, g.hostname.split('.').next().unwrap_or("")))
-            .collect()
-    }
-
     /// Whether a waypoint can evaluate every selector-bound and
-    /// namespace-wide policy of `ns_name` (and of the root namespace): one
-    /// it cannot (an attribute such as `destination.ip`) keeps them all at
-    /// the node proxies, so that no policy is evaluated with the waypoint
-    /// as the client where it names the original one.
+    /// namespace-wide policy of `ns_name` (and of the root namespace) at
+    /// L7: one it cannot (an attribute such as `destination.ip`) keeps
+    /// their L7 versions from it, so that it never decides with a partial
+    /// set; it then decides them all with the node proxies' engine.
     fn waypoint_can_decide(&self, ns_name: &str) -> bool {
         [ns_name, self.settings.root_namespace.as_str()]
             .iter()
@@ -818,38 +770,31 @@ impl Index {
             .all(|p| p.selected_l7.is_some())
     }
 
-    /// The resource node proxies get for a policy. A selector-bound or
-    /// namespace-wide policy with rules that need L7, in front of whose
-    /// workloads a waypoint is in force, is enforced whole by that
-    /// waypoint with the original client; the node proxies then let the
-    /// waypoint through those rules (an ALLOW rule becomes "from the
-    /// waypoint"; a DENY rule no longer applies to it) and keep the L4
-    /// fail-safe meaning for everything else, so nothing that bypasses the
-    /// waypoint gains by it.
-    fn policy_resource(&self, ns_name: &str, p: &PolicyInput, waypoints: &[Waypoint]) -> Option<Authorization> {
+    /// The resource node proxies get for a policy: as written, with every
+    /// waypoint let through (docs/waypoint.md, "Policy"). A waypoint
+    /// decides each request or connection it forwards by the destination's
+    /// own policies, with the original client (its L7 versions where the
+    /// control plane gave them, `selected_policies_for`, else the node
+    /// proxies' engine on these very resources), so the destination's node
+    /// proxy, which sees the waypoint's identity, must not decide its
+    /// identity rules again on the waypoint: an ALLOW gains a rule "from a
+    /// waypoint", each DENY rule a clause "not from a waypoint". Nothing
+    /// that bypasses the waypoint gains by it: a direct caller is not a
+    /// waypoint, and a rule that needs L7 keeps its L4 fail-safe meaning.
+    fn policy_resource(&self, p: &PolicyInput, waypoints: &[Waypoint]) -> Option<Authorization> {
         use slipstream_core::policy::{Action, Clause, Match, Rule, StringMatch};
         let mut a = p.policy.clone()?;
-        let Some((_, l7_rules)) = &p.selected_l7 else { return Some(a) };
-        if l7_rules.is_empty() || ns_name == self.settings.root_namespace || !self.waypoint_can_decide(ns_name) {
+        if waypoints.is_empty() {
             return Some(a);
         }
-        let ns = self.namespaces.get(ns_name)?;
-        let mut fronting = BTreeSet::new();
-        for pod in ns.pods.values().filter(|pod| p.selector.as_ref().is_none_or(|sel| selector_matches(sel, &pod.labels))) {
-            fronting.extend(self.waypoints_in_front(ns, ns_name, pod, waypoints));
-        }
-        if fronting.is_empty() {
-            return Some(a);
-        }
-        let principals: Vec<StringMatch> = fronting.into_iter().map(StringMatch::Exact).collect();
-        for &i in l7_rules {
-            let Some(rule) = a.rules.get_mut(i) else { continue };
-            match a.action {
-                Action::Allow => {
-                    *rule =
-                        Rule { clauses: vec![Clause { matches: vec![Match { principals: principals.clone(), ..Default::default() }] }] };
-                }
-                Action::Deny => {
+        let principals: Vec<StringMatch> = waypoints
+            .iter()
+            .map(|w| StringMatch::Exact(format!("{}/ns/{}/sa/{}", self.settings.trust_domain, w.namespace, w.name)))
+            .collect();
+        match a.action {
+            Action::Allow => a.rules.push(Rule { clauses: vec![Clause { matches: vec![Match { principals, ..Default::default() }] }] }),
+            Action::Deny => {
+                for rule in &mut a.rules {
                     rule.clauses.push(Clause { matches: vec![Match { not_principals: principals.clone(), ..Default::default() }] });
                 }
             }
@@ -873,7 +818,12 @@ impl Index {
     /// all of them as soon as one needs L7 for one of those pods.
     fn selected_policies_for(&self, ns: &Ns, ns_name: &str, pods: &[&PodInput]) -> Vec<slipstream_core::policy::l7::L7Policy> {
         let selects = |p: &PolicyInput, pod: &PodInput| p.selector.as_ref().is_none_or(|s| selector_matches(s, &pod.labels));
+        // A namespace (or root) policy the waypoint cannot evaluate (an
+        // attribute such as `destination.ip`) keeps them all out: the
+        // waypoint then decides by the node proxies' engine, on every
+        // policy, at L4 (`Shared::authorize_endpoint`).
         let needs = ns_name != self.settings.root_namespace
+            && self.waypoint_can_decide(ns_name)
             && ns
                 .policies
                 .values()

@@ -132,19 +132,56 @@ impl Shared {
         Ok(())
     }
 
-    /// The authorization of a request (or, `req` None, a TCP connection)
-    /// to the workload `uid` on `port` by that workload's own policies;
-    /// None when it has none here.
-    fn authorize_workload(
+    /// The endpoint's own decision on a request (or, `req` None, a TCP
+    /// connection) the waypoint is about to send it, taken here with the
+    /// original client as the endpoint's node proxy would take it had the
+    /// client come directly (that node proxy sees the waypoint's identity
+    /// and lets it through: docs/waypoint.md, "Policy"): its ingress
+    /// network policies with the client's address, then its
+    /// AuthorizationPolicies, at L7 where the control plane gave their L7
+    /// versions for it, else by the node proxies' engine on the same
+    /// resources they receive. Err names the deciding policy, when one did.
+    fn authorize_endpoint(
         &self,
-        uid: &str,
-        port: u16,
+        state: &MeshState,
+        w: &slipstream_core::MeshWorkload,
+        ep: std::net::SocketAddr,
         peer: &handler::Peer,
         req: Option<(&slipstream_core::route::RequestView, &str)>,
-    ) -> Option<slipstream_core::policy::l7::L7Verdict> {
+        request_id: &str,
+    ) -> Result<(), Option<String>> {
+        use slipstream_core::policy::engine;
+        use slipstream_core::policy::network::{Direction, L4Protocol};
+        let name = |b: &slipstream_core::policy::PolicyRule| format!("{}/{}", b.namespace, b.name);
+        let conn = engine::Connection {
+            protocol: L4Protocol::Tcp,
+            src_ip: peer.addr.ip(),
+            peer: Some(&peer.identity),
+            dst_ip: ep.ip(),
+            dst_port: ep.port(),
+        };
+        let network = engine::network(state, w, Direction::Ingress, &conn);
+        if !network.allowed {
+            return Err(network.by.as_ref().or(network.candidates.first()).map(name));
+        }
         let all = self.workload_policies.load();
-        let policies = all.get(uid)?;
-        plan::authorize_endpoint(policies, port, &peer.identity, peer.addr.ip(), req)
+        if let Some(policies) = all.get(&w.uid) {
+            let Some(v) = plan::authorize_endpoint(policies, ep.port(), &peer.identity, peer.addr.ip(), req) else { return Ok(()) };
+            for d in &v.dry_run_denials {
+                tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), request_id, "dry-run: would be denied");
+            }
+            return if v.allowed { Ok(()) } else { Err(v.by.map(|b| format!("{}/{}", b.namespace, b.name))) };
+        }
+        let mut dry_run = Vec::new();
+        let istio = engine::istio(state, w, &conn, &mut dry_run);
+        for d in &dry_run {
+            tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %name(d), request_id, "dry-run: would be denied");
+        }
+        if istio.allowed {
+            Ok(())
+        } else {
+            Err(istio.by.as_ref().or(istio.candidates.first()).map(name))
+        }
     }
 
     /// A service's DestinationRule policy (Istio's defaults without one).

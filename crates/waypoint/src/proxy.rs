@@ -118,9 +118,12 @@ const MIRROR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 /// the replay budget until it is done (at most [`MIRROR_TIMEOUT`]): a slow
 /// mirror cannot make the waypoint hold more than the budget; past it, the
 /// copy is not sent.
+#[allow(clippy::too_many_arguments)]
 fn mirror(
     shared: &Arc<Shared>,
     state: &slipstream_core::MeshState,
+    peer: &Peer,
+    request: (&RequestView<'_>, &str),
     mirrors: &[Backend],
     parts: &http::request::Parts,
     path_and_query: &str,
@@ -134,6 +137,13 @@ fn mirror(
         }
         let Some(ep) = slipstream_core::MeshState::pick(&eps, rand::random()) else { continue };
         let addr = std::net::SocketAddr::new(ep.workload.address(), ep.target_port);
+        // A copy is a request to that endpoint too: its own policies and
+        // the source's egress decide it, as for the original.
+        if shared.source_egress(state, peer, addr).is_err()
+            || shared.authorize_endpoint(state, &ep.workload, addr, peer, Some(request), "-").is_err()
+        {
+            continue;
+        }
         let Ok(uri) = http::Uri::try_from(path_and_query) else { continue };
         let kib = (bytes.len() as u64).div_ceil(1024) as u32;
         let permit = if kib == 0 {
@@ -280,7 +290,7 @@ async fn forward(
         (Some(body), None, None)
     };
     if let (true, Some(b)) = (mirrored, &replay) {
-        mirror(shared, state, &filters.mirrors, &parts, &f.path_and_query, b);
+        mirror(shared, state, peer, (view, host), &filters.mirrors, &parts, &f.path_and_query, b);
     }
     let retries = if replay.is_some() { retries } else { 0 };
     let key = crate::balance::hash_key(&f.traffic.lb, view_headers, query, peer.addr.ip());
@@ -308,24 +318,17 @@ async fn forward(
             shared.balancer.finish(&f, slot, Some(200));
             return Forwarded { response: text(403, format!("{d}\n")), flag: "RBAC", upstream, attempts: attempt, denied_by: None };
         }
-        // The endpoint's own (selector-bound) policies, which its waypoint
-        // enforces with the original client (docs/waypoint.md, "Policy").
-        let endpoint_verdict = shared.authorize_workload(&slot.endpoint.workload.uid, slot.endpoint.target_port, peer, Some((view, host)));
-        if let Some(v) = endpoint_verdict {
-            for d in &v.dry_run_denials {
-                tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), request_id = id, "dry-run: would be denied");
-            }
-            if !v.allowed {
-                shared.balancer.finish(&f, slot, Some(200));
-                let by = v.by.map(|b| format!("{}/{}", b.namespace, b.name));
-                return Forwarded {
-                    response: text(403, "RBAC: access denied\n".into()),
-                    flag: "RBAC",
-                    upstream,
-                    attempts: attempt,
-                    denied_by: by,
-                };
-            }
+        // The endpoint's own policies, which its waypoint enforces with the
+        // original client (docs/waypoint.md, "Policy").
+        if let Err(by) = shared.authorize_endpoint(state, &slot.endpoint.workload, ep, peer, Some((view, host)), id) {
+            shared.balancer.finish(&f, slot, Some(200));
+            return Forwarded {
+                response: text(403, "RBAC: access denied\n".into()),
+                flag: "RBAC",
+                upstream,
+                attempts: attempt,
+                denied_by: by,
+            };
         }
         let mut p = match parts.take() {
             Some(p) if attempt <= retries => {

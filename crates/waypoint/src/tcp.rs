@@ -82,10 +82,9 @@ fn allowed(shared: &Shared, target: &Target, peer: &Peer, ep: SocketAddr, w: &sl
         return Err(d.to_string());
     }
     // The endpoint's own policies, at L4 semantics (as for the service's).
-    match shared.authorize_workload(&w.uid, ep.port(), peer, None) {
-        Some(v) if !v.allowed => Err(v.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default()),
-        _ => Ok(()),
-    }
+    shared.authorize_endpoint(&state, w, ep, peer, None, "-").map_err(|by| {
+        by.map(|b| format!("denied by the endpoint's policy {b}")).unwrap_or_else(|| "denied by the endpoint's policies".into())
+    })
 }
 
 pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, target: &Target, peer: &Peer, mut client: T) {

@@ -177,6 +177,32 @@ pub fn human(a: &Answer) -> String {
     for d in &a.detail.ingress.dry_run {
         out.push_str(&format!("  (dry-run {d} would have matched)\n"));
     }
+    // Through a waypoint: it decides with the original client (the lines
+    // above are its decision), then the destination's node proxy decides
+    // on the waypoint's connection.
+    for w in &a.waypoints {
+        out.push_str(&format!(
+            "{}  through waypoint {} ({}), addressed to {}\n",
+            w.verdict.to_uppercase(),
+            w.waypoint,
+            w.waypoint_identity,
+            w.via
+        ));
+        let at = &w.at_waypoint;
+        out.push_str(&format!("  at the waypoint, as {}:\n", a.from));
+        out.push_str(&format!("    source egress        network policy  {}\n", layer(&at.egress)));
+        out.push_str(&format!("    destination ingress  network policy  {}\n", layer(&at.ingress.network)));
+        out.push_str(&format!("    destination ingress  authorization   {}\n", layer(&at.ingress.istio)));
+        match (&w.at_destination, &w.unreachable) {
+            (Some(d), _) => {
+                out.push_str("  at the destination's node proxy, as the waypoint:\n");
+                out.push_str(&format!("    destination ingress  network policy  {}\n", layer(&d.network)));
+                out.push_str(&format!("    destination ingress  authorization   {}\n", layer(&d.istio)));
+            }
+            (None, Some(why)) => out.push_str(&format!("  the waypoint {why}: refused by the source's node proxy (NO_WAYPOINT)\n")),
+            (None, None) => {}
+        }
+    }
     out
 }
 

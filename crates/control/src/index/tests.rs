@@ -717,9 +717,11 @@ fn a_selector_policy_with_l7_rules_moves_to_the_waypoint_in_front_of_its_pods() 
     // No waypoint: the L4 fail-safe (the rule that needs L7 matches nothing).
     assert_eq!(authz(&ix).rules[0], slipstream_core::policy::Rule::never());
     assert!(routes(&ix).is_none());
-    // A waypoint in front of billing's service: the node proxies let the
-    // waypoint through that rule, the other rule as it was; the waypoint
-    // gets the whole policy, for billing's pod.
+    // A waypoint in front of billing's service: the node proxies keep the
+    // policy as written (its L7 rule fail-safe) and let the waypoint
+    // through with a rule of its own (the waypoint decides with the
+    // original client); the waypoint gets the whole policy, for billing's
+    // pod.
     upsert(&mut ix, &gateway("production", "waypoint", "", 15008));
     upsert(
         &mut ix,
@@ -729,8 +731,9 @@ fn a_selector_policy_with_l7_rules_moves_to_the_waypoint_in_front_of_its_pods() 
         ),
     );
     let a = authz(&ix);
-    assert_eq!(a.rules[0].clauses[0].matches[0].principals, [StringMatch::Exact("cluster.local/ns/production/sa/waypoint".into())]);
+    assert_eq!(a.rules[0], slipstream_core::policy::Rule::never(), "what bypasses the waypoint meets the fail-safe");
     assert_eq!(a.rules[1].clauses[0].matches[0].namespaces, [StringMatch::Exact("ops".into())], "an L4 rule is unchanged");
+    assert_eq!(a.rules[2].clauses[0].matches[0].principals, [StringMatch::Exact("cluster.local/ns/production/sa/waypoint".into())]);
     let r = routes(&ix).expect("billing's routes resource");
     assert_eq!(r.policies.len(), 1);
     assert_eq!(r.policies[0].workloads.as_deref(), Some(&["c1//Pod/production/billing-1".to_string()][..]));
@@ -741,11 +744,15 @@ fn a_selector_policy_with_l7_rules_moves_to_the_waypoint_in_front_of_its_pods() 
     assert_eq!(a.action, Action::Deny);
     let last = a.rules[0].clauses.last().unwrap();
     assert_eq!(last.matches[0].not_principals, [StringMatch::Exact("cluster.local/ns/production/sa/waypoint".into())]);
-    // The binding goes: back to the fail-safe.
+    // The binding goes: the waypoint gets no L7 version any more (it
+    // decides by the node proxies' engine, with the L4 fail-safe); the
+    // Gateway goes: nothing lets it through.
     upsert(&mut ix, &service("production", "billing", "app: billing", "10.96.0.20"));
     upsert(&mut ix, &policy_yaml);
     assert_eq!(authz(&ix).rules[0], slipstream_core::policy::Rule::never());
     assert!(routes(&ix).is_none_or(|r| r.policies.is_empty()));
+    ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::Gateway, "production", "waypoint"))).unwrap();
+    assert_eq!(authz(&ix).rules.len(), 2, "the policy as written");
 }
 
 #[test]
@@ -762,8 +769,11 @@ fn a_root_policy_the_waypoint_cannot_decide_keeps_every_namespaces_policies_at_t
         ),
         policy("production", "invoices", "{selector: {matchLabels: {app: billing}}, rules: [{to: [{operation: {methods: [GET]}}]}]}"),
     ));
-    let first_rule = |ix: &Index| ix.mesh_config().policies.into_iter().find(|p| p.name == "invoices").unwrap().rules[0].clone();
-    assert_ne!(first_rule(&ix), slipstream_core::policy::Rule::never(), "decided at the waypoint: the node proxies let it through");
+    let billing_routes = |ix: &Index| {
+        let key = ResourceKey::new(TypeUrl::Route, "production/billing.production.svc.cluster.local");
+        ix.resources().get(&key).map(|v| slipstream_api::routes::routes_from_any(&v.body).unwrap().policies).unwrap_or_default()
+    };
+    assert_eq!(billing_routes(&ix).len(), 1, "decided at the waypoint, at L7");
     // A mesh-wide policy (root namespace) with an attribute no waypoint
     // can evaluate, selecting no pod of production: production's policies
     // must all go back to the node proxies, though none of its pods or
@@ -774,7 +784,7 @@ fn a_root_policy_the_waypoint_cannot_decide_keeps_every_namespaces_policies_at_t
         "{selector: {matchLabels: {app: elsewhere}}, rules: [{when: [{key: destination.ip, values: [10.0.0.1]}]}]}",
     );
     upsert(&mut ix, &root);
-    assert_eq!(first_rule(&ix), slipstream_core::policy::Rule::never(), "the L4 fail-safe again");
+    assert!(billing_routes(&ix).is_empty(), "no partial set: the waypoint decides them all with the node proxies' engine");
 }
 
 #[test]
@@ -804,10 +814,10 @@ fn requests_addressed_to_a_pod_meet_the_gateways_its_services_and_its_own_polici
         [("no-admin", None, None), ("invoices", Some(&billing[..]), None)],
         "the Gateway's policy for every pod-addressed request, billing's own policy at its endpoint"
     );
-    // The node proxies let the waypoint through the rule that needs L7:
-    // the waypoint decides it, with the original client.
+    // The node proxies let the waypoint through: it decides the policy,
+    // with the original client.
     let a = ix.mesh_config().policies.into_iter().find(|p| p.name == "invoices").unwrap();
-    assert_eq!(a.rules[0].clauses[0].matches[0].principals, [StringMatch::Exact("cluster.local/ns/production/sa/waypoint".into())]);
+    assert_eq!(a.rules[1].clauses[0].matches[0].principals, [StringMatch::Exact("cluster.local/ns/production/sa/waypoint".into())]);
     // A policy of a Service bound to the waypoint: also for the requests
     // addressed to its pods bound to the waypoint (stricter than Istio).
     upsert(

@@ -194,6 +194,93 @@ pub struct Answer {
     pub source_identity: Option<String>,
     #[serde(flatten)]
     pub detail: Verdict,
+    /// The paths through a waypoint the connection can take (to the pod's
+    /// own address when the pod is bound to one, through each Service of
+    /// the pod on this port bound to one), each with both decisions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waypoints: Vec<WaypointPath>,
+}
+
+/// The connection through a waypoint: the waypoint decides with the
+/// original client (the source's egress and the destination's own
+/// policies, as if the client came directly: `detail` of the answer), then
+/// the destination's node proxy decides on the waypoint's connection,
+/// which carries the waypoint's identity and address (and which policies
+/// let through: the waypoint has decided them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaypointPath {
+    /// `the pod's address`, or `service <namespace>/<name>`.
+    pub via: String,
+    /// `namespace/name` of the waypoint's Gateway.
+    pub waypoint: String,
+    pub waypoint_identity: String,
+    /// "allow" or "deny".
+    pub verdict: &'static str,
+    /// At the waypoint, with the original client.
+    pub at_waypoint: Verdict,
+    /// At the destination's node proxy, with the waypoint's identity; None
+    /// when the waypoint has no ready pod (the connection is then refused
+    /// by the source's node proxy, `NO_WAYPOINT`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_destination: Option<IngressVerdict>,
+    /// Why the waypoint cannot be reached, if it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<String>,
+}
+
+/// The waypoint paths from `src` to `dst` on `port` (see [`WaypointPath`]).
+pub fn waypoint_paths(state: &MeshState, src: &MeshWorkload, dst: &MeshWorkload, port: u16, direct: &Verdict) -> Vec<WaypointPath> {
+    if !src.meshed() || !dst.meshed() {
+        // Only a meshed source's traffic is captured and sent to a waypoint.
+        return Vec::new();
+    }
+    let mut bound: Vec<(String, crate::GatewayAddress)> = Vec::new();
+    if let Some(g) = &dst.waypoint {
+        bound.push(("pod address".into(), g.clone()));
+    }
+    for (key, ports) in &dst.services {
+        let Some(svc) = state.service(key) else { continue };
+        if let (Some(g), true) = (&svc.waypoint, ports.iter().any(|p| p.target_port == port)) {
+            bound.push((format!("service {}/{}", svc.namespace, svc.name), g.clone()));
+        }
+    }
+    bound
+        .into_iter()
+        .map(|(via, g)| {
+            let name = g.hostname.split('.').next().unwrap_or(&g.hostname).to_string();
+            let identity = SpiffeId::new(dst.identity().trust_domain().as_str(), &g.namespace, &name);
+            let waypoint = format!("{}/{name}", g.namespace);
+            let waypoint_identity = identity.as_ref().map(|i| i.to_string()).unwrap_or_default();
+            let reachable = if g.hbone_mtls_port == 0 {
+                Err("does not take this traffic (it does not exist, or does not allow this namespace or this kind of traffic)".to_string())
+            } else {
+                state.waypoint(&g).map_err(str::to_string)
+            };
+            let at_destination = match (&reachable, &identity) {
+                (Ok((_, eps)), Ok(id)) => eps.first().map(|wp| {
+                    let c = Connection {
+                        protocol: L4Protocol::Tcp,
+                        src_ip: wp.workload.address(),
+                        peer: Some(id),
+                        dst_ip: dst.address(),
+                        dst_port: port,
+                    };
+                    ingress(state, dst, &c)
+                }),
+                _ => None,
+            };
+            let allowed = reachable.is_ok() && direct.allowed && at_destination.as_ref().is_some_and(IngressVerdict::allowed);
+            WaypointPath {
+                via,
+                waypoint,
+                waypoint_identity,
+                verdict: if allowed { "allow" } else { "deny" },
+                at_waypoint: direct.clone(),
+                at_destination,
+                unreachable: reachable.err(),
+            }
+        })
+        .collect()
 }
 
 /// A question the state cannot answer: a pod it does not know.
@@ -212,6 +299,7 @@ pub fn check(state: &MeshState, q: &Question) -> Result<Answer, QuestionError> {
     }
     let (src, dst) = (find(state, &q.from)?, find(state, &q.to)?);
     let detail = connection(state, &src, &dst, L4Protocol::Tcp, q.port);
+    let waypoints = waypoint_paths(state, &src, &dst, q.port, &detail);
     let mtls = src.meshed() && dst.meshed();
     let pod = |w: &MeshWorkload| PodName { namespace: w.namespace.clone(), name: w.name.clone() };
     Ok(Answer {
@@ -222,5 +310,6 @@ pub fn check(state: &MeshState, q: &Question) -> Result<Answer, QuestionError> {
         mtls,
         source_identity: mtls.then(|| src.identity().to_string()),
         detail,
+        waypoints,
     })
 }
