@@ -233,6 +233,8 @@ mod l7 {
                             not_namespaces: sms(&s.not_namespaces),
                             ip_blocks: s.ip_blocks.iter().map(cidr).collect(),
                             not_ip_blocks: s.not_ip_blocks.iter().map(cidr).collect(),
+                            remote_ip_blocks: s.remote_ip_blocks.iter().map(cidr).collect(),
+                            not_remote_ip_blocks: s.not_remote_ip_blocks.iter().map(cidr).collect(),
                         })
                         .collect(),
                     to: r
@@ -258,6 +260,7 @@ mod l7 {
                                 key: Some(match &c.key {
                                     ConditionKey::RequestHeader(h) => Key::RequestHeader(h.clone()),
                                     ConditionKey::SourceIp => Key::SourceIp(true),
+                                    ConditionKey::RemoteIp => Key::RemoteIp(true),
                                     ConditionKey::SourceNamespace => Key::SourceNamespace(true),
                                     ConditionKey::SourcePrincipal => Key::SourcePrincipal(true),
                                     ConditionKey::DestinationPort => Key::DestinationPort(true),
@@ -318,6 +321,8 @@ mod l7 {
                     not_namespaces: sms_from(&s.not_namespaces, &format!("{g}.not_namespaces"))?,
                     ip_blocks: cidrs_from(&s.ip_blocks, &format!("{g}.ip_blocks"))?,
                     not_ip_blocks: cidrs_from(&s.not_ip_blocks, &format!("{g}.not_ip_blocks"))?,
+                    remote_ip_blocks: cidrs_from(&s.remote_ip_blocks, &format!("{g}.remote_ip_blocks"))?,
+                    not_remote_ip_blocks: cidrs_from(&s.not_remote_ip_blocks, &format!("{g}.not_remote_ip_blocks"))?,
                 });
             }
             let mut to = Vec::new();
@@ -341,6 +346,7 @@ mod l7 {
                 let key = match &c.key {
                     Some(Key::RequestHeader(h)) if !h.is_empty() => ConditionKey::RequestHeader(h.to_ascii_lowercase()),
                     Some(Key::SourceIp(true)) => ConditionKey::SourceIp,
+                    Some(Key::RemoteIp(true)) => ConditionKey::RemoteIp,
                     Some(Key::SourceNamespace(true)) => ConditionKey::SourceNamespace,
                     Some(Key::SourcePrincipal(true)) => ConditionKey::SourcePrincipal,
                     Some(Key::DestinationPort(true)) => ConditionKey::DestinationPort,
@@ -763,6 +769,8 @@ mod tests {
                             not_namespaces: vec![StringMatch::Suffix("x".into())],
                             ip_blocks: vec![Cidr { address: "10.0.0.0".parse().unwrap(), length: 8 }],
                             not_ip_blocks: vec![Cidr { address: "fd00::".parse().unwrap(), length: 64 }],
+                            remote_ip_blocks: vec![Cidr { address: "192.0.2.0".parse().unwrap(), length: 24 }],
+                            not_remote_ip_blocks: vec![Cidr { address: "192.0.2.7".parse().unwrap(), length: 32 }],
                         }],
                         to: vec![L7Operation {
                             hosts: vec![ex("reviews")],
@@ -777,6 +785,7 @@ mod tests {
                         when: vec![
                             L7Condition { key: ConditionKey::RequestHeader("x-user".into()), values: vec![ex("a")], not_values: vec![] },
                             L7Condition { key: ConditionKey::SourceIp, values: vec![ex("10.0.0.0/8")], not_values: vec![] },
+                            L7Condition { key: ConditionKey::RemoteIp, values: vec![ex("192.0.2.0/24")], not_values: vec![] },
                             L7Condition { key: ConditionKey::DestinationPort, values: vec![], not_values: vec![ex("1")] },
                         ],
                     }],

@@ -383,3 +383,70 @@ fn identity_rules_keep_holding_behind_a_waypoint() {
     assert!(paths.iter().all(|p| p["verdict"] == "allow" && p["at_destination"]["istio"]["allowed"] == true), "{json:#}");
     c.down();
 }
+
+/// Issue 36, item 9: `hosts` and a trailing dot, with ALLOW and DENY; and
+/// `remoteIpBlocks` read from `X-Forwarded-For` only past the proxies
+/// MeshConfig trusts (`numTrustedProxies`), never from what a pod writes.
+#[test]
+fn hosts_with_a_trailing_dot_and_forwarded_addresses_hold_from_inside_a_pod() {
+    let (c, dir) = shop("t-hard-wp-hosts");
+    let svc = "http://web.shop:8080/headers";
+    let status = |host: &str, extra: &[&str]| {
+        let mut h = vec!["-H", host];
+        h.extend_from_slice(extra);
+        status_of(&c, "client", svc, &h)
+    };
+    let policy = |name: &str, spec: &str| {
+        format!("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: {name}, namespace: shop}}\nspec: {spec}\n")
+    };
+    let deny = write_manifest(
+        &dir,
+        "deny-host.yaml",
+        &policy(
+            "no-admin-host",
+            "{targetRefs: [{kind: Service, name: web}], action: DENY, rules: [{to: [{operation: {hosts: [admin.example.com]}}]}]}",
+        ),
+    );
+    c.ok(&["apply", "-f", &deny]);
+    wait_until("the host DENY in force", Duration::from_secs(30), || status("Host: admin.example.com", &[]) == "403");
+    for host in ["Host: admin.example.com.", "Host: ADMIN.example.com.:8080", "Host: admin.example.com:8080"] {
+        assert_eq!(status(host, &[]), "403", "{host}");
+    }
+    assert_eq!(status("Host: web.example.com", &[]), "200");
+    c.ok(&["delete", "-f", &deny]);
+    let allow = write_manifest(
+        &dir,
+        "allow-host.yaml",
+        &policy("only-web-host", "{targetRefs: [{kind: Service, name: web}], rules: [{to: [{operation: {hosts: [web.example.com]}}]}]}"),
+    );
+    c.ok(&["apply", "-f", &allow]);
+    wait_until("the host ALLOW in force", Duration::from_secs(30), || status("Host: other.example.com", &[]) == "403");
+    for host in ["Host: web.example.com", "Host: web.example.com.", "Host: WEB.Example.com.:8080"] {
+        assert_eq!(status(host, &[]), "200", "{host}");
+    }
+    c.ok(&["delete", "-f", &allow]);
+    // remoteIpBlocks: a pod's own X-Forwarded-For is no address of its own.
+    let xff = write_manifest(
+        &dir,
+        "xff.yaml",
+        &policy(
+            "no-doc-net",
+            "{targetRefs: [{kind: Service, name: web}], action: DENY, rules: [{from: [{source: {remoteIpBlocks: [192.0.2.0/24]}}]}, {to: [{operation: {paths: [/probe]}}]}]}",
+        ),
+    );
+    c.ok(&["apply", "-f", &xff]);
+    let forwarded = ["-H", "X-Forwarded-For: 192.0.2.7"];
+    // In force once its second rule is: then the pod's own header decides nothing.
+    wait_until("the policy in force", Duration::from_secs(30), || status_of(&c, "client", "http://web.shop:8080/probe", &[]) == "403");
+    assert_eq!(status("Host: web", &forwarded), "200", "no proxy trusted: a pod's X-Forwarded-For is not its address");
+    let mesh = write_manifest(
+        &dir,
+        "mesh.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: istio, namespace: istio-system}\ndata:\n  mesh: |\n    defaultConfig:\n      gatewayTopology:\n        numTrustedProxies: 1\n",
+    );
+    c.ok(&["apply", "-f", &mesh]);
+    wait_until("one trusted proxy: the forwarded address decides", Duration::from_secs(30), || status("Host: web", &forwarded) == "403");
+    assert_eq!(status("Host: web", &["-H", "X-Forwarded-For: 192.0.2.7, 198.51.100.1"]), "200", "the rightmost address is the one trusted");
+    assert_eq!(status("Host: web", &[]), "200", "without the header: the peer's address");
+    c.down();
+}

@@ -132,6 +132,11 @@ impl Shared {
         Ok(())
     }
 
+    /// The caller of `peer`'s requests, as the policies see it.
+    fn caller<'a>(&self, peer: &'a handler::Peer) -> plan::Caller<'a> {
+        plan::Caller { identity: &peer.identity, addr: peer.addr.ip(), trusted_proxies: self.settings_mesh.load().num_trusted_proxies }
+    }
+
     /// The endpoint's own decision on a request (or, `req` None, a TCP
     /// connection) the waypoint is about to send it, taken here with the
     /// original client as the endpoint's node proxy would take it had the
@@ -166,7 +171,7 @@ impl Shared {
         }
         let all = self.workload_policies.load();
         if let Some(policies) = all.get(&w.uid) {
-            let Some(v) = plan::authorize_endpoint(policies, ep.port(), &peer.identity, peer.addr.ip(), req) else { return Ok(()) };
+            let Some(v) = plan::authorize_endpoint(policies, ep.port(), self.caller(peer), req) else { return Ok(()) };
             for d in &v.dry_run_denials {
                 tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), request_id, "dry-run: would be denied");
             }
@@ -192,7 +197,11 @@ impl Shared {
     /// The source's egress network policies on the endpoint `ep`: its node
     /// proxy could not apply them (it did not know the endpoint). The
     /// source is the workload at the tunnel's address with the verified
-    /// identity (node proxies open tunnels from the pod's address).
+    /// identity (node proxies open tunnels from the pod's address). When
+    /// there is none (the waypoint has not heard of the pod yet, or the
+    /// address is another's), its egress policies cannot be known: refused
+    /// if any network policy of its namespace restricts egress (fail
+    /// closed), as they may select it.
     fn source_egress(
         &self,
         state: &MeshState,
@@ -201,7 +210,27 @@ impl Shared {
     ) -> Result<(), Arc<slipstream_node::error::Denial>> {
         match state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity) {
             Some(src) => slipstream_node::authz::outbound(state, &src, peer.addr, ep),
-            None => Ok(()),
+            None => {
+                let ns = peer.identity.namespace();
+                let restricting = state.net_policies().find(|p| p.namespace == ns && (p.isolates_egress || !p.egress_deny.is_empty()));
+                match restricting {
+                    None => Ok(()),
+                    Some(p) => Err(Arc::new(slipstream_node::error::Denial {
+                        text: format!(
+                            "network policy: {} is no workload of identity {} known here, and {:?} {}/{} restricts the egress of its namespace: \
+                             its egress policies cannot be decided",
+                            peer.addr.ip(),
+                            peer.identity,
+                            p.kind,
+                            p.namespace,
+                            p.name
+                        )
+                        .into(),
+                        layer: "network_policy",
+                        by: None,
+                    })),
+                }
+            }
         }
     }
 }

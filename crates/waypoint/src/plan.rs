@@ -206,8 +206,7 @@ fn path_and_query(path: &str, query: &str) -> String {
 pub fn authorize(
     routes: Option<&ServiceRoutes>,
     target: &Target,
-    peer: &slipstream_core::SpiffeId,
-    source_ip: std::net::IpAddr,
+    caller: Caller,
     req: Option<(&RequestView, &str)>,
 ) -> slipstream_core::policy::l7::L7Verdict {
     let port = match target {
@@ -224,7 +223,18 @@ pub fn authorize(
                 Target::Workload { workload, .. } => p.pods.as_ref().map_or(true, |uids| uids.binary_search(&workload.uid).is_ok()),
             }
     };
-    evaluate_l7(policies.iter().filter(applies), port, peer, source_ip, req)
+    evaluate_l7(policies.iter().filter(applies), port, caller, req)
+}
+
+/// Who a request or connection comes from, as the policies see it: the
+/// verified peer, its address (`source.ip`), and how many proxies in front
+/// of the mesh are trusted to have written `X-Forwarded-For` (MeshConfig's
+/// `numTrustedProxies`, for `remote.ip`).
+#[derive(Debug, Clone, Copy)]
+pub struct Caller<'a> {
+    pub identity: &'a slipstream_core::SpiffeId,
+    pub addr: std::net::IpAddr,
+    pub trusted_proxies: u32,
 }
 
 /// The authorization of the workload a request (or TCP connection) is
@@ -235,32 +245,34 @@ pub fn authorize(
 pub fn authorize_endpoint(
     policies: &[slipstream_core::policy::l7::L7Policy],
     port: u16,
-    peer: &slipstream_core::SpiffeId,
-    source_ip: std::net::IpAddr,
+    caller: Caller,
     req: Option<(&RequestView, &str)>,
 ) -> Option<slipstream_core::policy::l7::L7Verdict> {
-    (!policies.is_empty()).then(|| evaluate_l7(policies.iter(), port, peer, source_ip, req))
+    (!policies.is_empty()).then(|| evaluate_l7(policies.iter(), port, caller, req))
 }
 
 fn evaluate_l7<'p>(
     policies: impl Iterator<Item = &'p slipstream_core::policy::l7::L7Policy> + Clone,
     port: u16,
-    peer: &slipstream_core::SpiffeId,
-    source_ip: std::net::IpAddr,
+    caller: Caller,
     req: Option<(&RequestView, &str)>,
 ) -> slipstream_core::policy::l7::L7Verdict {
-    use slipstream_core::policy::l7::{evaluate, L7Request};
+    use slipstream_core::policy::l7::{evaluate, remote_ip, L7Request};
+    let peer = caller.identity;
     let principal = peer.principal();
     let empty: [(&str, &str); 0] = [];
+    let headers = req.map_or(&empty[..], |(v, _)| v.headers);
+    let xff: Vec<&str> = headers.iter().filter(|(k, _)| *k == "x-forwarded-for").map(|(_, v)| *v).collect();
     let r = L7Request {
         principal: Some(principal),
         namespace: Some(peer.namespace()),
-        source_ip,
+        source_ip: caller.addr,
+        remote_ip: remote_ip(&xff, caller.addr, caller.trusted_proxies),
         method: req.map_or("", |(v, _)| v.method),
         path: req.map_or("", |(v, _)| v.path),
         host: req.map_or("", |(_, h)| h),
         port,
-        headers: req.map_or(&empty[..], |(v, _)| v.headers),
+        headers,
         http: req.is_some(),
     };
     evaluate(policies, &r)

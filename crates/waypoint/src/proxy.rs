@@ -470,7 +470,7 @@ pub async fn handle(
     let request_bytes = Tally::default();
     let req = req.map(|b| Counted::new(b, request_bytes.clone(), None));
     // Authorization first: a denied request learns nothing of the routes.
-    let verdict = plan::authorize(service_routes.as_deref(), &target, &peer.identity, peer.addr.ip(), Some((&view, host)));
+    let verdict = plan::authorize(service_routes.as_deref(), &target, shared.caller(&peer), Some((&view, host)));
     for d in &verdict.dry_run_denials {
         tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), "dry-run: {method} {path} would be denied");
     }

@@ -74,7 +74,7 @@ pub fn endpoint(state: &MeshState, target: &Target, draw: u64) -> Result<(Socket
 fn allowed(shared: &Shared, target: &Target, peer: &Peer, ep: SocketAddr, w: &slipstream_core::MeshWorkload) -> Result<(), String> {
     let state = shared.mesh.load_full();
     let service_routes = shared.routes_of(target);
-    let verdict = crate::plan::authorize(service_routes.as_deref(), target, &peer.identity, peer.addr.ip(), None);
+    let verdict = crate::plan::authorize(service_routes.as_deref(), target, shared.caller(peer), None);
     if !verdict.allowed {
         return Err(verdict.by.map(|b| format!("denied by AuthorizationPolicy {}/{}", b.namespace, b.name)).unwrap_or_default());
     }

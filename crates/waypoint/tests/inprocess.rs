@@ -351,6 +351,24 @@ async fn a_bound_service_is_routed_by_the_waypoint_request_by_request() {
     assert!(answers.iter().all(|b| b == "200 v1 /reviews/1" || b.starts_with("403 ")), "{answers:?}");
     assert!(denied > 0, "some requests drew v2 and were refused: {answers:?}");
     assert!(answers.iter().any(|b| b.starts_with("403 ") && b.contains("client-egress")), "{answers:?}");
+    // A tunnel from an address the waypoint knows no workload of that
+    // identity at (here: the client left its configuration): its egress
+    // policies cannot be decided, and its namespace has one, so every
+    // request is refused rather than let out unchecked (issue 36, item 9).
+    let mut unknown = isolated.clone();
+    unknown.workloads.retain(|w| w.name != "client");
+    unknown.net_policies[0].selected.clear();
+    let (state, errors) = MeshState::from_config(&unknown);
+    assert!(errors.is_empty(), "{errors:?}");
+    wp.set_mesh(state);
+    let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/1", 10).await;
+    assert!(answers.iter().all(|b| b.starts_with("403 ") && b.contains("egress policies cannot be decided")), "{answers:?}");
+    // Without a network policy restricting egress there: served.
+    unknown.net_policies.clear();
+    let (state, _) = MeshState::from_config(&unknown);
+    wp.set_mesh(state);
+    let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/1", 10).await;
+    assert!(answers.iter().all(|b| b.starts_with("200 ")), "{answers:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

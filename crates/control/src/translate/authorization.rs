@@ -176,33 +176,19 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
                     "request principals need JWT validation, which the waypoint does not do yet",
                 ));
             }
-            // Both are the peer's address here too (no forwarded header
-            // is trusted): it must be in both lists, their intersection.
-            let direct = cidrs(&s.ip_blocks, &format!("{field}.ipBlocks"), r)?;
-            let remote = cidrs(&s.remote_ip_blocks, &format!("{field}.remoteIpBlocks"), r)?;
-            let mut not_ip_blocks = cidrs(&s.not_ip_blocks, &format!("{field}.notIpBlocks"), r)?;
-            let ip_blocks = match (direct.is_empty(), remote.is_empty()) {
-                (false, false) => {
-                    let both = intersect(&direct, &remote);
-                    if both.is_empty() {
-                        // No address is in both: the source matches nothing.
-                        let any =
-                            [Cidr { address: IpAddr::from([0u8; 4]), length: 0 }, Cidr { address: IpAddr::from([0u8; 16]), length: 0 }];
-                        not_ip_blocks.extend(any);
-                    }
-                    both
-                }
-                (false, true) => direct,
-                _ => remote,
-            };
-            not_ip_blocks.extend(cidrs(&s.not_remote_ip_blocks, &format!("{field}.notRemoteIpBlocks"), r)?);
+            // At the waypoint `remoteIpBlocks` read the client's address
+            // `X-Forwarded-For` gives past the trusted proxies (MeshConfig
+            // `numTrustedProxies`; the peer's without them), `ipBlocks` the
+            // peer's.
             from.push(L7Source {
                 principals: sm(&s.principals),
                 not_principals: sm(&s.not_principals),
                 namespaces: sm(&s.namespaces),
                 not_namespaces: sm(&s.not_namespaces),
-                ip_blocks,
-                not_ip_blocks,
+                ip_blocks: cidrs(&s.ip_blocks, &format!("{field}.ipBlocks"), r)?,
+                not_ip_blocks: cidrs(&s.not_ip_blocks, &format!("{field}.notIpBlocks"), r)?,
+                remote_ip_blocks: cidrs(&s.remote_ip_blocks, &format!("{field}.remoteIpBlocks"), r)?,
+                not_remote_ip_blocks: cidrs(&s.not_remote_ip_blocks, &format!("{field}.notRemoteIpBlocks"), r)?,
             });
         }
         let mut to = Vec::new();
@@ -227,7 +213,8 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
                 return Err(ObjectError::new(r, &field, "needs values or notValues"));
             }
             let key = match c.key.as_str() {
-                "source.ip" | "remote.ip" => ConditionKey::SourceIp,
+                "source.ip" => ConditionKey::SourceIp,
+                "remote.ip" => ConditionKey::RemoteIp,
                 "source.namespace" => ConditionKey::SourceNamespace,
                 "source.principal" => ConditionKey::SourcePrincipal,
                 "destination.port" => ConditionKey::DestinationPort,
@@ -242,7 +229,7 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
                     }
                 },
             };
-            if key == ConditionKey::SourceIp {
+            if matches!(key, ConditionKey::SourceIp | ConditionKey::RemoteIp) {
                 cidrs(&c.values, &format!("{field}.values"), r)?;
                 cidrs(&c.not_values, &format!("{field}.notValues"), r)?;
             }

@@ -69,6 +69,11 @@ pub struct L7Source {
     pub ip_blocks: Vec<Cidr>,
     #[serde(default)]
     pub not_ip_blocks: Vec<Cidr>,
+    /// `remoteIpBlocks`: [`L7Request::remote_ip`].
+    #[serde(default)]
+    pub remote_ip_blocks: Vec<Cidr>,
+    #[serde(default)]
+    pub not_remote_ip_blocks: Vec<Cidr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -107,6 +112,8 @@ pub struct L7Condition {
 pub enum ConditionKey {
     RequestHeader(String),
     SourceIp,
+    /// `remote.ip`: [`L7Request::remote_ip`].
+    RemoteIp,
     SourceNamespace,
     SourcePrincipal,
     DestinationPort,
@@ -118,7 +125,12 @@ pub struct L7Request<'a> {
     /// The caller's verified identity, without `spiffe://`.
     pub principal: Option<&'a str>,
     pub namespace: Option<&'a str>,
+    /// The peer's address (`ipBlocks`, `source.ip`).
     pub source_ip: IpAddr,
+    /// The client's address as `X-Forwarded-For` gives it past the trusted
+    /// proxies (MeshConfig's `numTrustedProxies`), else the peer's
+    /// (`remoteIpBlocks`, `remote.ip`): [`remote_ip`].
+    pub remote_ip: IpAddr,
     pub method: &'a str,
     pub path: &'a str,
     /// `Host` or `:authority`.
@@ -141,27 +153,67 @@ fn list(yes: &[StringMatch], no: &[StringMatch], v: Option<&str>) -> bool {
 
 impl L7Source {
     fn matches(&self, r: &L7Request) -> bool {
-        let ip = |cs: &[Cidr]| cs.iter().any(|c| c.contains(r.source_ip));
+        let ip = |cs: &[Cidr], a: IpAddr| cs.iter().any(|c| c.contains(a));
         list(&self.principals, &self.not_principals, r.principal)
             && list(&self.namespaces, &self.not_namespaces, r.namespace)
-            && (self.ip_blocks.is_empty() || ip(&self.ip_blocks))
-            && (self.not_ip_blocks.is_empty() || !ip(&self.not_ip_blocks))
+            && (self.ip_blocks.is_empty() || ip(&self.ip_blocks, r.source_ip))
+            && (self.not_ip_blocks.is_empty() || !ip(&self.not_ip_blocks, r.source_ip))
+            && (self.remote_ip_blocks.is_empty() || ip(&self.remote_ip_blocks, r.remote_ip))
+            && (self.not_remote_ip_blocks.is_empty() || !ip(&self.not_remote_ip_blocks, r.remote_ip))
     }
 }
 
-/// Istio compares hosts without case, and a host pattern without a port
-/// also matches the host with one.
+/// The client's address a request gives, for `remote.ip`: with
+/// `trusted` proxies in front of the mesh (MeshConfig's
+/// `numTrustedProxies`), the `trusted`-th address from the right of
+/// `X-Forwarded-For` (each of those proxies added the address it was
+/// called from); with none, or when the header holds fewer or
+/// unreadable addresses, the peer's. As Envoy does with
+/// `use_remote_address` (Istio's gateways): a client inside the mesh
+/// cannot choose its own `remote.ip` by writing the header.
+pub fn remote_ip(xff: &[&str], peer: IpAddr, trusted: u32) -> IpAddr {
+    if trusted == 0 {
+        return peer;
+    }
+    let entries: Vec<&str> = xff.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|e| !e.is_empty()).collect();
+    let Some(at) = entries.len().checked_sub(trusted as usize) else { return peer };
+    let e = entries[at];
+    // `for` values may carry a port (`1.2.3.4:5678`, `[::1]:80`).
+    let host = e.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(h, _)| h).unwrap_or(e);
+    host.parse().or_else(|_| host.rsplit_once(':').map_or(Err(()), |(h, _)| h.parse().map_err(|_| ()))).unwrap_or(peer)
+}
+
+/// `hosts` against the request's authority (`Host` or `:authority`):
+/// without case (as Istio), a pattern without a port also matches the
+/// authority with one, and a trailing dot after the host name (the
+/// absolute form, `example.com.`) is ignored on both sides, so that
+/// `example.com.` is `example.com` to an ALLOW and to a DENY alike (Envoy
+/// compares the raw authority: a DENY of `example.com` would miss
+/// `example.com.`).
 fn host_matches(ms: &[StringMatch], host: &str) -> bool {
     let host = host.to_ascii_lowercase();
-    let bare = host.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(host.as_str(), |(h, _)| h);
+    let (name, port) =
+        match host.rsplit_once(':').filter(|(h, p)| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) && !h.ends_with(':')) {
+            Some((h, p)) => (h, Some(p)),
+            None => (host.as_str(), None),
+        };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    let with_port = port.map(|p| format!("{name}:{p}"));
+    let undot = |e: &str| -> String {
+        let e = e.to_ascii_lowercase();
+        match e.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit()) || *p == "*") {
+            Some((h, p)) => format!("{}:{p}", h.strip_suffix('.').unwrap_or(h)),
+            None => e.strip_suffix('.').map(str::to_string).unwrap_or(e),
+        }
+    };
     ms.iter().any(|m| {
         let m = match m {
-            StringMatch::Exact(e) => StringMatch::Exact(e.to_ascii_lowercase()),
+            StringMatch::Exact(e) => StringMatch::Exact(undot(e)),
             StringMatch::Prefix(e) => StringMatch::Prefix(e.to_ascii_lowercase()),
-            StringMatch::Suffix(e) => StringMatch::Suffix(e.to_ascii_lowercase()),
+            StringMatch::Suffix(e) => StringMatch::Suffix(undot(e)),
             StringMatch::Presence => StringMatch::Presence,
         };
-        m.matches(Some(&host)) || m.matches(Some(bare))
+        with_port.as_deref().is_some_and(|h| m.matches(Some(h))) || m.matches(Some(name))
     })
 }
 
@@ -198,23 +250,24 @@ impl L7Condition {
             return deny;
         }
         let port = r.port.to_string();
-        let ip = r.source_ip.to_string();
+        let address = if self.key == ConditionKey::RemoteIp { r.remote_ip } else { r.source_ip };
+        let ip = address.to_string();
         let v: Option<String> = match &self.key {
             ConditionKey::RequestHeader(h) => {
                 let values: Vec<&str> = r.headers.iter().filter(|(k, _)| k == h).map(|(_, v)| *v).collect();
                 (!values.is_empty()).then(|| values.join(","))
             }
-            ConditionKey::SourceIp => Some(ip),
+            ConditionKey::SourceIp | ConditionKey::RemoteIp => Some(ip),
             ConditionKey::SourceNamespace => r.namespace.map(str::to_string),
             ConditionKey::SourcePrincipal => r.principal.map(str::to_string),
             ConditionKey::DestinationPort => Some(port),
         };
         let v = v.as_deref();
-        if self.key == ConditionKey::SourceIp {
+        if matches!(self.key, ConditionKey::SourceIp | ConditionKey::RemoteIp) {
             // Address conditions are blocks.
             let blocks = |ms: &[StringMatch]| {
                 ms.iter().any(|m| match m {
-                    StringMatch::Exact(s) => parse_block(s).is_some_and(|c| c.contains(r.source_ip)),
+                    StringMatch::Exact(s) => parse_block(s).is_some_and(|c| c.contains(address)),
                     _ => false,
                 })
             };
@@ -309,6 +362,7 @@ mod tests {
             principal: Some(principal),
             namespace: principal.split('/').nth(2),
             source_ip: "10.244.1.5".parse().unwrap(),
+            remote_ip: "10.244.1.5".parse().unwrap(),
             method,
             path,
             host: "billing-service.production:8080",
@@ -380,6 +434,54 @@ mod tests {
         let dry = [billing(), L7Policy { dry_run: true, ..deny }];
         let v = evaluate(dry.iter(), &req(fe, "GET", "/api/v1/invoices", &debug));
         assert!(v.allowed && v.dry_run_denials.len() == 1);
+    }
+
+    #[test]
+    fn a_trailing_dot_after_the_host_name_is_the_same_host_to_allow_and_deny() {
+        let policy = |action: Action, host: &str| L7Policy {
+            namespace: "shop".into(),
+            name: "hosts".into(),
+            action,
+            rules: vec![L7Rule { to: vec![L7Operation { hosts: vec![exact(host)], ..Default::default() }], ..Default::default() }],
+            ..Default::default()
+        };
+        let none: [(&str, &str); 0] = [];
+        let at = |h: &'static str| L7Request { host: h, ..req("cluster.local/ns/shop/sa/client", "GET", "/", &none) };
+        for host in ["admin.example.com", "admin.example.com.", "ADMIN.Example.COM.", "admin.example.com.:8080", "admin.example.com:8080"] {
+            for pattern in ["admin.example.com", "admin.example.com."] {
+                assert!(!evaluate([policy(Action::Deny, pattern)].iter(), &at(host)).allowed, "DENY {pattern} holds for {host}");
+                assert!(evaluate([policy(Action::Allow, pattern)].iter(), &at(host)).allowed, "ALLOW {pattern} lets {host} in");
+            }
+        }
+        for host in ["admin.example.com..", "xadmin.example.com", "admin.example.co"] {
+            assert!(evaluate([policy(Action::Deny, "admin.example.com")].iter(), &at(host)).allowed, "{host} is another host");
+        }
+        // A pattern with a port matches only that port.
+        assert!(!evaluate([policy(Action::Allow, "admin.example.com:9090")].iter(), &at("admin.example.com.:8080")).allowed);
+        assert!(evaluate([policy(Action::Allow, "admin.example.com.:8080")].iter(), &at("admin.example.com:8080")).allowed);
+    }
+
+    #[test]
+    fn remote_ip_is_the_peers_unless_proxies_in_front_of_the_mesh_are_trusted() {
+        let peer: IpAddr = "10.244.1.5".parse().unwrap();
+        let xff = ["203.0.113.9, 198.51.100.7", "192.0.2.1"];
+        assert_eq!(remote_ip(&xff, peer, 0), peer, "no proxy trusted: what a client writes is not its address");
+        assert_eq!(remote_ip(&xff, peer, 1), "192.0.2.1".parse::<IpAddr>().unwrap());
+        assert_eq!(remote_ip(&xff, peer, 2), "198.51.100.7".parse::<IpAddr>().unwrap());
+        assert_eq!(remote_ip(&xff, peer, 3), "203.0.113.9".parse::<IpAddr>().unwrap());
+        assert_eq!(remote_ip(&xff, peer, 4), peer, "fewer addresses than trusted proxies");
+        assert_eq!(remote_ip(&["unknown"], peer, 1), peer, "not an address");
+        assert_eq!(remote_ip(&["[2001:db8::1]:443"], peer, 1), "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(remote_ip(&["192.0.2.4:1234"], peer, 1), "192.0.2.4".parse::<IpAddr>().unwrap());
+        // remoteIpBlocks and remote.ip read it; ipBlocks and source.ip the peer.
+        let none: [(&str, &str); 0] = [];
+        let r = L7Request { remote_ip: "192.0.2.1".parse().unwrap(), ..req("cluster.local/ns/shop/sa/client", "GET", "/", &none) };
+        let src = |s: L7Source| s.matches(&r);
+        assert!(src(L7Source { remote_ip_blocks: vec![parse_block("192.0.2.0/24").unwrap()], ..Default::default() }));
+        assert!(!src(L7Source { ip_blocks: vec![parse_block("192.0.2.0/24").unwrap()], ..Default::default() }));
+        assert!(!src(L7Source { not_remote_ip_blocks: vec![parse_block("192.0.2.1").unwrap()], ..Default::default() }));
+        let cond = |key| L7Condition { key, values: vec![exact("192.0.2.0/24")], not_values: vec![] }.matches(&r, false);
+        assert!(cond(ConditionKey::RemoteIp) && !cond(ConditionKey::SourceIp));
     }
 
     #[test]

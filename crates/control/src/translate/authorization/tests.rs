@@ -178,16 +178,14 @@ fn targeted_policies_keep_every_l7_attribute_for_the_waypoint() {
     assert_eq!(r.when[0].key, ConditionKey::RequestHeader("x-user".into()));
     assert_eq!(r.when[1].key, ConditionKey::SourceIp);
     assert_eq!(r.from[0].ip_blocks.len(), 1);
-    // ipBlocks and remoteIpBlocks must both hold: their intersection, or
-    // nothing at all.
+    // At the waypoint ipBlocks read the peer, remoteIpBlocks the address
+    // X-Forwarded-For gives past the trusted proxies: kept apart.
     let both = |blocks: &str| {
         let spec = format!("{{targetRefs: [{{kind: Service, group: '', name: x}}], rules: [{{from: [{{source: {blocks}}}]}}]}}");
         policy("production", &spec, "").unwrap().l7.unwrap().policy.rules[0].from[0].clone()
     };
-    let s = both("{ipBlocks: [10.0.0.0/8], remoteIpBlocks: [10.1.0.0/16]}");
-    assert_eq!((s.ip_blocks.len(), s.ip_blocks[0].length, s.not_ip_blocks.len()), (1, 16, 0));
-    let s = both("{ipBlocks: [10.0.0.0/8], remoteIpBlocks: [192.168.0.0/16]}");
-    assert!(s.ip_blocks.is_empty() && s.not_ip_blocks.iter().any(|c| c.length == 0), "matches nothing: {s:?}");
+    let s = both("{ipBlocks: [10.0.0.0/8], remoteIpBlocks: [192.168.0.0/16], notRemoteIpBlocks: [192.168.1.0/24]}");
+    assert_eq!((s.ip_blocks[0].length, s.remote_ip_blocks[0].length, s.not_remote_ip_blocks[0].length), (8, 16, 24));
     // Refusals name the field.
     let cases = [
         ("{targetRefs: [{kind: Deployment, group: apps, name: x}]}", "spec.targetRefs[0].kind"),
