@@ -292,6 +292,12 @@ pub struct Source {
     pub namespaces: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_namespaces: Vec<String>,
+    /// `<namespace>/<serviceaccount>`, or a bare name in the policy's
+    /// namespace (Istio 1.25 and later).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_accounts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_service_accounts: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ip_blocks: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

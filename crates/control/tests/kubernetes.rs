@@ -630,8 +630,10 @@ async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_
         capacity: 1,
         ..Default::default()
     };
-    let web_services =
-        BTreeMap::from([(web_key.clone(), vec![Port { service_port: 80, target_port: 8080, app_protocol: Default::default() }])]);
+    let web_services = BTreeMap::from([(
+        web_key.clone(),
+        vec![Port { service_port: 80, target_port: 8080, app_protocol: slipstream_core::AppProtocol::Http11 }],
+    )]);
     let web1 = Workload { services: web_services.clone(), ..expected_workload("web-1", "10.244.1.11", "node-a", "web", "web") };
     let web2 = Workload { services: web_services.clone(), ..expected_workload("web-2", "10.244.2.12", "node-b", "web", "web") };
     let db1 = Workload {
@@ -647,7 +649,7 @@ async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_
         hostname: web_host.into(),
         addresses: vec![NetworkAddress { network: String::new(), address: cluster_ip(&web_svc) }],
         // Named target ports are resolved per workload.
-        ports: vec![Port { service_port: 80, target_port: 0, app_protocol: Default::default() }],
+        ports: vec![Port { service_port: 80, target_port: 0, app_protocol: slipstream_core::AppProtocol::Http11 }],
         subject_alt_names: vec![],
         waypoint: None,
     };
@@ -701,7 +703,20 @@ async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_
         })
         .await;
     let policy = &proxy.held.policies[&policy_key];
-    assert_eq!((policy.scope, policy.action, policy.rules.len()), (Scope::WorkloadSelector, Action::Allow, 1), "{policy:#?}");
+    assert_eq!((policy.scope, policy.action), (Scope::WorkloadSelector, Action::Allow), "{policy:#?}");
+    // Its rule, then (when another test of this shared API server has made
+    // a waypoint) the rule that lets waypoints through.
+    assert_eq!(
+        policy.rules[0].clauses[0].matches[0].principals,
+        [slipstream_core::policy::StringMatch::Exact("cluster.local/ns/shop/sa/db".into())]
+    );
+    assert!(
+        policy.rules[1..].iter().all(|r| r.clauses[0].matches[0]
+            .principals
+            .iter()
+            .all(|p| matches!(p, slipstream_core::policy::StringMatch::Exact(w) if w.contains("/sa/")))),
+        "{policy:#?}"
+    );
     let mut touched = touched_in(&deltas, SHOP);
     touched.sort();
     let mut expected = [policy_key.clone(), uid(SHOP, "web-1"), uid(SHOP, "web-2")];

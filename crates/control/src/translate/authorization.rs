@@ -71,7 +71,8 @@ enum Part {
 
 /// Keys of `when` conditions a node proxy can evaluate, and those it
 /// cannot (L7, or TLS details it does not see).
-const L4_KEYS: &[&str] = &["source.ip", "remote.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"];
+const L4_KEYS: &[&str] =
+    &["source.ip", "remote.ip", "source.namespace", "source.principal", "source.serviceAccount", "destination.ip", "destination.port"];
 const L7_KEY_PREFIXES: &[&str] = &["request.", "connection.sni", "experimental.", "source.user"];
 
 pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -> Result<PolicyInput, ObjectError> {
@@ -180,9 +181,14 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
             // `X-Forwarded-For` gives past the trusted proxies (MeshConfig
             // `numTrustedProxies`; the peer's without them), `ipBlocks` the
             // peer's.
+            check_service_accounts_alone(s, &field, r)?;
+            let mut principals = sm(&s.principals);
+            principals.extend(service_accounts(&s.service_accounts, &format!("{field}.serviceAccounts"), r)?);
+            let mut not_principals = sm(&s.not_principals);
+            not_principals.extend(service_accounts(&s.not_service_accounts, &format!("{field}.notServiceAccounts"), r)?);
             from.push(L7Source {
-                principals: sm(&s.principals),
-                not_principals: sm(&s.not_principals),
+                principals,
+                not_principals,
                 namespaces: sm(&s.namespaces),
                 not_namespaces: sm(&s.not_namespaces),
                 ip_blocks: cidrs(&s.ip_blocks, &format!("{field}.ipBlocks"), r)?,
@@ -216,7 +222,7 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
                 "source.ip" => ConditionKey::SourceIp,
                 "remote.ip" => ConditionKey::RemoteIp,
                 "source.namespace" => ConditionKey::SourceNamespace,
-                "source.principal" => ConditionKey::SourcePrincipal,
+                "source.principal" | "source.serviceAccount" => ConditionKey::SourcePrincipal,
                 "destination.port" => ConditionKey::DestinationPort,
                 k => match k.strip_prefix("request.headers[").and_then(|h| h.strip_suffix(']')) {
                     Some(h) if !h.is_empty() => ConditionKey::RequestHeader(h.to_ascii_lowercase()),
@@ -232,6 +238,13 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
             if matches!(key, ConditionKey::SourceIp | ConditionKey::RemoteIp) {
                 cidrs(&c.values, &format!("{field}.values"), r)?;
                 cidrs(&c.not_values, &format!("{field}.notValues"), r)?;
+            }
+            // An account is its principal in any trust domain.
+            if c.key == "source.serviceAccount" {
+                let values = service_accounts(&c.values, &format!("{field}.values"), r)?;
+                let not_values = service_accounts(&c.not_values, &format!("{field}.notValues"), r)?;
+                when.push(L7Condition { key: ConditionKey::SourcePrincipal, values, not_values });
+                continue;
             }
             when.push(L7Condition { key, values: sm(&c.values), not_values: sm(&c.not_values) });
         }
@@ -349,9 +362,14 @@ fn source(s: &Source, field: &str, r: &ObjectRef, l7: &mut bool) -> Result<Part,
         (false, true) => ip_blocks,
         _ => remote_ip_blocks,
     };
+    check_service_accounts_alone(s, field, r)?;
+    let mut principals = strings(&s.principals);
+    principals.extend(service_accounts(&s.service_accounts, &format!("{field}.serviceAccounts"), r)?);
+    let mut not_principals = strings(&s.not_principals);
+    not_principals.extend(service_accounts(&s.not_service_accounts, &format!("{field}.notServiceAccounts"), r)?);
     let m = Match {
-        principals: strings(&s.principals),
-        not_principals: strings(&s.not_principals),
+        principals,
+        not_principals,
         namespaces: strings(&s.namespaces),
         not_namespaces: strings(&s.not_namespaces),
         source_ips,
@@ -410,12 +428,64 @@ fn condition(c: &Condition, field: &str, r: &ObjectRef, l7: &mut bool) -> Result
             m.namespaces = strings(&c.values);
             m.not_namespaces = strings(&c.not_values);
         }
+        "source.serviceAccount" => {
+            m.principals = service_accounts(&c.values, &vf, r)?;
+            m.not_principals = service_accounts(&c.not_values, &nf, r)?;
+        }
         _ => {
             m.principals = strings(&c.values);
             m.not_principals = strings(&c.not_values);
         }
     }
     Ok(Part::Match(Box::new(m)))
+}
+
+/// `serviceAccounts` (or `notServiceAccounts`, or the values of a
+/// `source.serviceAccount` condition) as Istio reads them: at most 16, each
+/// `<namespace>/<serviceaccount>` or a bare name in the policy's namespace,
+/// no wildcard, at most 320 characters, dots literal. Each is the peer
+/// principal of that account in any trust domain (what Istio's regex
+/// matches): the suffix `/ns/<namespace>/sa/<serviceaccount>`.
+fn service_accounts(v: &[String], field: &str, r: &ObjectRef) -> Result<Vec<StringMatch>, ObjectError> {
+    if v.len() > 16 {
+        return Err(ObjectError::new(r, field, format!("at most 16 service accounts, not {}", v.len())));
+    }
+    v.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let f = format!("{field}[{i}]");
+            if s.contains('*') {
+                return Err(ObjectError::new(r, f, format!("{s:?}: no wildcard is allowed in a service account")));
+            }
+            if s.len() > 320 {
+                return Err(ObjectError::new(r, f, "longer than 320 characters"));
+            }
+            let (ns, sa) = match s.split_once('/') {
+                Some((ns, sa)) => (ns, sa),
+                None => (r.namespace.as_str(), s.as_str()),
+            };
+            if ns.is_empty() || sa.is_empty() || sa.contains('/') {
+                return Err(ObjectError::new(r, f, format!("{s:?}: expected <namespace>/<serviceaccount> or <serviceaccount>")));
+            }
+            Ok(StringMatch::Suffix(format!("/ns/{ns}/sa/{sa}")))
+        })
+        .collect()
+}
+
+/// Istio refuses `serviceAccounts` together with `principals` or
+/// `namespaces` (either form) in one source.
+fn check_service_accounts_alone(s: &Source, field: &str, r: &ObjectRef) -> Result<(), ObjectError> {
+    if (!s.service_accounts.is_empty() || !s.not_service_accounts.is_empty())
+        && !(s.principals.is_empty() && s.not_principals.is_empty() && s.namespaces.is_empty() && s.not_namespaces.is_empty())
+    {
+        let which = if s.service_accounts.is_empty() { "notServiceAccounts" } else { "serviceAccounts" };
+        return Err(ObjectError::new(
+            r,
+            format!("{field}.{which}"),
+            "cannot be set with principals, notPrincipals, namespaces or notNamespaces",
+        ));
+    }
+    Ok(())
 }
 
 /// Istio's string forms: `*` any value, `*x` suffix, `x*` prefix, else exact.

@@ -230,3 +230,53 @@ fn rules_with_l7_attributes_at_l4_are_named_for_the_apply_warning() {
         "the waypoint enforces a targeted policy whole"
     );
 }
+
+/// Istio 1.25's `serviceAccounts` (and `source.serviceAccount`): an
+/// account in any trust domain, a bare name in the policy's namespace, no
+/// wildcard, at most 16, never with principals or namespaces.
+#[test]
+fn service_accounts_as_istio_reads_them() {
+    use serde_json::json;
+    let at_l4 = |spec: &str| policy("shop", spec, "").map(|p| p.policy.unwrap().rules);
+    assert_eq!(
+        at_l4("{rules: [{from: [{source: {serviceAccounts: [web, other/api.v2], notServiceAccounts: [shop/batch]}}]}]}").unwrap(),
+        rules(json!([{"clauses": [{"matches": [{
+            "principals": [{"suffix": "/ns/shop/sa/web"}, {"suffix": "/ns/other/sa/api.v2"}],
+            "not_principals": [{"suffix": "/ns/shop/sa/batch"}]
+        }]}]}]))
+    );
+    assert_eq!(
+        at_l4("{rules: [{when: [{key: source.serviceAccount, values: [web]}]}]}").unwrap(),
+        rules(json!([{"clauses": [{"matches": [{"principals": [{"suffix": "/ns/shop/sa/web"}]}]}]}]))
+    );
+    // The waypoint's form reads them the same way.
+    let l7 = policy("shop", "{targetRefs: [{kind: Service, name: web}], rules: [{from: [{source: {serviceAccounts: [web]}}], when: [{key: source.serviceAccount, notValues: [x/y]}]}]}", "")
+        .unwrap()
+        .l7
+        .unwrap()
+        .policy;
+    assert_eq!(l7.rules[0].from[0].principals, [StringMatch::Suffix("/ns/shop/sa/web".into())]);
+    assert_eq!(l7.rules[0].when[0].not_values, [StringMatch::Suffix("/ns/x/sa/y".into())]);
+    let seventeen: Vec<String> = (0..17).map(|i| format!("sa{i}")).collect();
+    for (spec, field) in [
+        ("{rules: [{from: [{source: {serviceAccounts: ['web*']}}]}]}".to_string(), "spec.rules[0].from[0].source.serviceAccounts[0]"),
+        ("{rules: [{from: [{source: {serviceAccounts: [a/b/c]}}]}]}".to_string(), "spec.rules[0].from[0].source.serviceAccounts[0]"),
+        ("{rules: [{from: [{source: {notServiceAccounts: [/web]}}]}]}".to_string(), "spec.rules[0].from[0].source.notServiceAccounts[0]"),
+        (
+            "{rules: [{from: [{source: {serviceAccounts: [web], principals: [x]}}]}]}".to_string(),
+            "spec.rules[0].from[0].source.serviceAccounts",
+        ),
+        (
+            "{rules: [{from: [{source: {notServiceAccounts: [web], notNamespaces: [x]}}]}]}".to_string(),
+            "spec.rules[0].from[0].source.notServiceAccounts",
+        ),
+        (
+            format!("{{rules: [{{from: [{{source: {{serviceAccounts: [{}]}}}}]}}]}}", seventeen.join(", ")),
+            "spec.rules[0].from[0].source.serviceAccounts",
+        ),
+        ("{rules: [{when: [{key: source.serviceAccount, values: ['*']}]}]}".to_string(), "spec.rules[0].when[0].values[0]"),
+    ] {
+        let e = at_l4(&spec).unwrap_err();
+        assert!(e.contains(&format!("AuthorizationPolicy shop/p: {field}:")), "{spec}: {e}");
+    }
+}
