@@ -475,9 +475,9 @@ fn service_accounts(v: &[String], field: &str, r: &ObjectRef) -> Result<Vec<Stri
 /// Istio refuses `serviceAccounts` together with `principals` or
 /// `namespaces` (either form) in one source.
 fn check_service_accounts_alone(s: &Source, field: &str, r: &ObjectRef) -> Result<(), ObjectError> {
-    if (!s.service_accounts.is_empty() || !s.not_service_accounts.is_empty())
-        && !(s.principals.is_empty() && s.not_principals.is_empty() && s.namespaces.is_empty() && s.not_namespaces.is_empty())
-    {
+    let accounts = !s.service_accounts.is_empty() || !s.not_service_accounts.is_empty();
+    let identities = !s.principals.is_empty() || !s.not_principals.is_empty() || !s.namespaces.is_empty() || !s.not_namespaces.is_empty();
+    if accounts && identities {
         let which = if s.service_accounts.is_empty() { "notServiceAccounts" } else { "serviceAccounts" };
         return Err(ObjectError::new(
             r,
