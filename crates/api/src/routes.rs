@@ -10,8 +10,8 @@ use slipstream_core::route::traffic::{
     Fault, FaultAbort, FaultDelay, HashOn, LoadBalancer, OutlierDetection, Retry, RetryOn, TrafficPolicy,
 };
 use slipstream_core::route::{
-    Backend, Filters, HeaderMatch, HeaderModifier, LimitScope, PathMatch, PathRewrite, QueryMatch, RateLimit, Redirect, Rewrite,
-    RouteMatch, RouteRule, ServiceRoutes, Subset,
+    Backend, Filters, HeaderMatch, HeaderModifier, JwtHeader, JwtRule, LimitScope, PathMatch, PathRewrite, QueryMatch, RateLimit, Redirect,
+    Rewrite, RouteMatch, RouteRule, ServiceRoutes, Subset,
 };
 use std::time::Duration;
 
@@ -178,6 +178,27 @@ impl From<&ServiceRoutes> for pb::ServiceRoutes {
                     }
                 })
                 .collect(),
+            jwt_rules: s
+                .jwt_rules
+                .iter()
+                .map(|j| pb::JwtRule {
+                    policy: j.policy.clone(),
+                    issuer: j.issuer.clone(),
+                    audiences: j.audiences.clone(),
+                    jwks: j.jwks.clone(),
+                    from_headers: j.from_headers.iter().map(|h| pb::JwtHeader { name: h.name.clone(), prefix: h.prefix.clone() }).collect(),
+                    from_params: j.from_params.clone(),
+                    from_cookies: j.from_cookies.clone(),
+                    output_payload_to_header: j.output_payload_to_header.clone().unwrap_or_default(),
+                    forward_original_token: j.forward_original_token,
+                    output_claim_to_headers: j
+                        .output_claim_to_headers
+                        .iter()
+                        .map(|(header, claim)| pb::ClaimToHeader { header: header.clone(), claim: claim.clone() })
+                        .collect(),
+                    space_delimited_claims: j.space_delimited_claims.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -235,6 +256,8 @@ mod l7 {
                             not_ip_blocks: s.not_ip_blocks.iter().map(cidr).collect(),
                             remote_ip_blocks: s.remote_ip_blocks.iter().map(cidr).collect(),
                             not_remote_ip_blocks: s.not_remote_ip_blocks.iter().map(cidr).collect(),
+                            request_principals: sms(&s.request_principals),
+                            not_request_principals: sms(&s.not_request_principals),
                         })
                         .collect(),
                     to: r
@@ -261,6 +284,10 @@ mod l7 {
                                     ConditionKey::RequestHeader(h) => Key::RequestHeader(h.clone()),
                                     ConditionKey::SourceIp => Key::SourceIp(true),
                                     ConditionKey::RemoteIp => Key::RemoteIp(true),
+                                    ConditionKey::RequestPrincipal => Key::RequestPrincipal(true),
+                                    ConditionKey::RequestAudiences => Key::RequestAudiences(true),
+                                    ConditionKey::RequestPresenter => Key::RequestPresenter(true),
+                                    ConditionKey::RequestClaim(path) => Key::RequestClaim(pb::ClaimPath { path: path.clone() }),
                                     ConditionKey::SourceNamespace => Key::SourceNamespace(true),
                                     ConditionKey::SourcePrincipal => Key::SourcePrincipal(true),
                                     ConditionKey::DestinationPort => Key::DestinationPort(true),
@@ -323,6 +350,8 @@ mod l7 {
                     not_ip_blocks: cidrs_from(&s.not_ip_blocks, &format!("{g}.not_ip_blocks"))?,
                     remote_ip_blocks: cidrs_from(&s.remote_ip_blocks, &format!("{g}.remote_ip_blocks"))?,
                     not_remote_ip_blocks: cidrs_from(&s.not_remote_ip_blocks, &format!("{g}.not_remote_ip_blocks"))?,
+                    request_principals: sms_from(&s.request_principals, &format!("{g}.request_principals"))?,
+                    not_request_principals: sms_from(&s.not_request_principals, &format!("{g}.not_request_principals"))?,
                 });
             }
             let mut to = Vec::new();
@@ -347,6 +376,12 @@ mod l7 {
                     Some(Key::RequestHeader(h)) if !h.is_empty() => ConditionKey::RequestHeader(h.to_ascii_lowercase()),
                     Some(Key::SourceIp(true)) => ConditionKey::SourceIp,
                     Some(Key::RemoteIp(true)) => ConditionKey::RemoteIp,
+                    Some(Key::RequestPrincipal(true)) => ConditionKey::RequestPrincipal,
+                    Some(Key::RequestAudiences(true)) => ConditionKey::RequestAudiences,
+                    Some(Key::RequestPresenter(true)) => ConditionKey::RequestPresenter,
+                    Some(Key::RequestClaim(c)) if !c.path.is_empty() && c.path.iter().all(|p| !p.is_empty()) => {
+                        ConditionKey::RequestClaim(c.path.clone())
+                    }
                     Some(Key::SourceNamespace(true)) => ConditionKey::SourceNamespace,
                     Some(Key::SourcePrincipal(true)) => ConditionKey::SourcePrincipal,
                     Some(Key::DestinationPort(true)) => ConditionKey::DestinationPort,
@@ -653,7 +688,32 @@ impl TryFrom<pb::ServiceRoutes> for ServiceRoutes {
                 Ok(RateLimit { policy: l.policy.clone(), requests: l.requests, interval, burst: l.burst, scope })
             })
             .collect::<Result<_, ConvertError>>()?;
-        Ok(ServiceRoutes { service: s.service, rules, policies, traffic, source: s.source, limits })
+        let jwt_rules = s
+            .jwt_rules
+            .iter()
+            .map(|j| JwtRule {
+                policy: j.policy.clone(),
+                issuer: j.issuer.clone(),
+                audiences: j.audiences.clone(),
+                jwks: j.jwks.clone(),
+                from_headers: j
+                    .from_headers
+                    .iter()
+                    .map(|h| JwtHeader { name: h.name.to_ascii_lowercase(), prefix: h.prefix.clone() })
+                    .collect(),
+                from_params: j.from_params.clone(),
+                from_cookies: j.from_cookies.clone(),
+                output_payload_to_header: Some(j.output_payload_to_header.to_ascii_lowercase()).filter(|h| !h.is_empty()),
+                forward_original_token: j.forward_original_token,
+                output_claim_to_headers: j
+                    .output_claim_to_headers
+                    .iter()
+                    .map(|c| (c.header.to_ascii_lowercase(), c.claim.clone()))
+                    .collect(),
+                space_delimited_claims: j.space_delimited_claims.clone(),
+            })
+            .collect();
+        Ok(ServiceRoutes { service: s.service, rules, policies, traffic, source: s.source, limits, jwt_rules })
     }
 }
 
@@ -771,6 +831,8 @@ mod tests {
                             not_ip_blocks: vec![Cidr { address: "fd00::".parse().unwrap(), length: 64 }],
                             remote_ip_blocks: vec![Cidr { address: "192.0.2.0".parse().unwrap(), length: 24 }],
                             not_remote_ip_blocks: vec![Cidr { address: "192.0.2.7".parse().unwrap(), length: 32 }],
+                            request_principals: vec![ex("https://issuer.example/alice")],
+                            not_request_principals: vec![StringMatch::Presence],
                         }],
                         to: vec![L7Operation {
                             hosts: vec![ex("reviews")],
@@ -787,6 +849,14 @@ mod tests {
                             L7Condition { key: ConditionKey::SourceIp, values: vec![ex("10.0.0.0/8")], not_values: vec![] },
                             L7Condition { key: ConditionKey::RemoteIp, values: vec![ex("192.0.2.0/24")], not_values: vec![] },
                             L7Condition { key: ConditionKey::DestinationPort, values: vec![], not_values: vec![ex("1")] },
+                            L7Condition { key: ConditionKey::RequestPrincipal, values: vec![ex("a/b")], not_values: vec![] },
+                            L7Condition { key: ConditionKey::RequestAudiences, values: vec![ex("web")], not_values: vec![] },
+                            L7Condition { key: ConditionKey::RequestPresenter, values: vec![], not_values: vec![ex("cli")] },
+                            L7Condition {
+                                key: ConditionKey::RequestClaim(vec!["org".into(), "unit".into()]),
+                                values: vec![ex("payments")],
+                                not_values: vec![],
+                            },
                         ],
                     }],
                 }
@@ -818,6 +888,19 @@ mod tests {
                     scope: LimitScope::Rules { routes: vec!["bookinfo/reviews.".into()], rules: vec!["bookinfo/vs.jason".into()] },
                 },
             ],
+            jwt_rules: vec![slipstream_core::route::JwtRule {
+                policy: "bookinfo/jwt".into(),
+                issuer: "https://issuer.example".into(),
+                audiences: vec!["reviews".into()],
+                jwks: r#"{"keys":[]}"#.into(),
+                from_headers: vec![slipstream_core::route::JwtHeader { name: "x-token".into(), prefix: "Bearer ".into() }],
+                from_params: vec!["t".into()],
+                from_cookies: vec!["session".into()],
+                output_payload_to_header: Some("x-payload".into()),
+                forward_original_token: true,
+                output_claim_to_headers: vec![("x-user".into(), "sub".into())],
+                space_delimited_claims: vec!["roles".into()],
+            }],
         }
     }
 

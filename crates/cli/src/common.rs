@@ -157,6 +157,20 @@ fn check_mesh_kinds(loaded: &[Loaded]) -> anyhow::Result<()> {
             errors.push(format!("{}: {e}", l.place()));
             continue;
         }
+        if let Ok(Some(slipstream_control::objects::ClusterObject::Opaque(o))) = &parsed {
+            if o.kind == slipstream_control::objects::Kind::RequestAuthentication {
+                if let Ok(ra) = slipstream_control::translate::request_authentication::request_authentication(o) {
+                    if let Some(why) = ra.inert {
+                        eprintln!(
+                            "warning: {}: RequestAuthentication {}/{} has no effect: {why}",
+                            l.place(),
+                            k.metadata.namespace,
+                            k.metadata.name
+                        );
+                    }
+                }
+            }
+        }
         if let Ok(Some(slipstream_control::objects::ClusterObject::AuthorizationPolicy(p))) = &parsed {
             let ns = k.metadata.namespace.clone();
             let r =

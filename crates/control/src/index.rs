@@ -99,6 +99,10 @@ pub struct Index {
     net_policies: BTreeMap<String, NetPolicyInput>,
     /// The root namespace's `istio` ConfigMap's settings, once it exists.
     mesh: Option<slipstream_core::mesh::MeshSettings>,
+    /// The JWKS the control plane fetched for RequestAuthentications
+    /// (`crate::jwks`), by what was fetched; absent until the first fetch
+    /// succeeds (the rule then refuses every token: fail closed).
+    jwks: BTreeMap<crate::translate::request_authentication::Fetch, String>,
     resources: Resources,
 }
 
@@ -127,6 +131,7 @@ struct Ns {
     virtual_services: BTreeMap<String, vs::VirtualServiceInput>,
     destination_rules: BTreeMap<String, vs::DestinationRuleInput>,
     rate_limits: BTreeMap<String, crate::translate::rate_limit::RateLimitInput>,
+    request_authns: BTreeMap<String, crate::translate::request_authentication::RequestAuthnInput>,
 }
 
 /// Where a GRPCRoute is kept among the HTTPRoutes (a `/` is in no name).
@@ -183,6 +188,7 @@ impl Ns {
             && self.virtual_services.is_empty()
             && self.destination_rules.is_empty()
             && self.rate_limits.is_empty()
+            && self.request_authns.is_empty()
     }
 
     fn add_pod(&mut self, p: PodInput) {
@@ -262,7 +268,14 @@ impl Ns {
 
 impl Index {
     pub fn new(settings: IndexSettings) -> Self {
-        Index { settings, namespaces: HashMap::new(), net_policies: BTreeMap::new(), mesh: None, resources: Resources::new() }
+        Index {
+            settings,
+            namespaces: HashMap::new(),
+            net_policies: BTreeMap::new(),
+            mesh: None,
+            jwks: BTreeMap::new(),
+            resources: Resources::new(),
+        }
     }
 
     pub fn settings(&self) -> &IndexSettings {
@@ -377,6 +390,17 @@ impl Index {
                 let ns = self.ns(ns_name);
                 batch.all_routes |= ns.rate_limits.insert(name.to_string(), *l.clone()).as_ref() != Some(&*l);
             }
+            Input::RequestAuthentication(a) => {
+                let ns = self.ns(ns_name);
+                let changed = ns.request_authns.get(name) != Some(&*a);
+                if changed {
+                    if let Some(why) = &a.inert {
+                        tracing::warn!(object = %r, "has no effect: {why}");
+                    }
+                }
+                ns.request_authns.insert(name.to_string(), *a);
+                batch.all_routes |= changed;
+            }
             Input::MeshConfig(m) => {
                 batch.mesh |= self.mesh != Some(m);
                 self.mesh = Some(m);
@@ -454,6 +478,11 @@ impl Index {
             Kind::LocalRateLimitPolicy => {
                 if let Some(ns) = self.namespaces.get_mut(ns_name) {
                     batch.all_routes |= ns.rate_limits.remove(name).is_some();
+                }
+            }
+            Kind::RequestAuthentication => {
+                if let Some(ns) = self.namespaces.get_mut(ns_name) {
+                    batch.all_routes |= ns.request_authns.remove(name).is_some();
                 }
             }
             Kind::ConfigMap => {
@@ -859,9 +888,11 @@ impl Index {
         let own = self.waypoint_own_policies(ns_name, name, waypoints);
         let Some((ns, svc)) = self.namespaces.get(ns_name).and_then(|ns| Some((ns, ns.services.get(name)?))) else {
             // A waypoint whose Service is not there (yet): its own routes.
-            return (!own.is_empty()).then(|| slipstream_core::route::ServiceRoutes {
+            let jwt_rules = self.jwt_rules_for(ns_name, None, Some((ns_name, name)));
+            return (!own.is_empty() || !jwt_rules.is_empty()).then(|| slipstream_core::route::ServiceRoutes {
                 service: format!("{ns_name}/{hostname}"),
                 policies: own,
+                jwt_rules,
                 ..Default::default()
             });
         };
@@ -907,11 +938,74 @@ impl Index {
         }
         policies.extend(own);
         compiled.policies = policies;
+        // RequestAuthentications: those naming the service, those naming
+        // the waypoint it is bound to, and (for a waypoint's own name: the
+        // requests addressed to its pods) those naming that waypoint.
+        let mut jwt_rules = self.jwt_rules_for(ns_name, Some(name), gateway.as_ref().map(|(n, g)| (n.as_str(), g.as_str())));
+        if ns.waypoints.contains_key(name) && gateway.as_ref().is_none_or(|(n, g)| n != ns_name || g != name) {
+            jwt_rules.extend(self.jwt_rules_for(ns_name, None, Some((ns_name, name))));
+        }
+        compiled.jwt_rules = jwt_rules;
         (!compiled.rules.is_empty()
             || !compiled.policies.is_empty()
             || compiled.traffic != Default::default()
-            || !compiled.limits.is_empty())
+            || !compiled.limits.is_empty()
+            || !compiled.jwt_rules.is_empty())
         .then_some(compiled)
+    }
+
+    /// The JWT rules of the RequestAuthentications that target the Service
+    /// `ns_name/service` or the waypoint Gateway `gateway` (namespace,
+    /// name), each with its JWKS (inline, or as fetched: empty until then).
+    fn jwt_rules_for(&self, ns_name: &str, service: Option<&str>, gateway: Option<(&str, &str)>) -> Vec<slipstream_core::route::JwtRule> {
+        use crate::translate::request_authentication::{KeySource, Target};
+        let mut out = Vec::new();
+        let mut add = |n: &str, pick: &dyn Fn(&Target) -> bool| {
+            let Some(ns) = self.namespaces.get(n) else { return };
+            for a in ns.request_authns.values().filter(|a| a.targets.iter().any(pick)) {
+                for r in &a.rules {
+                    let mut rule = r.rule.clone();
+                    if r.keys != KeySource::Inline {
+                        rule.jwks = r.keys.fetch().and_then(|f| self.jwks.get(&f)).cloned().unwrap_or_default();
+                    }
+                    out.push(rule);
+                }
+            }
+        };
+        if let Some(svc) = service {
+            add(ns_name, &|t| matches!(t, Target::Service(s) if s == svc));
+        }
+        if let Some((gw_ns, gw)) = gateway {
+            add(gw_ns, &|t| matches!(t, Target::Gateway(g) if g == gw));
+        }
+        // As Istio: ordered by issuer (stable: then by policy).
+        out.sort_by(|a, b| (&a.issuer, &a.policy).cmp(&(&b.issuer, &b.policy)));
+        out
+    }
+
+    /// What the control plane must fetch for the RequestAuthentications
+    /// that apply somewhere (`jwksUri`, or the issuer's OpenID
+    /// configuration).
+    pub fn jwks_fetches(&self) -> BTreeSet<crate::translate::request_authentication::Fetch> {
+        self.namespaces
+            .values()
+            .flat_map(|ns| ns.request_authns.values())
+            .filter(|a| a.inert.is_none())
+            .flat_map(|a| a.rules.iter().filter_map(|r| r.keys.fetch()))
+            .collect()
+    }
+
+    /// A fetch's result: the JWKS (Some), or none to be had (None: the
+    /// rules that need it refuse every token). The routes it changes.
+    pub fn set_jwks(&mut self, fetch: &crate::translate::request_authentication::Fetch, jwks: Option<String>) -> Changes {
+        let changed = match jwks {
+            Some(j) => self.jwks.insert(fetch.clone(), j.clone()).as_ref() != Some(&j),
+            None => self.jwks.remove(fetch).is_some(),
+        };
+        let wanted = self.jwks_fetches();
+        self.jwks.retain(|f, _| wanted.contains(f));
+        let batch = Batch { all_routes: changed, ..Default::default() };
+        self.flush(batch)
     }
 
     /// What waypoint `ns_name/gw` enforces on requests addressed to a pod

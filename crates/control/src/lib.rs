@@ -12,6 +12,7 @@ pub mod auth;
 pub mod ca;
 pub mod gateway;
 pub mod index;
+pub mod jwks;
 pub mod monitor;
 pub mod objects;
 pub mod resources;

@@ -32,6 +32,7 @@ pub enum Kind {
     EndpointSlice,
     AuthorizationPolicy,
     PeerAuthentication,
+    RequestAuthentication,
     NetworkPolicy,
     CiliumNetworkPolicy,
     Gateway,
@@ -45,7 +46,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 17] = [
         Kind::Namespace,
         Kind::ServiceAccount,
         Kind::Pod,
@@ -53,6 +54,7 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::AuthorizationPolicy,
         Kind::PeerAuthentication,
+        Kind::RequestAuthentication,
         Kind::NetworkPolicy,
         Kind::CiliumNetworkPolicy,
         Kind::Gateway,
@@ -73,6 +75,7 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::PeerAuthentication => "PeerAuthentication",
+            Kind::RequestAuthentication => "RequestAuthentication",
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::CiliumNetworkPolicy => "CiliumNetworkPolicy",
             Kind::Gateway => "Gateway",
@@ -90,7 +93,7 @@ impl Kind {
         match self {
             Kind::Namespace | Kind::ServiceAccount | Kind::Pod | Kind::Service | Kind::ConfigMap => "",
             Kind::EndpointSlice => "discovery.k8s.io",
-            Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
+            Kind::AuthorizationPolicy | Kind::PeerAuthentication | Kind::RequestAuthentication => "security.istio.io",
             Kind::NetworkPolicy => "networking.k8s.io",
             Kind::CiliumNetworkPolicy => "cilium.io",
             Kind::Gateway | Kind::HTTPRoute | Kind::GRPCRoute => "gateway.networking.k8s.io",

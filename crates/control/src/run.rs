@@ -139,6 +139,16 @@ pub struct ControlArgs {
     /// it). At least 5s.
     #[arg(long, default_value = "60s", value_parser = parse_resync)]
     pub gateway_resync: Duration,
+    /// How often the JWKS of a RequestAuthentication's `jwksUri` (or its
+    /// issuer's OpenID configuration) is fetched again; a failed fetch is
+    /// retried sooner, and the last good key set stays in force.
+    #[arg(long, default_value = "20m", value_parser = parse_duration)]
+    pub jwks_refresh: Duration,
+    /// Let a `jwksUri` on loopback be fetched. Off: a tenant's
+    /// RequestAuthentication cannot make the control plane call itself or
+    /// its node; link-local (cloud metadata) addresses are never fetched.
+    #[arg(long)]
+    pub jwks_fetch_loopback: bool,
 }
 
 /// The waypoint image by default: this build's.
@@ -666,6 +676,25 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         "objects read"
     );
 
+    // The key sets of the RequestAuthentications in force, before serving
+    // (at most a few seconds: a slow issuer is retried in the background),
+    // so a restarted control plane does not serve routes whose rules
+    // refuse every token for want of keys it could have had.
+    let jwks_settings =
+        crate::jwks::FetchSettings { refresh: args.jwks_refresh, allow_loopback: args.jwks_fetch_loopback, ..Default::default() };
+    let wanted = index.jwks_fetches();
+    let mut held = BTreeMap::new();
+    for (f, jwks) in crate::jwks::fetch_all(&wanted, &jwks_settings, Duration::from_secs(5)).await {
+        if let Some(j) = jwks {
+            held.insert(f.clone(), j.clone());
+            let changes = index.set_jwks(&f, Some(j));
+            lock(&progress).generation = store.publish(index.resources().clone(), changes);
+        }
+    }
+    let (jwks_wanted, jwks_wanted_rx) = tokio::sync::watch::channel(wanted);
+    let (jwks_tx, mut jwks_rx) = mpsc::channel(16);
+    let jwks_task = AbortOnDrop(tokio::spawn(crate::jwks::run(jwks_wanted_rx, jwks_tx, jwks_settings, held)));
+
     let xds_settings = XdsSettings { large_responses_in_flight: args.full_pushes_in_flight, ..Default::default() };
     let xds = XdsServer::with_settings(store.clone(), auth.clone(), xds_settings);
     *lock(&mon.xds) = Some(xds.clone());
@@ -705,6 +734,13 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
                     p.invalid += invalid;
                     p.objects_generation = b.objects_generation;
                     p.generation = generation;
+                    drop(p);
+                    jwks_wanted.send_if_modified(|held| replace_if_changed(held, index.jwks_fetches()));
+                }
+                Some((f, jwks)) = jwks_rx.recv() => {
+                    let changes = index.set_jwks(&f, jwks);
+                    let generation = store.publish(index.resources().clone(), changes);
+                    lock(&progress).generation = generation;
                 }
                 _ = &mut stopped => break Ok(()),
                 // The port stopped serving on its own: nothing reaches
@@ -729,7 +765,7 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         xds.close_streams();
         let _ = stop_server.send(());
         let _ = serving.await;
-        drop((monitor_task, reload, gateway_task));
+        drop((monitor_task, reload, gateway_task, jwks_task));
         result
     });
     Ok(Running { addr, monitor: monitor_addr, stop: Some(stop), task })

@@ -37,6 +37,50 @@ pub struct ServiceRoutes {
     /// `LocalRateLimitPolicy`s on the service or on some of its rules.
     #[serde(default)]
     pub limits: Vec<RateLimit>,
+    /// The JWT rules of the RequestAuthentications that target the service
+    /// or its waypoint's Gateway: a request carrying a token they cannot
+    /// validate is refused; a request without one is let through with no
+    /// request identity (docs/authorization.md, "RequestAuthentication").
+    #[serde(default)]
+    pub jwt_rules: Vec<JwtRule>,
+}
+
+/// One `jwtRules` entry of a RequestAuthentication, as the waypoint
+/// validates with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct JwtRule {
+    /// `namespace/name` of its RequestAuthentication, for the access log.
+    pub policy: String,
+    /// The `iss` a token must carry; empty: any.
+    pub issuer: String,
+    /// A token must carry one of these in `aud`; empty: not checked.
+    pub audiences: Vec<String>,
+    /// The JWKS as JSON: inline in the policy, or as the control plane
+    /// fetched it from `jwksUri`. Empty when it could not be fetched: then
+    /// every token is refused (fail closed).
+    pub jwks: String,
+    /// Where the token is (`fromHeaders`, `fromParams`, `fromCookies`);
+    /// all empty: `Authorization: Bearer <token>`, then the `access_token`
+    /// query parameter.
+    pub from_headers: Vec<JwtHeader>,
+    pub from_params: Vec<String>,
+    pub from_cookies: Vec<String>,
+    /// A header (lower-case) that gets the payload, base64url-encoded JSON.
+    pub output_payload_to_header: Option<String>,
+    /// Keep the token in the request the app gets (only for headers).
+    pub forward_original_token: bool,
+    /// Claims copied into headers (lower-case header, claim path).
+    pub output_claim_to_headers: Vec<(String, String)>,
+    /// Claims (besides `scope` and `permission`) split at spaces.
+    pub space_delimited_claims: Vec<String>,
+}
+
+/// A header a token is read from: its name (lower-case) and the prefix
+/// the value must start with (`Bearer `).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct JwtHeader {
+    pub name: String,
+    pub prefix: String,
 }
 
 /// A `slipstream.io/v1alpha1` `LocalRateLimitPolicy` as it applies to one

@@ -455,6 +455,9 @@ pub const KEPT_KINDS: &[(&str, &str, &str)] = &[
     // docs/control-plane.md, "Authorization at L4").
     ("security.istio.io", "AuthorizationPolicy", ""),
     ("security.istio.io", "PeerAuthentication", ""),
+    // JWT validation at the waypoints of the Services and Gateways it
+    // targets (docs/authorization.md, "RequestAuthentication").
+    ("security.istio.io", "RequestAuthentication", ""),
     // Enforced by the node proxies (docs/authorization.md).
     ("networking.k8s.io", "NetworkPolicy", ""),
     ("cilium.io", "CiliumNetworkPolicy", ""),

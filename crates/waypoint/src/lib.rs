@@ -14,6 +14,7 @@ pub mod accesslog;
 pub mod balance;
 pub mod client;
 pub mod handler;
+pub mod jwt;
 pub mod logbuf;
 pub mod metrics;
 pub mod plan;
@@ -73,6 +74,9 @@ pub struct Shared {
     /// The mesh-wide settings (MeshConfig), Istio's defaults until the
     /// control plane sends them.
     settings_mesh: ArcSwap<slipstream_core::mesh::MeshSettings>,
+    /// The JWT rules of each routes resource (by its service key), their
+    /// keys parsed once per update.
+    jwt_rules: ArcSwap<HashMap<String, Arc<Vec<Arc<jwt::Prepared>>>>>,
     /// Its own routes (`plan::Me::is_own_routes`), found once per update.
     own_routes: arc_swap::ArcSwapOption<ServiceRoutes>,
     /// HTTP to endpoints, pooled per endpoint: HTTP/2 (prior knowledge)
@@ -134,7 +138,12 @@ impl Shared {
 
     /// The caller of `peer`'s requests, as the policies see it.
     fn caller<'a>(&self, peer: &'a handler::Peer) -> plan::Caller<'a> {
-        plan::Caller { identity: &peer.identity, addr: peer.addr.ip(), trusted_proxies: self.settings_mesh.load().num_trusted_proxies }
+        plan::Caller {
+            identity: &peer.identity,
+            addr: peer.addr.ip(),
+            trusted_proxies: self.settings_mesh.load().num_trusted_proxies,
+            auth: None,
+        }
     }
 
     /// The endpoint's own decision on a request (or, `req` None, a TCP
@@ -151,7 +160,7 @@ impl Shared {
         state: &MeshState,
         w: &slipstream_core::MeshWorkload,
         ep: std::net::SocketAddr,
-        peer: &handler::Peer,
+        caller: plan::Caller,
         req: Option<(&slipstream_core::route::RequestView, &str)>,
         request_id: &str,
     ) -> Result<(), Option<String>> {
@@ -160,8 +169,8 @@ impl Shared {
         let name = |b: &slipstream_core::policy::PolicyRule| format!("{}/{}", b.namespace, b.name);
         let conn = engine::Connection {
             protocol: L4Protocol::Tcp,
-            src_ip: peer.addr.ip(),
-            peer: Some(&peer.identity),
+            src_ip: caller.addr,
+            peer: Some(caller.identity),
             dst_ip: ep.ip(),
             dst_port: ep.port(),
         };
@@ -171,7 +180,7 @@ impl Shared {
         }
         let all = self.workload_policies.load();
         if let Some(policies) = all.get(&w.uid) {
-            let Some(v) = plan::authorize_endpoint(policies, ep.port(), self.caller(peer), req) else { return Ok(()) };
+            let Some(v) = plan::authorize_endpoint(policies, ep.port(), caller, req) else { return Ok(()) };
             for d in &v.dry_run_denials {
                 tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), request_id, "dry-run: would be denied");
             }
@@ -187,6 +196,11 @@ impl Shared {
         } else {
             Err(istio.by.as_ref().or(istio.candidates.first()).map(name))
         }
+    }
+
+    /// The JWT rules that apply to requests under `routes`.
+    fn jwt_rules_of(&self, routes: &ServiceRoutes) -> Option<Arc<Vec<Arc<jwt::Prepared>>>> {
+        self.jwt_rules.load().get(&routes.service).cloned()
     }
 
     /// A service's DestinationRule policy (Istio's defaults without one).
@@ -264,6 +278,7 @@ impl Waypoint {
                 mesh,
                 routes: ArcSwap::from_pointee(Routes::new()),
                 own_routes: arc_swap::ArcSwapOption::empty(),
+                jwt_rules: ArcSwap::from_pointee(HashMap::new()),
                 settings_mesh: ArcSwap::from_pointee(Default::default()),
                 client,
                 connector,
@@ -314,6 +329,12 @@ impl Waypoint {
         }
         self.shared.workload_policies.store(Arc::new(by_uid));
         self.shared.own_routes.store(map.iter().find(|(k, _)| self.shared.me.is_own_routes(k)).map(|(_, r)| r.clone()));
+        let jwt: HashMap<String, Arc<Vec<Arc<jwt::Prepared>>>> = map
+            .iter()
+            .filter(|(_, r)| !r.jwt_rules.is_empty())
+            .map(|(k, r)| (k.clone(), Arc::new(r.jwt_rules.iter().map(|j| Arc::new(jwt::Prepared::new(j))).collect())))
+            .collect();
+        self.shared.jwt_rules.store(Arc::new(jwt));
         self.shared.routes.store(Arc::new(map));
         self.shared.generation.send_modify(|g| *g += 1);
     }

@@ -235,6 +235,8 @@ pub struct Caller<'a> {
     pub identity: &'a slipstream_core::SpiffeId,
     pub addr: std::net::IpAddr,
     pub trusted_proxies: u32,
+    /// What the request's JWT established (RequestAuthentication).
+    pub auth: Option<&'a slipstream_core::policy::l7::RequestAuth>,
 }
 
 /// The authorization of the workload a request (or TCP connection) is
@@ -274,6 +276,7 @@ fn evaluate_l7<'p>(
         port,
         headers,
         http: req.is_some(),
+        auth: caller.auth,
     };
     evaluate(policies, &r)
 }

@@ -123,6 +123,7 @@ fn mirror(
     shared: &Arc<Shared>,
     state: &slipstream_core::MeshState,
     peer: &Peer,
+    caller: plan::Caller<'_>,
     request: (&RequestView<'_>, &str),
     mirrors: &[Backend],
     parts: &http::request::Parts,
@@ -140,7 +141,7 @@ fn mirror(
         // A copy is a request to that endpoint too: its own policies and
         // the source's egress decide it, as for the original.
         if shared.source_egress(state, peer, addr).is_err()
-            || shared.authorize_endpoint(state, &ep.workload, addr, peer, Some(request), "-").is_err()
+            || shared.authorize_endpoint(state, &ep.workload, addr, caller, Some(request), "-").is_err()
         {
             continue;
         }
@@ -201,6 +202,7 @@ async fn forward(
     shared: &Arc<Shared>,
     state: &slipstream_core::MeshState,
     peer: &Peer,
+    caller: plan::Caller<'_>,
     f: plan::Forward,
     filters: &Filters,
     req: Request<ReqBody>,
@@ -290,7 +292,7 @@ async fn forward(
         (Some(body), None, None)
     };
     if let (true, Some(b)) = (mirrored, &replay) {
-        mirror(shared, state, peer, (view, host), &filters.mirrors, &parts, &f.path_and_query, b);
+        mirror(shared, state, peer, caller, (view, host), &filters.mirrors, &parts, &f.path_and_query, b);
     }
     let retries = if replay.is_some() { retries } else { 0 };
     let key = crate::balance::hash_key(&f.traffic.lb, view_headers, query, peer.addr.ip());
@@ -320,7 +322,7 @@ async fn forward(
         }
         // The endpoint's own policies, which its waypoint enforces with the
         // original client (docs/waypoint.md, "Policy").
-        if let Err(by) = shared.authorize_endpoint(state, &slot.endpoint.workload, ep, peer, Some((view, host)), id) {
+        if let Err(by) = shared.authorize_endpoint(state, &slot.endpoint.workload, ep, caller, Some((view, host)), id) {
             shared.balancer.finish(&f, slot, Some(200));
             return Forwarded {
                 response: text(403, "RBAC: access denied\n".into()),
@@ -446,6 +448,23 @@ pub async fn handle(
         http::HeaderName::from_static(trace::TRACEPARENT),
         HeaderValue::from_bytes(trace.header().as_bytes()).expect("hex is a header value"),
     );
+    // RequestAuthentication first: the request's token (if it carries one
+    // where a rule looks) must be valid; what it establishes is what the
+    // policies read, and the request the app gets loses the token and
+    // gains the rule's output headers (`jwt`).
+    let service_routes = shared.routes_of(&target);
+    let jwt_rules = service_routes.as_deref().and_then(|r| shared.jwt_rules_of(r));
+    let authenticated = match &jwt_rules {
+        Some(rules) => {
+            crate::jwt::strip_outputs(rules, req.headers_mut());
+            let outcome = crate::jwt::authenticate(rules, req.headers(), req.uri().query().unwrap_or(""));
+            if let Ok(Some(a)) = &outcome {
+                a.apply(req.headers_mut());
+            }
+            outcome
+        }
+        None => Ok(None),
+    };
     let protocol = match req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         Some(c) if c.starts_with("application/grpc") => Protocol::Grpc,
         _ => Protocol::Http,
@@ -465,12 +484,12 @@ pub async fn handle(
     let host = header_map.get(HOST).and_then(|v| v.to_str().ok()).or(uri.authority().map(|a| a.as_str())).unwrap_or("");
     let headers: Vec<(&str, &str)> = header_map.iter().filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?))).collect();
     let state = shared.mesh.load_full();
-    let service_routes = shared.routes_of(&target);
     let view = RequestView { method, path, query, headers: &headers };
     let request_bytes = Tally::default();
     let req = req.map(|b| Counted::new(b, request_bytes.clone(), None));
     // Authorization first: a denied request learns nothing of the routes.
-    let verdict = plan::authorize(service_routes.as_deref(), &target, shared.caller(&peer), Some((&view, host)));
+    let caller = plan::Caller { auth: authenticated.as_ref().ok().and_then(|a| a.as_ref()).map(|a| &a.auth), ..shared.caller(&peer) };
+    let verdict = plan::authorize(service_routes.as_deref(), &target, caller, Some((&view, host)));
     for d in &verdict.dry_run_denials {
         tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, policy = %format!("{}/{}", d.namespace, d.name), "dry-run: {method} {path} would be denied");
     }
@@ -482,6 +501,14 @@ pub async fn handle(
     let mut rule = "-";
     let (response, flag, upstream) = if let Some(e) = refused_path {
         (text(400, format!("path refused: {e}\n")), "DPE", None)
+    } else if let Err(e) = &authenticated {
+        // The access log names the RequestAuthentication that refused it.
+        policy = e.policy().to_string().into();
+        let mut r = text(e.status(), format!("{e}\n"));
+        if e.status() == 401 {
+            r.headers_mut().insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"mesh\""));
+        }
+        (r, "-", None)
     } else if !verdict.allowed {
         (text(403, "RBAC: access denied\n".into()), "RBAC", None)
     } else {
@@ -519,7 +546,7 @@ pub async fn handle(
                 }
                 Action::Forward(f) => {
                     let view = RequestView { method, path, query, headers: &headers };
-                    let r = forward(&shared, &state, &peer, *f, &filters, req, host, &view, id).await;
+                    let r = forward(&shared, &state, &peer, caller, *f, &filters, req, host, &view, id).await;
                     attempts = r.attempts;
                     if let Some(by) = r.denied_by {
                         policy = by.into();

@@ -82,7 +82,7 @@ fn allowed(shared: &Shared, target: &Target, peer: &Peer, ep: SocketAddr, w: &sl
         return Err(d.to_string());
     }
     // The endpoint's own policies, at L4 semantics (as for the service's).
-    shared.authorize_endpoint(&state, w, ep, peer, None, "-").map_err(|by| {
+    shared.authorize_endpoint(&state, w, ep, shared.caller(peer), None, "-").map_err(|by| {
         by.map(|b| format!("denied by the endpoint's policy {b}")).unwrap_or_else(|| "denied by the endpoint's policies".into())
     })
 }

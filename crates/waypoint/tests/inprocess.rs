@@ -1132,3 +1132,87 @@ async fn a_client_cannot_turn_a_port_declared_http_into_raw_tcp() {
     let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut back)).await.expect("closed in time");
     assert!(matches!(n, Ok(0) | Err(_)), "the denied connection is closed: {n:?}");
 }
+
+/// RequestAuthentication at the waypoint, with tokens signed here (ES256):
+/// a request with a token must carry a valid one (401, or 403 for another
+/// audience); one without goes on with no request identity, which the
+/// policy that asks for one refuses; the token and the output headers a
+/// client may forge never reach the app as the client wrote them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_tokens_are_verified_and_their_identity_is_what_policies_read() {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    use slipstream_core::policy::l7::{L7Operation, L7Policy, L7Rule, L7Source};
+    use slipstream_core::policy::{Action, StringMatch};
+    use slipstream_core::route::JwtRule;
+    let (m, _node2, wp, _cfg) = mesh(108).await;
+    let vip = SocketAddr::new(m.ip(9, 1), APP_PORT);
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let raw = kp.public_key_raw();
+    let jwks = serde_json::json!({"keys": [{"kty": "EC", "crv": "P-256", "alg": "ES256", "kid": "k1",
+        "x": URL_SAFE_NO_PAD.encode(&raw[1..33]), "y": URL_SAFE_NO_PAD.encode(&raw[33..65])}]});
+    let signing = jsonwebtoken::EncodingKey::from_ec_der(&kp.serialize_der());
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let sign = |claims: serde_json::Value| {
+        let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        h.kid = Some("k1".into());
+        format!("Bearer {}", jsonwebtoken::encode(&h, &claims, &signing).unwrap())
+    };
+    let alice = sign(serde_json::json!({"iss": "https://issuer.example", "sub": "alice", "aud": "reviews", "exp": exp}));
+    let other_audience = sign(serde_json::json!({"iss": "https://issuer.example", "sub": "alice", "aud": "billing", "exp": exp}));
+    let expired = sign(serde_json::json!({"iss": "https://issuer.example", "sub": "alice", "aud": "reviews", "exp": 1000}));
+    let rule = JwtRule {
+        policy: "default/jwt".into(),
+        issuer: "https://issuer.example".into(),
+        audiences: vec!["reviews".into()],
+        jwks: jwks.to_string(),
+        output_claim_to_headers: vec![("x-user".into(), "sub".into())],
+        ..Default::default()
+    };
+    // /private needs a request identity (Istio's idiom: DENY notRequestPrincipals *).
+    let require = L7Policy {
+        namespace: "default".into(),
+        name: "require-jwt".into(),
+        action: Action::Deny,
+        dry_run: false,
+        rules: vec![L7Rule {
+            from: vec![L7Source { not_request_principals: vec![StringMatch::Presence], ..Default::default() }],
+            to: vec![L7Operation { paths: vec![StringMatch::Exact("/private".into())], ..Default::default() }],
+            ..Default::default()
+        }],
+        workloads: None,
+        pods: None,
+    };
+    wp.set_routes([ServiceRoutes { service: key("reviews"), jwt_rules: vec![rule], policies: vec![require], ..Default::default() }]);
+    let status = |a: &[(String, Duration)]| a.iter().map(|(s, _)| s.split(' ').next().unwrap_or("").to_string()).collect::<Vec<_>>();
+    // No token: an open path answers, the path that needs one is refused.
+    assert_eq!(status(&get_with(&m, vip, "/open", 1, &[]).await), ["200"]);
+    assert_eq!(get_with(&m, vip, "/private", 1, &[]).await[0].0, "403 RBAC: access denied\n");
+    // A valid token opens it.
+    assert_eq!(status(&get_with(&m, vip, "/private", 1, &[("authorization", &alice)]).await), ["200"]);
+    // Invalid tokens are refused wherever they go, the open path too.
+    for (what, t, code) in
+        [("expired", expired.as_str(), "401"), ("garbage", "Bearer a.b.c", "401"), ("another audience", other_audience.as_str(), "403")]
+    {
+        let a = get_with(&m, vip, "/open", 1, &[("authorization", t)]).await;
+        assert_eq!(status(&a), [code], "{what}: {a:?}");
+    }
+    // The app gets no token, and x-user only as the mesh verified it.
+    let forged = get_with(&m, vip, "/headers", 1, &[("x-user", "admin")]).await;
+    assert!(forged[0].0.starts_with("200 ") && !forged[0].0.contains("x-user"), "a client's own x-user reached the app: {forged:?}");
+    let verified = get_with(&m, vip, "/headers", 1, &[("x-user", "admin"), ("authorization", &alice)]).await;
+    assert!(verified[0].0.contains("x-user: alice\n"), "{verified:?}");
+    assert!(!verified[0].0.contains("authorization") && !verified[0].0.contains("admin"), "{verified:?}");
+    // The raw answer of a refusal says why, as Envoy's filter does.
+    let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, vip).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/")
+        .header("host", "reviews:9080")
+        .header("authorization", expired.as_str())
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 401);
+    assert!(resp.headers().get("www-authenticate").is_some_and(|v| v.to_str().unwrap().starts_with("Bearer")), "{:?}", resp.headers());
+}

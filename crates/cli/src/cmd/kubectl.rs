@@ -81,6 +81,13 @@ const KINDS: &[Kind] = &[
         aliases: &["pa", "peerauthentication", "peerauthentications"],
     },
     Kind {
+        kind: "RequestAuthentication",
+        resource: "requestauthentication.security.istio.io",
+        plural: "requestauthentications.security.istio.io",
+        namespaced: true,
+        aliases: &["ra", "requestauthentication", "requestauthentications"],
+    },
+    Kind {
         kind: "VirtualService",
         resource: "virtualservice.networking.istio.io",
         plural: "virtualservices.networking.istio.io",

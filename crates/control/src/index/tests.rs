@@ -905,3 +905,80 @@ fn a_pod_that_copies_a_waypoints_labels_owner_and_account_but_runs_anything_else
     }
     assert!(local.waypoint_pods().is_empty(), "runs as account web, not the waypoint's");
 }
+
+fn request_authn(ns: &str, name: &str, spec: &str) -> String {
+    format!(
+        "---\napiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n"
+    )
+}
+
+/// RequestAuthentications reach the routes of the Services they name and
+/// of every Service bound to the waypoint Gateway they name; a jwksUri's
+/// keys are empty (every token refused) until the control plane fetched
+/// them; a selector-bound one reaches nothing.
+#[test]
+fn request_authentications_reach_the_routes_of_what_they_target_with_fetched_keys() {
+    use crate::translate::request_authentication::Fetch;
+    const JWKS: &str = r#"{"keys":[{"kty":"RSA","kid":"k","n":"AQAB","e":"AQAB"}]}"#;
+    let mut ix = index(&format!(
+        "{}{}{}{}",
+        namespace("bookinfo", "istio.io/dataplane-mode: ambient, istio.io/use-waypoint: waypoint"),
+        gateway("bookinfo", "waypoint", "", 15008),
+        service("bookinfo", "reviews", "app: reviews", "10.96.0.10"),
+        service("bookinfo", "ratings", "app: ratings", "10.96.0.11"),
+    ));
+    let key = |svc: &str| ResourceKey::new(TypeUrl::Route, &format!("bookinfo/{svc}.bookinfo.svc.cluster.local"));
+    let rules = |ix: &Index, svc: &str| {
+        ix.resources()
+            .get(&key(svc))
+            .map(|v| slipstream_api::routes::routes_from_any(&v.body).unwrap().jwt_rules)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| (r.policy, r.issuer, r.jwks))
+            .collect::<Vec<_>>()
+    };
+    let on_reviews = request_authn(
+        "bookinfo",
+        "reviews-jwt",
+        &format!("{{targetRefs: [{{kind: Service, name: reviews}}], jwtRules: [{{issuer: b, jwks: '{JWKS}'}}]}}"),
+    );
+    let changes = upsert(&mut ix, &on_reviews);
+    assert_eq!(changes.upserted, vec![key("reviews")]);
+    assert_eq!(rules(&ix, "reviews"), [("bookinfo/reviews-jwt".into(), "b".into(), JWKS.into())]);
+    assert!(rules(&ix, "ratings").is_empty());
+    // On the waypoint: every service bound to it, ordered by issuer.
+    let uri = "http://keys.auth.svc.cluster.local/jwks";
+    let on_waypoint = request_authn(
+        "bookinfo",
+        "all",
+        &format!("{{targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}}], jwtRules: [{{issuer: a, jwksUri: '{uri}'}}]}}"),
+    );
+    upsert(&mut ix, &on_waypoint);
+    assert_eq!(
+        rules(&ix, "reviews"),
+        [("bookinfo/all".into(), "a".into(), String::new()), ("bookinfo/reviews-jwt".into(), "b".into(), JWKS.into())]
+    );
+    assert_eq!(rules(&ix, "ratings"), [("bookinfo/all".into(), "a".into(), String::new())]);
+    let f = Fetch { url: uri.into(), discovery: false, timeout: std::time::Duration::from_secs(5) };
+    assert_eq!(ix.jwks_fetches(), std::collections::BTreeSet::from([f.clone()]));
+    // Fetched: the keys go to both.
+    let changes = ix.set_jwks(&f, Some(JWKS.into()));
+    assert_eq!(changes.upserted, vec![key("ratings"), key("reviews")]);
+    assert_eq!(rules(&ix, "ratings"), [("bookinfo/all".into(), "a".into(), JWKS.into())]);
+    assert!(ix.set_jwks(&f, Some(JWKS.into())).upserted.is_empty(), "the same keys again change nothing");
+    // A selector-bound one is accepted and reaches nothing, nor is fetched.
+    let inert = request_authn(
+        "bookinfo",
+        "sidecar",
+        "{selector: {matchLabels: {app: reviews}}, jwtRules: [{issuer: c, jwksUri: 'http://elsewhere/jwks'}]}",
+    );
+    assert!(upsert(&mut ix, &inert).upserted.is_empty());
+    assert_eq!(ix.jwks_fetches().len(), 1);
+    // An invalid one is refused, naming the field; the last good one stays.
+    let e = parse_manifests(&on_reviews.replace("issuer: b, ", "issuer: b, fromHeaders: [{prefix: x}], ")).unwrap_err();
+    assert_eq!(e[0].field, "spec.jwtRules[0].fromHeaders[0].name", "{e:?}");
+    // Gone: its rules go.
+    ix.apply(ObjectEvent::Delete(ObjectRef::new(Kind::RequestAuthentication, "bookinfo", "all"))).unwrap();
+    assert!(rules(&ix, "ratings").is_empty());
+    assert!(ix.jwks_fetches().is_empty());
+}

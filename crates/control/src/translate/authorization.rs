@@ -98,6 +98,7 @@ pub fn translate(p: &AuthorizationPolicy, r: &ObjectRef, root_namespace: &str) -
     // rather than when someone switches AUDIT to DENY.
     let mut rules = Vec::new();
     for (i, rule) in spec.rules.iter().enumerate() {
+        check_values(rule, &format!("spec.rules[{i}]"), r)?;
         rules.push(translate_rule(rule, &format!("spec.rules[{i}]"), action.unwrap_or(Action::Allow), r)?);
     }
     let selector = spec.selector.as_ref().map(|s| s.match_labels.clone()).filter(|l| !l.is_empty());
@@ -170,13 +171,6 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
         for (j, f) in rule.from.iter().enumerate() {
             let field = format!("{path}.from[{j}].source");
             let s = f.source.as_ref().ok_or_else(|| ObjectError::new(r, &field, "required"))?;
-            if !s.request_principals.is_empty() || !s.not_request_principals.is_empty() {
-                return Err(ObjectError::new(
-                    r,
-                    format!("{field}.requestPrincipals"),
-                    "request principals need JWT validation, which the waypoint does not do yet",
-                ));
-            }
             // At the waypoint `remoteIpBlocks` read the client's address
             // `X-Forwarded-For` gives past the trusted proxies (MeshConfig
             // `numTrustedProxies`; the peer's without them), `ipBlocks` the
@@ -195,6 +189,9 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
                 not_ip_blocks: cidrs(&s.not_ip_blocks, &format!("{field}.notIpBlocks"), r)?,
                 remote_ip_blocks: cidrs(&s.remote_ip_blocks, &format!("{field}.remoteIpBlocks"), r)?,
                 not_remote_ip_blocks: cidrs(&s.not_remote_ip_blocks, &format!("{field}.notRemoteIpBlocks"), r)?,
+                // `<iss>/<sub>` of the request's JWT (RequestAuthentication).
+                request_principals: sm(&s.request_principals),
+                not_request_principals: sm(&s.not_request_principals),
             });
         }
         let mut to = Vec::new();
@@ -224,13 +221,21 @@ fn l7_bound(p: &AuthorizationPolicy, r: &ObjectRef, action: Action) -> Result<L7
                 "source.namespace" => ConditionKey::SourceNamespace,
                 "source.principal" | "source.serviceAccount" => ConditionKey::SourcePrincipal,
                 "destination.port" => ConditionKey::DestinationPort,
-                k => match k.strip_prefix("request.headers[").and_then(|h| h.strip_suffix(']')) {
-                    Some(h) if !h.is_empty() => ConditionKey::RequestHeader(h.to_ascii_lowercase()),
+                "request.auth.principal" => ConditionKey::RequestPrincipal,
+                "request.auth.audiences" => ConditionKey::RequestAudiences,
+                "request.auth.presenter" => ConditionKey::RequestPresenter,
+                k => match (k.strip_prefix("request.headers[").and_then(|h| h.strip_suffix(']')), claim_path(k)) {
+                    (Some(h), _) if !h.is_empty() => ConditionKey::RequestHeader(h.to_ascii_lowercase()),
+                    (_, Some(path)) => ConditionKey::RequestClaim(path),
                     _ => {
                         return Err(ObjectError::new(
                             r,
                             format!("{field}.key"),
-                            format!("{k:?} is not supported at the waypoint (request.headers[...], source.ip, remote.ip, source.namespace, source.principal, destination.port)"),
+                            format!(
+                                "{k:?} is not supported at the waypoint (request.headers[...], request.auth.principal, request.auth.audiences, \
+                                 request.auth.presenter, request.auth.claims[...], source.ip, remote.ip, source.namespace, source.principal, \
+                                 source.serviceAccount, destination.port)"
+                            ),
                         ))
                     }
                 },
@@ -440,6 +445,24 @@ fn condition(c: &Condition, field: &str, r: &ObjectRef, l7: &mut bool) -> Result
     Ok(Part::Match(Box::new(m)))
 }
 
+/// The claim path of `request.auth.claims[a][b]...` (a name in brackets
+/// may hold dots: `[foo.com/name]` is one claim), if `key` is one.
+fn claim_path(key: &str) -> Option<Vec<String>> {
+    let mut rest = key.strip_prefix("request.auth.claims")?;
+    let mut path = Vec::new();
+    while !rest.is_empty() {
+        let inner = rest.strip_prefix('[')?;
+        let end = inner.find(']')?;
+        let name = &inner[..end];
+        if name.is_empty() || name.contains('[') {
+            return None;
+        }
+        path.push(name.to_string());
+        rest = &inner[end + 1..];
+    }
+    (!path.is_empty()).then_some(path)
+}
+
 /// `serviceAccounts` (or `notServiceAccounts`, or the values of a
 /// `source.serviceAccount` condition) as Istio reads them: at most 16, each
 /// `<namespace>/<serviceaccount>` or a bare name in the policy's namespace,
@@ -499,6 +522,62 @@ fn string_match(s: &str) -> StringMatch {
     } else {
         StringMatch::Exact(s.to_string())
     }
+}
+
+/// What Istio's validation refuses in a rule's lists, refused the same
+/// way: an empty value (it would match nothing, or with `not`, everything),
+/// and in `paths` and `notPaths` Envoy's URI templates (`{*}`, `{**}`),
+/// which we do not evaluate: read literally, a DENY of `/admin/{**}`
+/// would deny nothing.
+fn check_values(rule: &RuleSpec, path: &str, r: &ObjectRef) -> Result<(), ObjectError> {
+    let empty = |v: &[String], field: String| match v.iter().position(String::is_empty) {
+        Some(i) => Err(ObjectError::new(r, format!("{field}[{i}]"), "must not be empty")),
+        None => Ok(()),
+    };
+    for (j, f) in rule.from.iter().enumerate() {
+        let Some(s) = &f.source else { continue };
+        let field = |n: &str| format!("{path}.from[{j}].source.{n}");
+        for (n, v) in [
+            ("principals", &s.principals),
+            ("notPrincipals", &s.not_principals),
+            ("requestPrincipals", &s.request_principals),
+            ("notRequestPrincipals", &s.not_request_principals),
+            ("namespaces", &s.namespaces),
+            ("notNamespaces", &s.not_namespaces),
+            ("ipBlocks", &s.ip_blocks),
+            ("notIpBlocks", &s.not_ip_blocks),
+            ("remoteIpBlocks", &s.remote_ip_blocks),
+            ("notRemoteIpBlocks", &s.not_remote_ip_blocks),
+        ] {
+            empty(v, field(n))?;
+        }
+    }
+    for (j, t) in rule.to.iter().enumerate() {
+        let Some(o) = &t.operation else { continue };
+        let field = |n: &str| format!("{path}.to[{j}].operation.{n}");
+        for (n, v) in [
+            ("hosts", &o.hosts),
+            ("notHosts", &o.not_hosts),
+            ("methods", &o.methods),
+            ("notMethods", &o.not_methods),
+            ("paths", &o.paths),
+            ("notPaths", &o.not_paths),
+            ("ports", &o.ports),
+            ("notPorts", &o.not_ports),
+        ] {
+            empty(v, field(n))?;
+        }
+        for (n, v) in [("paths", &o.paths), ("notPaths", &o.not_paths)] {
+            if let Some(i) = v.iter().position(|p| p.contains('{') || p.contains('}')) {
+                return Err(ObjectError::new(
+                    r,
+                    format!("{}[{i}]", field(n)),
+                    format!("{:?}: URI templates ({{*}}, {{**}}) are not supported; use a prefix (`/admin/*`) or exact paths", v[i]),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn strings(v: &[String]) -> Vec<StringMatch> {

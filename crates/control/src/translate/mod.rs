@@ -15,6 +15,7 @@ pub mod mesh_config;
 pub mod network_policy;
 pub mod peer_authentication;
 pub mod rate_limit;
+pub mod request_authentication;
 pub mod virtual_service;
 pub mod waypoint;
 
@@ -71,6 +72,7 @@ pub enum Input {
     VirtualService(Box<virtual_service::VirtualServiceInput>),
     DestinationRule(Box<virtual_service::DestinationRuleInput>),
     RateLimit(Box<rate_limit::RateLimitInput>),
+    RequestAuthentication(Box<request_authentication::RequestAuthnInput>),
     /// The root namespace's `istio` ConfigMap: the mesh's settings.
     MeshConfig(slipstream_core::mesh::MeshSettings),
     /// A kind kept for later work; it changes no resource yet.
@@ -245,6 +247,9 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str, domain_suffix: &
         }
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::LocalRateLimitPolicy => {
             Input::RateLimit(Box::new(rate_limit::rate_limit(o)?))
+        }
+        ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::RequestAuthentication => {
+            Input::RequestAuthentication(Box::new(request_authentication::request_authentication(o)?))
         }
         ClusterObject::Opaque(_) => Input::Opaque,
     })

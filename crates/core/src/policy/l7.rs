@@ -74,6 +74,12 @@ pub struct L7Source {
     pub remote_ip_blocks: Vec<Cidr>,
     #[serde(default)]
     pub not_remote_ip_blocks: Vec<Cidr>,
+    /// `requestPrincipals`: the request's JWT `<iss>/<sub>`
+    /// ([`RequestAuth::principal`]); HTTP only.
+    #[serde(default)]
+    pub request_principals: Vec<StringMatch>,
+    #[serde(default)]
+    pub not_request_principals: Vec<StringMatch>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -117,6 +123,59 @@ pub enum ConditionKey {
     SourceNamespace,
     SourcePrincipal,
     DestinationPort,
+    /// `request.auth.principal`: `<iss>/<sub>` of the request's JWT.
+    RequestPrincipal,
+    /// `request.auth.audiences`: its `aud`, any of them.
+    RequestAudiences,
+    /// `request.auth.presenter`: its `azp`.
+    RequestPresenter,
+    /// `request.auth.claims[a][b]...`: a claim, nested by path; a string,
+    /// or a list of strings any of which may match.
+    RequestClaim(Vec<String>),
+}
+
+impl ConditionKey {
+    /// Read only from an HTTP request.
+    fn is_http(&self) -> bool {
+        matches!(
+            self,
+            ConditionKey::RequestHeader(_)
+                | ConditionKey::RequestPrincipal
+                | ConditionKey::RequestAudiences
+                | ConditionKey::RequestPresenter
+                | ConditionKey::RequestClaim(_)
+        )
+    }
+}
+
+/// What RequestAuthentication established of a request: the JWT it carried
+/// was valid (signature, issuer, audience, time).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestAuth {
+    /// `<iss>/<sub>`.
+    pub principal: String,
+    pub audiences: Vec<String>,
+    /// `azp`.
+    pub presenter: Option<String>,
+    /// The payload; space-delimited claims (`scope`, `permission` and the
+    /// rule's `spaceDelimitedClaims`) already split into lists.
+    pub claims: serde_json::Map<String, serde_json::Value>,
+}
+
+impl RequestAuth {
+    /// The strings a claim path holds: a string, or the strings of a list.
+    pub fn claim(&self, path: &[String]) -> Vec<&str> {
+        let Some((first, rest)) = path.split_first() else { return Vec::new() };
+        let mut v = self.claims.get(first);
+        for p in rest {
+            v = v.and_then(|x| x.get(p));
+        }
+        match v {
+            Some(serde_json::Value::String(s)) => vec![s.as_str()],
+            Some(serde_json::Value::Array(a)) => a.iter().filter_map(serde_json::Value::as_str).collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// One request as the policies see it.
@@ -140,6 +199,8 @@ pub struct L7Request<'a> {
     pub headers: &'a [(&'a str, &'a str)],
     /// False for a connection passed through as TCP (no request).
     pub http: bool,
+    /// What the request's JWT established; None without a valid one.
+    pub auth: Option<&'a RequestAuth>,
 }
 
 fn any(ms: &[StringMatch], v: Option<&str>) -> bool {
@@ -152,9 +213,20 @@ fn list(yes: &[StringMatch], no: &[StringMatch], v: Option<&str>) -> bool {
 }
 
 impl L7Source {
-    fn matches(&self, r: &L7Request) -> bool {
+    fn has_http(&self) -> bool {
+        !(self.request_principals.is_empty() && self.not_request_principals.is_empty())
+    }
+
+    fn matches(&self, r: &L7Request, deny: bool) -> bool {
+        // Without a request (TCP passed through), an HTTP attribute makes
+        // an ALLOW source match nothing and is left out of a DENY one.
+        if !r.http && self.has_http() && !deny {
+            return false;
+        }
         let ip = |cs: &[Cidr], a: IpAddr| cs.iter().any(|c| c.contains(a));
-        list(&self.principals, &self.not_principals, r.principal)
+        let principal = r.auth.map(|a| a.principal.as_str());
+        (!r.http || list(&self.request_principals, &self.not_request_principals, principal))
+            && list(&self.principals, &self.not_principals, r.principal)
             && list(&self.namespaces, &self.not_namespaces, r.namespace)
             && (self.ip_blocks.is_empty() || ip(&self.ip_blocks, r.source_ip))
             && (self.not_ip_blocks.is_empty() || !ip(&self.not_ip_blocks, r.source_ip))
@@ -246,7 +318,7 @@ impl L7Operation {
 
 impl L7Condition {
     fn matches(&self, r: &L7Request, deny: bool) -> bool {
-        if !r.http && matches!(self.key, ConditionKey::RequestHeader(_)) {
+        if !r.http && self.key.is_http() {
             return deny;
         }
         let port = r.port.to_string();
@@ -261,6 +333,18 @@ impl L7Condition {
             ConditionKey::SourceNamespace => r.namespace.map(str::to_string),
             ConditionKey::SourcePrincipal => r.principal.map(str::to_string),
             ConditionKey::DestinationPort => Some(port),
+            ConditionKey::RequestPrincipal => r.auth.map(|a| a.principal.clone()),
+            ConditionKey::RequestPresenter => r.auth.and_then(|a| a.presenter.clone()),
+            // Lists: a value matches when one element does.
+            ConditionKey::RequestAudiences | ConditionKey::RequestClaim(_) => {
+                let values: Vec<&str> = match (&self.key, r.auth) {
+                    (ConditionKey::RequestAudiences, Some(a)) => a.audiences.iter().map(String::as_str).collect(),
+                    (ConditionKey::RequestClaim(path), Some(a)) => a.claim(path),
+                    _ => Vec::new(),
+                };
+                let any_of = |ms: &[StringMatch]| values.iter().any(|v| any(ms, Some(v)));
+                return (self.values.is_empty() || any_of(&self.values)) && (self.not_values.is_empty() || !any_of(&self.not_values));
+            }
         };
         let v = v.as_deref();
         if matches!(self.key, ConditionKey::SourceIp | ConditionKey::RemoteIp) {
@@ -290,7 +374,7 @@ pub fn parse_block(s: &str) -> Option<Cidr> {
 
 impl L7Rule {
     fn matches(&self, r: &L7Request, deny: bool) -> bool {
-        (self.from.is_empty() || self.from.iter().any(|s| s.matches(r)))
+        (self.from.is_empty() || self.from.iter().any(|s| s.matches(r, deny)))
             && (self.to.is_empty() || self.to.iter().any(|o| o.matches(r, deny)))
             && self.when.iter().all(|c| c.matches(r, deny))
     }
@@ -369,6 +453,7 @@ mod tests {
             port: 8080,
             headers,
             http: true,
+            auth: None,
         }
     }
 
@@ -476,7 +561,7 @@ mod tests {
         // remoteIpBlocks and remote.ip read it; ipBlocks and source.ip the peer.
         let none: [(&str, &str); 0] = [];
         let r = L7Request { remote_ip: "192.0.2.1".parse().unwrap(), ..req("cluster.local/ns/shop/sa/client", "GET", "/", &none) };
-        let src = |s: L7Source| s.matches(&r);
+        let src = |s: L7Source| s.matches(&r, false);
         assert!(src(L7Source { remote_ip_blocks: vec![parse_block("192.0.2.0/24").unwrap()], ..Default::default() }));
         assert!(!src(L7Source { ip_blocks: vec![parse_block("192.0.2.0/24").unwrap()], ..Default::default() }));
         assert!(!src(L7Source { not_remote_ip_blocks: vec![parse_block("192.0.2.1").unwrap()], ..Default::default() }));

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 pub const MESH_KINDS: &[&str] = &[
     "AuthorizationPolicy",
     "PeerAuthentication",
+    "RequestAuthentication",
     "NetworkPolicy",
     "CiliumNetworkPolicy",
     "Gateway",

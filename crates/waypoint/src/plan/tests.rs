@@ -290,7 +290,7 @@ fn which_policies_a_request_meets_by_how_it_was_addressed() {
     let peer: slipstream_core::SpiffeId = "spiffe://cluster.local/ns/bookinfo/sa/productpage".parse().unwrap();
     let denied = |target: &Target, routes: &ServiceRoutes, path: &str| {
         let view = RequestView { method: "GET", path, query: "", headers: &[] };
-        let caller = Caller { identity: &peer, addr: "10.244.9.9".parse().unwrap(), trusted_proxies: 0 };
+        let caller = Caller { identity: &peer, addr: "10.244.9.9".parse().unwrap(), trusted_proxies: 0, auth: None };
         !authorize(Some(routes), target, caller, Some((&view, "x"))).allowed
     };
     assert!(denied(&pod, &own, "/gateway"), "the Gateway's policy holds for a pod addressed directly");

@@ -186,18 +186,39 @@ fn targeted_policies_keep_every_l7_attribute_for_the_waypoint() {
     };
     let s = both("{ipBlocks: [10.0.0.0/8], remoteIpBlocks: [192.168.0.0/16], notRemoteIpBlocks: [192.168.1.0/24]}");
     assert_eq!((s.ip_blocks[0].length, s.remote_ip_blocks[0].length, s.not_remote_ip_blocks[0].length), (8, 16, 24));
+    // The request's JWT (RequestAuthentication): its principal and claims.
+    let p = policy(
+        "production",
+        "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{from: [{source: {requestPrincipals: ['*'], notRequestPrincipals: ['evil/*']}}], when: [{key: 'request.auth.claims[org][unit]', values: [pay]}, {key: request.auth.audiences, values: [web]}]}]}",
+        "",
+    )
+    .unwrap()
+    .l7
+    .unwrap()
+    .policy;
+    assert_eq!(p.rules[0].from[0].request_principals, [StringMatch::Presence]);
+    assert_eq!(p.rules[0].from[0].not_request_principals, [StringMatch::Prefix("evil/".into())]);
+    assert_eq!(p.rules[0].when[0].key, ConditionKey::RequestClaim(vec!["org".into(), "unit".into()]));
+    assert_eq!(p.rules[0].when[1].key, ConditionKey::RequestAudiences);
     // Refusals name the field.
     let cases = [
         ("{targetRefs: [{kind: Deployment, group: apps, name: x}]}", "spec.targetRefs[0].kind"),
         ("{targetRefs: [{kind: Service, group: '', name: x, namespace: other}]}", "spec.targetRefs[0].namespace"),
         (
-            "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{when: [{key: 'request.auth.claims[iss]', values: [a]}]}]}",
+            "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{when: [{key: 'request.auth.claims[]', values: [a]}]}]}",
             "spec.rules[0].when[0].key",
         ),
         (
-            "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{from: [{source: {requestPrincipals: ['*']}}]}]}",
-            "spec.rules[0].from[0].source.requestPrincipals",
+            "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{when: [{key: 'request.auth.claims[a', values: [a]}]}]}",
+            "spec.rules[0].when[0].key",
         ),
+        (
+            "{targetRefs: [{kind: Service, group: '', name: x}], action: DENY, rules: [{to: [{operation: {paths: ['/a', '/admin/{**}']}}]}]}",
+            "spec.rules[0].to[0].operation.paths[1]",
+        ),
+        ("{selector: {matchLabels: {app: a}}, rules: [{to: [{operation: {notPaths: ['/{*}/x']}}]}]}", "spec.rules[0].to[0].operation.notPaths[0]"),
+        ("{rules: [{from: [{source: {principals: ['']}}]}]}", "spec.rules[0].from[0].source.principals[0]"),
+        ("{rules: [{to: [{operation: {methods: [GET, '']}}]}]}", "spec.rules[0].to[0].operation.methods[1]"),
         (
             "{targetRefs: [{kind: Service, group: '', name: x}], rules: [{when: [{key: source.ip, values: [nope]}]}]}",
             "spec.rules[0].when[0].values[0]",
