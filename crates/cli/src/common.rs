@@ -159,7 +159,10 @@ fn check_mesh_kinds(loaded: &[Loaded]) -> anyhow::Result<()> {
         }
         if let Ok(Some(slipstream_control::objects::ClusterObject::Opaque(o))) = &parsed {
             if o.kind == slipstream_control::objects::Kind::RequestAuthentication {
-                if let Ok(ra) = slipstream_control::translate::request_authentication::request_authentication(o) {
+                if let Ok(ra) = slipstream_control::translate::request_authentication::request_authentication(
+                    o,
+                    slipstream_control::translate::DEFAULT_DOMAIN_SUFFIX,
+                ) {
                     if let Some(why) = ra.inert {
                         eprintln!(
                             "warning: {}: RequestAuthentication {}/{} has no effect: {why}",

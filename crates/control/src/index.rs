@@ -984,14 +984,29 @@ impl Index {
     }
 
     /// What the control plane must fetch for the RequestAuthentications
-    /// that apply somewhere (`jwksUri`, or the issuer's OpenID
-    /// configuration).
-    pub fn jwks_fetches(&self) -> BTreeSet<crate::translate::request_authentication::Fetch> {
+    /// that apply somewhere (their `jwksUri`), each with the address to
+    /// fetch it from: its Service's cluster address and port, or why there
+    /// is none.
+    pub fn jwks_fetches(&self) -> BTreeMap<crate::translate::request_authentication::Fetch, Result<std::net::SocketAddr, String>> {
         self.namespaces
             .values()
             .flat_map(|ns| ns.request_authns.values())
             .filter(|a| a.inert.is_none())
             .flat_map(|a| a.rules.iter().filter_map(|r| r.keys.fetch()))
+            .map(|f| {
+                let svc = self.namespaces.get(&f.namespace).and_then(|ns| ns.services.get(&f.service));
+                let addr = match svc {
+                    None => Err(format!("no Service {}/{}", f.namespace, f.service)),
+                    Some(s) if !s.ports.iter().any(|p| p.port == f.port) => {
+                        Err(format!("Service {}/{} has no port {}", f.namespace, f.service, f.port))
+                    }
+                    Some(s) => match s.addresses.first() {
+                        Some(ip) => Ok(std::net::SocketAddr::new(*ip, f.port)),
+                        None => Err(format!("Service {}/{} has no cluster address (headless)", f.namespace, f.service)),
+                    },
+                };
+                (f, addr)
+            })
             .collect()
     }
 
@@ -1003,7 +1018,7 @@ impl Index {
             None => self.jwks.remove(fetch).is_some(),
         };
         let wanted = self.jwks_fetches();
-        self.jwks.retain(|f, _| wanted.contains(f));
+        self.jwks.retain(|f, _| wanted.contains_key(f));
         let batch = Batch { all_routes: changed, ..Default::default() };
         self.flush(batch)
     }

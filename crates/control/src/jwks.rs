@@ -1,22 +1,24 @@
-//! Fetching the JWKS of RequestAuthentications (`jwksUri`, or the
-//! issuer's OpenID configuration), as istiod does by default: the control
-//! plane fetches and the waypoints get the key set inline in their routes,
-//! so a waypoint never reaches out on a request's behalf.
+//! Fetching the JWKS of RequestAuthentications' `jwksUri`, as istiod does
+//! by default: the control plane fetches and the waypoints get the key set
+//! inline in their routes, so a waypoint never reaches out on a request's
+//! behalf.
 //!
-//! Any tenant who may write a RequestAuthentication names a URL the
-//! control plane fetches, so the fetch is kept narrow: a plain `GET`, no
-//! redirects followed, no credentials sent, at most [`MAX_BODY`] bytes, a
-//! body that must be a JWKS (an OpenID configuration for discovery) and is
-//! never logged, the policy's `timeout` over the whole fetch, and never an
-//! address on loopback, link-local (cloud metadata services) or
-//! unspecified ([`refused_address`]): the name is resolved here and the
-//! connection goes to the address that was checked. A key set that cannot
-//! be had is no key set: its rules refuse every token (fail closed), and a
-//! later failure keeps the last good one (as istiod's cache does).
+//! Any tenant who may write a RequestAuthentication names the URL, so the
+//! fetch is kept narrow. From inside the cluster only: the URL's host must
+//! be a Service of the cluster (`translate::request_authentication`), and
+//! the connection goes to that Service's cluster address as the index
+//! knows it, never to what a DNS lookup answers, and never to a loopback,
+//! link-local (cloud metadata), unspecified or multicast address
+//! ([`refused_address`]). Then a plain `GET`, no redirects followed, no
+//! credentials sent, at most [`MAX_BODY`] bytes that must be a JWKS and
+//! are never logged, and the policy's `timeout` over the whole fetch. A key
+//! set that cannot be had is no key set: its rules refuse every token
+//! (fail closed), and a later failure keeps the last good one (as istiod's
+//! cache does).
 
 use crate::translate::request_authentication::{check_jwks, Fetch};
 use http_body_util::{BodyExt, Empty, Limited};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,12 +48,10 @@ impl Default for FetchSettings {
 /// Why a fetch gave no key set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FetchError {
-    #[error("{0:?} is not an http:// or https:// URL with a host")]
-    Url(String),
-    #[error("cannot resolve {host}: {why}")]
-    Resolve { host: String, why: String },
-    #[error("{host} resolves only to addresses the control plane does not fetch from (loopback, link-local, unspecified): {addrs}")]
-    Refused { host: String, addrs: String },
+    #[error("{0}")]
+    NoAddress(String),
+    #[error("{addr} is an address the control plane does not fetch from (loopback, link-local, unspecified, multicast)")]
+    Refused { addr: SocketAddr },
     #[error("connecting to {addr}: {why}")]
     Connect { addr: SocketAddr, why: String },
     #[error("TLS with {host}: {why}")]
@@ -64,8 +64,6 @@ pub enum FetchError {
     TooLarge,
     #[error("the answer is not a JWKS: {0}")]
     NotJwks(String),
-    #[error("the OpenID configuration names no usable jwks_uri: {0}")]
-    Discovery(String),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
 }
@@ -88,50 +86,25 @@ pub fn refused_address(ip: IpAddr, allow_loopback: bool) -> bool {
     }
 }
 
-/// Fetches `f`: the JWKS text, checked.
-pub async fn fetch(f: &Fetch, settings: &FetchSettings) -> Result<String, FetchError> {
-    match tokio::time::timeout(f.timeout, fetch_inner(f, settings)).await {
-        Ok(r) => r,
-        Err(_) => Err(FetchError::Timeout(f.timeout)),
+/// Fetches `f` from `addr` (its Service's cluster address): the JWKS
+/// text, checked.
+pub async fn fetch(f: &Fetch, addr: SocketAddr, settings: &FetchSettings) -> Result<String, FetchError> {
+    if refused_address(addr.ip(), settings.allow_loopback) {
+        return Err(FetchError::Refused { addr });
     }
-}
-
-async fn fetch_inner(f: &Fetch, settings: &FetchSettings) -> Result<String, FetchError> {
-    let mut url = f.url.clone();
-    if f.discovery {
-        let body = get(&url, settings).await?;
-        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| FetchError::Discovery(format!("not JSON: {e}")))?;
-        let uri = v.get("jwks_uri").and_then(|u| u.as_str()).ok_or_else(|| FetchError::Discovery("no `jwks_uri`".into()))?;
-        if !(uri.starts_with("http://") || uri.starts_with("https://")) {
-            return Err(FetchError::Discovery(format!("{uri:?} is not an http:// or https:// URL")));
-        }
-        url = uri.to_string();
-    }
-    let body = get(&url, settings).await?;
+    let body = match tokio::time::timeout(f.timeout, get(f, addr)).await {
+        Ok(r) => r?,
+        Err(_) => return Err(FetchError::Timeout(f.timeout)),
+    };
     let text = String::from_utf8(body).map_err(|_| FetchError::NotJwks("not UTF-8".into()))?;
     check_jwks(&text).map_err(FetchError::NotJwks)?;
     Ok(text)
 }
 
-/// One `GET` of `url`: the body of a 200 answer.
-async fn get(url: &str, settings: &FetchSettings) -> Result<Vec<u8>, FetchError> {
-    let uri: http::Uri = url.parse().map_err(|_| FetchError::Url(url.to_string()))?;
-    let tls = match uri.scheme_str() {
-        Some("https") => true,
-        Some("http") => false,
-        _ => return Err(FetchError::Url(url.to_string())),
-    };
-    let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(|| FetchError::Url(url.to_string()))?;
-    let bare = host.trim_start_matches('[').trim_end_matches(']').to_string();
-    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-    let resolved: Vec<SocketAddr> = tokio::net::lookup_host((bare.as_str(), port))
-        .await
-        .map_err(|e| FetchError::Resolve { host: bare.clone(), why: e.to_string() })?
-        .collect();
-    let Some(addr) = resolved.iter().copied().find(|a| !refused_address(a.ip(), settings.allow_loopback)) else {
-        let addrs = resolved.iter().map(|a| a.ip().to_string()).collect::<Vec<_>>().join(", ");
-        return Err(FetchError::Refused { host: bare, addrs });
-    };
+/// One `GET` of `f.url` at `addr`: the body of a 200 answer.
+async fn get(f: &Fetch, addr: SocketAddr) -> Result<Vec<u8>, FetchError> {
+    let uri: http::Uri = f.url.parse().map_err(|e| FetchError::Http(format!("{:?}: {e}", f.url)))?;
+    let host = uri.host().unwrap_or("").to_string();
     let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| FetchError::Connect { addr, why: e.to_string() })?;
     let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     let authority = uri.authority().map(|a| a.as_str().to_string()).unwrap_or_default();
@@ -141,13 +114,13 @@ async fn get(url: &str, settings: &FetchSettings) -> Result<Vec<u8>, FetchError>
         .header(http::header::USER_AGENT, concat!("slipstream-control/", env!("CARGO_PKG_VERSION")))
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| FetchError::Http(e.to_string()))?;
-    if tls {
+    if f.tls {
         let name =
-            rustls_pki_types::ServerName::try_from(bare.clone()).map_err(|e| FetchError::Tls { host: bare.clone(), why: e.to_string() })?;
+            rustls_pki_types::ServerName::try_from(host.clone()).map_err(|e| FetchError::Tls { host: host.clone(), why: e.to_string() })?;
         let stream = tokio_rustls::TlsConnector::from(client_config())
             .connect(name, tcp)
             .await
-            .map_err(|e| FetchError::Tls { host: bare.clone(), why: e.to_string() })?;
+            .map_err(|e| FetchError::Tls { host: host.clone(), why: e.to_string() })?;
         send(stream, request).await
     } else {
         send(tcp, request).await
@@ -203,12 +176,23 @@ fn client_config() -> Arc<rustls::ClientConfig> {
         .clone()
 }
 
+/// What to fetch, and from where (or why from nowhere).
+pub type Wanted = BTreeMap<Fetch, Result<SocketAddr, String>>;
+
+async fn fetch_from(f: &Fetch, addr: &Result<SocketAddr, String>, settings: &FetchSettings) -> Result<String, FetchError> {
+    match addr {
+        Ok(a) => fetch(f, *a, settings).await,
+        Err(why) => Err(FetchError::NoAddress(why.clone())),
+    }
+}
+
 /// Fetches everything of `wanted` at once (the control plane's first
-/// read): what could be had. Each fetch is given at most `cap` (its own timeout if shorter): a slow
-/// issuer does not hold up serving; the task started next tries again.
-pub async fn fetch_all(wanted: &BTreeSet<Fetch>, settings: &FetchSettings, cap: Duration) -> Vec<(Fetch, Option<String>)> {
-    let all = wanted.iter().map(|f| async move {
-        let r = match tokio::time::timeout(cap, fetch(f, settings)).await {
+/// read): what could be had. Each fetch is given at most `cap` (its own
+/// timeout if shorter): a slow issuer does not hold up serving; the task
+/// started next tries again.
+pub async fn fetch_all(wanted: &Wanted, settings: &FetchSettings, cap: Duration) -> Vec<(Fetch, Option<String>)> {
+    let all = wanted.iter().map(|(f, addr)| async move {
+        let r = match tokio::time::timeout(cap, fetch_from(f, addr, settings)).await {
             Ok(r) => r,
             Err(_) => Err(FetchError::Timeout(cap)),
         };
@@ -233,22 +217,32 @@ fn log_result(f: &Fetch, r: &Result<String, FetchError>) {
 /// growing wait; every new result goes to `results`. Ends when `wanted`'s
 /// sender or `results`' receiver is gone.
 pub async fn run(
-    mut wanted: watch::Receiver<BTreeSet<Fetch>>,
+    mut wanted: watch::Receiver<Wanted>,
     results: mpsc::Sender<(Fetch, Option<String>)>,
     settings: FetchSettings,
     mut held: BTreeMap<Fetch, String>,
 ) {
-    // Per fetch: when next, and the wait after the next failure.
-    let mut due: BTreeMap<Fetch, (Instant, Duration)> = BTreeMap::new();
+    // Per fetch: when next, the wait after the next failure, and the
+    // address it was planned for (a new one is tried at once: the Service
+    // that was missing has come).
+    let mut due: BTreeMap<Fetch, (Instant, Duration, Result<SocketAddr, String>)> = BTreeMap::new();
     loop {
         let now = Instant::now();
         let want = wanted.borrow_and_update().clone();
-        due.retain(|f, _| want.contains(f));
-        held.retain(|f, _| want.contains(f));
-        for f in &want {
-            due.entry(f.clone()).or_insert((now, settings.retry));
+        due.retain(|f, _| want.contains_key(f));
+        held.retain(|f, _| want.contains_key(f));
+        for (f, addr) in &want {
+            match due.get_mut(f) {
+                Some(d) if d.2 == *addr => {}
+                Some(d) => *d = (now, settings.retry, addr.clone()),
+                None => {
+                    // One fetched before serving is next due a refresh from now.
+                    let at = if held.contains_key(f) { now + settings.refresh } else { now };
+                    due.insert(f.clone(), (at, settings.retry, addr.clone()));
+                }
+            }
         }
-        let next = due.values().map(|(at, _)| *at).min();
+        let next = due.values().map(|(at, _, _)| *at).min();
         tokio::select! {
             changed = wanted.changed() => {
                 if changed.is_err() {
@@ -258,13 +252,14 @@ pub async fn run(
             }
             _ = sleep_until(next) => {}
         }
-        let ready: Vec<Fetch> = due.iter().filter(|(_, (at, _))| *at <= Instant::now()).map(|(f, _)| f.clone()).collect();
+        let ready: Vec<Fetch> = due.iter().filter(|(_, (at, _, _))| *at <= Instant::now()).map(|(f, _)| f.clone()).collect();
         for f in ready {
-            let r = fetch(&f, &settings).await;
+            let Some(addr) = want.get(&f) else { continue };
+            let r = fetch_from(&f, addr, &settings).await;
             let entry = due.get_mut(&f).expect("kept above");
             match r {
                 Ok(text) => {
-                    *entry = (Instant::now() + settings.refresh, settings.retry);
+                    (entry.0, entry.1) = (Instant::now() + settings.refresh, settings.retry);
                     if held.get(&f) != Some(&text) {
                         log_result(&f, &Ok(String::new()));
                         held.insert(f.clone(), text.clone());
@@ -275,7 +270,7 @@ pub async fn run(
                 }
                 Err(e) => {
                     let wait = entry.1;
-                    *entry = (Instant::now() + wait, (wait * 2).min(settings.refresh));
+                    (entry.0, entry.1) = (Instant::now() + wait, (wait * 2).min(settings.refresh));
                     let kept = if held.contains_key(&f) { "; the last good one stays in force" } else { "" };
                     tracing::warn!(url = %f.url, retry_in = ?wait, "cannot fetch the JWKS: {e}{kept}");
                 }

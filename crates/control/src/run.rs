@@ -139,14 +139,15 @@ pub struct ControlArgs {
     /// it). At least 5s.
     #[arg(long, default_value = "60s", value_parser = parse_resync)]
     pub gateway_resync: Duration,
-    /// How often the JWKS of a RequestAuthentication's `jwksUri` (or its
-    /// issuer's OpenID configuration) is fetched again; a failed fetch is
-    /// retried sooner, and the last good key set stays in force.
+    /// How often the JWKS of a RequestAuthentication's `jwksUri` (a Service
+    /// of the cluster) is fetched again; a failed fetch is retried sooner,
+    /// and the last good key set stays in force.
     #[arg(long, default_value = "20m", value_parser = parse_duration)]
     pub jwks_refresh: Duration,
-    /// Let a `jwksUri` on loopback be fetched. Off: a tenant's
-    /// RequestAuthentication cannot make the control plane call itself or
-    /// its node; link-local (cloud metadata) addresses are never fetched.
+    /// Let a `jwksUri` whose Service has a loopback address be fetched
+    /// (tests). Off: a tenant's RequestAuthentication cannot make the
+    /// control plane call itself or its node; link-local (cloud metadata)
+    /// addresses are never fetched.
     #[arg(long)]
     pub jwks_fetch_loopback: bool,
 }

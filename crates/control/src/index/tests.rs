@@ -959,8 +959,18 @@ fn request_authentications_reach_the_routes_of_what_they_target_with_fetched_key
         [("bookinfo/all".into(), "a".into(), String::new()), ("bookinfo/reviews-jwt".into(), "b".into(), JWKS.into())]
     );
     assert_eq!(rules(&ix, "ratings"), [("bookinfo/all".into(), "a".into(), String::new())]);
-    let f = Fetch { url: uri.into(), discovery: false, timeout: std::time::Duration::from_secs(5) };
-    assert_eq!(ix.jwks_fetches(), std::collections::BTreeSet::from([f.clone()]));
+    let f = Fetch {
+        url: uri.into(),
+        namespace: "auth".into(),
+        service: "keys".into(),
+        port: 80,
+        tls: false,
+        timeout: std::time::Duration::from_secs(5),
+    };
+    // From its Service's cluster address, once there is one.
+    assert_eq!(ix.jwks_fetches(), BTreeMap::from([(f.clone(), Err("no Service auth/keys".to_string()))]));
+    upsert(&mut ix, &service("auth", "keys", "app: keys", "10.96.0.53"));
+    assert_eq!(ix.jwks_fetches(), BTreeMap::from([(f.clone(), Ok("10.96.0.53:80".parse().unwrap()))]));
     // Fetched: the keys go to both.
     let changes = ix.set_jwks(&f, Some(JWKS.into()));
     assert_eq!(changes.upserted, vec![key("ratings"), key("reviews")]);
@@ -970,7 +980,7 @@ fn request_authentications_reach_the_routes_of_what_they_target_with_fetched_key
     let inert = request_authn(
         "bookinfo",
         "sidecar",
-        "{selector: {matchLabels: {app: reviews}}, jwtRules: [{issuer: c, jwksUri: 'http://elsewhere/jwks'}]}",
+        "{selector: {matchLabels: {app: reviews}}, jwtRules: [{issuer: c, jwksUri: 'http://other.auth.svc/jwks'}]}",
     );
     assert!(upsert(&mut ix, &inert).upserted.is_empty());
     assert_eq!(ix.jwks_fetches().len(), 1);

@@ -1,5 +1,7 @@
 //! Against a real HTTP server on loopback (allowed here by the setting
-//! that is off by default, which the first test checks).
+//! that is off by default, which the first test checks), standing for the
+//! Service the URL names: the fetch goes to the address it is given, as
+//! the index resolves the Service, never to a DNS answer.
 
 use super::*;
 use std::sync::Mutex;
@@ -8,8 +10,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const JWKS_A: &str = r#"{"keys":[{"kty":"RSA","kid":"a","n":"AQAB","e":"AQAB"}]}"#;
 const JWKS_B: &str = r#"{"keys":[{"kty":"EC","kid":"b","crv":"P-256","x":"AA","y":"AA"}]}"#;
 
-/// Serves /jwks (the text in `current`), /oidc (naming /jwks), /redirect,
-/// /big, /slow and /html; counts the requests.
+/// Serves /jwks (the text in `current`), /redirect, /big, /slow and
+/// /html; counts the requests.
 async fn server(current: Arc<Mutex<&'static str>>, hits: Arc<Mutex<usize>>) -> SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -25,7 +27,6 @@ async fn server(current: Arc<Mutex<&'static str>>, hits: Arc<Mutex<usize>>) -> S
                 let path = req.split_whitespace().nth(1).unwrap_or("/").to_string();
                 let (status, body): (&str, String) = match path.as_str() {
                     "/jwks" => ("200 OK", current.lock().unwrap().to_string()),
-                    "/oidc" => ("200 OK", format!(r#"{{"issuer":"http://{addr}","jwks_uri":"http://{addr}/jwks"}}"#)),
                     "/redirect" => ("302 Found", String::new()),
                     "/big" => ("200 OK", format!(r#"{{"keys":[],"pad":"{}"}}"#, "x".repeat(MAX_BODY))),
                     "/html" => ("200 OK", "<html>login</html>".to_string()),
@@ -44,8 +45,15 @@ async fn server(current: Arc<Mutex<&'static str>>, hits: Arc<Mutex<usize>>) -> S
     addr
 }
 
-fn at(addr: SocketAddr, path: &str) -> Fetch {
-    Fetch { url: format!("http://{addr}{path}"), discovery: false, timeout: Duration::from_secs(2) }
+fn at(path: &str) -> Fetch {
+    Fetch {
+        url: format!("http://keys.auth.svc.cluster.local{path}"),
+        namespace: "auth".into(),
+        service: "keys".into(),
+        port: 80,
+        tls: false,
+        timeout: Duration::from_secs(2),
+    }
 }
 
 fn loopback() -> FetchSettings {
@@ -56,27 +64,27 @@ fn loopback() -> FetchSettings {
 async fn loopback_link_local_and_unspecified_are_never_fetched_by_default() {
     let hits = Arc::new(Mutex::new(0));
     let addr = server(Arc::new(Mutex::new(JWKS_A)), hits.clone()).await;
-    let e = fetch(&at(addr, "/jwks"), &FetchSettings::default()).await.unwrap_err();
-    assert!(matches!(e, FetchError::Refused { .. }), "{e}");
+    let e = fetch(&at("/jwks"), addr, &FetchSettings::default()).await.unwrap_err();
+    assert_eq!(e, FetchError::Refused { addr });
     assert_eq!(*hits.lock().unwrap(), 0, "refused before connecting");
     // Refused whatever the setting (no packet is sent to any of them).
-    for url in ["http://169.254.169.254/latest/meta-data", "http://[::ffff:169.254.169.254]/x", "http://0.0.0.0/jwks", "http://[fe80::1]/x"]
-    {
-        let f = Fetch { url: url.into(), discovery: false, timeout: Duration::from_secs(1) };
-        let e = fetch(&f, &loopback()).await.unwrap_err();
-        assert!(matches!(e, FetchError::Refused { .. }), "{url}: {e}");
+    for a in ["169.254.169.254:80", "[::ffff:169.254.169.254]:80", "0.0.0.0:80", "[fe80::1]:80", "224.0.0.1:80"] {
+        let a: SocketAddr = a.parse().unwrap();
+        assert_eq!(fetch(&at("/jwks"), a, &loopback()).await.unwrap_err(), FetchError::Refused { addr: a });
     }
-    assert!(refused_address("::ffff:169.254.169.254".parse().unwrap(), true));
     assert!(refused_address("127.0.0.1".parse().unwrap(), false));
-    assert!(!refused_address("10.96.0.10".parse().unwrap(), false), "cluster addresses are where issuers live");
+    assert!(!refused_address("10.96.0.10".parse().unwrap(), false), "cluster addresses are where the keys are");
+    // A Service the index could not resolve is no address.
+    let r = fetch_all(&BTreeMap::from([(at("/jwks"), Err("no Service auth/keys".to_string()))]), &loopback(), Duration::from_secs(1)).await;
+    assert_eq!(r, [(at("/jwks"), None)]);
 }
 
 #[tokio::test]
-async fn a_jwks_by_uri_and_by_openid_discovery() {
+async fn a_jwks_from_the_address_of_its_service() {
     let addr = server(Arc::new(Mutex::new(JWKS_A)), Arc::new(Mutex::new(0))).await;
-    assert_eq!(fetch(&at(addr, "/jwks"), &loopback()).await.unwrap(), JWKS_A);
-    let oidc = Fetch { discovery: true, ..at(addr, "/oidc") };
-    assert_eq!(fetch(&oidc, &loopback()).await.unwrap(), JWKS_A);
+    assert_eq!(fetch(&at("/jwks"), addr, &loopback()).await.unwrap(), JWKS_A);
+    let r = fetch_all(&BTreeMap::from([(at("/jwks"), Ok(addr))]), &loopback(), Duration::from_secs(1)).await;
+    assert_eq!(r, [(at("/jwks"), Some(JWKS_A.to_string()))]);
 }
 
 /// Whether an error is the one a case expects.
@@ -85,30 +93,34 @@ type Check = fn(&FetchError) -> bool;
 #[tokio::test]
 async fn what_is_not_a_key_set_is_refused_with_the_reason() {
     let addr = server(Arc::new(Mutex::new(JWKS_A)), Arc::new(Mutex::new(0))).await;
-    let cases: [(&str, Check); 5] = [
+    let cases: [(&str, Check); 4] = [
         ("/redirect", |e| matches!(e, FetchError::Status { status: 302 }) && e.to_string().contains("redirects are not followed")),
         ("/big", |e| matches!(e, FetchError::TooLarge)),
         ("/html", |e| matches!(e, FetchError::NotJwks(_))),
         ("/missing", |e| matches!(e, FetchError::Status { status: 404 })),
-        ("/oidc", |e| matches!(e, FetchError::NotJwks(_))),
     ];
     for (path, ok) in cases {
-        let e = fetch(&at(addr, path), &loopback()).await.unwrap_err();
+        let e = fetch(&at(path), addr, &loopback()).await.unwrap_err();
         assert!(ok(&e), "{path}: {e}");
     }
-    let slow = Fetch { timeout: Duration::from_millis(200), ..at(addr, "/slow") };
-    assert_eq!(fetch(&slow, &loopback()).await.unwrap_err(), FetchError::Timeout(Duration::from_millis(200)));
+    let slow = Fetch { timeout: Duration::from_millis(200), ..at("/slow") };
+    assert_eq!(fetch(&slow, addr, &loopback()).await.unwrap_err(), FetchError::Timeout(Duration::from_millis(200)));
 }
 
 #[tokio::test]
-async fn the_task_fetches_what_is_wanted_and_again_when_it_changes() {
+async fn the_task_fetches_what_is_wanted_when_its_service_comes_and_again_when_the_keys_change() {
     let current = Arc::new(Mutex::new(JWKS_A));
     let addr = server(current.clone(), Arc::new(Mutex::new(0))).await;
-    let (want_tx, want_rx) = watch::channel(BTreeSet::new());
+    let f = at("/jwks");
+    // Wanted before its Service exists: retried, then fetched at once
+    // when the Service comes (not after the grown wait).
+    let settings = FetchSettings { retry: Duration::from_secs(30), ..loopback() };
+    let (want_tx, want_rx) = watch::channel(Wanted::new());
     let (tx, mut rx) = mpsc::channel(8);
-    let task = tokio::spawn(run(want_rx, tx, loopback(), BTreeMap::new()));
-    let f = at(addr, "/jwks");
-    want_tx.send(BTreeSet::from([f.clone()])).unwrap();
+    let task = tokio::spawn(run(want_rx, tx, settings, BTreeMap::new()));
+    want_tx.send(BTreeMap::from([(f.clone(), Err("no Service auth/keys".to_string()))])).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    want_tx.send(BTreeMap::from([(f.clone(), Ok(addr))])).unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
     assert_eq!(got, (f.clone(), Some(JWKS_A.to_string())));
     // The issuer rotates its keys: the next refresh brings them.

@@ -249,7 +249,7 @@ pub fn input_with_root(o: &ClusterObject, root_namespace: &str, domain_suffix: &
             Input::RateLimit(Box::new(rate_limit::rate_limit(o)?))
         }
         ClusterObject::Opaque(o) if o.kind == crate::objects::Kind::RequestAuthentication => {
-            Input::RequestAuthentication(Box::new(request_authentication::request_authentication(o)?))
+            Input::RequestAuthentication(Box::new(request_authentication::request_authentication(o, domain_suffix)?))
         }
         ClusterObject::Opaque(_) => Input::Opaque,
     })

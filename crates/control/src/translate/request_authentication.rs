@@ -4,8 +4,9 @@
 //! [`request_authentication`] reads one object, every field checked and
 //! every error naming its field; the index attaches the rules to the
 //! routes of the services (and waypoints) they reach, with the JWKS of a
-//! `jwksUri` as the control plane fetched it (`crate::jwks`). Pure, for
-//! table tests.
+//! `jwksUri` as the control plane fetched it (`crate::jwks`) from the
+//! Service of this cluster it names (never from outside the cluster).
+//! Pure, for table tests.
 //!
 //! A policy with a `selector`, or with neither a selector nor targets,
 //! is for sidecars and gateways: Istio's waypoints ignore it, and so do
@@ -59,35 +60,33 @@ pub struct RuleInput {
 pub enum KeySource {
     /// `jwks`, in the policy.
     Inline,
-    /// `jwksUri`: fetched by the control plane.
-    Uri { uri: String, timeout: Duration },
-    /// Neither: the issuer's OpenID configuration
-    /// (`<issuer>/.well-known/openid-configuration`) names the JWKS.
-    Discovery { issuer: String, timeout: Duration },
+    /// `jwksUri`, naming a Service of this cluster: fetched by the control
+    /// plane from that Service's cluster address.
+    Uri(Fetch),
 }
 
 impl KeySource {
-    /// What the control plane fetches, if anything: (the URL, whether it
-    /// is an OpenID configuration to follow, the timeout).
+    /// What the control plane fetches, if anything.
     pub fn fetch(&self) -> Option<Fetch> {
         match self {
             KeySource::Inline => None,
-            KeySource::Uri { uri, timeout } => Some(Fetch { url: uri.clone(), discovery: false, timeout: *timeout }),
-            KeySource::Discovery { issuer, timeout } => Some(Fetch {
-                url: format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/')),
-                discovery: true,
-                timeout: *timeout,
-            }),
+            KeySource::Uri(f) => Some(f.clone()),
         }
     }
 }
 
-/// A JWKS the control plane fetches: the key its result is kept under.
+/// A JWKS the control plane fetches from a Service of the cluster: the
+/// key its result is kept under.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fetch {
     pub url: String,
-    /// `url` is an OpenID configuration whose `jwks_uri` is the JWKS.
-    pub discovery: bool,
+    /// The Service the URL's host names (namespace, name), and the port
+    /// (the URL's, else 80 or 443): the control plane connects to the
+    /// Service's cluster address, never to what a DNS lookup answers.
+    pub namespace: String,
+    pub service: String,
+    pub port: u16,
+    pub tls: bool,
     pub timeout: Duration,
 }
 
@@ -184,7 +183,7 @@ fn reserved_header(name: &str) -> bool {
 }
 
 /// Reads a RequestAuthentication. Every error names the field.
-pub fn request_authentication(o: &OpaqueObject) -> Result<RequestAuthnInput, ObjectError> {
+pub fn request_authentication(o: &OpaqueObject, domain_suffix: &str) -> Result<RequestAuthnInput, ObjectError> {
     let r = ObjectRef::new(o.kind, o.metadata.namespace.as_deref().unwrap_or(""), o.metadata.name.as_deref().unwrap_or(""));
     let err = |field: &str, m: String| ObjectError::new(&r, field, m);
     if o.kind != Kind::RequestAuthentication {
@@ -240,7 +239,7 @@ pub fn request_authentication(o: &OpaqueObject) -> Result<RequestAuthnInput, Obj
     let policy = format!("{}/{}", r.namespace, r.name);
     let mut rules = Vec::new();
     for (i, rs) in spec.jwt_rules.into_iter().enumerate() {
-        rules.push(rule(rs, &format!("spec.jwtRules[{i}]"), &policy, &err)?);
+        rules.push(rule(rs, &format!("spec.jwtRules[{i}]"), &policy, domain_suffix, &err)?);
     }
     let inert = if !targets.is_empty() {
         None
@@ -252,7 +251,13 @@ pub fn request_authentication(o: &OpaqueObject) -> Result<RequestAuthnInput, Obj
     Ok(RequestAuthnInput { namespace: r.namespace.clone(), name: r.name.clone(), targets, rules, inert })
 }
 
-fn rule(rs: RuleSpec, f: &str, policy: &str, err: &impl Fn(&str, String) -> ObjectError) -> Result<RuleInput, ObjectError> {
+fn rule(
+    rs: RuleSpec,
+    f: &str,
+    policy: &str,
+    domain_suffix: &str,
+    err: &impl Fn(&str, String) -> ObjectError,
+) -> Result<RuleInput, ObjectError> {
     let field = |name: &str| format!("{f}.{name}");
     let nonempty = |list: &[String], name: &str| -> Result<(), ObjectError> {
         match list.iter().position(|s| s.is_empty()) {
@@ -281,6 +286,14 @@ fn rule(rs: RuleSpec, f: &str, policy: &str, err: &impl Fn(&str, String) -> Obje
     if rs.issuer.is_empty() && uri.is_none() {
         return Err(err(&field("issuer"), "required when there is no jwksUri".into()));
     }
+    if uri.is_none() && rs.jwks.is_none() {
+        return Err(err(
+            &field("jwksUri"),
+            "required, or jwks: the keys come from the policy or from a Service of this cluster (Istio's discovery from the issuer's \
+             OpenID configuration would fetch from outside the cluster, which the control plane does not do)"
+                .into(),
+        ));
+    }
     let timeout = match rs.timeout.as_deref() {
         None => DEFAULT_TIMEOUT,
         Some(t) => {
@@ -299,15 +312,10 @@ fn rule(rs: RuleSpec, f: &str, policy: &str, err: &impl Fn(&str, String) -> Obje
             (KeySource::Inline, jwks)
         }
         (Some(uri), None) => {
-            check_uri(&uri).map_err(|m| err(&uri_field, m))?;
-            (KeySource::Uri { uri, timeout }, String::new())
+            let f = in_cluster(&uri, timeout, domain_suffix).map_err(|m| err(&uri_field, m))?;
+            (KeySource::Uri(f), String::new())
         }
-        (None, None) => {
-            check_uri(&rs.issuer).map_err(|m| {
-                err(&field("issuer"), format!("with neither jwks nor jwksUri the JWKS is found from the issuer's OpenID configuration, so the issuer must be a URL: {m}"))
-            })?;
-            (KeySource::Discovery { issuer: rs.issuer.clone(), timeout }, String::new())
-        }
+        (None, None) => unreachable!("refused above"),
     };
     let mut from_headers = Vec::new();
     for (j, h) in rs.from_headers.into_iter().enumerate() {
@@ -361,20 +369,36 @@ fn rule(rs: RuleSpec, f: &str, policy: &str, err: &impl Fn(&str, String) -> Obje
     })
 }
 
-/// An `http` or `https` URL with a host, as Istio's CRD requires.
-fn check_uri(uri: &str) -> Result<(), String> {
+/// An `http` or `https` URL whose host is a Service of this cluster
+/// (`<name>.<namespace>.svc`, or with the cluster's domain after it): what
+/// the control plane fetches, from inside the cluster only.
+fn in_cluster(uri: &str, timeout: Duration, domain_suffix: &str) -> Result<Fetch, String> {
     if uri.len() > MAX_URI {
         return Err(format!("{} characters; at most {MAX_URI}", uri.len()));
     }
     let u: http::Uri = uri.parse().map_err(|e| format!("{uri:?} is not a URL: {e}"))?;
-    match u.scheme_str() {
-        Some("http" | "https") => {}
+    let tls = match u.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
         _ => return Err(format!("{uri:?}: the URL must have scheme http:// or https://")),
+    };
+    let host = u.host().unwrap_or("").trim_end_matches('.').to_ascii_lowercase();
+    let cluster = format!("svc.{domain_suffix}");
+    let parts: Vec<&str> = host.splitn(3, '.').collect();
+    let (service, namespace) = match parts.as_slice() {
+        [s, n, rest] if *rest == "svc" || *rest == cluster => (s.to_string(), n.to_string()),
+        _ => {
+            return Err(format!(
+                "{uri:?}: the host must be a Service of this cluster (<name>.<namespace>.svc or <name>.<namespace>.{cluster}): \
+                 the control plane fetches keys from inside the cluster only; for an issuer outside it, put its keys in jwks"
+            ))
+        }
+    };
+    if service.is_empty() || namespace.is_empty() {
+        return Err(format!("{uri:?}: the host names no Service"));
     }
-    if u.host().is_none_or(str::is_empty) {
-        return Err(format!("{uri:?}: the URL has no host"));
-    }
-    Ok(())
+    let port = u.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    Ok(Fetch { url: uri.to_string(), namespace, service, port, tls, timeout })
 }
 
 /// A JSON Web Key Set: an object with a `keys` array of keys that each

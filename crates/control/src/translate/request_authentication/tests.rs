@@ -8,7 +8,7 @@ fn read(spec: &str) -> Result<RequestAuthnInput, ObjectError> {
         format!("apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: jwt, namespace: shop}}\nspec: {spec}\n");
     let value: serde_json::Value = serde_yaml::from_str(&doc).unwrap();
     match parse_value(value) {
-        Ok(Some(ClusterObject::Opaque(o))) => request_authentication(&o),
+        Ok(Some(ClusterObject::Opaque(o))) => request_authentication(&o, "cluster.local"),
         other => panic!("{other:?}"),
     }
 }
@@ -34,24 +34,38 @@ fn a_targeted_policy_and_its_rules() {
     assert_eq!(r0.rule.output_payload_to_header.as_deref(), Some("x-payload"));
     assert!(r0.rule.forward_original_token);
     let r1 = &p.rules[1];
-    assert_eq!(r1.keys, KeySource::Uri { uri: "http://keys.auth.svc.cluster.local/jwks".into(), timeout: Duration::from_secs(2) });
+    let fetch = Fetch {
+        url: "http://keys.auth.svc.cluster.local/jwks".into(),
+        namespace: "auth".into(),
+        service: "keys".into(),
+        port: 80,
+        tls: false,
+        timeout: Duration::from_secs(2),
+    };
+    assert_eq!(r1.keys, KeySource::Uri(fetch));
     assert_eq!(r1.rule.jwks, "", "filled in by the index once fetched");
-    assert_eq!(
-        r1.keys.fetch(),
-        Some(Fetch { url: "http://keys.auth.svc.cluster.local/jwks".into(), discovery: false, timeout: Duration::from_secs(2) })
-    );
 }
 
 #[test]
-fn the_issuers_openid_configuration_when_no_keys_are_named() {
-    let p = read(&with_rule("{issuer: 'https://accounts.example/'}")).unwrap();
-    assert_eq!(
-        p.rules[0].keys.fetch(),
-        Some(Fetch { url: "https://accounts.example/.well-known/openid-configuration".into(), discovery: true, timeout: DEFAULT_TIMEOUT })
-    );
-    // The proto's own spelling of jwksUri is read too.
-    let p = read(&with_rule("{issuer: a, jwks_uri: 'https://keys.example/jwks'}")).unwrap();
-    assert!(matches!(&p.rules[0].keys, KeySource::Uri { uri, .. } if uri == "https://keys.example/jwks"));
+fn a_jwks_uri_names_a_service_of_this_cluster() {
+    let f = |uri: &str| read(&with_rule(&format!("{{issuer: a, jwksUri: '{uri}'}}"))).map(|p| p.rules[0].keys.fetch().unwrap());
+    let k = f("https://keys.auth.svc:8443/.well-known/jwks.json").unwrap();
+    assert_eq!((k.namespace.as_str(), k.service.as_str(), k.port, k.tls), ("auth", "keys", 8443, true));
+    assert_eq!(f("http://Keys.Auth.svc.cluster.local./jwks").unwrap().port, 80);
+    // The proto's own spelling is read too.
+    let p = read(&with_rule("{issuer: a, jwks_uri: 'http://keys.auth.svc/jwks'}")).unwrap();
+    assert_eq!(p.rules[0].keys.fetch().unwrap().service, "keys");
+    for outside in [
+        "https://www.googleapis.com/oauth2/v3/certs",
+        "http://169.254.169.254/latest",
+        "http://keys.auth/jwks",
+        "http://keys.auth.svc.other.domain/jwks",
+        "http://10.96.0.10/jwks",
+    ] {
+        let e = f(outside).unwrap_err();
+        assert_eq!(e.field, "spec.jwtRules[0].jwksUri", "{outside}");
+        assert!(e.message.contains("inside the cluster only"), "{outside}: {e}");
+    }
 }
 
 #[test]
@@ -82,9 +96,9 @@ fn refusals_name_the_field() {
         (with_rule("{jwks: 'x'}"), "spec.jwtRules[0].issuer", "required"),
         (with_rule(&format!("{{issuer: a, jwks: '{JWKS}', jwksUri: 'http://k/j'}}")), "spec.jwtRules[0].jwks", "together"),
         (with_rule("{issuer: a, jwksUri: 'http://k/j', jwks_uri: 'http://k/j'}"), "spec.jwtRules[0].jwks_uri", "together"),
-        (with_rule("{issuer: a, jwksUri: 'ftp://k/j'}"), "spec.jwtRules[0].jwksUri", "http:// or https://"),
+        (with_rule("{issuer: a, jwksUri: 'ftp://k.a.svc/j'}"), "spec.jwtRules[0].jwksUri", "http:// or https://"),
         (with_rule("{issuer: a, jwksUri: '/jwks'}"), "spec.jwtRules[0].jwksUri", "http:// or https://"),
-        (with_rule("{issuer: not-a-url}"), "spec.jwtRules[0].issuer", "OpenID configuration"),
+        (with_rule("{issuer: 'https://accounts.example'}"), "spec.jwtRules[0].jwksUri", "OpenID configuration"),
         (with_rule("{issuer: a, jwks: 'nope'}"), "spec.jwtRules[0].jwks", "not JSON"),
         (with_rule("{issuer: a, jwks: '{\"keys\": []}'}"), "spec.jwtRules[0].jwks", "no key"),
         (with_rule("{issuer: a, jwks: '{\"keys\": [{\"kty\": \"oct\", \"k\": \"AA\"}]}'}"), "spec.jwtRules[0].jwks", "oct"),
@@ -109,9 +123,9 @@ fn refusals_name_the_field() {
             "twice",
         ),
         (with_rule(&format!("{{issuer: a, jwks: '{JWKS}', outputClaimToHeaders: [{{header: x-a}}]}}")), "spec.jwtRules[0].outputClaimToHeaders[0].claim", "required"),
-        (with_rule("{issuer: a, jwksUri: 'http://k/j', timeout: 0s}"), "spec.jwtRules[0].timeout", "at least 1ms"),
-        (with_rule("{issuer: a, jwksUri: 'http://k/j', timeout: 10m}"), "spec.jwtRules[0].timeout", "at most"),
-        (with_rule("{issuer: a, jwksUri: 'http://k/j', timeout: soon}"), "spec.jwtRules[0].timeout", "not a duration"),
+        (with_rule("{issuer: a, jwksUri: 'http://k.a.svc/j', timeout: 0s}"), "spec.jwtRules[0].timeout", "at least 1ms"),
+        (with_rule("{issuer: a, jwksUri: 'http://k.a.svc/j', timeout: 10m}"), "spec.jwtRules[0].timeout", "at most"),
+        (with_rule("{issuer: a, jwksUri: 'http://k.a.svc/j', timeout: soon}"), "spec.jwtRules[0].timeout", "not a duration"),
     ];
     for (spec, field, message) in cases {
         let e = read(&spec).expect_err(&spec);
