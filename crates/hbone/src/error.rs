@@ -155,6 +155,15 @@ pub enum HboneError {
     /// e.g. "open streams").
     #[error("source limit: peer {peer} already holds {limit} {what}")]
     SourceLimit { peer: IpAddr, what: &'static str, limit: u32 },
+    /// The peer is refused new streams for `secs` more seconds (it broke
+    /// connections on purpose): answered 503 with `retry-after`, which the
+    /// peer's proxy honours for that source.
+    #[error("source {peer} is cooling down for {secs}s")]
+    CoolingDown { peer: IpAddr, secs: u32 },
+    /// The peer answered `status` with `retry-after: secs`: this source is
+    /// to hold off for that long.
+    #[error("the peer refused the stream ({status}) and asked this source to hold off for {secs}s")]
+    RetryAfter { status: StatusCode, secs: u32 },
     #[error("the node proxy's connection budget ({0}) is spent")]
     Overloaded(u32),
 
@@ -179,7 +188,7 @@ impl HboneError {
     /// (PROTOCOLS.md section 2), or the status the peer answered.
     pub fn response_code(&self) -> StatusCode {
         match self {
-            Self::Status(code) => *code,
+            Self::Status(code) | Self::RetryAfter { status: code, .. } => *code,
             Self::BadRequest(_) | Self::AuthorityMismatch { .. } => StatusCode::BAD_REQUEST,
             Self::Denied(_) => StatusCode::UNAUTHORIZED,
             // No such workload or port, a proxy port, or the app refused /
@@ -188,6 +197,7 @@ impl HboneError {
             | Self::UnknownPort(_)
             | Self::ProxyPort(_)
             | Self::SourceLimit { .. }
+            | Self::CoolingDown { .. }
             | Self::Overloaded(_)
             | Self::Connect { .. }
             | Self::Timeout(_)
@@ -206,7 +216,7 @@ impl HboneError {
             Self::IdentityMismatch { .. } => ResponseFlag::IdentityError,
             Self::Timeout(_) => ResponseFlag::Timeout,
             Self::Denied(_) => ResponseFlag::Deny,
-            Self::SourceLimit { .. } => ResponseFlag::SourceLimit,
+            Self::SourceLimit { .. } | Self::CoolingDown { .. } | Self::RetryAfter { .. } => ResponseFlag::SourceLimit,
             Self::Overloaded(_) => ResponseFlag::Overload,
             Self::Status(code) => match *code {
                 StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ResponseFlag::Deny,
@@ -219,6 +229,14 @@ impl HboneError {
         }
     }
 
+    /// How long the source is to hold off, when the answer says so.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self {
+            Self::CoolingDown { secs, .. } | Self::RetryAfter { secs, .. } => Some(*secs),
+            _ => None,
+        }
+    }
+
     pub fn fault(&self) -> Fault {
         match self {
             Self::Certificate { .. } | Self::Overloaded(_) => Fault::Local,
@@ -228,6 +246,8 @@ impl HboneError {
             | Self::UnknownPort(_)
             | Self::ProxyPort(_)
             | Self::SourceLimit { .. }
+            | Self::CoolingDown { .. }
+            | Self::RetryAfter { .. }
             | Self::Denied(_) => Fault::Downstream,
             Self::Connect { .. }
             | Self::Tls { .. }

@@ -23,7 +23,7 @@ use slipstream_hbone::ResponseFlag;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -262,6 +262,48 @@ struct Window {
     start: Instant,
     logged: u32,
     suppressed: u64,
+}
+
+/// Where a peer (a waypoint) asked one of this node's pods to hold off
+/// (HBONE 503 with `retry-after`: the pod broke connections on purpose):
+/// until then that pod's connections to that peer are refused here, and
+/// cost the peer nothing. Bounded: at most [`HoldOffs::MAX`] entries, the
+/// expired ones dropped first; a peer's request is honoured for at most
+/// [`HoldOffs::LONGEST`].
+#[derive(Debug, Default)]
+pub struct HoldOffs {
+    until: Mutex<HashMap<(IpAddr, SocketAddr), Instant>>,
+}
+
+impl HoldOffs {
+    pub const MAX: usize = 16_384;
+    pub const LONGEST: Duration = Duration::from_secs(60);
+
+    /// `src` is to hold off `dst` for `secs` from `now`.
+    pub fn hold(&self, src: IpAddr, dst: SocketAddr, secs: u32, now: Instant) {
+        let until = now + Duration::from_secs(u64::from(secs)).min(Self::LONGEST);
+        let mut m = self.until.lock().expect("hold-offs lock");
+        if m.len() >= Self::MAX {
+            m.retain(|_, u| *u > now);
+            if m.len() >= Self::MAX {
+                return;
+            }
+        }
+        m.insert((src, dst), until);
+    }
+
+    /// Until when `src` holds off `dst`, if it does at `now`.
+    pub fn holding(&self, src: IpAddr, dst: SocketAddr, now: Instant) -> Option<Instant> {
+        let mut m = self.until.lock().expect("hold-offs lock");
+        match m.get(&(src, dst)) {
+            Some(u) if *u > now => Some(*u),
+            Some(_) => {
+                m.remove(&(src, dst));
+                None
+            }
+            None => None,
+        }
+    }
 }
 
 /// At most `burst` log lines per source per `period`; the rest are counted

@@ -320,6 +320,15 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             }
         }
         Route::Hbone { key, authority, service_host } => {
+            // A peer that asked this pod to hold off (it broke connections
+            // there on purpose) is not asked again until then.
+            let now = std::time::Instant::now();
+            if let Some(until) = shared.hold_offs.holding(pod.ip, key.dst(), now) {
+                reset(&app);
+                let secs = until.saturating_duration_since(now).as_secs().max(1) as u32;
+                record.close(Err(slipstream_hbone::HboneError::CoolingDown { peer: pod.ip, secs }.into()));
+                return None;
+            }
             let mut req = ConnectRequest::new(authority)
                 .with_fresh_traceparent()
                 .with_forwarded(&Forwarded::new(peer, service_host.map(|h| h.to_string())));
@@ -329,6 +338,9 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             match shared.pool.connect(&key, req).await {
                 Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app }),
                 Err(e) => {
+                    if let Some(secs) = e.retry_after() {
+                        shared.hold_offs.hold(pod.ip, key.dst(), secs, std::time::Instant::now());
+                    }
                     tracing::debug!(pod = %pod.uid, %authority, "HBONE connect failed: {e}");
                     reset(&app);
                     record.close(Err(e.into()));

@@ -71,6 +71,7 @@ impl NodeProxy {
         let shared = Arc::new(Shared {
             telemetry: Arc::new(Telemetry::with_sink(config.json_access_log, config.limits.refusal_log_burst, deps.sink)),
             limits: crate::limits::NodeLimits::new(&config.limits),
+            hold_offs: Default::default(),
             mesh: ArcSwap::from_pointee(Default::default()),
             config,
             certs,

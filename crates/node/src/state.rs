@@ -32,6 +32,8 @@ pub struct Shared {
     pub pods: LocalPods,
     /// Node-wide counters of what each source holds (docs: "Limits").
     pub limits: NodeLimits,
+    /// Pods a peer (a waypoint) asked to hold off, and until when.
+    pub hold_offs: crate::limits::HoldOffs,
     pub sockets: Arc<dyn SocketFactory>,
     /// What readiness is decided from (see `ready`).
     pub readiness: Mutex<ready::Inputs>,

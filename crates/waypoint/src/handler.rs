@@ -13,6 +13,16 @@ use slipstream_hbone::{
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+/// Streams an HTTP/2 client may reset before the waypoint has served them,
+/// at once (h2's default, stated).
+const H2_PENDING_RESETS: usize = 20;
+/// Streams the waypoint may reset for the client's errors on one HTTP/2
+/// connection before it closes it (hyper's default, stated).
+const H2_ERROR_RESETS: usize = 1024;
+/// The largest header block (HTTP/2: all its CONTINUATION frames) a
+/// request may have.
+const MAX_HEADER_LIST: u32 = 64 * 1024;
+
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -30,6 +40,19 @@ pub struct Peer {
 impl Handler for WaypointHandler {
     fn connect<'a>(&'a self, request: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>> {
         Box::pin(async move {
+            // A client that broke connections on purpose (rapid resets,
+            // CONTINUATION floods) waits out its cool-down before the next:
+            // refused first, at the least cost, with `retry-after`, so its
+            // node proxy refuses it there until then.
+            let now = std::time::Instant::now();
+            if let Some(until) = self.shared.strikes.cooling(request.peer_addr.ip(), now) {
+                let ip = request.peer_addr.ip();
+                let left = until.saturating_duration_since(now);
+                if self.shared.refusals.check(&ip, now) == slipstream_node::limits::LogDecision::Log {
+                    tracing::warn!(peer = %ip, identity = %request.peer_identity, "stream refused: cooling down for {left:?} after connections it broke on purpose");
+                }
+                return Err(HboneError::CoolingDown { peer: ip, secs: left.as_secs().max(1) as u32 });
+            }
             let state = self.shared.mesh.load_full();
             let target = plan::target(&state, &self.shared.me, request.target).map_err(|e| {
                 tracing::info!(peer = %request.peer_identity, target = %request.target, "tunnel refused: {e}");
@@ -126,6 +149,28 @@ impl tokio::io::AsyncWrite for InPlaceServer {
 /// time is logged, at most a few lines per peer per 10 s; an ordinary end
 /// (the client went away) is not.
 fn not_http(shared: &Shared, target: &Target, peer: &Peer, e: &(dyn std::error::Error + 'static)) {
+    let now = std::time::Instant::now();
+    if crate::fair::broken_on_purpose(e) {
+        let struck = shared.strikes.strike(peer.addr.ip(), now);
+        if shared.refusals.check(&peer.addr.ip(), now) == slipstream_node::limits::LogDecision::Log {
+            let then = match struck {
+                crate::fair::Struck::Counted(n) => format!("strike {n} of {}", shared.settings.fairness.strikes),
+                crate::fair::Struck::CoolingDown(_) => {
+                    format!("its new connections are refused for {:?}", shared.settings.fairness.cool_down)
+                }
+            };
+            tracing::warn!(
+                target: slipstream_core::ACCESS_LOG_TARGET,
+                protocol = "http",
+                target = %target.name(),
+                src = %peer.identity,
+                peer = %peer.addr,
+                error = %e,
+                "connection closed: the client broke HTTP/2 on purpose (resets, CONTINUATION or header floods); {then}"
+            );
+        }
+        return;
+    }
     let Some(h) = e.downcast_ref::<hyper::Error>() else {
         tracing::debug!("tunnel's HTTP connection ended: {e}");
         return;
@@ -138,7 +183,6 @@ fn not_http(shared: &Shared, target: &Target, peer: &Peer, e: &(dyn std::error::
         tracing::debug!("tunnel's HTTP connection ended: {e}");
         return;
     };
-    let now = std::time::Instant::now();
     for (quiet, n) in shared.refusals.summaries(now) {
         tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, peer = %quiet, "{n} more connections refused as not HTTP or too slow");
     }
@@ -205,6 +249,19 @@ async fn serve(shared: Arc<Shared>, mut io: slipstream_hbone::TunnelStream, targ
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its headers does not hold the tunnel.
     builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    // HTTP/2: bounded per connection, stated rather than left to hyper's
+    // defaults (docs/waypoint.md, "Fairness"): concurrent requests, resets
+    // of streams not yet served (rapid reset), streams reset for errors,
+    // and the header block, CONTINUATION frames included. h2 ends a
+    // connection past them with GOAWAY ENHANCE_YOUR_CALM, which counts as
+    // a strike against the client (`not_http`).
+    builder
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .max_concurrent_streams(log_shared.settings.fairness.h2_max_streams)
+        .max_pending_accept_reset_streams(H2_PENDING_RESETS)
+        .max_local_error_reset_streams(Some(H2_ERROR_RESETS))
+        .max_header_list_size(MAX_HEADER_LIST);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     // A tunnel that opens during a drain sees its stage at once.

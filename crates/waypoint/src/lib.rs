@@ -13,6 +13,7 @@
 pub mod accesslog;
 pub mod balance;
 pub mod client;
+pub mod fair;
 pub mod handler;
 pub mod jwt;
 pub mod logbuf;
@@ -47,6 +48,9 @@ pub struct Settings {
     pub identity: SpiffeId,
     /// Idle upstream HTTP connections are closed after this long.
     pub idle_timeout: Duration,
+    /// What one client may hold of the waypoint (docs/waypoint.md,
+    /// "Fairness").
+    pub fairness: fair::Fairness,
 }
 
 /// How far a graceful stop has gone (docs/waypoint.md, "Restarts").
@@ -100,6 +104,12 @@ pub struct Shared {
     workload_policies: ArcSwap<HashMap<String, Vec<slipstream_core::policy::l7::L7Policy>>>,
     /// Request bodies held to be replayed (retries, mirrors), in KiB.
     replay_budget: Arc<tokio::sync::Semaphore>,
+    /// Each client's part of it, in KiB.
+    replay_shares: Arc<fair::Shares>,
+    /// Each client's mirrored copies in flight.
+    mirror_shares: Arc<fair::Shares>,
+    /// Clients cooling down after connections they broke on purpose.
+    strikes: fair::Strikes,
     /// Token buckets of the LocalRateLimitPolicies, by (policy, service).
     buckets: std::sync::Mutex<HashMap<(String, String), slipstream_core::route::traffic::Bucket>>,
     /// The graceful stop's stage.
@@ -269,8 +279,11 @@ impl Waypoint {
         let open_files = slipstream_node::sys::rlimit::current().map(|l| l.soft).unwrap_or(1024);
         let limits = slipstream_node::limits::NodeLimits::new(&slipstream_node::config::Limits::derive(
             open_files,
-            &slipstream_node::config::LimitArgs::default(),
+            &slipstream_node::config::LimitArgs { peer_streams: settings.fairness.client_streams, ..Default::default() },
         ));
+        let replay_shares = fair::Shares::new(settings.fairness.client_replay_kib);
+        let mirror_shares = fair::Shares::new(settings.fairness.client_mirrors);
+        let strikes = fair::Strikes::new(&settings.fairness);
         Waypoint {
             shared: Arc::new(Shared {
                 settings,
@@ -288,6 +301,9 @@ impl Waypoint {
                 metrics: Arc::default(),
                 buckets: Default::default(),
                 replay_budget: Arc::new(tokio::sync::Semaphore::new(proxy::REPLAY_BUDGET_KIB)),
+                replay_shares,
+                mirror_shares,
+                strikes,
                 workload_policies: ArcSwap::from_pointee(HashMap::new()),
                 drain: tokio::sync::watch::Sender::new(Drain::Serving),
                 generation: tokio::sync::watch::Sender::new(0),

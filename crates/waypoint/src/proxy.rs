@@ -21,8 +21,9 @@ use std::time::Instant;
 
 pub type Body = BoxBody<Bytes, hyper::Error>;
 
-/// A request's body, its bytes counted for `istio_request_bytes`.
-type ReqBody = Counted<Incoming>;
+/// A request's body, its bytes counted for `istio_request_bytes`, its
+/// activity watched for the request-body timeout.
+type ReqBody = Counted<crate::fair::Watched<Incoming>>;
 
 /// The header a request is traced by in the access log (set when absent).
 pub const REQUEST_ID: &str = "x-request-id";
@@ -73,11 +74,25 @@ pub const REPLAY_BUDGET_KIB: usize = 64 * 1024;
 /// length is known (or it is already complete) and the replay budget has
 /// room for it (the permit, held until the request is done); otherwise
 /// given back.
+/// The budget a replayed body is held under: the permit of the whole
+/// waypoint's and the client's own share.
+type Held = (tokio::sync::OwnedSemaphorePermit, crate::fair::Share);
+
+/// Why a body could not be read whole to be replayed.
+enum NotBuffered {
+    /// Too large, streamed, or over a budget: sent once as it comes.
+    Stream(Box<ReqBody>),
+    /// The client stopped sending it (the request-body timeout).
+    Stalled,
+}
+
 async fn buffer(
-    budget: &Arc<tokio::sync::Semaphore>,
+    shared: &Shared,
+    client: std::net::IpAddr,
+    activity: &crate::fair::BodyActivity,
     headers: &HeaderMap,
     body: ReqBody,
-) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), ReqBody> {
+) -> Result<(Bytes, Option<Held>), NotBuffered> {
     let length = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let chunked = headers.contains_key(http::header::TRANSFER_ENCODING);
     let small = match length {
@@ -85,21 +100,28 @@ async fn buffer(
         None => !chunked && hyper::body::Body::is_end_stream(&body),
     };
     if !small {
-        return Err(body);
+        return Err(NotBuffered::Stream(Box::new(body)));
     }
     let kib = length.unwrap_or(0).div_ceil(1024) as u32;
     let permit = if kib == 0 {
         None
     } else {
-        match budget.clone().try_acquire_many_owned(kib) {
-            Ok(p) => Some(p),
-            Err(_) => return Err(body),
+        // The client's own share first: one client cannot hold the budget
+        // every client's retries and mirrors draw on.
+        let Some(share) = shared.replay_shares.take(client, kib) else { return Err(NotBuffered::Stream(Box::new(body))) };
+        match shared.replay_budget.clone().try_acquire_many_owned(kib) {
+            Ok(p) => Some((p, share)),
+            Err(_) => return Err(NotBuffered::Stream(Box::new(body))),
         }
     };
-    let bytes = match http_body_util::Limited::new(body, REPLAY_BODY_LIMIT as usize).collect().await {
-        Ok(c) => c.to_bytes(),
-        // The client broke off: nothing to forward either.
-        Err(_) => Bytes::new(),
+    let collect = http_body_util::Limited::new(body, REPLAY_BODY_LIMIT as usize).collect();
+    let bytes = tokio::select! {
+        r = collect => match r {
+            Ok(c) => c.to_bytes(),
+            // The client broke off: nothing to forward either.
+            Err(_) => Bytes::new(),
+        },
+        () = activity.stalled(shared.settings.fairness.request_body_timeout) => return Err(NotBuffered::Stalled),
     };
     Ok((bytes, permit))
 }
@@ -146,12 +168,20 @@ fn mirror(
             continue;
         }
         let Ok(uri) = http::Uri::try_from(path_and_query) else { continue };
+        // The client's own bound of copies in flight, then its share of
+        // the bodies held and the whole waypoint's.
+        let client = peer.addr.ip();
+        let Some(copy) = shared.mirror_shares.take(client, 1) else {
+            tracing::debug!(peer = %client, "mirror not sent: the client has its bound of copies in flight");
+            continue;
+        };
         let kib = (bytes.len() as u64).div_ceil(1024) as u32;
         let permit = if kib == 0 {
             None
         } else {
+            let Some(share) = shared.replay_shares.take(client, kib) else { continue };
             match shared.replay_budget.clone().try_acquire_many_owned(kib) {
-                Ok(p) => Some(p),
+                Ok(p) => Some((p, share)),
                 Err(_) => continue,
             }
         };
@@ -172,7 +202,7 @@ fn mirror(
         }
         let client = shared.client.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = (permit, copy);
             let _ = tokio::time::timeout(MIRROR_TIMEOUT, async move {
                 if let Ok(resp) = client.send(addr, req).await {
                     let _ = resp.into_body().collect().await;
@@ -206,6 +236,7 @@ async fn forward(
     f: plan::Forward,
     filters: &Filters,
     req: Request<ReqBody>,
+    activity: &crate::fair::BodyActivity,
     host: &str,
     view: &RequestView<'_>,
     id: &str,
@@ -277,13 +308,15 @@ async fn forward(
     let retries = f.retry.as_ref().map_or(0, |r| r.attempts);
     // The body, whole when it must be sent more than once.
     let (mut once, replay, _held) = if mirrored || retries > 0 {
-        match buffer(&shared.replay_budget, &parts.headers, body).await {
+        match buffer(shared, peer.addr.ip(), activity, &parts.headers, body).await {
             Ok((b, permit)) => (None, Some(b), permit),
-            Err(stream) => {
+            Err(NotBuffered::Stalled) => return answer(408, "request body timeout\n".into(), "-", 0),
+            Err(NotBuffered::Stream(stream)) => {
+                let stream = *stream;
                 tracing::info!(
                     target: slipstream_core::ACCESS_LOG_TARGET,
                     request_id = id,
-                    "not mirrored nor retried: the body is larger than 1 MiB, streamed, or the waypoint holds 64 MiB of bodies already"
+                    "not mirrored nor retried: the body is larger than 1 MiB, streamed, or the waypoint (or this client's share) holds as many bodies as it may"
                 );
                 (Some(stream), None, None)
             }
@@ -360,9 +393,20 @@ async fn forward(
             (Some(a), Some(r)) => Some(a.min(r)),
             (a, r) => a.or(r),
         };
-        let result = match bound {
-            Some(t) => tokio::time::timeout(t, sent).await.ok(),
-            None => Some(sent.await),
+        // The answer, unless the attempt times out or the client stops
+        // sending the body before it comes.
+        let body_timeout = shared.settings.fairness.request_body_timeout;
+        let result = tokio::select! {
+            r = async {
+                match bound {
+                    Some(t) => tokio::time::timeout(t, sent).await.ok(),
+                    None => Some(sent.await),
+                }
+            } => r,
+            () = activity.stalled(body_timeout) => {
+                shared.balancer.finish(&f, slot, None);
+                return answer(408, "request body timeout\n".into(), "-", attempt);
+            }
         };
         let outcome = match &result {
             Some(Ok(resp)) => traffic::Attempt::Status(resp.status().as_u16()),
@@ -486,7 +530,8 @@ pub async fn handle(
     let state = shared.mesh.load_full();
     let view = RequestView { method, path, query, headers: &headers };
     let request_bytes = Tally::default();
-    let req = req.map(|b| Counted::new(b, request_bytes.clone(), None));
+    let activity = crate::fair::BodyActivity::new();
+    let req = req.map(|b| Counted::new(crate::fair::Watched::new(b, activity.clone()), request_bytes.clone(), None));
     // Authorization first: a denied request learns nothing of the routes.
     let caller = plan::Caller { auth: authenticated.as_ref().ok().and_then(|a| a.as_ref()).map(|a| &a.auth), ..shared.caller(&peer) };
     let verdict = plan::authorize(service_routes.as_deref(), &target, caller, Some((&view, host)));
@@ -546,7 +591,7 @@ pub async fn handle(
                 }
                 Action::Forward(f) => {
                     let view = RequestView { method, path, query, headers: &headers };
-                    let r = forward(&shared, &state, &peer, caller, *f, &filters, req, host, &view, id).await;
+                    let r = forward(&shared, &state, &peer, caller, *f, &filters, req, &activity, host, &view, id).await;
                     attempts = r.attempts;
                     if let Some(by) = r.denied_by {
                         policy = by.into();

@@ -89,6 +89,45 @@ pub struct WaypointArgs {
     /// After `--drain-duration`: how long requests in flight may finish.
     #[arg(long, env = "SLIPSTREAM_WAYPOINT_DRAIN_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
     pub drain_grace: Duration,
+    /// Streams (HTTP and TCP connections alike) one client (a pod) may
+    /// hold at once; past it a new one is refused 503 (`SOURCE_LIMIT`).
+    /// Default: a quarter of the descriptor budget, at most 4096.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_MAX_STREAMS_PER_CLIENT", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_client: Option<u32>,
+    /// Mirrored copies of one client's requests in flight; past it a copy
+    /// is not sent (the request itself is).
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_MAX_MIRRORS_PER_CLIENT", default_value_t = crate::fair::Fairness::default().client_mirrors)]
+    pub max_mirrors_per_client: u32,
+    /// The bodies one client may have held for retries and mirrors (of
+    /// 64 MiB in all), in MiB; past it its requests are sent once.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_MAX_REPLAY_MIB_PER_CLIENT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub max_replay_mib_per_client: u32,
+    /// Concurrent requests on one HTTP/2 connection.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_MAX_STREAMS_PER_CONNECTION", default_value_t = crate::fair::Fairness::default().h2_max_streams, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_connection: u32,
+    /// A request body that sends nothing for this long before its answer
+    /// came is ended with 408.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_REQUEST_BODY_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub request_body_timeout: Duration,
+    /// A connection passed through as TCP that carries nothing either way
+    /// for this long is closed.
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_TCP_IDLE_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub tcp_idle_timeout: Duration,
+}
+
+impl WaypointArgs {
+    /// The fairness settings the flags give.
+    pub fn fairness(&self) -> crate::fair::Fairness {
+        crate::fair::Fairness {
+            client_streams: self.max_streams_per_client,
+            client_mirrors: self.max_mirrors_per_client,
+            client_replay_kib: self.max_replay_mib_per_client * 1024,
+            request_body_timeout: self.request_body_timeout,
+            tcp_idle_timeout: self.tcp_idle_timeout,
+            h2_max_streams: self.max_streams_per_connection,
+            ..Default::default()
+        }
+    }
 }
 
 /// The waypoint's own certificate, whatever address a tunnel came to.
@@ -164,6 +203,7 @@ pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
         own_ip: args.ip,
         identity: id.clone(),
         idle_timeout: Duration::from_secs(60),
+        fairness: args.fairness(),
     };
     let wp = Waypoint::new(settings, pool);
 

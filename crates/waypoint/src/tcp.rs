@@ -53,6 +53,42 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
     }
 }
 
+/// A stream whose reads and writes are recorded as activity: the idle
+/// timeout of a connection passed through reads it.
+pub struct Active<T> {
+    inner: T,
+    activity: Arc<crate::fair::BodyActivity>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Active<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.touch();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Active<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        r
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 /// The endpoint a TCP connection to `target` goes to, or why none.
 pub fn endpoint(state: &MeshState, target: &Target, draw: u64) -> Result<(SocketAddr, Arc<slipstream_core::MeshWorkload>), String> {
     match target {
@@ -122,6 +158,11 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
     // the connection now closes it, as the node proxies do.
     let mut changes = shared.generation.subscribe();
     changes.mark_unchanged();
+    // Closed once it carries nothing either way for the idle timeout: an
+    // idle connection holds one of its client's streams.
+    let activity = crate::fair::BodyActivity::new();
+    let idle = shared.settings.fairness.tcp_idle_timeout;
+    let mut client = Active { inner: &mut client, activity: activity.clone() };
     let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
     tokio::pin!(copy);
     loop {
@@ -131,6 +172,9 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
                     Ok((up, down)) => log("-", &ep.to_string(), &dst, up, down, "-"),
                     Err(e) => log("-", &ep.to_string(), &dst, 0, 0, &e.to_string()),
                 };
+            }
+            () = activity.stalled(idle) => {
+                return log("-", &ep.to_string(), &dst, 0, 0, &format!("closed: idle for {idle:?}"));
             }
             Ok(()) = changes.changed() => {
                 if let Err(why) = allowed(&shared, target, peer, ep, &w) {

@@ -107,6 +107,9 @@ impl CertResolver for OwnCert {
 /// network (the tests of this file run in parallel).
 static SHADOWED: Mutex<Vec<(IpAddr, String)>> = Mutex::new(Vec::new());
 
+/// The address of the sink that took each connection (it never answers).
+static SINK: Mutex<Vec<IpAddr>> = Mutex::new(Vec::new());
+
 /// The `traceparent` of requests to `/trace...`, per endpoint.
 static TRACES: Mutex<Vec<(IpAddr, String)>> = Mutex::new(Vec::new());
 
@@ -177,6 +180,7 @@ struct Mesh {
     node1: NodeProxy,
     /// Keeps the waypoint's HBONE server serving.
     _drain: slipstream_hbone::drain::DrainTrigger,
+    _turn: Turn,
 }
 
 async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -188,6 +192,31 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
+    mesh_with(net, slipstream_waypoint::fair::Fairness::default()).await
+}
+
+/// The tests of this file run side by side, except the one that measures
+/// latency (`one_client_at_every_bound_does_not_starve_another`), which
+/// runs alone: each [`Mesh`] holds this shared, that test exclusively.
+static ALONE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// A port where connections are taken and never answered.
+const SINK_PORT: u16 = 7100;
+
+/// [`mesh`], with a waypoint of these per-client bounds.
+async fn mesh_with(net: u8, fairness: slipstream_waypoint::fair::Fairness) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
+    let turn = Turn::Shared(ALONE.read().await);
+    mesh_in_turn(net, fairness, turn).await
+}
+
+/// A test's turn: alongside the others, or alone.
+#[allow(dead_code)]
+enum Turn {
+    Shared(tokio::sync::RwLockReadGuard<'static, ()>),
+    Alone(tokio::sync::RwLockWriteGuard<'static, ()>),
+}
+
+async fn mesh_in_turn(net: u8, fairness: slipstream_waypoint::fair::Fairness, turn: Turn) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
     let ip = |c: u8, d: u8| IpAddr::from([127, net, c, d]);
     let ca = Arc::new(Ca::generate(&TrustDomain::default()).unwrap());
     let sockets = LoopbackFactory::default();
@@ -196,12 +225,13 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
     let cfg = MeshConfig {
         workloads: vec![
             workload("client", ip(1, 1), "node1", true, &[]),
+            workload("attacker", ip(1, 2), "node1", true, &[]),
             workload(
                 "reviews-v1",
                 ip(2, 1),
                 "node2",
                 true,
-                &[("reviews", APP_PORT), ("reviews-v1", APP_PORT), ("echo", 7000), ("grpc", GRPC_PORT)],
+                &[("reviews", APP_PORT), ("reviews-v1", APP_PORT), ("echo", 7000), ("grpc", GRPC_PORT), ("sink", SINK_PORT)],
             ),
             workload(
                 "reviews-v2",
@@ -221,6 +251,7 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
             service("echo", ip(9, 7), 7000, Some("waypoint")),
             service("greeter", ip(9, 8), 7001, Some("waypoint")),
             service("grpc", ip(9, 9), GRPC_PORT, Some("waypoint")),
+            service("sink", ip(9, 10), SINK_PORT, None),
         ],
         ..Default::default()
     };
@@ -233,10 +264,18 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
         tokio::spawn(grpc_app(TcpListener::bind(SocketAddr::new(ip(2, d), GRPC_PORT)).await.unwrap(), version));
     }
     tokio::spawn(tcp_app(TcpListener::bind(SocketAddr::new(ip(2, 2), 7001)).await.unwrap(), Some(b"hello\n")));
+    let sink = TcpListener::bind(SocketAddr::new(ip(2, 1), SINK_PORT)).await.unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = sink.accept().await {
+            SINK.lock().unwrap().push(s.local_addr().unwrap().ip());
+            held.push(s);
+        }
+    });
     let pods = |names: &[&str]| NodePods {
         pods: names.iter().map(|n| PodRegistration { uid: format!("test//Pod/default/{n}"), netns: String::new() }).collect(),
     };
-    node1.apply_pods(pods(&["client"]));
+    node1.apply_pods(pods(&["client", "attacker"]));
     node2.apply_pods(pods(&["reviews-v1", "reviews-v2"]));
     node1.reconcile().await;
     node2.reconcile().await;
@@ -254,6 +293,7 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
         own_ip: wp_ip,
         identity: id.clone(),
         idle_timeout: Duration::from_secs(30),
+        fairness,
     };
     let wp = Waypoint::new(settings, pool);
     let (state, errors) = MeshState::from_config(&cfg);
@@ -264,7 +304,7 @@ async fn mesh(net: u8) -> (Mesh, NodeProxy, Waypoint, MeshConfig) {
     let server = Server::new(listener, tls, Arc::new(OwnCert { certs, id }), wp.handler(), ServerConfig::default());
     let (trigger, drain) = slipstream_hbone::drain::channel();
     tokio::spawn(server.serve(drain));
-    (Mesh { net, sockets, node1, _drain: trigger }, node2, wp, cfg)
+    (Mesh { net, sockets, node1, _drain: trigger, _turn: turn }, node2, wp, cfg)
 }
 
 /// GETs `path` `n` times on one keep-alive connection from the client pod
@@ -1215,4 +1255,274 @@ async fn request_tokens_are_verified_and_their_identity_is_what_policies_read() 
     let resp = send.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 401);
     assert!(resp.headers().get("www-authenticate").is_some_and(|v| v.to_str().unwrap().starts_with("Bearer")), "{:?}", resp.headers());
+}
+
+/// Connections the sink took (it never answers), per test network.
+fn sink_accepts(m: &Mesh) -> usize {
+    SINK.lock().unwrap().iter().filter(|a| **a == m.ip(2, 1)).count()
+}
+
+/// One HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(9 + payload.len());
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The client preface and an empty SETTINGS frame.
+fn h2_preface() -> Vec<u8> {
+    let mut b = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    b.extend(h2_frame(4, 0, 0, &[]));
+    b
+}
+
+/// `GET /` to reviews:9080, HPACK-encoded (static table, one literal).
+fn h2_get() -> Vec<u8> {
+    let mut h = vec![0x82, 0x86, 0x84, 0x41, 12];
+    h.extend_from_slice(b"reviews:9080");
+    h
+}
+
+/// One attack connection from the attacker pod to reviews: `bytes`
+/// written, then read until the waypoint closes it (or 5 s).
+async fn abuse(m: &Mesh, bytes: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = m.sockets.connect_captured(m.ip(1, 2), Listener::Outbound, SocketAddr::new(m.ip(9, 1), APP_PORT)).await else { return };
+    let _ = s.write_all(bytes).await;
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// HTTP/2 rapid reset: streams opened and cancelled at once, many per write.
+fn rapid_reset() -> Vec<u8> {
+    let mut b = h2_preface();
+    for i in 0..2000u32 {
+        let id = 2 * i + 1;
+        b.extend(h2_frame(1, 0x5, id, &h2_get()));
+        b.extend(h2_frame(3, 0, id, &8u32.to_be_bytes()));
+    }
+    b
+}
+
+/// A CONTINUATION flood: a header block that never ends (four times the
+/// largest the waypoint takes).
+fn continuation_flood() -> Vec<u8> {
+    let mut b = h2_preface();
+    b.extend(h2_frame(1, 0x1, 1, &h2_get()));
+    for _ in 0..16 {
+        b.extend(h2_frame(9, 0, 1, &[0x40; 16 * 1024]));
+    }
+    b
+}
+
+/// The latencies of `n` GETs from the client pod to reviews, 100 a second
+/// on one keep-alive connection; every answer must be a 200.
+async fn victim(m: &Mesh, n: usize) -> Vec<Duration> {
+    let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, SocketAddr::new(m.ip(9, 1), APP_PORT)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+    tokio::spawn(conn);
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        tick.tick().await;
+        let req = hyper::Request::get("/victim").header("host", "reviews:9080").body(Empty::<bytes::Bytes>::new()).unwrap();
+        let began = Instant::now();
+        send.ready().await.unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req)).await.expect("answered in time").unwrap();
+        assert_eq!(resp.status(), 200, "request {i}");
+        resp.into_body().collect().await.unwrap();
+        out.push(began.elapsed());
+    }
+    out.sort();
+    out
+}
+
+fn p99(sorted: &[Duration]) -> Duration {
+    sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
+}
+
+/// Issue 36, item 6: one client holding its bound of streams with idle TCP
+/// connections, its bound of mirrored copies, and breaking HTTP/2 on
+/// purpose (rapid resets, CONTINUATION floods) over and over, while a
+/// second client sends 100 requests a second: the second sees no error
+/// and its p99 stays within twice its unloaded p99; the first is refused
+/// past each bound and cooled down after its broken connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_at_every_bound_does_not_starve_another() {
+    use slipstream_waypoint::fair::Fairness;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const BOUND: u32 = 48;
+    let fairness = Fairness {
+        client_streams: Some(BOUND),
+        client_mirrors: 4,
+        cool_down: Duration::from_secs(3),
+        tcp_idle_timeout: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let (m, _node2, wp, _cfg) = mesh_in_turn(109, fairness, Turn::Alone(ALONE.write().await)).await;
+    // Requests with `x-mirror` are mirrored to the sink, which never answers.
+    let mut mirrored = vs_rule(&[("reviews", Some("v1"), 100)]);
+    mirrored.name = "default/reviews.mirror".into();
+    mirrored.matches[0].headers = vec![HeaderMatch { name: "x-mirror".into(), value: "1".into() }];
+    mirrored.filters.mirrors = vec![Backend { service: key("sink"), port: SINK_PORT, weight: 1, subset: None }];
+    wp.set_routes([ServiceRoutes {
+        service: key("reviews"),
+        rules: vec![mirrored, vs_rule(&[("reviews", Some("v1"), 100)])],
+        ..Default::default()
+    }]);
+    victim(&m, 50).await; // warm: tunnels and pools made
+    let unloaded = p99(&victim(&m, 500).await);
+
+    // The attacker's bound of streams, held by idle TCP connections (each
+    // echoes once, so it is through); the next one is refused.
+    let echo = SocketAddr::new(m.ip(9, 7), 7000);
+    let mut idle = Vec::new();
+    for i in 0..BOUND {
+        let mut s = m.sockets.connect_captured(m.ip(1, 2), Listener::Outbound, echo).await.unwrap();
+        s.write_all(b"x").await.unwrap();
+        let mut one = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut one))
+            .await
+            .expect("echoed in time")
+            .unwrap_or_else(|e| panic!("idle connection {i}: {e}"));
+        idle.push(s);
+    }
+    let mut over = m.sockets.connect_captured(m.ip(1, 2), Listener::Outbound, echo).await.unwrap();
+    let _ = over.write_all(b"x").await;
+    let mut one = [0u8; 1];
+    let refused = tokio::time::timeout(Duration::from_secs(10), over.read_exact(&mut one)).await.expect("refused in time");
+    assert!(refused.is_err(), "a stream past the client's bound of {BOUND} went through");
+    drop(over);
+    // Room for the attacks: a few of its streams back (once the waypoint
+    // has seen those connections end).
+    idle.truncate(BOUND as usize - 8);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Its bound of mirrored copies: 20 mirrored requests, 4 copies held.
+    let before = sink_accepts(&m);
+    let a = m.sockets.connect_captured(m.ip(1, 2), Listener::Outbound, SocketAddr::new(m.ip(9, 1), APP_PORT)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(a)).await.unwrap();
+    tokio::spawn(conn);
+    for _ in 0..20 {
+        let req =
+            hyper::Request::get("/m").header("host", "reviews:9080").header("x-mirror", "1").body(Empty::<bytes::Bytes>::new()).unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap();
+    }
+    drop(send);
+    wait_for("the attacker's 4 copies at the sink", || sink_accepts(&m) == before + 4).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink_accepts(&m), before + 4, "past its bound of copies, no more are sent");
+
+    // Broken HTTP/2, over and over, while the victim is measured.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let m = Arc::new(m);
+    let mut attacks = Vec::new();
+    let floods = [Arc::new(rapid_reset()), Arc::new(continuation_flood())];
+    for k in 0..4 {
+        let (m, stop, bytes) = (m.clone(), stop.clone(), floods[k % 2].clone());
+        attacks.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                abuse(&m, &bytes).await;
+                // Paced (about 1 000 broken connections a second over the
+                // four loops): here the attacker shares two threads with
+                // the victim, both node proxies and the waypoint, so an
+                // unpaced loop would measure this test's own CPU rather
+                // than the waypoint's fairness.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                n += 1;
+            }
+            n
+        }));
+    }
+    let loaded = victim(&m, 500).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut attempts = 0;
+    for a in attacks {
+        attempts += a.await.unwrap();
+    }
+    let loaded_p99 = p99(&loaded);
+    eprintln!("victim p99: unloaded {unloaded:?}, under attack {loaded_p99:?} ({attempts} attack connections)");
+    assert!(loaded_p99 <= unloaded * 2, "p99 under attack {loaded_p99:?} is more than twice the unloaded {unloaded:?}");
+    // The victim's own mirrored request is still copied.
+    let s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, SocketAddr::new(m.ip(9, 1), APP_PORT)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/m").header("host", "reviews:9080").header("x-mirror", "1").body(Empty::<bytes::Bytes>::new()).unwrap();
+    assert_eq!(send.send_request(req).await.unwrap().status(), 200);
+    wait_for("the victim's copy at the sink", || sink_accepts(&m) == before + 5).await;
+    // The attacker broke connections: it is cooling down, its new ones refused.
+    let text = wp.metrics().render();
+    drop(idle);
+    let refused = {
+        let s = m.sockets.connect_captured(m.ip(1, 2), Listener::Outbound, SocketAddr::new(m.ip(9, 1), APP_PORT)).await;
+        match s {
+            Err(_) => true,
+            Ok(s) => match hyper::client::conn::http1::handshake::<_, Empty<bytes::Bytes>>(TokioIo::new(s)).await {
+                Err(_) => true,
+                Ok((mut send, conn)) => {
+                    tokio::spawn(conn);
+                    let req = hyper::Request::get("/").header("host", "reviews:9080").body(Empty::new()).unwrap();
+                    send.send_request(req).await.map_or(true, |r| r.status() != 200)
+                }
+            },
+        }
+    };
+    assert!(refused, "the attacker was not cooled down after {attempts} broken connections:\n{text}");
+}
+
+/// Issue 36, item 6: a request body that stops coming is ended with 408
+/// (it holds no stream or replay budget for ever), and a TCP connection
+/// that carries nothing is closed after the idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_gets_408_and_an_idle_tcp_connection_is_closed() {
+    use slipstream_waypoint::fair::Fairness;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fairness =
+        Fairness { request_body_timeout: Duration::from_millis(500), tcp_idle_timeout: Duration::from_secs(1), ..Default::default() };
+    let (m, _node2, wp, _cfg) = mesh_with(110, fairness).await;
+    // Mirrored requests are read whole first (to be sent twice).
+    let mut mirrored = vs_rule(&[("reviews", Some("v1"), 100)]);
+    mirrored.filters.mirrors = vec![Backend { service: key("reviews-v2"), port: APP_PORT, weight: 1, subset: None }];
+    wp.set_routes([ServiceRoutes { service: key("reviews"), rules: vec![mirrored], ..Default::default() }]);
+    let mut s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, SocketAddr::new(m.ip(9, 1), APP_PORT)).await.unwrap();
+    let began = Instant::now();
+    s.write_all(b"POST /upload HTTP/1.1\r\nhost: reviews:9080\r\ncontent-length: 100\r\n\r\n0123456789").await.unwrap();
+    let mut got = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut got)).await.expect("answered in time").unwrap();
+    let head = String::from_utf8_lossy(&got[..n]).to_string();
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(began.elapsed() >= Duration::from_millis(500), "not before the timeout: {:?}", began.elapsed());
+    // A whole body is served as before.
+    let mut s = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, SocketAddr::new(m.ip(9, 1), APP_PORT)).await.unwrap();
+    s.write_all(b"POST /upload HTTP/1.1\r\nhost: reviews:9080\r\ncontent-length: 10\r\n\r\n0123456789").await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut got)).await.expect("answered in time").unwrap();
+    assert!(String::from_utf8_lossy(&got[..n]).starts_with("HTTP/1.1 200"));
+    // TCP passed through: echoed while used, closed once idle.
+    let mut t = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, SocketAddr::new(m.ip(9, 7), 7000)).await.unwrap();
+    for _ in 0..3 {
+        t.write_all(b"x").await.unwrap();
+        let mut one = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(10), t.read_exact(&mut one)).await.expect("echoed in time").unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let idle_from = Instant::now();
+    let mut rest = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_secs(10), t.read(&mut rest)).await.expect("closed in time");
+    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    let idle = idle_from.elapsed();
+    assert!(idle >= Duration::from_millis(300) && idle < Duration::from_secs(5), "closed after {idle:?} idle");
 }

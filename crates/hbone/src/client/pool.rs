@@ -389,7 +389,14 @@ async fn open_stream(
         .map_err(|_| HboneError::Timeout(TimeoutStage::Response))?
         .map_err(h2_error)?;
     if response.status() != StatusCode::OK {
-        return Err(HboneError::Status(response.status()));
+        // A peer that asks this source to hold off says for how long.
+        let secs = response.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.trim().parse::<u32>().ok());
+        return Err(match secs {
+            Some(secs) if response.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                HboneError::RetryAfter { status: response.status(), secs }
+            }
+            _ => HboneError::Status(response.status()),
+        });
     }
     Ok((stream, response.into_body()))
 }

@@ -170,7 +170,11 @@ fn refuse(
     let status = err.response_code();
     tracing::debug!(peer = %ctx.peer_identity, ?target, %status, error = %err, "CONNECT refused");
     // HEADERS with END_STREAM; fails only if the peer already reset.
-    let _ = respond.send_response(status_only(status), true);
+    let mut response = status_only(status);
+    if let Some(secs) = err.retry_after() {
+        response.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+    }
+    let _ = respond.send_response(response, true);
     ctx.stats.answered(status);
     let outcome = Outcome { status, bytes: CopyStats::default(), result: Err(err), reached_handler };
     finish(ctx, target, outcome, start);
