@@ -528,3 +528,49 @@ fn request_tokens_are_verified_at_the_waypoint_from_inside_a_pod() {
     assert!(seen.get("authorization").is_none(), "the token reached the app: {seen}");
     c.down();
 }
+
+/// Python run in a pod: opens `web.shop:8080` six times and on each sends
+/// an HTTP/2 rapid reset (2 000 streams opened and cancelled at once),
+/// reading until the waypoint closes it.
+const RAPID_RESET: &str = r#"
+import socket, struct
+def frame(t, f, s, p): return struct.pack('>I', len(p))[1:] + bytes([t, f]) + struct.pack('>I', s) + p
+pre = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + frame(4, 0, 0, b'')
+hb = bytes([0x82, 0x86, 0x84, 0x41, 13]) + b'web.shop:8080'
+flood = pre + b''.join(frame(1, 5, 2 * i + 1, hb) + frame(3, 0, 2 * i + 1, struct.pack('>I', 8)) for i in range(2000))
+for i in range(6):
+    try:
+        s = socket.create_connection(('web.shop', 8080), timeout=5)
+        s.sendall(flood)
+        while s.recv(65536):
+            pass
+    except OSError:
+        pass
+print('done')
+"#;
+
+/// Issue 36, item 6, from inside a pod: a pod that breaks HTTP/2 on
+/// purpose (rapid resets) is cooled down at the waypoint, and its own
+/// node proxy refuses its next connections there (`retry-after`), while
+/// another pod is served throughout; once cooled down it is served again.
+#[test]
+fn a_pod_breaking_http2_on_purpose_is_cooled_down_and_no_one_else_is() {
+    let (c, _dir) = shop("t-hard-wp-fair");
+    let url = "http://web.shop:8080/headers";
+    assert_eq!(status_of(&c, "intruder", url, &[]), "200", "served before");
+    let mut a = vec!["exec", "--privileged", "-n", "shop", "deploy/intruder", "--"];
+    a.extend(AS_USER);
+    a.extend(["python3", "-c", RAPID_RESET]);
+    let o = c.run(&a);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done"), "{}", text(&o));
+    // Cooled down: refused (by its node proxy) while the client is served.
+    assert_eq!(status_of(&c, "intruder", url, &[]), "000", "the pod that broke HTTP/2 is still served");
+    for _ in 0..5 {
+        assert_eq!(status_of(&c, "client", url, &[]), "200", "another pod suffers");
+    }
+    let logs = text(&c.run(&["logs", "-n", "shop", "deploy/waypoint"]));
+    assert!(logs.contains("broke HTTP/2 on purpose"), "the waypoint says why:\n{logs}");
+    // Served again once the cool-down (10 s) is over.
+    wait_until("the intruder served again", Duration::from_secs(30), || status_of(&c, "intruder", url, &[]) == "200");
+    c.down();
+}
