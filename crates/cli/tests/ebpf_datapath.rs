@@ -166,7 +166,7 @@ fn the_kernel_captures_refuses_and_explains() {
 
     // Loaded and pinned: the maps, and one link per hook of each pod.
     let dir = Path::new("/sys/fs/bpf/slipstream").join(name);
-    for m in ["ss_pods_v1", "ss_ipcache_v1", "ss_policy_v2", "ss_origdst_v2", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
+    for m in ["ss_pods_v1", "ss_ipcache_v1", "ss_policy_v2", "ss_origdst_v3", "ss_listeners_v1", "ss_events_v1", "ss_drops_v1"] {
         assert!(dir.join("maps").join(m).exists(), "{m} not pinned");
     }
     for l in ["connect4", "connect6", "getpeername4", "sendmsg4", "sendmsg6", "sockops", "sock_release"] {

@@ -7,7 +7,7 @@
  * connect() fails with EPERM at once) and steers a meshed pod's connection
  * to its node proxy's outbound listener (127.0.0.1:15001 in the pod),
  * recording where it was going for the proxy (ss_connect_v2 by socket
- * cookie, moved to ss_origdst_v2 by sockops.c once the port is known);
+ * cookie, moved to ss_origdst_v3 by sockops.c once the port is known);
  * for a service, it also chooses the endpoint (both kinds of pod).
  */
 #include "include/ss_connect.h"

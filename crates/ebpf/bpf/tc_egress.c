@@ -8,7 +8,9 @@
  * dropped, counted and recorded; an allowed one is noted in ss_flows_v1
  * so its replies pass the pod's ingress. UDP was already refused at
  * sendmsg()/connect() with EPERM (sendmsg4.c); this holds for what those
- * hooks do not see. IPv6 from a meshed pod is dropped (ss_tc.h).
+ * hooks do not see. IPv6 from a meshed pod is dropped (ss_tc.h). An IPv4
+ * packet whose source is not the pod's own address is dropped
+ * (SS_DROP_SPOOFED): only a pod with NET_RAW can write one.
  * Pods in and outside the mesh alike.
  */
 #include "include/ss_tc.h"
@@ -18,6 +20,22 @@ int ss_tc_egress(struct __sk_buff *skb)
 {
 	struct ss_pkt4 p;
 	int r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
+	/* No IPv4 packet leaves a pod from an address that is not its own: a
+	 * pod with NET_RAW could otherwise write any source address, as if
+	 * it were another pod or the node (ss_pods_v1: the pod of this
+	 * network namespace). */
+	if (r == 0 || r == SS_PARSE_TCP) {
+		__u64 ns = bpf_get_netns_cookie(skb);
+		struct ss_pod *me = bpf_map_lookup_elem(&ss_pods_v1, &ns);
+		if (me && p.saddr != me->ip) {
+			ss_count_drop(me->node, SS_DROP_SPOOFED);
+			__u8 proto = r == SS_PARSE_TCP ? IPPROTO_TCP : p.proto;
+			__u16 sport = r == SS_PARSE_TCP ? 0 : p.sport, dport = r == SS_PARSE_TCP ? 0 : p.dport;
+			ss_emit_proto(proto, ns, p.saddr, sport, p.daddr, dport, SS_VERDICT_DROPPED, SS_DROP_SPOOFED, SS_POINT_TC_EGRESS, 0,
+				      me->node);
+			return TC_ACT_SHOT;
+		}
+	}
 	if (r == SS_PARSE_NOT_IP4)
 		return ss_tc_not_ip4(skb, 0);
 	if (r != 0)

@@ -3,7 +3,10 @@
  * tcx ingress of a pod's eth0, in the pod's network namespace.
  *
  * Not TCP (UDP, SCTP, ICMP, the rest): the pod's flows and the policy map,
- * as ss_tc.h decides both ways; IPv6 to a meshed pod is dropped.
+ * as ss_tc.h decides both ways; IPv6 to a meshed pod is dropped. TCP to a
+ * pod whose header cannot be read whole (IP fragments, the first too; a
+ * truncated header) is dropped (SS_DROP_FRAGMENT): reassembled by the
+ * pod's stack it would reach the app around the capture and the policy.
  *
  * Policy at the destination, before any user-space work: a new TCP
  * connection (a SYN) whose source and destination have identities in the
@@ -89,20 +92,52 @@ static __always_inline int ss_answer_reset(struct __sk_buff *skb)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
+/* ss_tcp_or_verdict's answer when *t holds the packet's TCP headers. */
+#define SS_TCP_PARSED 0x7fff
+
+/* The TCP headers of skb in *t: SS_TCP_PARSED; or the verdict on a packet that is not
+ * TCP, or TCP whose header cannot be read whole (SS_DROP_FRAGMENT to a
+ * pod). Headers that are whole but not all in the linear data are pulled
+ * into it and read again. */
+static __always_inline int ss_tcp_or_verdict(struct __sk_buff *skb, struct ss_tcp4 *t)
+{
+	if (!ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, t))
+		return SS_TCP_PARSED;
+	struct ss_pkt4 p;
+	int r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
+	if (r == SS_PARSE_NOT_IP4)
+		return ss_tc_not_ip4(skb, 1);
+	if (r == 0)
+		return ss_tc_flow(skb, &p, 1) ? TC_ACT_OK : TC_ACT_SHOT;
+	if (r != SS_PARSE_TCP)
+		return TC_ACT_OK; /* an IPv4 header too short to read: the stack drops it */
+	if (!p.fragment) {
+		/* Ethernet, IPv4 and TCP with their options at most. */
+		__u32 want = skb->len < 134 ? skb->len : 134;
+		if (!bpf_skb_pull_data(skb, want) &&
+		    !ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, t))
+			return SS_TCP_PARSED;
+	}
+	/* TCP whose header is not here whole (a fragment, the first too, or
+	 * a truncated header): to a pod the stack would reassemble it past
+	 * the capture and the policy, so it is dropped. Linux's TCP never
+	 * fragments (DF). */
+	struct ss_local *to = bpf_map_lookup_elem(&ss_local_v1, &p.daddr);
+	if (!to)
+		return TC_ACT_OK;
+	ss_count_drop(to->node, SS_DROP_FRAGMENT);
+	ss_emit(0, p.saddr, 0, p.daddr, 0, SS_VERDICT_DROPPED, SS_DROP_FRAGMENT, SS_POINT_TC_INGRESS, 0, to->node);
+	return TC_ACT_SHOT;
+}
+
 SEC("classifier")
 int ss_tc_ingress(struct __sk_buff *skb)
 {
 	/* TCP, most of what comes in, is parsed once; the rest after it. */
 	struct ss_tcp4 t;
-	if (ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, &t)) {
-		struct ss_pkt4 p;
-		int r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
-		if (r == SS_PARSE_NOT_IP4)
-			return ss_tc_not_ip4(skb, 1);
-		if (r == 0)
-			return ss_tc_flow(skb, &p, 1) ? TC_ACT_OK : TC_ACT_SHOT;
-		return TC_ACT_OK; /* a TCP fragment after the first, or unreadable */
-	}
+	int verdict = ss_tcp_or_verdict(skb, &t);
+	if (verdict != SS_TCP_PARSED)
+		return verdict;
 	struct ss_local *local = bpf_map_lookup_elem(&ss_local_v1, &t.daddr);
 	if (!local)
 		return TC_ACT_OK;

@@ -17,7 +17,7 @@ pub mod maps {
     pub const PODS: &str = "ss_pods_v1";
     pub const LOCAL: &str = "ss_local_v1";
     pub const CONNECT: &str = "ss_connect_v2";
-    pub const ORIGDST: &str = "ss_origdst_v2";
+    pub const ORIGDST: &str = "ss_origdst_v3";
     pub const IPCACHE: &str = "ss_ipcache_v1";
     pub const WORLD: &str = "ss_world_v1";
     pub const POLICY: &str = "ss_policy_v2";
@@ -68,11 +68,23 @@ pub enum DropReason {
     NoEndpoint = 3,
     TooManyPending = 4,
     Ipv6 = 5,
+    /// TCP to a pod whose header cannot be read whole at tc ingress (an IP
+    /// fragment, the first too, or a truncated header).
+    Fragment = 6,
+    /// IPv4 leaving a pod from an address that is not its own.
+    Spoofed = 7,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 5] =
-        [DropReason::PolicyDenied, DropReason::NoProxy, DropReason::NoEndpoint, DropReason::TooManyPending, DropReason::Ipv6];
+    pub const ALL: [DropReason; 7] = [
+        DropReason::PolicyDenied,
+        DropReason::NoProxy,
+        DropReason::NoEndpoint,
+        DropReason::TooManyPending,
+        DropReason::Ipv6,
+        DropReason::Fragment,
+        DropReason::Spoofed,
+    ];
 
     /// The metric label and `observe` word.
     pub fn as_str(self) -> &'static str {
@@ -82,6 +94,8 @@ impl DropReason {
             DropReason::NoEndpoint => "NO_ENDPOINT",
             DropReason::TooManyPending => "TOO_MANY_PENDING",
             DropReason::Ipv6 => "IPV6",
+            DropReason::Fragment => "FRAGMENT",
+            DropReason::Spoofed => "SPOOFED",
         }
     }
 
@@ -191,12 +205,23 @@ pub struct Steer {
     pub pad2: u16,
 }
 
+/// A captured connection's key: the pod's network namespace and the
+/// client socket's own address (`ip_key` order) and port.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct OrigDstKey {
     pub netns: u64,
+    pub ip: u32,
     pub port: u16,
-    pub pad: [u16; 3],
+    pub pad: u16,
+}
+
+/// An `ss_origdst_v3` entry: the steering, and the client socket's cookie.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OrigDstEntry {
+    pub steer: Steer,
+    pub cookie: u64,
 }
 
 /// An address in one node's identity numbering.
@@ -380,6 +405,8 @@ unsafe impl aya::Pod for Pending {}
 unsafe impl aya::Pod for SockState {}
 // SAFETY: as above.
 unsafe impl aya::Pod for OrigDstKey {}
+// SAFETY: repr(C), plain integers, no padding (checked by `layouts`).
+unsafe impl aya::Pod for OrigDstEntry {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PolicyKey {}
 // SAFETY: as above.
@@ -446,7 +473,12 @@ mod tests {
             (0, 4, 6, 8, 12, 14)
         );
         assert_eq!(size_of::<OrigDstKey>(), 16);
-        assert_eq!((offset_of!(OrigDstKey, netns), offset_of!(OrigDstKey, port), offset_of!(OrigDstKey, pad)), (0, 8, 10));
+        assert_eq!(
+            (offset_of!(OrigDstKey, netns), offset_of!(OrigDstKey, ip), offset_of!(OrigDstKey, port), offset_of!(OrigDstKey, pad)),
+            (0, 8, 12, 14)
+        );
+        assert_eq!(size_of::<OrigDstEntry>(), 24);
+        assert_eq!((offset_of!(OrigDstEntry, steer), offset_of!(OrigDstEntry, cookie)), (0, 16));
         assert_eq!(size_of::<aya::maps::lpm_trie::Key<WorldAddr>>(), 12);
         assert_eq!((offset_of!(WorldAddr, node), offset_of!(WorldAddr, pad), offset_of!(WorldAddr, ip)), (0, 2, 4));
         assert_eq!(size_of::<IpcacheKey>(), 8);
@@ -528,6 +560,8 @@ mod tests {
         assert_eq!(define(&h, "SS_POINT_TC_INGRESS"), POINT_TC_INGRESS as u64);
         assert_eq!(define(&h, "SS_POINT_TC_EGRESS"), POINT_TC_EGRESS as u64);
         assert_eq!(define(&h, "SS_DROP_IPV6"), DropReason::Ipv6 as u64);
+        assert_eq!(define(&h, "SS_DROP_FRAGMENT"), DropReason::Fragment as u64);
+        assert_eq!(define(&h, "SS_DROP_SPOOFED"), DropReason::Spoofed as u64);
         assert_eq!(define(&h, "SS_PROTO_OTHER"), PROTO_OTHER as u64);
         assert_eq!(define(&h, "SS_OUTBOUND_PORT"), slipstream_core::abi::OUTBOUND_PORT as u64);
         assert_eq!(define(&h, "SS_INBOUND_PLAINTEXT_PORT"), slipstream_core::abi::INBOUND_PLAINTEXT_PORT as u64);

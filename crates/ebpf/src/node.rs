@@ -3,7 +3,7 @@
 //! plaintext listeners for inbound capture, keeps the policy map equal to
 //! what the engine compiles for its pods, and reads the drop counters.
 
-use crate::abi::{self, DropReason, IpcacheKey, OrigDstKey, PolicyKey, PolicyValue, Steer, WorldAddr};
+use crate::abi::{self, DropReason, IpcacheKey, OrigDstKey, PolicyKey, PolicyValue, WorldAddr};
 use crate::policy::Compiled;
 use crate::policy::Prefix;
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
@@ -119,12 +119,13 @@ impl NodeMaps {
     }
 
     /// Where a connection accepted on a pod's outbound listener was going:
-    /// `netns` is the listener's network namespace cookie, `port` the
-    /// client's port. The entry is consumed.
-    pub fn take_original_dst(&self, netns: u64, port: u16) -> Option<Steered> {
-        let key = OrigDstKey { netns, port, pad: [0; 3] };
-        let v: Steer = crate::sys::map_take(self.origdst.fd().as_fd(), &key).ok()??;
-        Some(Steered { dialed: v.dialed(), endpoint: v.endpoint() })
+    /// `netns` is the listener's network namespace cookie, `peer` the
+    /// accepted socket's peer (the client socket's own address and port:
+    /// only that socket's entry is found). The entry is consumed.
+    pub fn take_original_dst(&self, netns: u64, peer: std::net::SocketAddrV4) -> Option<Steered> {
+        let key = OrigDstKey { netns, ip: abi::ip_key(*peer.ip()), port: peer.port(), pad: 0 };
+        let v: abi::OrigDstEntry = crate::sys::map_take(self.origdst.fd().as_fd(), &key).ok()??;
+        Some(Steered { dialed: v.steer.dialed(), endpoint: v.steer.endpoint() })
     }
 
     /// Registers a pod's plaintext listener for inbound capture.

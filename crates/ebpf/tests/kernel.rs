@@ -176,7 +176,6 @@ fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_prox
     let mut v6 = tcp(PEER, POD, 40000, 8080, true, false);
     v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
     assert_eq!(run(&v6), TC_ACT_OK, "IPv6 to an address that is no meshed pod's passes (below: a meshed pod's)");
-    assert_eq!(run(&tcp(PEER, POD, 40000, 8080, true, false)[..40]), TC_ACT_OK, "a truncated header is not parsed");
     let ev = events.read(Duration::from_millis(100));
     let got: Vec<(u8, u8, u8)> = ev.iter().map(|e| (e.proto, e.verdict, e.point)).collect();
     assert_eq!(got, vec![(17, Verdict::Forwarded as u8, abi::POINT_TC_INGRESS)], "of the above, only the UDP datagram is a new flow");
@@ -199,6 +198,90 @@ fn tc_ingress_steers_new_inbound_tcp_of_meshed_pods_only_and_drops_while_no_prox
     // A stray segment of no connection is dropped too, but is no new flow.
     assert_eq!(run(&tcp(PEER, POD, 40002, 8080, false, true)), TC_ACT_SHOT);
     assert_eq!(count(3, DropReason::NoProxy), 1);
+}
+
+/// TCP to a pod whose header tc ingress cannot read whole is dropped and
+/// counted (`FRAGMENT`): IP fragments (the first, with its whole header
+/// and more-fragments set, too: the stack would reassemble a segment of
+/// which only this part was looked at; a later one, overlapping or not; a
+/// tiny first one) and truncated headers, to pods in the mesh or not. To
+/// an address that is no pod's, and what is not TCP, it is left alone.
+#[test]
+fn tcp_whose_header_cannot_be_read_whole_is_dropped_on_its_way_to_a_pod() {
+    let d = Dir::new("frag");
+    let dp = Datapath::load(&d.0).unwrap();
+    let mut local: HashMap<MapData, u32, Local> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::LOCAL))).unwrap();
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: abi::POD_MESHED | abi::POD_FLOWS, pad: 0 }, 0).unwrap();
+    let unmeshed = Ipv4Addr::new(10, 244, 1, 8);
+    local.insert(abi::ip_key(unmeshed), Local { node: 3, flags: 0, pad: 0 }, 0).unwrap();
+    let mut events = FlowReader::open(&d.0).unwrap();
+    let run = |p: &[u8]| sys::prog_test_run(dp.prog_fd(Hook::TcIngress), p).expect("BPF_PROG_TEST_RUN");
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let count = || -> u64 { drops.get(&(3 * abi::DROP_MAX + DropReason::Fragment as u32), 0).unwrap().iter().sum() };
+    // frag_off: more-fragments 0x2000, the offset in 8-byte units.
+    let frag = |mut p: Vec<u8>, frag_off: u16| {
+        p[20..22].copy_from_slice(&frag_off.to_be_bytes());
+        p
+    };
+    let syn = |dst| tcp(PEER, dst, 40000, 8080, true, false);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("a first fragment with its whole header", frag(syn(POD), 0x2000)),
+        ("a later fragment", frag(syn(POD), 3)),
+        ("a later fragment overlapping the header", frag(syn(POD), 1)),
+        ("the last fragment", frag(syn(POD), 2)),
+        ("a tiny first fragment (8 bytes of TCP)", frag(syn(POD)[..14 + 20 + 8].to_vec(), 0x2000)),
+        ("a truncated header", syn(POD)[..40].to_vec()),
+        ("to a pod outside the mesh", frag(syn(unmeshed), 0x2000)),
+    ];
+    for (i, (what, p)) in cases.iter().enumerate() {
+        assert_eq!(run(p), TC_ACT_SHOT, "{what}");
+        assert_eq!(count(), i as u64 + 1, "{what}: counted");
+    }
+    let ev = events.read(Duration::from_secs(1));
+    assert_eq!(ev.len(), cases.len(), "{ev:?}");
+    assert!(ev.iter().all(|e| DropReason::from_u8(e.reason) == Some(DropReason::Fragment) && e.point == abi::POINT_TC_INGRESS));
+    // Left alone: to no pod's address, and a whole segment (below the
+    // fragments, the steering test shows where it goes).
+    assert_eq!(run(&frag(syn(Ipv4Addr::new(10, 9, 9, 9)), 0x2000)), TC_ACT_OK, "no local pod");
+    assert_eq!(run(&tcp(PEER, POD, 40000, 15008, true, false)), TC_ACT_OK, "a whole HBONE segment");
+    // Don't-fragment is no fragment.
+    assert_eq!(run(&frag(tcp(PEER, POD, 40000, 15008, true, false), 0x4000)), TC_ACT_OK, "DF set");
+    assert_eq!(count(), cases.len() as u64);
+}
+
+/// No IPv4 packet leaves a pod from an address that is not its own, TCP
+/// or not (a pod with NET_RAW writes any source it likes): dropped at its
+/// eth0's egress, counted (`SPOOFED`) and recorded; its own address, and
+/// what is not IPv4, pass. The pod is the one of the packet's network
+/// namespace (here the test's own, standing for a pod's).
+#[test]
+fn a_packet_from_an_address_not_the_pods_own_never_leaves_it() {
+    let d = Dir::new("spoof");
+    let dp = Datapath::load(&d.0).unwrap();
+    let mut pods: HashMap<MapData, u64, abi::Pod> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::PODS))).unwrap();
+    let here = sys::netns_cookie_of(Path::new("/proc/self/ns/net")).unwrap();
+    pods.insert(here, abi::Pod { ip: abi::ip_key(POD), node: 3, flags: abi::POD_MESHED | abi::POD_FLOWS }, 0).unwrap();
+    let mut events = FlowReader::open(&d.0).unwrap();
+    let eg = |p: &[u8]| sys::prog_test_run(dp.prog_fd(Hook::TcEgress), p).expect("BPF_PROG_TEST_RUN");
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let count = || -> u64 { drops.get(&(3 * abi::DROP_MAX + DropReason::Spoofed as u32), 0).unwrap().iter().sum() };
+    let other = Ipv4Addr::new(10, 244, 1, 99);
+    assert_eq!(eg(&tcp(other, PEER, 40000, 8080, true, false)), TC_ACT_SHOT, "a SYN from another pod's address");
+    assert_eq!(eg(&udp4(other, PEER, 5353, 53)), TC_ACT_SHOT, "a datagram from another address");
+    assert_eq!(eg(&icmp(Ipv4Addr::new(10, 0, 0, 1), PEER, 8, 7, None)), TC_ACT_SHOT, "an echo as the node");
+    assert_eq!(count(), 3);
+    assert_eq!(eg(&tcp(POD, PEER, 40000, 8080, true, false)), TC_ACT_OK, "its own address");
+    let mut arp = udp4(POD, PEER, 1, 2);
+    arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    assert_eq!(eg(&arp), TC_ACT_OK, "not IPv4");
+    assert_eq!(count(), 3);
+    let ev = events.read(Duration::from_secs(1));
+    let spoofed: Vec<_> = ev.iter().filter(|e| DropReason::from_u8(e.reason) == Some(DropReason::Spoofed)).collect();
+    assert_eq!(spoofed.len(), 3, "{ev:?}");
+    assert!(spoofed.iter().all(|e| e.point == abi::POINT_TC_EGRESS && e.node == 3));
+    // A namespace that is no pod's: left alone.
+    pods.remove(&here).unwrap();
+    assert_eq!(eg(&tcp(other, PEER, 40000, 8080, true, false)), TC_ACT_OK);
 }
 
 /// What is not TCP is decided per flow by the pod's two tc programs: a new
@@ -623,9 +706,10 @@ fn a_pod_holds_at_most_its_bound_of_pending_connects_and_gets_every_place_back()
     let at_bound = count();
     // Never above the bound; a little below it on a loaded machine, where a
     // few of the connects already leave SYN_SENT (their place given back)
-    // while the loop still runs (16 332 of 16 384 seen once in CI).
+    // while the loop still runs (16 332 of 16 384 seen once in CI, 16 153
+    // with the other tests of this file running beside it).
     assert!(
-        at_bound >= abi::MAX_PENDING as i32 - abi::MAX_PENDING as i32 / 100 && at_bound <= abi::MAX_PENDING as i32 + 4,
+        at_bound >= abi::MAX_PENDING as i32 - abi::MAX_PENDING as i32 / 25 && at_bound <= abi::MAX_PENDING as i32 + 4,
         "the pod holds about its bound of pending connects: {at_bound}"
     );
     let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
@@ -727,7 +811,7 @@ fn a_dual_stack_socket_dialing_ipv4_mapped_addresses_is_steered_and_decided_like
     let maps = slipstream_ebpf::NodeMaps::open(&d.0, 5).unwrap();
     let cookie = sys::netns_cookie_of(&pod.path).unwrap();
     let mapped = |port: u16| std::net::SocketAddr::new(far.to_ipv6_mapped().into(), port);
-    let (denied_tcp, denied_udp, client_port) = sys::in_netns(&pod.path, || {
+    let (denied_tcp, denied_udp, client_port, _open) = sys::in_netns(&pod.path, || {
         let proxy = std::net::TcpListener::bind("127.0.0.1:15001")?;
         let v6 = |ty| socket2::Socket::new(socket2::Domain::IPV6, ty, None);
         let tcp = v6(socket2::Type::STREAM)?;
@@ -736,11 +820,85 @@ fn a_dual_stack_socket_dialing_ipv4_mapped_addresses_is_steered_and_decided_like
         let denied_udp = udp.send_to(b"x", &mapped(9999).into()).err().and_then(|e| e.raw_os_error());
         let allowed = v6(socket2::Type::STREAM)?;
         allowed.connect(&mapped(8080).into())?;
-        let (_accepted, peer) = proxy.accept()?;
-        Ok((denied_tcp, denied_udp, peer.port()))
+        let (accepted, peer) = proxy.accept()?;
+        // Kept open: a steered socket that closes untaken takes its entry
+        // with it.
+        Ok((denied_tcp, denied_udp, peer, (proxy, accepted, allowed)))
     })
     .unwrap();
     assert_eq!((denied_tcp, denied_udp), (Some(libc::EPERM), Some(libc::EPERM)), "denied over a dual-stack socket too");
-    let steered = maps.take_original_dst(cookie, client_port).expect("the steered connection is filed for the proxy");
+    let std::net::SocketAddr::V4(client) = client_port else { panic!("the IPv4 listener's peer is IPv4: {client_port}") };
+    let steered = maps.take_original_dst(cookie, client).expect("the steered connection is filed for the proxy");
     assert_eq!(steered.dialed, std::net::SocketAddrV4::new(far, 8080), "the proxy learns the IPv4 address dialed");
+}
+
+/// An original-destination entry is its own socket's only. A steered
+/// connect whose SYN the "proxy" never accepts files its destination
+/// under (namespace, its address, its port); another socket of the pod
+/// that takes the same port on another address and dials the proxy's
+/// listener itself finds nothing under its own key, so it can neither
+/// borrow that destination nor consume it; and when a steered socket
+/// closes unaccepted, its entry goes with it, so no later socket on the
+/// same address and port finds it.
+#[test]
+fn an_original_destination_is_its_own_sockets_only() {
+    use std::net::{SocketAddr, SocketAddrV4};
+    let d = Dir::new("origdst");
+    let mut dp = Datapath::load(&d.0).unwrap();
+    let pod = PodNs::new(&mut dp, "origdst");
+    let cookie = sys::netns_cookie_of(&pod.path).unwrap();
+    let maps = slipstream_ebpf::NodeMaps::open(&d.0, 5).unwrap();
+    let entries: HashMap<MapData, abi::OrigDstKey, abi::OrigDstEntry> =
+        HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::ORIGDST))).unwrap();
+    let (a, borrowed, stale) = sys::in_netns(&pod.path, || {
+        // The pod's "proxy": listening, never accepting.
+        let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        l.bind(&"127.0.0.1:15001".parse::<SocketAddr>().unwrap().into())?;
+        l.listen(1)?;
+        let steered = |to: &str| -> std::io::Result<socket2::Socket> {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            s.set_nonblocking(true)?;
+            match s.connect(&to.parse::<SocketAddr>().unwrap().into()) {
+                Err(e) if e.raw_os_error() != Some(libc::EINPROGRESS) => Err(e),
+                _ => Ok(s),
+            }
+        };
+        // A: steered to 10.9.9.9:80, never accepted.
+        let a = steered("10.9.9.9:80")?;
+        let a_addr = a.local_addr()?.as_socket_ipv4().unwrap();
+        // B: the same port on another loopback address, dialing the
+        // proxy's listener itself (not steered: it is loopback).
+        let b = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        b.set_reuse_address(true)?;
+        b.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), a_addr.port())).into())?;
+        b.set_nonblocking(true)?;
+        let _ = b.connect(&"127.0.0.1:15001".parse::<SocketAddr>().unwrap().into());
+        let b_addr = b.local_addr()?.as_socket_ipv4().unwrap();
+        // C: steered, then closed at once (abortively) before any accept.
+        let c = steered("10.9.9.8:80")?;
+        let c_addr = c.local_addr()?.as_socket_ipv4().unwrap();
+        c.set_linger(Some(Duration::ZERO))?;
+        drop(c);
+        // The listener stays open: its closing would reset A (and so
+        // remove A's entry, rightly).
+        Ok(((a_addr, a, l), b_addr, c_addr))
+    })
+    .unwrap();
+    let (a_addr, _a, _listener) = a;
+    assert_eq!(borrowed.port(), a_addr.port(), "B took A's port");
+    // B, as the proxy would look it up: nothing of A's.
+    assert_eq!(maps.take_original_dst(cookie, borrowed), None, "another socket on A's port found A's destination");
+    // C closed unaccepted: its entry goes with it (the close is seen by
+    // the socket's state callback, at once for an abortive close).
+    let key = |a: SocketAddrV4| abi::OrigDstKey { netns: cookie, ip: abi::ip_key(*a.ip()), port: a.port(), pad: 0 };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while entries.get(&key(stale), 0).is_ok() {
+        assert!(Instant::now() < deadline, "a closed socket's entry outlived it");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(maps.take_original_dst(cookie, stale), None);
+    // A's own is there, for A, once.
+    let got = maps.take_original_dst(cookie, a_addr).expect("A's entry");
+    assert_eq!(got.dialed, SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 80));
+    assert_eq!(maps.take_original_dst(cookie, a_addr), None, "consumed");
 }

@@ -134,12 +134,17 @@ impl PodSockets for NetnsSockets {
         if let Some(maps) = &self.ebpf {
             let local = s.local_addr()?;
             return Ok(if local.port() == OUTBOUND_PORT && local.ip().is_loopback() {
-                // Steered at connect(): filed under (namespace, client port).
+                // Steered at connect(): filed under (namespace, client
+                // address and port), so only that client's entry is found.
                 let cookie = match self.netns_cookie.get() {
                     Some(c) => *c,
                     None => slipstream_ebpf::sys::netns_cookie(std::os::fd::AsFd::as_fd(s))?,
                 };
-                match maps.take_original_dst(cookie, s.peer_addr()?.port()) {
+                let peer = match s.peer_addr()? {
+                    std::net::SocketAddr::V4(p) => Some(p),
+                    std::net::SocketAddr::V6(p) => p.ip().to_ipv4_mapped().map(|ip| std::net::SocketAddrV4::new(ip, p.port())),
+                };
+                match peer.and_then(|p| maps.take_original_dst(cookie, p)) {
                     Some(d) => OriginalDst { dialed: d.dialed.into(), endpoint: d.endpoint.map(Into::into) },
                     // Not steered: the app dialed the listener itself (the
                     // self-call check refuses it), unless conntrack knows

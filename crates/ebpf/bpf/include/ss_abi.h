@@ -75,7 +75,7 @@ struct ss_origdst {
 };
 
 /* Where a captured connection was going (maps ss_connect_v2, keyed by the
- * socket cookie, and ss_origdst_v2, keyed by ss_origdst_key): the address
+ * socket cookie, and ss_origdst_v3, keyed by ss_origdst_key): the address
  * the app dialed and, when it dialed a service, the ready endpoint chosen
  * at connect() (ep_ip 0: none chosen, the node proxy picks). */
 struct ss_steer {
@@ -88,11 +88,25 @@ struct ss_steer {
 };
 
 /* A captured connection as the node proxy sees it when it accepts: the
- * pod's network namespace and the client's port. */
+ * pod's network namespace and the client socket's own address and port
+ * (the accepted socket's peer). Two live sockets of a namespace connected
+ * to the proxy's listener never share all three, so an entry is one
+ * socket's: another socket that takes the same port (bound to another
+ * address) finds nothing under its own key. */
 struct ss_origdst_key {
 	__u64 netns; /* network namespace cookie (SO_NETNS_COOKIE) */
+	__u32 ip;    /* the app socket's local address, network order */
 	__u16 port;  /* the app socket's local port, host order */
-	__u16 pad[3];
+	__u16 pad;
+};
+
+/* An ss_origdst_v3 entry: where the socket was going, and which socket it
+ * is (its cookie): removed when that socket closes without the proxy
+ * having taken it, so no later socket that reuses its address and port
+ * finds it. */
+struct ss_origdst_entry {
+	struct ss_steer steer;
+	__u64 cookie;
 };
 
 /* A numeric identity (map ss_ipcache_v1): what policy can tell apart about
@@ -231,6 +245,8 @@ struct ss_flow {
 #define SS_DROP_NO_ENDPOINT 3   /* a service address with no ready endpoint */
 #define SS_DROP_TOO_MANY_PENDING 4 /* the pod has SS_MAX_PENDING steered connects not yet established */
 #define SS_DROP_IPV6 5          /* IPv6 from or to a meshed pod: the mesh carries IPv4 only */
+#define SS_DROP_FRAGMENT 6      /* TCP to a pod whose TCP header cannot be read whole here: an IP fragment (any, the first too) or a truncated header */
+#define SS_DROP_SPOOFED 7       /* IPv4 leaving a pod from an address that is not the pod's own (raw sockets, NET_RAW) */
 #define SS_DROP_MAX 8           /* counters per node */
 
 /* Where the verdict was taken. */

@@ -49,9 +49,9 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 262144);
 	__type(key, struct ss_origdst_key);
-	__type(value, struct ss_steer);
+	__type(value, struct ss_origdst_entry);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ss_origdst_v2 SEC(".maps");
+} ss_origdst_v3 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

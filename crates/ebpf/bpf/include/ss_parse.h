@@ -34,8 +34,10 @@ struct ss_tcp4 {
 };
 
 /* 0 and *out filled for an IPv4 TCP packet with whole headers in the
- * linear data; -1 for anything else (including IP fragments after the
- * first, which carry no TCP header). */
+ * linear data; -1 for anything else, IP fragments among it: a later one
+ * carries no TCP header, and a first one (more-fragments set) would have
+ * the stack reassemble a segment of which only this part was looked at
+ * (a tiny first fragment, or a later one overlapping the header). */
 static __always_inline int ss_parse_tcp4(void *data, void *data_end, struct ss_tcp4 *out)
 {
 	struct ethhdr *eth = data;
@@ -44,7 +46,7 @@ static __always_inline int ss_parse_tcp4(void *data, void *data_end, struct ss_t
 	struct iphdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end || ip->version != 4 || ip->ihl < 5 || ip->protocol != IPPROTO_TCP)
 		return -1;
-	if (ip->frag_off & bpf_htons(0x1fff))
+	if (ip->frag_off & bpf_htons(0x3fff)) /* MF, or an offset */
 		return -1;
 	struct tcphdr *tcp = (void *)ip + ip->ihl * 4;
 	if ((void *)(tcp + 1) > data_end)
@@ -75,15 +77,18 @@ struct ss_pkt4 {
 	__u16 inner_sport; /* ICMP echo: the identifier */
 	__u16 inner_dport;
 	__u8 inner_proto;
-	__u8 pad[3];
+	__u8 fragment; /* TCP (SS_PARSE_TCP) only: an IP fragment, the first (more-fragments set) or a later one */
+	__u8 pad[2];
 };
 
 #define SS_PARSE_NOT_IP4 1
 #define SS_PARSE_TCP 2
 
 /* 0 and *out filled for an IPv4 packet that is not TCP; SS_PARSE_TCP for
- * TCP, SS_PARSE_NOT_IP4 for what is not IPv4; -1 for an IPv4 packet too
- * short to read (dropped by the callers: the stack would drop it too).
+ * TCP (with out->saddr and out->daddr: the callers drop TCP whose header
+ * ss_parse_tcp4 could not read, fragments among it, to their pods),
+ * SS_PARSE_NOT_IP4 for what is not IPv4; -1 for an IPv4 packet too short
+ * to read (dropped by the callers: the stack would drop it too).
  * Fragments after the first carry no ports: they are read as ports 0. */
 static __always_inline int ss_parse_pkt4(void *data, void *data_end, struct ss_pkt4 *out)
 {
@@ -95,10 +100,11 @@ static __always_inline int ss_parse_pkt4(void *data, void *data_end, struct ss_p
 	struct iphdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end || ip->version != 4 || ip->ihl < 5)
 		return -1;
-	if (ip->protocol == IPPROTO_TCP)
-		return SS_PARSE_TCP;
 	out->saddr = ip->saddr;
 	out->daddr = ip->daddr;
+	out->fragment = (ip->frag_off & bpf_htons(0x3fff)) != 0;
+	if (ip->protocol == IPPROTO_TCP)
+		return SS_PARSE_TCP;
 	out->proto = ip->protocol;
 	out->sport = 0;
 	out->dport = 0;
