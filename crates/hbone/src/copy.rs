@@ -6,9 +6,12 @@ use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use std::sync::Arc;
+
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
+use crate::chunk::{Chunk, InFlight, Lease};
 use crate::error::HboneError;
 use crate::stream::{TunnelReader, TunnelStream, TunnelWriter, MAX_WRITE_CHUNK};
 
@@ -17,6 +20,8 @@ use crate::stream::{TunnelReader, TunnelStream, TunnelWriter, MAX_WRITE_CHUNK};
 /// buffer at all, so 10k idle connections cost no buffer memory, and a small
 /// read pays one copy of the bytes that arrived.
 const STACK_READ: usize = 16 * 1024;
+
+pub use crate::chunk::BufferBudget;
 
 /// Bytes moved by [`bidirectional`], also when it failed half way.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -39,14 +44,28 @@ pub fn bidirectional<S>(tunnel: TunnelStream, other: S) -> Bidirectional<S>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    bidirectional_within(tunnel, other, None)
+}
+
+/// As [`bidirectional`], what it reads from the socket and has not yet
+/// seen written out by h2 taken from `budget`: its bulk buffer (up to
+/// 1 MiB) and every chunk in h2's send queue. While the budget refuses,
+/// the copy reads through the stack, one small chunk in flight at a time:
+/// slower, and never stopped.
+pub fn bidirectional_within<S>(tunnel: TunnelStream, other: S, budget: Option<std::sync::Arc<dyn BufferBudget>>) -> Bidirectional<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let (reader, writer) = tunnel.into_split();
     Bidirectional {
+        in_flight: budget.map(|b| Arc::new(InFlight::new(b))),
+        granted: 0,
         reader,
         writer,
         other,
         down_pending: Bytes::new(),
         down: Down::Copying,
-        up_pending: Bytes::new(),
+        up_pending: Chunk::default(),
         up_buf: BytesMut::new(),
         up_size: STACK_READ,
         up_done: false,
@@ -56,6 +75,12 @@ where
 
 /// The future of [`bidirectional`].
 pub struct Bidirectional<S> {
+    /// Where the memory of what is read comes from, and this stream's
+    /// chunks in h2's send queue (with a budget only).
+    in_flight: Option<Arc<InFlight>>,
+    /// Budget taken for the next read and not yet handed to a chunk: at
+    /// most one frame (1 MiB), 32 bits beside `up_done`.
+    granted: u32,
     reader: TunnelReader,
     writer: TunnelWriter,
     other: S,
@@ -63,7 +88,7 @@ pub struct Bidirectional<S> {
     down_pending: Bytes,
     down: Down,
     /// Socket to tunnel: bytes read and not yet handed to h2.
-    up_pending: Bytes,
+    up_pending: Chunk,
     /// Bulk mode's read buffer (empty while reads go through the stack).
     up_buf: BytesMut,
     up_size: usize,
@@ -78,7 +103,56 @@ enum Down {
     Done,
 }
 
+impl<S> Drop for Bidirectional<S> {
+    fn drop(&mut self) {
+        if let (Some(f), n) = (&self.in_flight, self.granted) {
+            if n > 0 {
+                f.budget.give(n as usize);
+            }
+        }
+    }
+}
+
 impl<S> Bidirectional<S> {
+    /// Room for the next read, as the budget allows: the bulk size
+    /// (`up_size`) if the budget gives it, else the stack's size, taken
+    /// from the budget while this stream has chunks in flight, or without
+    /// it once they are all written out (waiting for that if need be).
+    fn poll_room(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(in_flight) = &self.in_flight else { return Poll::Ready(()) };
+        let budget = &in_flight.budget;
+        let held = self.granted as usize;
+        if self.up_size > STACK_READ {
+            if held >= self.up_size || budget.take(self.up_size - held) {
+                self.granted = self.granted.max(self.up_size as u32);
+                return Poll::Ready(());
+            }
+            self.up_size = STACK_READ;
+        }
+        if held >= STACK_READ || in_flight.is_drained() {
+            return Poll::Ready(());
+        }
+        if budget.take(STACK_READ - held) {
+            self.granted = STACK_READ as u32;
+            return Poll::Ready(());
+        }
+        in_flight.poll_drained(cx)
+    }
+
+    /// `bytes` just read, in an allocation of `alloc` bytes, as a chunk
+    /// that holds its share of the budget until h2 drops it; what was
+    /// taken beyond the allocation is given back.
+    fn lease(&mut self, bytes: Bytes, alloc: usize) -> Chunk {
+        let Some(in_flight) = &self.in_flight else { return Chunk::from(bytes) };
+        let held = (self.granted as usize).min(alloc);
+        let rest = self.granted as usize - held;
+        self.granted = 0;
+        if rest > 0 {
+            in_flight.budget.give(rest);
+        }
+        Chunk::leased(bytes, Lease::new(in_flight, held))
+    }
+
     /// The bytes moved so far.
     pub fn stats(&self) -> CopyStats {
         self.stats
@@ -112,7 +186,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Future for Bidirectional<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Bidirectional<S> {
     /// Tunnel to socket. Chunks are written as h2 received them: no
-    /// intermediate buffer. Ready once the socket is shut down for writing.
+    /// intermediate buffer, and their window goes back to the peer as
+    /// they are written, so what we hold of a stream, in h2 and here, is
+    /// within its window. Ready once the socket is shut down for writing.
     fn poll_down(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         loop {
             match self.down {
@@ -128,8 +204,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bidirectional<S> {
                     }
                     self.down_pending.advance(n);
                     self.stats.from_tunnel += n as u64;
+                    // Window back to the peer only for bytes written out.
+                    self.reader.release(n);
                 }
-                Down::Copying => match ready!(self.reader.poll_chunk(cx))? {
+                Down::Copying => match ready!(self.reader.poll_chunk_held(cx))? {
                     Some(chunk) => self.down_pending = chunk,
                     None => self.down = Down::Closing,
                 },
@@ -150,31 +228,36 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Bidirectional<S> {
             }
             if !self.up_pending.is_empty() {
                 let n = ready!(self.writer.poll_capacity(cx, self.up_pending.len()))?;
-                let part = self.up_pending.split_to(n);
+                let part = if n < self.up_pending.len() { self.up_pending.split_to(n) } else { std::mem::take(&mut self.up_pending) };
                 self.writer.send_now(part)?;
                 self.stats.to_tunnel += n as u64;
                 continue;
             }
-            let chunk = if self.up_size <= STACK_READ {
-                ready!(read_on_stack(Pin::new(&mut self.other), cx))?
+            ready!(self.poll_room(cx));
+            let (bytes, alloc) = if self.up_size <= STACK_READ {
+                let bytes = ready!(read_on_stack(Pin::new(&mut self.other), cx))?;
+                let n = bytes.len();
+                (bytes, n)
             } else {
-                self.up_buf.reserve(self.up_size);
+                if self.up_buf.capacity() == 0 {
+                    self.up_buf = BytesMut::with_capacity(self.up_size);
+                }
+                let alloc = self.up_buf.capacity();
                 let read = self.other.read_buf(&mut self.up_buf);
                 tokio::pin!(read);
                 ready!(read.poll(cx))?;
-                // `split().freeze()` hands the bytes to h2 without copying.
-                self.up_buf.split().freeze()
+                // The whole allocation goes with the chunk, to h2 without
+                // a copy; the next bulk read allocates its own.
+                (std::mem::take(&mut self.up_buf).freeze(), alloc)
             };
-            if chunk.is_empty() {
+            if bytes.is_empty() {
+                drop(self.lease(bytes, 0));
                 self.writer.finish()?;
                 self.up_done = true;
                 continue;
             }
-            self.up_size = next_read_size(self.up_size, chunk.len());
-            if self.up_size <= STACK_READ && self.up_buf.capacity() > 0 {
-                self.up_buf = BytesMut::new();
-            }
-            self.up_pending = chunk;
+            self.up_size = next_read_size(self.up_size, bytes.len());
+            self.up_pending = self.lease(bytes, alloc);
         }
     }
 }
@@ -224,7 +307,7 @@ mod tests {
         // Per-connection memory: 10k connections hold 10k of these.
         let size = std::mem::size_of::<Bidirectional<tokio::net::TcpStream>>();
         println!("Bidirectional<TcpStream>: {size} bytes");
-        assert!(size <= 320, "{size} bytes");
+        assert!(size <= 344, "{size} bytes");
     }
 
     #[tokio::test]

@@ -10,6 +10,9 @@ pub struct H2Config {
     pub stream_window: u32,
     /// Connection-level receive window.
     pub connection_window: u32,
+    /// The connection window a server gives a connection when its memory
+    /// budget refuses the full one: one maximum-size frame.
+    pub min_connection_window: u32,
     /// Largest DATA frame we accept (SETTINGS_MAX_FRAME_SIZE).
     pub max_frame_size: u32,
     /// Largest decoded header list we accept (SETTINGS_MAX_HEADER_LIST_SIZE,
@@ -30,6 +33,7 @@ impl Default for H2Config {
         Self {
             stream_window: 4 * 1024 * 1024,
             connection_window: 16 * 1024 * 1024,
+            min_connection_window: 1024 * 1024,
             max_frame_size: 1024 * 1024,
             // As ztunnel: a peer's CONNECT with long baggage or forwarded
             // headers must not be refused by one proxy and taken by another.
@@ -54,10 +58,10 @@ impl H2Config {
         b
     }
 
-    pub(crate) fn server_builder(&self, max_concurrent_streams: u32) -> h2::server::Builder {
+    pub(crate) fn server_builder(&self, max_concurrent_streams: u32, connection_window: u32) -> h2::server::Builder {
         let mut b = h2::server::Builder::new();
-        b.initial_window_size(self.stream_window)
-            .initial_connection_window_size(self.connection_window)
+        b.initial_window_size(self.stream_window.min(connection_window))
+            .initial_connection_window_size(connection_window)
             .max_frame_size(self.max_frame_size)
             .max_header_list_size(self.max_header_list_size)
             .max_send_buffer_size(self.max_send_buffer)

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod authority;
+mod chunk;
 mod client;
 mod coalesce;
 mod connector;

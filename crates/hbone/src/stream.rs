@@ -14,6 +14,8 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use h2::{Reason, RecvStream, SendStream};
+
+use crate::chunk::Chunk;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Largest chunk handed to h2 per write: one maximum-size frame.
@@ -36,7 +38,7 @@ pub struct TunnelStream {
 }
 
 impl TunnelStream {
-    pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, guard: Option<Guard>) -> Self {
+    pub(crate) fn new(send: SendStream<Chunk>, recv: RecvStream, guard: Option<Guard>) -> Self {
         Self {
             reader: TunnelReader { recv, pending: Bytes::new(), eof: false, _guard: guard.clone() },
             writer: TunnelWriter { send, shut_down: false, _guard: guard },
@@ -70,18 +72,22 @@ impl TunnelReader {
     /// of stream. The chunk's window is returned to the peer at once: the
     /// caller holds at most this one chunk.
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
-        if !self.pending.is_empty() {
-            let chunk = std::mem::take(&mut self.pending);
-            self.release(chunk.len());
-            return Poll::Ready(Ok(Some(chunk)));
+        let chunk = ready!(self.poll_chunk_held(cx))?;
+        if let Some(c) = &chunk {
+            self.release(c.len());
         }
+        Poll::Ready(Ok(chunk))
+    }
+
+    /// As [`Self::poll_chunk`], the chunk's window still held: the caller
+    /// gives it back with [`Self::release`] as it writes the bytes out, so
+    /// what the peer may send and we hold stays within the window.
+    pub(crate) fn poll_chunk_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
         ready!(self.fill(cx))?;
         if self.pending.is_empty() {
             return Poll::Ready(Ok(None));
         }
-        let chunk = std::mem::take(&mut self.pending);
-        self.release(chunk.len());
-        Poll::Ready(Ok(Some(chunk)))
+        Poll::Ready(Ok(Some(std::mem::take(&mut self.pending))))
     }
 
     /// [`Self::poll_chunk`] as a future.
@@ -105,7 +111,7 @@ impl TunnelReader {
         Poll::Ready(Ok(()))
     }
 
-    fn release(&mut self, n: usize) {
+    pub(crate) fn release(&mut self, n: usize) {
         if n > 0 {
             // Fails only if the stream is already gone; nothing to give back then.
             let _ = self.recv.flow_control().release_capacity(n);
@@ -149,7 +155,7 @@ pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
 
 /// The sending half of a [`TunnelStream`].
 pub struct TunnelWriter {
-    send: SendStream<Bytes>,
+    send: SendStream<Chunk>,
     shut_down: bool,
     _guard: Option<Guard>,
 }
@@ -191,14 +197,14 @@ impl TunnelWriter {
     pub async fn send(&mut self, mut data: Bytes) -> io::Result<()> {
         while !data.is_empty() {
             let n = std::future::poll_fn(|cx| self.poll_capacity(cx, data.len())).await?;
-            self.send.send_data(data.split_to(n), false).map_err(h2_to_io)?;
+            self.send.send_data(Chunk::from(data.split_to(n)), false).map_err(h2_to_io)?;
         }
         Ok(())
     }
 
     /// Hands `data` to h2 now; the caller got the capacity for it from
     /// [`Self::poll_capacity`].
-    pub(crate) fn send_now(&mut self, data: Bytes) -> io::Result<()> {
+    pub(crate) fn send_now(&mut self, data: Chunk) -> io::Result<()> {
         self.send.send_data(data, false).map_err(h2_to_io)
     }
 
@@ -208,7 +214,7 @@ impl TunnelWriter {
             return Ok(());
         }
         self.shut_down = true;
-        self.send.send_data(Bytes::new(), true).map_err(h2_to_io)
+        self.send.send_data(Chunk::default(), true).map_err(h2_to_io)
     }
 }
 
@@ -219,7 +225,7 @@ impl AsyncWrite for TunnelWriter {
             return Poll::Ready(Ok(0));
         }
         let n = ready!(this.poll_capacity(cx, buf.len()))?;
-        this.send.send_data(Bytes::copy_from_slice(&buf[..n]), false).map_err(h2_to_io)?;
+        this.send.send_data(Chunk::from(Bytes::copy_from_slice(&buf[..n])), false).map_err(h2_to_io)?;
         Poll::Ready(Ok(n))
     }
 

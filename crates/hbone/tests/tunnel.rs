@@ -5,6 +5,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -300,4 +301,80 @@ async fn resets_read_as_eof_or_error_by_reason() {
             assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "port {port}: {err}");
         }
     }
+}
+
+/// A budget that counts what it lends, refusing past `cap`.
+struct Counting {
+    cap: u64,
+    used: std::sync::atomic::AtomicU64,
+    peak: std::sync::atomic::AtomicU64,
+    asked: std::sync::atomic::AtomicU64,
+}
+
+impl slipstream_hbone::copy::BufferBudget for Counting {
+    fn take(&self, bytes: usize) -> bool {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        let now = self.used.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+        if now > self.cap {
+            self.used.fetch_sub(bytes as u64, Ordering::Relaxed);
+            return false;
+        }
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        true
+    }
+    fn give(&self, bytes: usize) {
+        let before = self.used.fetch_sub(bytes as u64, Ordering::Relaxed);
+        assert!(before >= bytes as u64, "gave back {bytes} bytes of {before} lent");
+    }
+}
+
+/// 10 MiB from an application socket through a copy within `budget`, to
+/// the echo target and back; the bytes compared.
+async fn echo_within(budget: Arc<Counting>) {
+    let mesh = Mesh::new();
+    let (client, server_id) = (id("sleep"), id("httpbin"));
+    let server = start_server(&mesh, &server_id, ServerConfig::default()).await;
+    let pool = mesh.pool(PoolConfig::default());
+    let tunnel =
+        pool.connect(&key(&client, &[server_id], server.addr), ConnectRequest::new(SocketAddr::new(LOCALHOST, 8080))).await.unwrap();
+    let listener = TcpListener::bind((LOCALHOST, 0)).await.unwrap();
+    let app = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+    let (proxied, _) = listener.accept().await.unwrap();
+    let b: Arc<dyn slipstream_hbone::copy::BufferBudget> = budget.clone();
+    let copy = tokio::spawn(slipstream_hbone::copy::bidirectional_within(tunnel, proxied, Some(b)));
+    let data = pattern(TEN_MIB, 3);
+    let (mut rx, mut tx) = app.into_split();
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        tx.write_all(&sent).await.unwrap();
+        tx.shutdown().await.unwrap();
+    });
+    let echoed = read_all(&mut rx).await.unwrap();
+    writer.await.unwrap();
+    assert!(echoed == data, "the echo is intact ({} of {} bytes)", echoed.len(), data.len());
+    let (stats, result) = tokio::time::timeout(WAIT, copy).await.expect("the copy ends").unwrap();
+    result.unwrap();
+    assert_eq!((stats.to_tunnel, stats.from_tunnel), (TEN_MIB as u64, TEN_MIB as u64));
+    // What h2 still held is given back once it is written out.
+    wait_until_async("every byte lent to be given back", WAIT, || budget.used.load(Ordering::Relaxed) == 0).await;
+}
+
+/// What a copy reads and h2 has not yet written out is lent by the budget,
+/// bulk buffers included, and all of it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_within_a_budget_gives_back_all_it_took() {
+    let budget = Arc::new(Counting { cap: u64::MAX, used: Default::default(), peak: Default::default(), asked: Default::default() });
+    echo_within(budget.clone()).await;
+    let peak = budget.peak.load(Ordering::Relaxed);
+    assert!(peak > 16 * 1024, "bulk reads were lent their buffers: peak {peak}");
+}
+
+/// A budget that lends nothing slows a copy to one small chunk in flight
+/// at a time, and never stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_its_budget_refuses_still_moves_every_byte() {
+    let budget = Arc::new(Counting { cap: 0, used: Default::default(), peak: Default::default(), asked: Default::default() });
+    echo_within(budget.clone()).await;
+    assert!(budget.asked.load(Ordering::Relaxed) > 0, "the budget was asked");
+    assert_eq!(budget.peak.load(Ordering::Relaxed), 0);
 }

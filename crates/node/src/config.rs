@@ -126,6 +126,13 @@ pub struct LimitArgs {
     /// How long any connection to an admin port may last.
     #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_CONNECTION_DEADLINE", value_parser = parse_duration)]
     pub admin_connection_deadline: Option<Duration>,
+    /// Bytes all connections may buffer together (read and not yet written
+    /// out, inbound tunnels' receive windows), shared fairly by the pods
+    /// (docs/node-proxy.md, "Memory: the buffer budget"): `256Mi`, `1Gi`,
+    /// or bytes. Default: half the proxy's cgroup memory limit, or 1 GiB
+    /// without one.
+    #[arg(long, env = "SLIPSTREAM_NODE_BUFFER_BUDGET", value_parser = parse_bytes)]
+    pub buffer_budget: Option<u64>,
     /// Refusal log lines per source and second; the rest are summarised.
     #[arg(long, env = "SLIPSTREAM_NODE_REFUSAL_LOG_BURST")]
     pub refusal_log_burst: Option<u32>,
@@ -156,6 +163,38 @@ pub struct Limits {
     #[serde(serialize_with = "as_secs")]
     pub admin_connection_deadline: Duration,
     pub refusal_log_burst: u32,
+    /// Bytes all connections' bulk buffers may hold together (the memory
+    /// budget, shared fairly by the pods: `limits::Buffers`).
+    pub buffer_budget: u64,
+}
+
+/// The buffer budget without a flag or a cgroup memory limit.
+pub const DEFAULT_BUFFER_BUDGET: u64 = 1 << 30;
+
+/// The buffer budget for a proxy whose cgroup allows `memory_limit` bytes:
+/// half of it (the rest for its connections' fixed costs, TLS and the
+/// runtime), or [`DEFAULT_BUFFER_BUDGET`] without a limit.
+pub fn buffer_budget_for(memory_limit: Option<u64>) -> u64 {
+    memory_limit.map_or(DEFAULT_BUFFER_BUDGET, |m| m / 2)
+}
+
+/// `256Mi`, `1Gi`, `512Ki`, `64M`, `1G` or a number of bytes.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a size (e.g. 256Mi, 1Gi, 1048576)"))?;
+    let k: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "Ki" | "KiB" => 1 << 10,
+        "Mi" | "MiB" => 1 << 20,
+        "Gi" | "GiB" => 1 << 30,
+        "K" | "KB" => 1_000,
+        "M" | "MB" => 1_000_000,
+        "G" | "GB" => 1_000_000_000,
+        u => return Err(format!("{s:?}: unknown unit {u:?} (Ki, Mi, Gi, K, M, G)")),
+    };
+    n.checked_mul(k).filter(|b| *b > 0).ok_or_else(|| format!("{s:?}: must be more than 0 and fit 64 bits"))
 }
 
 pub(crate) fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -197,6 +236,7 @@ impl Limits {
             admin_header_timeout: a.admin_header_timeout.unwrap_or(Duration::from_secs(5)),
             admin_connection_deadline: a.admin_connection_deadline.unwrap_or(Duration::from_secs(30)),
             refusal_log_burst: a.refusal_log_burst.unwrap_or(5),
+            buffer_budget: a.buffer_budget.unwrap_or(DEFAULT_BUFFER_BUDGET),
         }
     }
 }
@@ -355,7 +395,11 @@ fn open_files() -> u64 {
 
 impl Config {
     pub fn from_args(cluster: &str, a: NodeArgs) -> Config {
-        let mut c = Config::defaults(cluster, &a.node, Limits::derive(open_files(), &a.limits));
+        let mut limits = Limits::derive(open_files(), &a.limits);
+        if a.limits.buffer_budget.is_none() {
+            limits.buffer_budget = buffer_budget_for(crate::sys::cgroup::memory_limit());
+        }
+        let mut c = Config::defaults(cluster, &a.node, limits);
         c.config_dir = a.config_dir;
         c.ca_dir = a.ca_dir.unwrap_or_default();
         if !a.control_plane.is_empty() {
@@ -439,6 +483,7 @@ impl Config {
         slipstream_hbone::H2Config {
             stream_window: h.stream_window,
             connection_window: h.connection_window,
+            min_connection_window: (256 * 1024).min(h.connection_window),
             max_frame_size: h.max_frame_size,
             max_header_list_size: h.max_header_list_size,
             max_send_buffer: h.max_send_buffer,

@@ -200,7 +200,8 @@ impl Handler for HboneHandler {
         };
         let conn = peer.take(Kind::PeerConnections, 1).map_err(|o| refused(o, HandshakeFailureKind::PeerConnectionLimit))?;
         let handshake = peer.take(Kind::PeerHandshakes, 0).map_err(|o| refused(o, HandshakeFailureKind::PeerHandshakeLimit))?;
-        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)), context: Some(peer) })
+        let window: Arc<dyn slipstream_hbone::copy::BufferBudget> = peer.clone();
+        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)), context: Some(peer), window: Some(window) })
     }
 }
 
@@ -233,7 +234,7 @@ async fn connect_app(
         }
     }
     match pod.sockets.connect_transparent(t.src_ip, t.app, shared.config.timeouts.upstream_connect).await {
-        Ok(s) => Ok(Metered::new(s, record, AppSide::Server)),
+        Ok(s) => Ok(Metered::new(s, record, AppSide::Server).within(pod.limits.clone())),
         Err(e) => {
             let e = ProxyError::connect(t.app, e);
             record.close(Err(e.clone()));

@@ -182,6 +182,9 @@ impl Kind {
 pub struct Source {
     slots: [Slots; KINDS],
     budget: Arc<Slots>,
+    /// Bytes this source's connections hold of the node's buffer budget.
+    buffered: std::sync::atomic::AtomicU64,
+    buffers: Arc<Buffers>,
     /// Peers only: the map it is in, to leave it when dropped.
     registry: Option<(IpAddr, Weak<PeerMap>)>,
 }
@@ -365,10 +368,89 @@ impl<K: Eq + Hash + Clone> RefusalLog<K> {
     }
 }
 
+/// The node's buffer budget: bytes the connections' bulk buffers hold, all
+/// sources together, and how many sources hold some. A source (a pod, or
+/// a peer) may take more than its fair share (the budget over the sources
+/// that hold some, and one more to come) only while a quarter of the
+/// budget stays free for the others: so one source at the budget never
+/// stops another's connections,
+/// which start within the small read every connection has and grow into
+/// the budget's free quarter and their own share. A refused grant only
+/// keeps a connection on small reads (slower), never ends it.
+#[derive(Debug)]
+pub struct Buffers {
+    budget: u64,
+    used: std::sync::atomic::AtomicU64,
+    holders: AtomicU32,
+}
+
+impl Buffers {
+    pub fn new(budget: u64) -> Arc<Buffers> {
+        Arc::new(Buffers { budget, used: Default::default(), holders: AtomicU32::new(0) })
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Bytes held now, all sources together.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Whether a source holding `mine` may take `n` more (the decision,
+    /// pure: table-tested).
+    pub fn allows(budget: u64, used: u64, holders: u32, mine: u64, n: u64) -> bool {
+        if used + n > budget {
+            return false;
+        }
+        // The share as if one more source were coming: alone, a source
+        // is within half of the budget, and up to three quarters past it.
+        let holders = u64::from(holders) + u64::from(mine == 0) + 1;
+        let share = budget / holders;
+        mine + n <= share || used + n <= budget - budget / 4
+    }
+
+    fn take(&self, held: &std::sync::atomic::AtomicU64, n: u64) -> bool {
+        let mine = held.load(Ordering::Relaxed);
+        if !Self::allows(self.budget, self.used(), self.holders.load(Ordering::Relaxed), mine, n) {
+            return false;
+        }
+        // Committed, then checked against the budget once more (another
+        // source may have taken the same bytes meanwhile).
+        if self.used.fetch_add(n, Ordering::Relaxed) + n > self.budget {
+            self.used.fetch_sub(n, Ordering::Relaxed);
+            return false;
+        }
+        if held.fetch_add(n, Ordering::Relaxed) == 0 {
+            self.holders.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    fn give(&self, held: &std::sync::atomic::AtomicU64, n: u64) {
+        if held.fetch_sub(n, Ordering::Relaxed) == n {
+            self.holders.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+impl slipstream_hbone::copy::BufferBudget for Source {
+    fn take(&self, bytes: usize) -> bool {
+        self.buffers.take(&self.buffered, bytes as u64)
+    }
+    fn give(&self, bytes: usize) {
+        self.buffers.give(&self.buffered, bytes as u64)
+    }
+}
+
 /// The node-wide counters, built from [`crate::config::Limits`].
 pub struct NodeLimits {
     /// Descriptors held by proxied connections, all sources together.
     pub budget: Arc<Slots>,
+    /// Bytes the connections' bulk buffers hold, all sources together.
+    pub buffers: Arc<Buffers>,
     /// The peers that hold something, by IP.
     peers: Arc<PeerMap>,
     /// The bound of each kind, for new sources.
@@ -379,13 +461,20 @@ impl NodeLimits {
     pub fn new(l: &crate::config::Limits) -> Self {
         NodeLimits {
             budget: Slots::new(l.connection_budget),
+            buffers: Buffers::new(l.buffer_budget),
             peers: Arc::default(),
             max: [l.pod_connections, l.pod_pending, l.peer_connections, l.peer_handshakes, l.peer_streams, l.peer_plaintext],
         }
     }
 
     fn source(&self, registry: Option<(IpAddr, Weak<PeerMap>)>) -> Source {
-        Source { slots: self.max.map(Slots::unshared), budget: self.budget.clone(), registry }
+        Source {
+            slots: self.max.map(Slots::unshared),
+            budget: self.budget.clone(),
+            buffered: Default::default(),
+            buffers: self.buffers.clone(),
+            registry,
+        }
     }
 
     /// A new local pod's counters (its `LocalPod` keeps them).
@@ -437,6 +526,53 @@ impl std::fmt::Display for OverLimit {
 
 #[cfg(test)]
 mod tests {
+
+    /// The buffer budget's decision: a source within its fair share takes
+    /// up to the whole budget; one past it only while a quarter stays free
+    /// for the others.
+    #[test]
+    fn the_buffer_budget_is_shared_fairly() {
+        const B: u64 = 1000;
+        let cases = [
+            // (used, holders, mine, n, allowed, why)
+            (0, 0, 0, 750, true, "alone: up to three quarters"),
+            (0, 0, 0, 751, false, "alone: the last quarter stays for others"),
+            (700, 1, 700, 50, true, "past its share: up to three quarters"),
+            (740, 1, 740, 20, false, "past its share and the three quarters"),
+            (740, 1, 0, 20, true, "another source within its share takes from the last quarter"),
+            (740, 1, 0, 260, true, "...up to the budget (its share of three is 333)"),
+            (740, 1, 0, 261, false, "...never past the budget"),
+            (500, 2, 100, 200, true, "within its share (333) and the budget"),
+            (990, 2, 495, 20, false, "the budget is spent"),
+        ];
+        for (used, holders, mine, n, want, why) in cases {
+            assert_eq!(Buffers::allows(B, used, holders, mine, n), want, "{why}");
+        }
+    }
+
+    #[test]
+    fn buffer_grants_are_counted_per_source_and_given_back() {
+        use slipstream_hbone::copy::BufferBudget;
+        let l = NodeLimits::new(&crate::config::Limits {
+            buffer_budget: 1 << 20,
+            ..crate::config::Limits::derive(20_000, &Default::default())
+        });
+        let (a, b) = (l.for_pod(), l.for_pod());
+        let grant = |s: &Source, n: usize| BufferBudget::take(s, n);
+        // One pod takes what it can: three quarters.
+        let mut took = 0;
+        while grant(&a, 64 << 10) {
+            took += 64 << 10;
+        }
+        assert_eq!(took, 768 << 10);
+        // The other still gets its share's worth of the free quarter.
+        assert!(grant(&b, 256 << 10), "a second pod is not starved");
+        assert!(!grant(&b, 1), "the budget is spent");
+        BufferBudget::give(&*a, took);
+        BufferBudget::give(&*b, 256 << 10);
+        assert_eq!(l.buffers.used(), 0);
+        assert!(grant(&a, 768 << 10), "all given back: its three quarters again");
+    }
     use super::*;
 
     #[test]

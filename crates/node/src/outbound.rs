@@ -199,9 +199,10 @@ fn waypoint_name(g: &slipstream_core::GatewayAddress) -> String {
 /// task for the connection's life.
 pub fn handle(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) -> impl Future<Output = ()> + Send + 'static {
     Box::pin(setup(shared, pod, app, peer)).then(|carry| match carry {
-        Some(Carry::Hbone { mut record, tunnel, app }) => {
+        Some(Carry::Hbone { mut record, tunnel, app, budget }) => {
             record.established();
-            let mut copy = slipstream_hbone::copy::bidirectional(tunnel, app);
+            let budget: std::sync::Arc<dyn slipstream_hbone::copy::BufferBudget> = budget;
+            let mut copy = slipstream_hbone::copy::bidirectional_within(tunnel, app, Some(budget));
             let mut record = Some(record);
             // Cancellation is polled with the copy, so it ends the
             // connection whatever the copy waits for.
@@ -241,13 +242,11 @@ enum Carry {
         record: ConnRecord,
         tunnel: slipstream_hbone::TunnelStream,
         app: TcpStream,
+        /// The pod's share of the buffer budget.
+        budget: Arc<crate::limits::Source>,
     },
     /// Holds a second descriptor of the budget (the upstream socket).
-    Passthrough {
-        app: Metered<TcpStream>,
-        upstream: TcpStream,
-        _upstream_fd: SlotGuard,
-    },
+    Passthrough { app: Metered<TcpStream>, upstream: TcpStream, _upstream_fd: SlotGuard },
 }
 
 /// Plans and connects; `None` when the connection was refused (and already
@@ -309,7 +308,7 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             };
             match pod.sockets.connect_marked(addr, shared.config.timeouts.upstream_connect).await {
                 Ok(upstream) => {
-                    let app = Metered::new(app, record, AppSide::Client);
+                    let app = Metered::new(app, record, AppSide::Client).within(pod.limits.clone());
                     Some(Carry::Passthrough { app, upstream, _upstream_fd: upstream_fd })
                 }
                 Err(e) => {
@@ -336,7 +335,7 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
                 req = req.with_baggage(&baggage(w));
             }
             match shared.pool.connect(&key, req).await {
-                Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app }),
+                Ok(tunnel) => Some(Carry::Hbone { record, tunnel, app, budget: pod.limits.clone() }),
                 Err(e) => {
                     if let Some(secs) = e.retry_after() {
                         shared.hold_offs.hold(pod.ip, key.dst(), secs, std::time::Instant::now());

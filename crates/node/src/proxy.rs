@@ -81,6 +81,7 @@ impl NodeProxy {
             sockets: deps.sockets,
             readiness: Default::default(),
         });
+        let _ = shared.telemetry.metrics.buffers.set(shared.limits.buffers.clone());
         let inpod = InPod::new(shared.clone(), deps.report_served);
         let netpol = shared.config.netpol_kernel.then(crate::netpol::Kernel::default);
         Ok(NodeProxy {
@@ -380,6 +381,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         peer_streams = l.peer_streams,
         peer_plaintext = l.peer_plaintext,
         "connection limits (see /config_dump)"
+    );
+    tracing::info!(
+        bytes = l.buffer_budget,
+        cgroup_memory_limit = crate::sys::cgroup::memory_limit().map_or_else(|| "none".to_owned(), |m| m.to_string()),
+        "buffer budget (docs/node-proxy.md, \"Memory: the buffer budget\")"
     );
     tracing::info!(node = %proxy.shared.config.node, "node proxy started");
 

@@ -103,7 +103,7 @@ impl Handler for WaypointHandler {
         let conn = peer.take(Kind::PeerConnections, 1).map_err(|o| refused(o, HandshakeFailureKind::PeerConnectionLimit))?;
         let handshake = peer.take(Kind::PeerHandshakes, 0).map_err(|o| refused(o, HandshakeFailureKind::PeerHandshakeLimit))?;
         // The peer's counters, found once and handed to every stream.
-        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)), context: Some(peer) })
+        Ok(Admission { handshake: Some(Box::new(handshake)), connection: Some(Box::new(conn)), context: Some(peer), window: None })
     }
 
     fn accepts_foreign_target(&self, _tunnel_local: SocketAddr, target: SocketAddr) -> bool {

@@ -58,6 +58,18 @@ impl Cluster {
         c
     }
 
+    /// [`Cluster::up`] with environment variables for `slipstream up` (the
+    /// agent passes `SLIPSTREAM_NODE_*` on to the node proxies).
+    pub fn up_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Cluster {
+        require_root();
+        let _ = run(name, &["down"]);
+        let o =
+            Command::new(bin()).arg("--cluster").arg(name).arg("up").args(args).envs(env.iter().copied()).output().expect("run slipstream");
+        let c = Cluster { name: name.to_string(), down_on_drop: true };
+        assert!(o.status.success(), "up failed:\n{}", text(&o));
+        c
+    }
+
     pub fn adopt(name: &str) -> Cluster {
         Cluster { name: name.to_string(), down_on_drop: true }
     }

@@ -5,7 +5,6 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use rustls_pki_types::ServerName;
 use slipstream_identity::tls::{client_config, identity_mismatch};
@@ -16,6 +15,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::request::PoolKey;
+use crate::chunk::Chunk;
 use crate::coalesce::Coalesce;
 use crate::connector::Connector;
 use crate::error::HboneError;
@@ -32,7 +32,7 @@ impl CertSource for CertManager {
     }
 }
 
-pub(crate) type H2Connection = h2::client::Connection<TlsTap<Coalesce<TlsStream<TcpStream>>>, Bytes>;
+pub(crate) type H2Connection = h2::client::Connection<TlsTap<Coalesce<TlsStream<TcpStream>>>, Chunk>;
 
 /// The first TLS error seen on a connection. h2 keeps only the kind and
 /// text of transport errors, so without this a TLS alert (e.g. the server
@@ -46,7 +46,7 @@ pub(crate) async fn dial(
     certs: &dyn CertSource,
     connector: &dyn Connector,
     h2: &H2Config,
-) -> Result<(h2::client::SendRequest<Bytes>, H2Connection, TlsErrorSlot), HboneError> {
+) -> Result<(h2::client::SendRequest<Chunk>, H2Connection, TlsErrorSlot), HboneError> {
     let addr = key.dst();
     let cert = certs
         .fetch(key.src_identity())

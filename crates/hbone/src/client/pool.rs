@@ -16,13 +16,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
 use h2::client::SendRequest;
 use http::StatusCode;
 use tokio::sync::watch;
 
 use super::dial::{dial, CertSource, H2Connection, TlsErrorSlot};
 use super::request::{ConnectRequest, PoolKey};
+use crate::chunk::Chunk;
 use crate::connector::Connector;
 use crate::error::{HboneError, TimeoutStage};
 use crate::h2config::{keepalive, H2Config};
@@ -98,7 +98,7 @@ struct KeyState {
 
 struct PooledConn {
     id: u64,
-    send: SendRequest<Bytes>,
+    send: SendRequest<Chunk>,
     /// Streams open (or being opened) on this connection. Only incremented
     /// under the pool lock, so the idle check under the lock is exact.
     active: watch::Sender<usize>,
@@ -379,7 +379,7 @@ async fn open_stream(
     request: &ConnectRequest,
     key: &PoolKey,
     config: &PoolConfig,
-) -> Result<(h2::SendStream<Bytes>, h2::RecvStream), HboneError> {
+) -> Result<(h2::SendStream<Chunk>, h2::RecvStream), HboneError> {
     let addr = key.dst();
     let h2_error = |e| HboneError::from_h2(e, addr, conn.tls_error.get());
     let mut send = conn.send.clone().ready().await.map_err(h2_error)?;

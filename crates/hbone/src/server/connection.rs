@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::Request;
@@ -21,11 +20,12 @@ use super::handler::ResolveError;
 use super::handshake::{classify_tls, FirstBytes, HandshakeFailure, HandshakeFailureKind, PEEK_LEN};
 use super::inbound::{serve_stream, ConnContext};
 use super::Shared;
+use crate::chunk::Chunk;
 use crate::coalesce::Coalesce;
 use crate::drain::DrainWatch;
 use crate::h2config::keepalive;
 
-type Accepted = Option<Result<(Request<RecvStream>, SendResponse<Bytes>), h2::Error>>;
+type Accepted = Option<Result<(Request<RecvStream>, SendResponse<Chunk>), h2::Error>>;
 
 // One short-lived value per loop turn; boxing the big variant would cost an
 // allocation per stream for nothing.
@@ -62,6 +62,7 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
     let _connection_permit = admission.connection;
     let handshake_permit = admission.handshake;
     let context = admission.context;
+    let window = WindowLease::take(admission.window, &shared.config.h2);
     let _ = tcp.set_nodelay(true);
     let deadline = Instant::now() + shared.config.handshake_timeout;
     // Every way this connection can end before its first stream is reported
@@ -157,8 +158,8 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
         }
     };
 
-    let builder = shared.config.h2.server_builder(shared.config.max_concurrent_streams);
-    let mut conn = match timeout_at(deadline, builder.handshake::<_, Bytes>(Coalesce::new(tls))).await {
+    let builder = shared.config.h2.server_builder(shared.config.max_concurrent_streams, window.size);
+    let mut conn = match timeout_at(deadline, builder.handshake::<_, Chunk>(Coalesce::new(tls))).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
             stats.h2_failure();
@@ -265,4 +266,29 @@ async fn close_after_alert(mut tcp: TcpStream) {
         }
     };
     let _ = tokio::time::timeout(ALERT_LINGER, drain).await;
+}
+
+/// A connection's receive window, as its memory budget gives it: the full
+/// window taken for the connection's life, or the smallest one without.
+struct WindowLease {
+    size: u32,
+    taken: Option<Arc<dyn crate::copy::BufferBudget>>,
+}
+
+impl WindowLease {
+    fn take(budget: Option<Arc<dyn crate::copy::BufferBudget>>, h2: &crate::h2config::H2Config) -> WindowLease {
+        match budget {
+            None => WindowLease { size: h2.connection_window, taken: None },
+            Some(b) if b.take(h2.connection_window as usize) => WindowLease { size: h2.connection_window, taken: Some(b) },
+            Some(_) => WindowLease { size: h2.min_connection_window.min(h2.connection_window), taken: None },
+        }
+    }
+}
+
+impl Drop for WindowLease {
+    fn drop(&mut self) {
+        if let Some(b) = self.taken.take() {
+            b.give(self.size as usize);
+        }
+    }
 }

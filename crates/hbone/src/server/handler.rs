@@ -50,6 +50,12 @@ pub trait Upstream: AsyncRead + AsyncWrite + Send + Unpin + 'static {
     /// [`Upstream::poll_close`] asked for it.
     fn finished(&mut self, _result: &Result<(), HboneError>) {}
 
+    /// Where the copy's bulk buffer (what the upstream sends into the
+    /// tunnel) takes its memory from; None: no bound but its size.
+    fn buffer_budget(&self) -> Option<std::sync::Arc<dyn crate::copy::BufferBudget>> {
+        None
+    }
+
     /// Instead of being copied to: the handler serves the tunnel itself
     /// (a protocol server on it, as the waypoint's HTTP server does), one
     /// copy and one task hop fewer for every byte. Asked once, right after
@@ -130,12 +136,18 @@ pub type ConnectionContext = std::sync::Arc<dyn Any + Send + Sync>;
 /// What [`Handler::admit`] lets a new connection hold: `handshake` until
 /// its TLS and HTTP/2 handshakes are over, `connection` until it closes;
 /// `context` is handed to every stream of the connection in
-/// [`InboundRequest::context`].
+/// [`InboundRequest::context`]. `window` is where the connection's
+/// receive window comes from: what the peer may send before we read it
+/// is memory we hold. The full window (`H2Config::connection_window`) is
+/// taken from it for the connection's life; when it refuses, the
+/// connection gets the smallest (`H2Config::min_connection_window`),
+/// slower, and never refused for it. None: always the full window.
 #[derive(Default)]
 pub struct Admission {
     pub handshake: Option<Permit>,
     pub connection: Option<Permit>,
     pub context: Option<ConnectionContext>,
+    pub window: Option<std::sync::Arc<dyn crate::copy::BufferBudget>>,
 }
 
 /// Why [`Handler::admit`] refused a connection: one of the limit kinds of

@@ -7,7 +7,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Poll};
 
-use bytes::Bytes;
 use futures_util::future::{self, Either, FutureExt};
 use h2::server::SendResponse;
 use h2::RecvStream;
@@ -19,6 +18,7 @@ use tokio::time::Instant;
 use super::handler::{ConnectionContext, Handler, InboundRequest, StreamRecord, Upstream};
 use super::stats::ServerStats;
 use crate::authority::parse_authority;
+use crate::chunk::Chunk;
 use crate::copy::{self, CopyStats};
 use crate::error::HboneError;
 use crate::stream::TunnelStream;
@@ -46,7 +46,7 @@ pub(crate) struct ConnContext {
 pub(crate) fn serve_stream(
     ctx: Arc<ConnContext>,
     request: Request<RecvStream>,
-    respond: SendResponse<Bytes>,
+    respond: SendResponse<Chunk>,
 ) -> impl Future<Output = ()> + Send + 'static {
     let start = Instant::now();
     ctx.stats.stream();
@@ -63,7 +63,8 @@ pub(crate) fn serve_stream(
             });
             return Either::Right(Either::Right(served));
         }
-        let mut copy = copy::bidirectional(tunnel, upstream);
+        let budget = upstream.buffer_budget();
+        let mut copy = copy::bidirectional_within(tunnel, upstream, budget);
         // The upstream may ask for the tunnel to close whatever the copy
         // waits for (a stalled peer, a half-closed side): raced here.
         Either::Left(future::poll_fn(move |cx| {
@@ -85,7 +86,7 @@ pub(crate) fn serve_stream(
 async fn open(
     ctx: Arc<ConnContext>,
     request: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
+    mut respond: SendResponse<Chunk>,
     start: Instant,
 ) -> Option<(SocketAddr, TunnelStream, Box<dyn Upstream>)> {
     let ctx = &*ctx;
@@ -161,7 +162,7 @@ fn validate(parts: &Parts, ctx: &ConnContext) -> Result<SocketAddr, (Option<Sock
 
 fn refuse(
     ctx: &ConnContext,
-    respond: &mut SendResponse<Bytes>,
+    respond: &mut SendResponse<Chunk>,
     target: Option<SocketAddr>,
     err: HboneError,
     start: Instant,

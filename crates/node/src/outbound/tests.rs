@@ -13,10 +13,11 @@ fn size_of_future<A, B, C, D, F>(_: fn(A, B, C, D) -> F) -> usize {
 fn the_future_of_an_open_connection_stays_small() {
     // 10k open connections hold 10k of these (an async fn was 1040 bytes;
     // 480 before the record owned the connection's cancellation handle,
-    // its byte counts and its outcome).
+    // its byte counts and its outcome; 552 with the pod's share of the
+    // buffer budget and the stream's chunks in flight).
     let size = size_of_future(handle);
     println!("outbound handle: {size} bytes");
-    assert!(size <= 544, "{size} bytes");
+    assert!(size <= 552, "{size} bytes");
 }
 
 const SVC: &str = "default/echo.default.svc.cluster.local";

@@ -3,6 +3,7 @@
 //! `unsafe` of the crate: one socket option neither socket2 nor rustix
 //! wraps, and glibc's allocator tuning and trimming (`mem`).
 
+pub mod cgroup;
 pub mod mem;
 pub mod netns;
 pub mod rlimit;

@@ -172,6 +172,9 @@ pub struct Metrics {
     /// The eBPF datapath's maps, once the proxy has opened them: its drop
     /// counters are read at each scrape.
     pub datapath: Arc<std::sync::OnceLock<Arc<slipstream_ebpf::NodeMaps>>>,
+    /// The node's buffer budget, once the proxy made it: read at each
+    /// scrape.
+    pub buffers: Arc<std::sync::OnceLock<Arc<crate::limits::Buffers>>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -208,7 +211,10 @@ impl Default for Metrics {
         registry.register_collector(Box::new(HboneCollector(hbone.clone())));
         let datapath = Arc::new(std::sync::OnceLock::new());
         registry.register_collector(Box::new(DatapathCollector(datapath.clone())));
+        let buffers = Arc::new(std::sync::OnceLock::new());
+        registry.register_collector(Box::new(BuffersCollector(buffers.clone())));
         Metrics {
+            buffers,
             registry,
             opened,
             closed,
@@ -365,6 +371,27 @@ impl Collector for DatapathCollector {
         for (reason, n) in maps.drops() {
             let labels = [("reason", reason.as_str())];
             ConstCounter::new(n).encode(metric.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// `slipstream_buffer_budget_bytes` and `slipstream_buffered_bytes`: the
+/// node's buffer budget and what its connections' bulk buffers hold of it.
+#[derive(Debug)]
+struct BuffersCollector(Arc<std::sync::OnceLock<Arc<crate::limits::Buffers>>>);
+
+impl Collector for BuffersCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let Some(b) = self.0.get() else { return Ok(()) };
+        for (name, help, v) in [
+            ("slipstream_buffer_budget_bytes", "Bytes the connections' bulk buffers may hold, all pods together", b.budget()),
+            ("slipstream_buffered_bytes", "Bytes the connections' bulk buffers hold now, all pods together", b.used()),
+        ] {
+            let g = ConstGauge::new(v as i64);
+            let metric = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+            g.encode(metric)?;
         }
         Ok(())
     }

@@ -313,12 +313,25 @@ pub struct Metered<S> {
     inner: S,
     record: ConnRecord,
     side: AppSide,
+    /// Whose share of the node's buffer budget its copy draws on (the
+    /// local pod's).
+    budget: Option<std::sync::Arc<crate::limits::Source>>,
 }
 
 impl<S> Metered<S> {
     pub fn new(inner: S, mut record: ConnRecord, side: AppSide) -> Self {
         record.established();
-        Metered { inner, record, side }
+        Metered { inner, record, side, budget: None }
+    }
+
+    /// Its copy's buffers come from `budget` (the local pod's share).
+    pub fn within(mut self, budget: std::sync::Arc<crate::limits::Source>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    pub fn budget(&self) -> Option<&std::sync::Arc<crate::limits::Source>> {
+        self.budget.as_ref()
     }
 
     /// How the copy ended: a clean end unless an error was noted.
@@ -395,6 +408,10 @@ impl<S: AsyncRead + AsyncWrite + Resettable + Send + Unpin + 'static> Upstream f
 
     fn finished(&mut self, result: &Result<(), HboneError>) {
         self.finished_with(result.clone().map_err(ProxyError::Hbone));
+    }
+
+    fn buffer_budget(&self) -> Option<std::sync::Arc<dyn slipstream_hbone::copy::BufferBudget>> {
+        self.budget.clone().map(|b| b as std::sync::Arc<dyn slipstream_hbone::copy::BufferBudget>)
     }
 }
 
