@@ -2,13 +2,15 @@
 #   make up     install system packages, build, install the binary, start the quickstart
 #   make test   install system packages, build, run every test
 # And: make bench  full performance report into docs/benchmarks.{md,json,svg}
+#      make images the Kubernetes harness's images, pushed to its registry
+#                  (scripts/kube-cluster.sh up first; docs/kube-harness.md)
 # Both need root (network namespaces, cgroups, apt-get).
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),/var/tmp/slipstream-target)
 BIN        := $(TARGET_DIR)/release/slipstream
 PREFIX     ?= /usr/local
 
-.PHONY: setup build install up test bench down clean
+.PHONY: setup build install up test bench down clean images
 
 setup:
 	./scripts/setup.sh
@@ -31,6 +33,9 @@ down:
 
 test: setup
 	./scripts/test.sh
+
+images: build
+	./scripts/kube-images.sh
 
 clean:
 	cargo clean

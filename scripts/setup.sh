@@ -13,6 +13,11 @@
 #   etcd-server     the store of the real kube-apiserver the control plane's
 #                   Kubernetes tests run (crates/kubetest; kube-apiserver
 #                   itself is built by scripts/kube-apiserver.sh)
+#   containerd runc containernetworking-plugins conntrack docker-registry
+#                   the Kubernetes test harness (scripts/kube-cluster.sh,
+#                   docs/kube-harness.md): each node's container runtime,
+#                   its pod network (bridge, host-local, loopback), what
+#                   kube-proxy needs, and the registry its images come from
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -20,7 +25,8 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 clang llvm libbpf-dev bpftool etcd-server)
+PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 clang llvm libbpf-dev bpftool etcd-server
+  containerd runc containernetworking-plugins conntrack docker-registry)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -31,12 +37,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup.sh: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # etcd-server, containerd and docker-registry would start machine-wide
+  # services; the tests and the harness run their own, so none is started
+  # (Debian's policy-rc.d convention, for the install only).
+  policy=/usr/sbin/policy-rc.d
+  made_policy=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  # The package starts and enables a system etcd on port 2379. The tests
-  # start their own on free ports; a machine-wide one would only use memory.
-  if [[ " ${missing[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
-    systemctl disable --now etcd >/dev/null 2>&1 || true
-    echo "setup.sh: disabled the etcd service etcd-server started (tests run their own)"
+  [ -n "$made_policy" ] && rm -f "$policy"
+  if [ -d /run/systemd/system ]; then
+    for svc in etcd containerd docker-registry; do
+      systemctl disable --now "$svc" >/dev/null 2>&1 || true
+    done
   fi
 else
   echo "setup.sh: system packages present"

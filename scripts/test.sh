@@ -45,6 +45,13 @@ echo "test.sh: kube-apiserver $SLIPSTREAM_KUBE_APISERVER"
 # and one profile means one compile of the dependencies.
 cargo test --release --locked --workspace --no-fail-fast
 
+# The Kubernetes harness tier (docs/kube-harness.md): a real three-node
+# Kubernetes from upstream parts, the images built here, bookinfo across
+# its nodes, then everything taken down. Its programs take about 10 more
+# minutes to build the first time (Go's caches keep them), the tier itself
+# under a minute.
+./scripts/kube-harness-test.sh
+
 # Nothing may be left behind by any test.
 left=$(ip netns list | grep -E '^t-' || true)
 if [ -n "$left" ]; then
