@@ -48,7 +48,7 @@ fi
 # Its layers build to the same bytes a second time.
 second=$(mktemp -d)
 SLIPSTREAM_KH_IMAGES=$second ./scripts/kube-images.sh --layers >/dev/null 2>&1
-for l in slipstream pause curl; do
+for l in slipstream pause curl fortio; do
   a=$(sha256sum "/var/tmp/slipstream-kube/images/$l.tar" | cut -d' ' -f1)
   b=$(sha256sum "$second/$l.tar" | cut -d' ' -f1)
   [ "$a" = "$b" ] || fail "layer $l.tar differs between two builds ($a, $b)"

@@ -15,6 +15,9 @@
 #   registry.k8s.io/pause:3.10                               pause, from Kubernetes' source
 #   docker.io/istio/examples-bookinfo-*:1.20.2               bookinfo's six, served by slipstream's apps
 #   docker.io/curlimages/curl:<Debian's curl version>         curl, sleep and sh from Debian
+#   docker.io/mccutchen/go-httpbin:v2.15.0, docker.io/istio/examples-helloworld-v{1,2}:1.0
+#                                                            slipstream's echo, as httpbin and helloworld
+#   docker.io/fortio/fortio:<version> and :latest_release    the fortio scripts/setup.sh installed
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,6 +38,7 @@ die() {
 }
 
 layers_only=
+FORTIO=$(command -v fortio || echo "${GOPATH:-$HOME/go}/bin/fortio")
 [ "${1:-}" = "--layers" ] && layers_only=1
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n 1)
@@ -105,6 +109,18 @@ curl_rootfs() {
   make_layer "$r" "$OUT/curl.tar"
 }
 
+# fortio/fortio's part: the fortio that scripts/setup.sh installed (the
+# version BENCHMARKS.md pins), with its libraries.
+fortio_rootfs() {
+  local r="$OUT/fortio-rootfs" exe=$FORTIO
+  [ -x "$exe" ] || die "fortio is missing; run scripts/setup.sh"
+  new_rootfs "$r" fortio 65532
+  mkdir -p "$r/usr/bin"
+  cp -L "$exe" "$r/usr/bin/fortio"
+  copy_libs "$r" "$exe"
+  make_layer "$r" "$OUT/fortio.tar"
+}
+
 # pause, from build/pause/linux/pause.c of the k8s.io/kubernetes module.
 pause_rootfs() {
   local src
@@ -124,7 +140,8 @@ pause_rootfs() {
 slipstream_rootfs
 pause_rootfs
 curl_rootfs
-for l in slipstream pause curl; do
+fortio_rootfs
+for l in slipstream pause curl fortio; do
   log "layer $l.tar: sha256:$(sha256sum "$OUT/$l.tar" | cut -d' ' -f1)"
 done
 if [ -n "$layers_only" ]; then
@@ -160,6 +177,21 @@ for app in details-v1 ratings-v1 reviews-v1 reviews-v2 reviews-v3 productpage-v1
   digest=$(push "$OUT/slipstream.tar" "istio/examples-bookinfo-$app:$BOOKINFO_TAG" \
     --entrypoint "$S,app,bookinfo,--role,$role,--version,$v" --user 65532:65532 --workdir /)
   log "docker.io/istio/examples-bookinfo-$app:$BOOKINFO_TAG $digest"
+done
+# Istio's httpbin and helloworld samples, served by slipstream's echo
+# (docs/images.md).
+digest=$(push "$OUT/slipstream.tar" "mccutchen/go-httpbin:v2.15.0" \
+  --entrypoint "$S,app,echo,--http-port,8080,--tcp-port,0" --user 65532:65532 --workdir /)
+log "docker.io/mccutchen/go-httpbin:v2.15.0 $digest"
+for v in v1 v2; do
+  digest=$(push "$OUT/slipstream.tar" "istio/examples-helloworld-$v:1.0" \
+    --entrypoint "$S,app,echo,--http-port,5000,--tcp-port,0,--hello-version,$v" --user 65532:65532 --workdir /)
+  log "docker.io/istio/examples-helloworld-$v:1.0 $digest"
+done
+FORTIO_TAG=$("$FORTIO" version 2>/dev/null | head -n 1 | awk '{print $1}' || true)
+for t in ${FORTIO_TAG:+$FORTIO_TAG} latest_release; do
+  digest=$(push "$OUT/fortio.tar" "fortio/fortio:$t" --entrypoint /usr/bin/fortio --cmd server --user 65532:65532 --workdir /)
+  log "docker.io/fortio/fortio:$t $digest"
 done
 CURL_TAG=$(dpkg-query -W -f='${Version}' curl | sed 's/[-+~].*//')
 digest=$(push "$OUT/curl.tar" "curlimages/curl:$CURL_TAG" --entrypoint /usr/bin/curl --user 100:100 --workdir /)
