@@ -53,7 +53,7 @@ cargo test --release --locked --workspace --no-fail-fast
 ./scripts/kube-harness-test.sh
 
 # Nothing may be left behind by any test.
-left=$(ip netns list | grep -E '^t-' || true)
+left=$(ls /run/netns 2>/dev/null | grep -E '^t-' || true)
 if [ -n "$left" ]; then
   echo "test.sh: tests left network namespaces behind:" >&2
   echo "$left" >&2

@@ -37,11 +37,18 @@ fn main() {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("{}-linux-gnu", std::env::consts::ARCH));
+    // The objects' debug information (BTF line info) names their sources
+    // relative to the repository, not where this clone happens to be: the
+    // binary, and the images made from it, are the same bytes wherever
+    // it is built.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR");
     for p in PROGRAMS {
         let src = dir.join(format!("{p}.c"));
         let obj = out.join(format!("{p}.o"));
         let status = Command::new(&clang)
             .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror", "-c"])
+            .arg(format!("-ffile-prefix-map={manifest}=crates/ebpf"))
+            .arg("-fdebug-compilation-dir=crates/ebpf")
             .arg(format!("-I/usr/include/{multiarch}"))
             .arg(&src)
             .arg("-o")
