@@ -222,6 +222,11 @@ make_mount_namespaces() {
       set -e
       for p in $NODE_PATHS; do mount --bind '$dir/paths'\$p \$p; done
       for s in $SHIELDED_SYSCTLS; do mount --bind '$dir/sysctl/'\$(echo \$s | tr / .) /proc/sys/\$s; done
+      # Pods' network namespaces are files containerd makes in /run/netns:
+      # in a tmpfs of the node's own, they go when the node goes, instead
+      # of staying behind as empty files in the machine's /run/netns.
+      mkdir -p /run/netns
+      mount -t tmpfs -o mode=0755 kh-netns /run/netns
       # The kubelet makes its root shared for mount propagation to pods.
       mount --make-rshared /var/lib/kubelet
     "

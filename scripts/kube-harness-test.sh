@@ -83,6 +83,7 @@ lap "bookinfo served across nodes (productpage on $pp, client on $other)"
 ./scripts/kube-cluster.sh down >/dev/null
 left=""
 compgen -G '/run/netns/kh-*' >/dev/null && left="$left network namespaces;"
+compgen -G '/run/netns/cni-*' >/dev/null && left="$left pods' network namespace files;"
 ip link show khbr0 >/dev/null 2>&1 && left="$left the bridge;"
 ip -o link show 2>/dev/null | grep -q ' kh-' && left="$left veths;"
 grep -q slipstream-kube /proc/mounts && left="$left mounts;"
