@@ -315,7 +315,16 @@ impl Datapath {
     /// just loaded (see [`Datapath::load`]).
     pub fn attach_socket_hooks(&mut self) -> Result<(), Error> {
         let root = sys::cgroup2_root().map_err(io("finding the cgroup2 hierarchy"))?;
-        let cgroup = File::open(&root).map_err(io(format!("opening cgroup {}", root.display())))?;
+        self.attach_socket_hooks_at(&root)
+    }
+
+    /// As [`Datapath::attach_socket_hooks`], at `root`, a directory of the
+    /// cgroup2 hierarchy: only sockets of processes in its subtree meet the
+    /// hooks. Where several nodes share one kernel (the Kubernetes test
+    /// harness, docs/kube-harness.md), each node's datapath is attached at
+    /// its own subtree, with its own bpffs directory.
+    pub fn attach_socket_hooks_at(&mut self, root: &Path) -> Result<(), Error> {
+        let cgroup = File::open(root).map_err(io(format!("opening cgroup {}", root.display())))?;
         let links = self.dir.join("links").join(SOCKET_HOOKS_DIR);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
         for hook in Hook::ALL.into_iter().filter(|h| !h.per_pod()) {

@@ -587,6 +587,13 @@ impl PodNs {
     }
 
     fn new_with_mac(dp: &mut Datapath, tag: &str, mac: &str) -> PodNs {
+        dp.attach_socket_hooks().unwrap();
+        Self::enrolled(dp, tag, mac)
+    }
+
+    /// The namespace, enrolled in `dp`, whose socket hooks the caller
+    /// attaches where it wants.
+    fn enrolled(dp: &mut Datapath, tag: &str, mac: &str) -> PodNs {
         let name = format!("ss-{tag}-{}", std::process::id());
         let ip = |args: &[&str]| {
             let o = std::process::Command::new("ip").args(args).output().unwrap();
@@ -601,7 +608,6 @@ impl PodNs {
         ip(&["-n", &pod.name, "link", "set", "eth0", "up"]);
         ip(&["-n", &pod.name, "link", "set", "lo", "up"]);
         ip(&["-n", &pod.name, "route", "add", "default", "dev", "eth0"]);
-        dp.attach_socket_hooks().unwrap();
         let key = format!("test_{tag}");
         dp.enrol(&slipstream_ebpf::PodAttach { key: &key, netns: &pod.path, ip: Ipv4Addr::new(10, 77, 0, 2), node: 5, meshed: true })
             .unwrap();
@@ -901,4 +907,45 @@ fn an_original_destination_is_its_own_sockets_only() {
     let got = maps.take_original_dst(cookie, a_addr).expect("A's entry");
     assert_eq!(got.dialed, SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 80));
     assert_eq!(maps.take_original_dst(cookie, a_addr), None, "consumed");
+}
+
+/// Socket hooks attached at a cgroup2 subtree (as each node of the
+/// Kubernetes harness, where nodes share one kernel) act on the sockets of
+/// processes in that subtree only: a denied datagram from a pod's
+/// namespace is refused for a process inside it, and goes out for one
+/// outside it, whose node's datapath this is not.
+#[test]
+fn socket_hooks_attached_at_a_subtree_act_only_inside_it() {
+    let d = Dir::new("subtree");
+    let mut dp = Datapath::load(&d.0).unwrap();
+    let sub = sys::cgroup2_root().unwrap().join(format!("ss-subtree-{}", std::process::id()));
+    std::fs::create_dir_all(&sub).unwrap();
+    dp.attach_socket_hooks_at(&sub).unwrap();
+    let pod = PodNs::enrolled(&mut dp, "sub", "02:00:00:00:00:02");
+    let mut ipcache: HashMap<MapData, IpcacheKey, u32> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::IPCACHE))).unwrap();
+    let far = Ipv4Addr::new(10, 9, 9, 9);
+    ipcache.insert(IpcacheKey::new(5, Ipv4Addr::new(10, 77, 0, 2)), 1, 0).unwrap();
+    ipcache.insert(IpcacheKey::new(5, far), 2, 0).unwrap();
+    let mut policy: HashMap<MapData, PolicyKey, PolicyValue> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::POLICY))).unwrap();
+    policy.insert(PolicyKey::udp(5, 1, 2, 0), PolicyValue::deny(3, 0), 0).unwrap();
+    // A process in the pod's namespace, in the subtree or not, sends one
+    // datagram and prints "sent" or the errno.
+    let send = |inside: bool| {
+        let join = if inside { format!("echo $$ > {}/cgroup.procs && ", sub.display()) } else { String::new() };
+        let py = "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ntry:\n  s.sendto(b'x',('10.9.9.9',9999)); print('sent')\nexcept OSError as e:\n  print(e.errno)";
+        let out = std::process::Command::new("sh")
+            .args(["-c", &format!("{join}exec nsenter --net={} python3 -c \"$0\"", pod.path.display()), py])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let outside = send(false);
+    let inside = send(true);
+    drop(pod);
+    drop(dp);
+    drop(d);
+    let _ = std::fs::remove_dir(&sub);
+    assert_eq!(outside, "sent", "a process outside the subtree meets no hook of this datapath");
+    assert_eq!(inside, libc::EPERM.to_string(), "a process inside it meets the pod's egress policy");
 }
