@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+/// The receive window of an HBONE connection its server's memory budget
+/// refused the full one: slower (frames split to fit), never refused.
+pub const MIN_CONNECTION_WINDOW: u32 = 256 * 1024;
+
 /// HTTP/2 connection settings shared by client and server.
 #[derive(Debug, Clone)]
 pub struct H2Config {
@@ -11,7 +15,7 @@ pub struct H2Config {
     /// Connection-level receive window.
     pub connection_window: u32,
     /// The connection window a server gives a connection when its memory
-    /// budget refuses the full one: one maximum-size frame.
+    /// budget refuses the full one ([`MIN_CONNECTION_WINDOW`]).
     pub min_connection_window: u32,
     /// Largest DATA frame we accept (SETTINGS_MAX_FRAME_SIZE).
     pub max_frame_size: u32,
@@ -33,7 +37,7 @@ impl Default for H2Config {
         Self {
             stream_window: 4 * 1024 * 1024,
             connection_window: 16 * 1024 * 1024,
-            min_connection_window: 1024 * 1024,
+            min_connection_window: MIN_CONNECTION_WINDOW,
             max_frame_size: 1024 * 1024,
             // As ztunnel: a peer's CONNECT with long baggage or forwarded
             // headers must not be refused by one proxy and taken by another.

@@ -29,7 +29,7 @@ pub use authority::{format_authority, parse_authority};
 pub use client::{CertSource, ConnectRequest, ConnectionSnapshot, Pool, PoolConfig, PoolKey, PoolSnapshot};
 pub use connector::{Connector, PlainConnector};
 pub use error::{Fault, HboneError, ResponseFlag, TimeoutStage};
-pub use h2config::H2Config;
+pub use h2config::{H2Config, MIN_CONNECTION_WINDOW};
 pub use server::{
     Admission, AdmissionRefused, CertResolver, ConnectionContext, Handler, HandshakeFailure, HandshakeFailureKind, InPlace, InboundRequest,
     Permit, ResolveError, Server, ServerConfig, ServerStats, StatsSnapshot, StreamRecord, Upstream, UPSTREAM_CONNECT_TIMEOUT,

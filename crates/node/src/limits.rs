@@ -368,7 +368,8 @@ impl<K: Eq + Hash + Clone> RefusalLog<K> {
     }
 }
 
-/// The node's buffer budget: bytes the connections' bulk buffers hold, all
+/// The node's buffer budget: bytes the connections hold (read and not yet
+/// written out, copy buffers, inbound tunnels' receive windows), all
 /// sources together, and how many sources hold some. A source (a pod, or
 /// a peer) may take more than its fair share (the budget over the sources
 /// that hold some, and one more to come) only while a quarter of the
@@ -449,7 +450,7 @@ impl slipstream_hbone::copy::BufferBudget for Source {
 pub struct NodeLimits {
     /// Descriptors held by proxied connections, all sources together.
     pub budget: Arc<Slots>,
-    /// Bytes the connections' bulk buffers hold, all sources together.
+    /// Bytes the connections hold of the buffer budget, all sources together.
     pub buffers: Arc<Buffers>,
     /// The peers that hold something, by IP.
     peers: Arc<PeerMap>,
@@ -526,6 +527,7 @@ impl std::fmt::Display for OverLimit {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     /// The buffer budget's decision: a source within its fair share takes
     /// up to the whole budget; one past it only while a quarter stays free
@@ -573,7 +575,6 @@ mod tests {
         assert_eq!(l.buffers.used(), 0);
         assert!(grant(&a, 768 << 10), "all given back: its three quarters again");
     }
-    use super::*;
 
     #[test]
     fn slots_acquire_release_and_refuse_over_the_limit() {
