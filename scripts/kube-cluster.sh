@@ -155,7 +155,29 @@ EOF
 
 # ------------------------------------------------------------------- network
 
+# The machine is no pod's business: nothing from the pod CIDR may reach
+# it (its services, the registry, whose pushes would replace every node's
+# images), and only the nodes and the machine itself reach the registry.
+# (Without it a pod's packets reach the machine, and its answers leave by
+# the machine's default route: there is no route back to the pods.) One
+# nftables table, replaced whole on every `up`, deleted by `down`.
+NFT_TABLE=slipstream_kube_harness
+guard_machine() {
+  nft -f - <<EOF
+table inet $NFT_TABLE
+delete table inet $NFT_TABLE
+table inet $NFT_TABLE {
+  chain input {
+    type filter hook input priority 0; policy accept;
+    ip saddr $CLUSTER_CIDR counter drop
+    ip daddr $HOST_IP tcp dport ${REGISTRY##*:} ip saddr != $NET_PREFIX.0/24 counter drop
+  }
+}
+EOF
+}
+
 make_network() {
+  guard_machine
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
     ip addr add "$HOST_IP/24" dev "$BRIDGE"
@@ -594,6 +616,7 @@ cmd_down() {
     if [ -e "/run/netns/$ns" ]; then ip netns del "$ns"; fi
   done
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
+  nft delete table inet "$NFT_TABLE" 2>/dev/null || true
   if [ -f "$STATE/made-paths" ]; then
     sort -r "$STATE/made-paths" | while read -r p; do rmdir "$p" 2>/dev/null || true; done
   fi

@@ -80,11 +80,22 @@ for want in "<title>Simple Bookstore App</title>" "Book Details" "Book Reviews";
 done
 lap "bookinfo served across nodes (productpage on $pp, client on $other)"
 
+# A pod reaches neither the machine nor the registry (which would let it
+# replace every node's images), and it is the guard that stops it (its
+# counter moved: without it the machine answered by its default route).
+dropped() { { nft list table inet slipstream_kube_harness 2>/dev/null || true; } | sed -n 's/.*ip saddr 10.78.0.0\/16 counter packets \([0-9]*\).*/\1/p'; }
+was=$(dropped)
+if kubectl exec -n bookinfo curl -- curl -sS --max-time 3 -o /dev/null "http://$SLIPSTREAM_KH_REGISTRY/v2/" 2>/dev/null; then
+  fail "a pod reached the image registry at $SLIPSTREAM_KH_REGISTRY"
+fi
+[ "$(dropped)" -gt "${was:-0}" ] 2>/dev/null || fail "the machine's guard did not see the pod's packets (nft list table inet slipstream_kube_harness)"
+
 ./scripts/kube-cluster.sh down >/dev/null
 left=""
 compgen -G '/run/netns/kh-*' >/dev/null && left="$left network namespaces;"
 compgen -G '/run/netns/cni-*' >/dev/null && left="$left pods' network namespace files;"
 ip link show khbr0 >/dev/null 2>&1 && left="$left the bridge;"
+nft list table inet slipstream_kube_harness >/dev/null 2>&1 && left="$left nftables rules;"
 ip -o link show 2>/dev/null | grep -q ' kh-' && left="$left veths;"
 grep -q slipstream-kube /proc/mounts && left="$left mounts;"
 for m in $(awk '$3 == "cgroup" || $3 == "cgroup2" { print $2 }' /proc/mounts); do
