@@ -145,8 +145,13 @@ impl Strikes {
     pub fn strike(&self, client: IpAddr, now: Instant) -> Struck {
         let mut m = self.records.lock().unwrap_or_else(|p| p.into_inner());
         if m.len() >= MAX_RECORDS && !m.contains_key(&client) {
-            let (window, cool) = (self.window, self.cool_down);
-            m.retain(|_, r| now.duration_since(r.window) < window || r.until.is_some_and(|u| u > now) || cool.is_zero());
+            let window = self.window;
+            m.retain(|_, r| now.duration_since(r.window) < window || r.until.is_some_and(|u| u > now));
+            if m.len() >= MAX_RECORDS {
+                // A real bound: past it a new client's strike is counted
+                // nowhere (it is still bounded per connection by h2).
+                return Struck::Counted(1);
+            }
         }
         let r = m.entry(client).or_insert(Record { window: now, count: 0, until: None });
         if now.duration_since(r.window) >= self.window {

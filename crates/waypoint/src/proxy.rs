@@ -500,8 +500,11 @@ pub async fn handle(
     let jwt_rules = service_routes.as_deref().and_then(|r| shared.jwt_rules_of(r));
     let authenticated = match &jwt_rules {
         Some(rules) => {
-            crate::jwt::strip_outputs(rules, req.headers_mut());
+            // The token is read before the client's copies of the output
+            // headers are removed: an output header that names the token's
+            // own header must not take the token away unchecked.
             let outcome = crate::jwt::authenticate(rules, req.headers(), req.uri().query().unwrap_or(""));
+            crate::jwt::strip_outputs(rules, req.headers_mut());
             if let Ok(Some(a)) = &outcome {
                 a.apply(req.headers_mut());
             }
