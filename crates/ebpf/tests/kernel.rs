@@ -856,6 +856,7 @@ fn an_original_destination_is_its_own_sockets_only() {
     let maps = slipstream_ebpf::NodeMaps::open(&d.0, 5).unwrap();
     let entries: HashMap<MapData, abi::OrigDstKey, abi::OrigDstEntry> =
         HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::ORIGDST))).unwrap();
+    let key = |a: SocketAddrV4| abi::OrigDstKey { netns: cookie, ip: abi::ip_key(*a.ip()), port: a.port(), pad: 0 };
     let (a, borrowed, stale) = sys::in_netns(&pod.path, || {
         // The pod's "proxy": listening, never accepting.
         let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
@@ -883,6 +884,7 @@ fn an_original_destination_is_its_own_sockets_only() {
         // C: steered, then closed at once (abortively) before any accept.
         let c = steered("10.9.9.8:80")?;
         let c_addr = c.local_addr()?.as_socket_ipv4().unwrap();
+        assert!(entries.get(&key(c_addr), 0).is_ok(), "C's steered connect left no entry: its removal would prove nothing");
         c.set_linger(Some(Duration::ZERO))?;
         drop(c);
         // The listener stays open: its closing would reset A (and so
@@ -896,7 +898,6 @@ fn an_original_destination_is_its_own_sockets_only() {
     assert_eq!(maps.take_original_dst(cookie, borrowed), None, "another socket on A's port found A's destination");
     // C closed unaccepted: its entry goes with it (the close is seen by
     // the socket's state callback, at once for an abortive close).
-    let key = |a: SocketAddrV4| abi::OrigDstKey { netns: cookie, ip: abi::ip_key(*a.ip()), port: a.port(), pad: 0 };
     let deadline = Instant::now() + Duration::from_secs(5);
     while entries.get(&key(stale), 0).is_ok() {
         assert!(Instant::now() < deadline, "a closed socket's entry outlived it");
