@@ -18,8 +18,16 @@
 SEC("classifier")
 int ss_tc_egress(struct __sk_buff *skb)
 {
-	struct ss_pkt4 p;
+	struct ss_pkt4 p = {};
 	int r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
+	/* An IPv4 header not in the linear part (an AF_PACKET TX ring puts
+	 * all but the Ethernet header in page fragments): pulled in, then read
+	 * again, so neither the source check nor the policy is skipped. */
+	if (r < 0) {
+		__u32 want = skb->len < 134 ? skb->len : 134;
+		if (!bpf_skb_pull_data(skb, want))
+			r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
+	}
 	/* No IPv4 packet leaves a pod from an address that is not its own: a
 	 * pod with NET_RAW could otherwise write any source address, as if
 	 * it were another pod or the node (ss_pods_v1: the pod of this
@@ -38,7 +46,13 @@ int ss_tc_egress(struct __sk_buff *skb)
 	}
 	if (r == SS_PARSE_NOT_IP4)
 		return ss_tc_not_ip4(skb, 0);
-	if (r != 0)
-		return TC_ACT_OK; /* TCP: decided at connect(); or unreadable, which the stack drops */
+	if (r == SS_PARSE_TCP)
+		return TC_ACT_OK; /* TCP: decided at connect() */
+	if (r != 0) {
+		/* IPv4 still unreadable once pulled: truncated. Nothing a pod
+		 * sends like that is passed unchecked. */
+		__u64 ns = bpf_get_netns_cookie(skb);
+		return bpf_map_lookup_elem(&ss_pods_v1, &ns) ? TC_ACT_SHOT : TC_ACT_OK;
+	}
 	return ss_tc_flow(skb, &p, 0) ? TC_ACT_OK : TC_ACT_SHOT;
 }
