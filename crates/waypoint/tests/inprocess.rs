@@ -934,6 +934,7 @@ async fn a_draining_waypoint_moves_clients_between_requests() {
     // HTTP/2: GOAWAY, the connection ends without a request failing.
     tokio::time::timeout(Duration::from_secs(5), h2_conn).await.expect("GOAWAY ends the HTTP/2 connection").unwrap().unwrap();
     // HTTP/1: answered, with `connection: close`, then closed.
+    busy.ready().await.unwrap();
     let r = busy.send_request(req()).await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
@@ -1417,6 +1418,9 @@ async fn one_client_at_every_bound_does_not_starve_another() {
     for _ in 0..20 {
         let req =
             hyper::Request::get("/m").header("host", "reviews:9080").header("x-mirror", "1").body(Empty::<bytes::Bytes>::new()).unwrap();
+        // The connection is kept: wait until hyper has taken back the
+        // previous exchange before the next request (else "not ready").
+        send.ready().await.unwrap();
         let resp = send.send_request(req).await.unwrap();
         assert_eq!(resp.status(), 200);
         resp.into_body().collect().await.unwrap();
