@@ -210,7 +210,7 @@ pub fn print_warnings(loaded: &[Loaded]) {
 }
 
 /// Shared with the node proxy's flags: one parser of durations.
-pub use slipstream_node::config::parse_duration;
+pub use slipstream_proxy::config::parse_duration;
 
 /// Why a pod blocks convergence, if it does: Some(Err) for a failure that
 /// waiting will not fix.

@@ -30,7 +30,7 @@ pub use workload::*;
 /// The `tracing` target of log lines their emitter already limits per
 /// source (the node proxy's refusal lines and its "N more refusals not
 /// logged" summaries). The per-call-site limiter of the long-running
-/// processes (`slipstream_testbed::logging`) lets these through: one
+/// processes (`slipstream_proxy::process::logging`) lets these through: one
 /// flooding source must not use up a call site's lines and hide another
 /// source's refusals.
 pub const PER_SOURCE_LOG_TARGET: &str = "slipstream::per_source";

@@ -18,7 +18,7 @@ use futures_util::task::AtomicWaker;
 
 /// Memory a connection's copy may take for what it has read and not yet
 /// seen written out: the node proxy's budget, shared fairly by its pods
-/// (`node::limits::Buffers`). Bytes taken are given back when h2 has
+/// (`proxy::limits::Buffers`). Bytes taken are given back when h2 has
 /// written them or the copy ends.
 pub trait BufferBudget: Send + Sync {
     /// `bytes` more for this connection, if the budget allows.

@@ -11,7 +11,6 @@
 //! the agent restart the proxy.
 
 use crate::config::Config;
-use crate::limits::{KeyedGuard, KeyedSlots, SlotGuard, Slots};
 use crate::state::Shared;
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -20,6 +19,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use slipstream_hbone::ResponseFlag;
+use slipstream_proxy::limits::{KeyedGuard, KeyedSlots, SlotGuard, Slots};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,9 +9,8 @@
 //! with the reason. Nothing outside the task touches its sockets.
 
 use futures_util::task::AtomicWaker;
-use slipstream_core::SpiffeId;
+use slipstream_proxy::authz::AuthzKey;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Context;
@@ -55,18 +54,6 @@ impl CancelCell {
         self.waker.register(cx.waker());
         self.cancelled()
     }
-}
-
-/// What authorization needs to decide an open connection again.
-#[derive(Debug, Clone)]
-pub struct AuthzKey {
-    /// The verified peer identity; None for plaintext (and outbound).
-    pub peer: Option<SpiffeId>,
-    pub src: SocketAddr,
-    pub dst: SocketAddr,
-    /// An outbound connection of the pod (decided by its egress rules),
-    /// rather than one it accepts.
-    pub outbound: bool,
 }
 
 #[derive(Debug)]
@@ -154,6 +141,7 @@ impl Conns {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
 
     fn key(port: u16) -> AuthzKey {
         AuthzKey {

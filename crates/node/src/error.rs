@@ -11,35 +11,11 @@
 use crate::selfcall::SelfCall;
 use http::StatusCode;
 use slipstream_hbone::{Fault, HboneError, ResponseFlag};
+use slipstream_proxy::denial::Denial;
+use slipstream_proxy::limits::OverLimit;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-
-/// A policy's refusal: its text (for logs and the HBONE answer), the layer
-/// and the policy and rule that decided, for the denial metric.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denial {
-    /// `network policy: denied by NetworkPolicy ns/name spec.ingress[0]`.
-    pub text: Arc<str>,
-    /// `network_policy` or `authorization`.
-    pub layer: &'static str,
-    /// The deciding policy: the rule that denied, or the first policy
-    /// that required an allow; None when no policy decided (a destination
-    /// unknown to the mesh configuration).
-    pub by: Option<slipstream_core::policy::PolicyRule>,
-}
-
-impl Denial {
-    pub fn other(text: impl Into<Arc<str>>) -> Arc<Denial> {
-        Arc::new(Denial { text: text.into(), layer: "authorization", by: None })
-    }
-}
-
-impl std::fmt::Display for Denial {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
-    }
-}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProxyError {
@@ -167,8 +143,8 @@ impl From<HboneError> for ProxyError {
     }
 }
 
-impl From<crate::limits::OverLimit> for ProxyError {
-    fn from(o: crate::limits::OverLimit) -> Self {
+impl From<OverLimit> for ProxyError {
+    fn from(o: OverLimit) -> Self {
         match o.flag {
             ResponseFlag::Overload => Self::Overload(o.limit),
             _ => Self::SourceLimit { what: o.what, limit: o.limit },
@@ -219,12 +195,12 @@ mod tests {
 
     #[test]
     fn limits_become_the_same_errors_everywhere() {
-        let over = crate::limits::OverLimit { flag: ResponseFlag::SourceLimit, what: "open HBONE streams", limit: 7 };
+        let over = OverLimit { flag: ResponseFlag::SourceLimit, what: "open HBONE streams", limit: 7 };
         let e = ProxyError::from(over);
         assert_eq!(e.to_string(), "source limit: already 7 open HBONE streams (the most one source may hold)");
         let h = e.into_hbone("10.0.0.1".parse().unwrap());
         assert_eq!((h.flag(), h.response_code()), (ResponseFlag::SourceLimit, StatusCode::SERVICE_UNAVAILABLE));
-        let budget = crate::limits::OverLimit { flag: ResponseFlag::Overload, what: "", limit: 9 };
+        let budget = OverLimit { flag: ResponseFlag::Overload, what: "", limit: 9 };
         assert_eq!(ProxyError::from(budget).flag(), ResponseFlag::Overload);
         assert_eq!(
             ProxyError::Denied(Denial::other("x")).into_hbone("10.0.0.1".parse().unwrap()).response_code(),

@@ -4,10 +4,7 @@
 //! mesh snapshot (pure: table tests, no sockets); the handlers carry it out.
 //! Either way the app sees the client pod's IP as the source address.
 
-use crate::authz;
-use crate::conns::AuthzKey;
 use crate::error::ProxyError;
-use crate::limits::{Kind, Source};
 use crate::selfcall::{self_call, Side};
 use crate::sockets::reset;
 use crate::state::{LocalPod, Shared};
@@ -19,6 +16,9 @@ use slipstream_hbone::{
     ResponseFlag, StreamRecord, Upstream,
 };
 use slipstream_identity::WorkloadCert;
+use slipstream_proxy::authz;
+use slipstream_proxy::authz::AuthzKey;
+use slipstream_proxy::limits::{Kind, Source};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tokio::net::TcpStream;
@@ -103,7 +103,7 @@ pub fn decide(state: &MeshState, req: &Request<'_>, dst: Option<&Arc<MeshWorkloa
             authz: AuthzKey { peer: req.peer.cloned(), src: req.src_addr, dst: req.dst, outbound: false },
         }),
         Err(why) if req.peer.is_some() => Err(ProxyError::Denied(why)),
-        Err(why) => Err(ProxyError::Denied(Arc::new(crate::error::Denial {
+        Err(why) => Err(ProxyError::Denied(Arc::new(slipstream_proxy::denial::Denial {
             text: format!("plaintext refused: {}", why.text).into(),
             ..(*why).clone()
         }))),
@@ -194,7 +194,7 @@ impl Handler for HboneHandler {
     /// carried to every stream of the connection.
     fn admit(&self, peer_addr: SocketAddr, _local: SocketAddr) -> Result<Admission, AdmissionRefused> {
         let peer = self.shared.limits.peer(peer_addr.ip());
-        let refused = |over: crate::limits::OverLimit, kind| {
+        let refused = |over: slipstream_proxy::limits::OverLimit, kind| {
             let kind = if over.flag == ResponseFlag::Overload { HandshakeFailureKind::Overload } else { kind };
             AdmissionRefused { kind, detail: over.to_string() }
         };

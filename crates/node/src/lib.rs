@@ -5,19 +5,22 @@
 //! See docs/node-proxy.md (behaviour) and docs/node-internals.md (how the
 //! modules fit).
 //!
-//! `unsafe` is allowed only in `sys` (setns around socket creation, the
-//! open-file limit, socket options socket2 lacks, malloc_trim).
+//! What it shares with the waypoint, its sibling, is `slipstream_proxy`:
+//! the per-source limits, the authorization seam (`authz`, `Denial`), the
+//! control plane's channel and its xDS and certificate clients, the
+//! certificates' sources, the metric label types, the limit settings and
+//! the process set-up. What is here is the node proxy's alone: the in-pod
+//! listeners, the eBPF datapath's maps, the kernel path of pods outside
+//! the mesh, its telemetry and its errors.
+//!
+//! `unsafe` is allowed only in `sys` (setns around socket creation, socket
+//! options socket2 lacks).
 #![deny(unsafe_code)]
 
 // Leaves: no module here imports `state` or anything above it.
-pub mod authz;
-pub mod caclient;
-pub mod certs;
 pub mod config;
 pub mod conns;
-pub mod control;
 pub mod error;
-pub mod limits;
 pub mod memtrim;
 pub mod netpol;
 pub mod ready;
@@ -28,7 +31,6 @@ pub mod source;
 pub mod sys;
 pub mod telemetry;
 pub mod testing;
-pub mod xds;
 
 // What every task shares, then the data path and the wiring above it.
 pub mod admin;

@@ -2,9 +2,7 @@
 //! the pod. [`plan`] decides, once, over one mesh snapshot (pure: table
 //! tests, no sockets); [`handle`] carries the plan out.
 
-use crate::conns::AuthzKey;
 use crate::error::ProxyError;
-use crate::limits::{Kind, SlotGuard, Taken};
 use crate::selfcall::{self_call_in, Side};
 use crate::sockets::reset;
 use crate::state::{LocalPod, Shared};
@@ -14,6 +12,8 @@ use slipstream_core::abi::hbone_addr;
 use slipstream_core::{Destination, MeshState, MeshWorkload, WorkloadType};
 use slipstream_hbone::headers::{Baggage, Forwarded, WorkloadKind};
 use slipstream_hbone::{ConnectRequest, PoolKey};
+use slipstream_proxy::authz::AuthzKey;
+use slipstream_proxy::limits::{Kind, SlotGuard, Taken};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -104,7 +104,7 @@ pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
     // rules, and a destination outside the mesh's ingress rules.
     if let Some(src) = &req.src {
         let dst = target.as_ref().map_or(req.dst, |(_, addr)| *addr);
-        crate::authz::outbound(state, src, req.src_addr, dst).map_err(ProxyError::Denied)?;
+        slipstream_proxy::authz::outbound(state, src, req.src_addr, dst).map_err(ProxyError::Denied)?;
     }
     let info = |dst_addr, hbone_addr, dst: Option<Arc<MeshWorkload>>, mutual_tls: bool| ConnInfo {
         reporter: Reporter::Source,
@@ -243,7 +243,7 @@ enum Carry {
         tunnel: slipstream_hbone::TunnelStream,
         app: TcpStream,
         /// The pod's share of the buffer budget.
-        budget: Arc<crate::limits::Source>,
+        budget: Arc<slipstream_proxy::limits::Source>,
     },
     /// Holds a second descriptor of the budget (the upstream socket).
     Passthrough { app: Metered<TcpStream>, upstream: TcpStream, _upstream_fd: SlotGuard },

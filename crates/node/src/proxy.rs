@@ -5,16 +5,12 @@
 //! from `pods.json` (the CNI role) either way.
 
 use crate::admin;
-use crate::authz;
-use crate::certs::{NodeCa, TrustedCerts};
 use crate::config::Config;
-use crate::control::ControlChannel;
 use crate::inpod::InPod;
 use crate::sockets::{NetnsFactory, SocketFactory};
 use crate::source::FileSource;
 use crate::state::{LocalPods, Shared};
 use crate::telemetry::{Sink, Telemetry};
-use crate::xds;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use slipstream_api::TypeUrl;
@@ -22,6 +18,10 @@ use slipstream_core::{ApplyReport, Change, MeshConfig, MeshIndex, NodePods};
 use slipstream_hbone::Pool;
 use slipstream_identity::tls::ServerTls;
 use slipstream_identity::{CertManager, SharedTrust, TrustDomain};
+use slipstream_proxy::authz;
+use slipstream_proxy::certs::{NodeCa, TrustedCerts};
+use slipstream_proxy::control::ControlChannel;
+use slipstream_proxy::xds;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -70,7 +70,7 @@ impl NodeProxy {
         let pool = Pool::new(config.pool_config(), pool_certs, Arc::new(pods.connector(config.pool.connect_timeout)));
         let shared = Arc::new(Shared {
             telemetry: Arc::new(Telemetry::with_sink(config.json_access_log, config.limits.refusal_log_burst, deps.sink)),
-            limits: crate::limits::NodeLimits::new(&config.limits),
+            limits: slipstream_proxy::limits::NodeLimits::new(&config.limits),
             hold_offs: Default::default(),
             mesh: ArcSwap::from_pointee(Default::default()),
             config,
@@ -340,12 +340,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // one channel, and the signing key is never read here; without, the
     // local CA in --ca-dir signs and the files describe the mesh.
     let control = config.control.clone().map(ControlChannel::new).transpose().context("the control plane channel")?;
-    let ca = NodeCa::from_config(&config, control.as_ref())?;
+    let ca = config.node_ca(control.as_ref())?;
     let mut source = FileSource::new(config.workloads_file(), config.pods_file());
     let mut updates = match (&config.control, &control) {
         (Some(settings), Some(channel)) => {
             let channel = channel.clone();
-            let (client, updates) = xds::XdsClient::new(channel, &xds::NodeInfo::new(&config), xds::Backoff::default());
+            let (client, updates) = xds::XdsClient::new(channel, &config.node_info(), xds::Backoff::default());
             tokio::spawn(client.run());
             tracing::info!(addresses = ?settings.addresses, san = %settings.san, "mesh configuration from the control plane (delta xDS)");
             Some(updates)
@@ -447,7 +447,7 @@ async fn trim_memory(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         if trimmer.due(shared.telemetry.metrics.closed_total(), std::time::Instant::now()) {
-            let released = crate::sys::mem::release_free_heap();
+            let released = slipstream_proxy::sys::mem::release_free_heap();
             tracing::debug!(released, "trimmed the heap after closed connections");
         }
     }

@@ -4,7 +4,6 @@
 
 use crate::config::Config;
 use crate::conns::Conns;
-use crate::limits::{NodeLimits, Source};
 use crate::ready;
 use crate::sockets::{PodSockets, SocketFactory};
 use crate::telemetry::Telemetry;
@@ -14,6 +13,7 @@ use slipstream_core::MeshState;
 use slipstream_hbone::{Connector, Pool};
 use slipstream_identity::tls::ServerTls;
 use slipstream_identity::CertManager;
+use slipstream_proxy::limits::{NodeLimits, Source};
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -33,7 +33,7 @@ pub struct Shared {
     /// Node-wide counters of what each source holds (docs: "Limits").
     pub limits: NodeLimits,
     /// Pods a peer (a waypoint) asked to hold off, and until when.
-    pub hold_offs: crate::limits::HoldOffs,
+    pub hold_offs: slipstream_proxy::limits::HoldOffs,
     pub sockets: Arc<dyn SocketFactory>,
     /// What readiness is decided from (see `ready`).
     pub readiness: Mutex<ready::Inputs>,

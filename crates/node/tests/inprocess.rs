@@ -8,11 +8,12 @@
 use slipstream_core::policy::{Action, Authorization, Clause, Match, Rule, Scope, StringMatch};
 use slipstream_core::*;
 use slipstream_identity::{Ca, TrustDomain};
-use slipstream_node::config::{Config, LimitArgs, Limits};
+use slipstream_node::config::Config;
 use slipstream_node::proxy::{Deps, NodeProxy};
 use slipstream_node::sockets::Listener;
 use slipstream_node::telemetry::Sink;
 use slipstream_node::testing::LoopbackFactory;
+use slipstream_proxy::config::{LimitArgs, Limits};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};

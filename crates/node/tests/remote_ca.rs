@@ -11,14 +11,15 @@ use slipstream_control::ca::{CaConfig, CaFiles, CaMaterial, CaService, CaSource,
 use slipstream_control::resources::{ResourceKey, Resources, Versioned};
 use slipstream_core::*;
 use slipstream_identity::{Ca, CertStatus, CertificateProvider, FetchError, SharedTrust, SpiffeId, TrustDomain};
-use slipstream_node::caclient::RemoteCa;
-use slipstream_node::certs::NodeCa;
-use slipstream_node::config::{Config, LimitArgs, Limits};
-use slipstream_node::control::{ControlChannel, ControlSettings};
+use slipstream_node::config::Config;
 use slipstream_node::proxy::{Deps, NodeProxy};
 use slipstream_node::sockets::Listener;
 use slipstream_node::telemetry::Sink;
 use slipstream_node::testing::LoopbackFactory;
+use slipstream_proxy::caclient::RemoteCa;
+use slipstream_proxy::certs::NodeCa;
+use slipstream_proxy::config::{LimitArgs, Limits};
+use slipstream_proxy::control::{ControlChannel, ControlSettings};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -148,7 +149,7 @@ fn config(node: &str, control: &ControlPlane) -> Config {
 async fn proxy(node: &str, control: &ControlPlane, sockets: &LoopbackFactory) -> NodeProxy {
     let cfg = config(node, control);
     let channel = control.channel(node);
-    let ca = NodeCa::from_config(&cfg, Some(&channel)).unwrap();
+    let ca = cfg.node_ca(Some(&channel)).unwrap();
     assert!(matches!(ca, NodeCa::Remote { .. }), "no local CA with a control plane");
     let deps = Deps { sockets: Arc::new(sockets.clone()), ca, sink: Sink::Memory(Mutex::default()), report_served: false };
     let mut p = NodeProxy::new(cfg, deps).await.unwrap();

@@ -13,13 +13,14 @@ use slipstream_control::xds::XdsServer;
 use slipstream_core::policy::{Action, Authorization, Scope};
 use slipstream_core::*;
 use slipstream_identity::{Ca, TrustDomain};
-use slipstream_node::config::{Config, LimitArgs, Limits};
-use slipstream_node::control::{ControlChannel, ControlSettings};
+use slipstream_node::config::Config;
 use slipstream_node::proxy::{Deps, NodeProxy};
 use slipstream_node::state::Shared;
 use slipstream_node::telemetry::Sink;
 use slipstream_node::testing::LoopbackFactory;
-use slipstream_node::xds::{Backoff, NodeInfo, XdsClient};
+use slipstream_proxy::config::{LimitArgs, Limits};
+use slipstream_proxy::control::{ControlChannel, ControlSettings};
+use slipstream_proxy::xds::{Backoff, NodeInfo, XdsClient};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -158,7 +159,7 @@ async fn a_node_proxy_follows_the_control_plane_keeps_its_configuration_without_
         connect_timeout: Duration::from_secs(2),
     };
     config.control = Some(settings.clone());
-    let node = NodeInfo::new(&config);
+    let node = config.node_info();
     let deps = Deps {
         sockets: Arc::new(LoopbackFactory::default()),
         ca: ca.clone().into(),

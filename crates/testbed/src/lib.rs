@@ -9,7 +9,6 @@
 
 pub mod agent;
 pub mod ipc;
-pub mod logging;
 pub mod logrotate;
 pub mod names;
 pub mod plan;
@@ -18,3 +17,5 @@ pub mod sweep;
 pub mod sys;
 
 pub use names::{ClusterName, Paths};
+/// The agent logs as the mesh's processes do (the shared process set-up).
+pub use slipstream_proxy::process::logging;

@@ -1,5 +1,5 @@
 //! What one client (a peer address: a pod) may hold of the waypoint that
-//! every bound service shares, besides its streams (`node::limits`, taken
+//! every bound service shares, besides its streams (`proxy::limits`, taken
 //! in `handler`): mirrored copies in flight, its share of the bodies held
 //! to be replayed, and a cool-down after connections it broke on purpose
 //! (HTTP/2 rapid resets, CONTINUATION floods and the like, which h2 ends

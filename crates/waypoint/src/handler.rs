@@ -48,7 +48,7 @@ impl Handler for WaypointHandler {
             if let Some(until) = self.shared.strikes.cooling(request.peer_addr.ip(), now) {
                 let ip = request.peer_addr.ip();
                 let left = until.saturating_duration_since(now);
-                if self.shared.refusals.check(&ip, now) == slipstream_node::limits::LogDecision::Log {
+                if self.shared.refusals.check(&ip, now) == slipstream_proxy::limits::LogDecision::Log {
                     tracing::warn!(peer = %ip, identity = %request.peer_identity, "stream refused: cooling down for {left:?} after connections it broke on purpose");
                 }
                 return Err(HboneError::CoolingDown { peer: ip, secs: left.as_secs().max(1) as u32 });
@@ -62,17 +62,17 @@ impl Handler for WaypointHandler {
             // as this one lasts: one pod holds at most its share of the
             // waypoint every bound service shares, however its node proxy
             // pools them.
-            let source = match request.context.clone().map(Arc::downcast::<slipstream_node::limits::Source>) {
+            let source = match request.context.clone().map(Arc::downcast::<slipstream_proxy::limits::Source>) {
                 Some(Ok(source)) => source,
                 _ => self.shared.limits.peer(request.peer_addr.ip()),
             };
-            let held = source.take(slipstream_node::limits::Kind::PeerStreams, 0).map_err(|over| {
+            let held = source.take(slipstream_proxy::limits::Kind::PeerStreams, 0).map_err(|over| {
                 let ip = request.peer_addr.ip();
                 let now = std::time::Instant::now();
                 for (quiet, n) in self.shared.refusals.summaries(now) {
                     tracing::warn!(peer = %quiet, "{n} more streams refused over the peer's bound");
                 }
-                if self.shared.refusals.check(&ip, now) == slipstream_node::limits::LogDecision::Log {
+                if self.shared.refusals.check(&ip, now) == slipstream_proxy::limits::LogDecision::Log {
                     tracing::warn!(peer = %ip, identity = %request.peer_identity, target = %request.target, "stream refused: {over}");
                 }
                 HboneError::SourceLimit { peer: ip, what: over.what, limit: over.limit }
@@ -94,9 +94,9 @@ impl Handler for WaypointHandler {
     /// the process a bounded number of descriptors; a connection over its
     /// bound is reset before TLS, a stream answered 503 with `SourceLimit`.
     fn admit(&self, peer_addr: SocketAddr, _local: SocketAddr) -> Result<Admission, AdmissionRefused> {
-        use slipstream_node::limits::Kind;
+        use slipstream_proxy::limits::Kind;
         let peer = self.shared.limits.peer(peer_addr.ip());
-        let refused = |over: slipstream_node::limits::OverLimit, kind| {
+        let refused = |over: slipstream_proxy::limits::OverLimit, kind| {
             let kind = if over.flag == ResponseFlag::Overload { HandshakeFailureKind::Overload } else { kind };
             AdmissionRefused { kind, detail: over.to_string() }
         };
@@ -152,7 +152,7 @@ fn not_http(shared: &Shared, target: &Target, peer: &Peer, e: &(dyn std::error::
     let now = std::time::Instant::now();
     if crate::fair::broken_on_purpose(e) {
         let struck = shared.strikes.strike(peer.addr.ip(), now);
-        if shared.refusals.check(&peer.addr.ip(), now) == slipstream_node::limits::LogDecision::Log {
+        if shared.refusals.check(&peer.addr.ip(), now) == slipstream_proxy::limits::LogDecision::Log {
             let then = match struck {
                 crate::fair::Struck::Counted(n) => format!("strike {n} of {}", shared.settings.fairness.strikes),
                 crate::fair::Struck::CoolingDown(_) => {
@@ -186,7 +186,7 @@ fn not_http(shared: &Shared, target: &Target, peer: &Peer, e: &(dyn std::error::
     for (quiet, n) in shared.refusals.summaries(now) {
         tracing::info!(target: slipstream_core::ACCESS_LOG_TARGET, peer = %quiet, "{n} more connections refused as not HTTP or too slow");
     }
-    if shared.refusals.check(&peer.addr.ip(), now) == slipstream_node::limits::LogDecision::Log {
+    if shared.refusals.check(&peer.addr.ip(), now) == slipstream_proxy::limits::LogDecision::Log {
         tracing::info!(
             target: slipstream_core::ACCESS_LOG_TARGET,
             protocol = "http",

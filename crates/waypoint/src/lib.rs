@@ -8,6 +8,12 @@
 //! the endpoint, and sends the request to that endpoint's node proxy over
 //! an HBONE tunnel of its own ([`upstream`]). Decisions are pure
 //! ([`plan`]); [`handler`] and [`proxy`] do the I/O.
+//!
+//! It stands beside the node proxy, not on it: what the two share (the
+//! control plane's channel, delta xDS and certificate clients, per-source
+//! limits, the authorization seam, metric label types, process set-up) is
+//! `slipstream_proxy`; it links neither `slipstream-node` nor the eBPF
+//! datapath (`crates/cli/tests/structure.rs` checks it).
 #![forbid(unsafe_code)]
 
 pub mod accesslog;
@@ -92,9 +98,9 @@ pub struct Shared {
     /// Per-peer bounds on connections and handshakes, and the process's
     /// descriptor budget: the node proxy's limiter, so one pod cannot hold
     /// the waypoint that every bound service shares.
-    limits: slipstream_node::limits::NodeLimits,
+    limits: slipstream_proxy::limits::NodeLimits,
     /// The log lines of refused streams, at most a few per peer per 10 s.
-    refusals: slipstream_node::limits::RefusalLog<std::net::IpAddr>,
+    refusals: slipstream_proxy::limits::RefusalLog<std::net::IpAddr>,
     /// Requests in flight, round robin and outlier state, per pool.
     balancer: balance::Balancer,
     pub metrics: Arc<metrics::Metrics>,
@@ -231,15 +237,15 @@ impl Shared {
         state: &MeshState,
         peer: &handler::Peer,
         ep: std::net::SocketAddr,
-    ) -> Result<(), Arc<slipstream_node::error::Denial>> {
+    ) -> Result<(), Arc<slipstream_proxy::denial::Denial>> {
         match state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity) {
-            Some(src) => slipstream_node::authz::outbound(state, &src, peer.addr, ep),
+            Some(src) => slipstream_proxy::authz::outbound(state, &src, peer.addr, ep),
             None => {
                 let ns = peer.identity.namespace();
                 let restricting = state.net_policies().find(|p| p.namespace == ns && (p.isolates_egress || !p.egress_deny.is_empty()));
                 match restricting {
                     None => Ok(()),
-                    Some(p) => Err(Arc::new(slipstream_node::error::Denial {
+                    Some(p) => Err(Arc::new(slipstream_proxy::denial::Denial {
                         text: format!(
                             "network policy: {} is no workload of identity {} known here, and {:?} {}/{} restricts the egress of its namespace: \
                              its egress policies cannot be decided",
@@ -276,10 +282,10 @@ impl Waypoint {
         let me = plan::Me { namespace: settings.namespace.clone(), name: settings.name.clone() };
         // The node proxy's derivation from the open-files limit, with its
         // per-peer defaults.
-        let open_files = slipstream_node::sys::rlimit::current().map(|l| l.soft).unwrap_or(1024);
-        let limits = slipstream_node::limits::NodeLimits::new(&slipstream_node::config::Limits::derive(
+        let open_files = slipstream_proxy::sys::rlimit::current().map(|l| l.soft).unwrap_or(1024);
+        let limits = slipstream_proxy::limits::NodeLimits::new(&slipstream_proxy::config::Limits::derive(
             open_files,
-            &slipstream_node::config::LimitArgs { peer_streams: settings.fairness.client_streams, ..Default::default() },
+            &slipstream_proxy::config::LimitArgs { peer_streams: settings.fairness.client_streams, ..Default::default() },
         ));
         let replay_shares = fair::Shares::new(settings.fairness.client_replay_kib);
         let mirror_shares = fair::Shares::new(settings.fairness.client_mirrors);
@@ -296,7 +302,7 @@ impl Waypoint {
                 client,
                 connector,
                 limits,
-                refusals: slipstream_node::limits::RefusalLog::new(5, std::time::Duration::from_secs(10)),
+                refusals: slipstream_proxy::limits::RefusalLog::new(5, std::time::Duration::from_secs(10)),
                 balancer: balance::Balancer::default(),
                 metrics: Arc::default(),
                 buckets: Default::default(),

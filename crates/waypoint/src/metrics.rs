@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use slipstream_core::{MeshService, MeshWorkload};
-use slipstream_node::telemetry::metrics::{Lv, Security};
+use slipstream_proxy::metrics::{Lv, Security};
 use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -13,10 +13,10 @@ use slipstream_core::{Change, MeshIndex, SpiffeId, TrustDomain};
 use slipstream_hbone::{CertResolver, Pool, PoolConfig, ResolveError, Server, ServerConfig};
 use slipstream_identity::tls::ServerTls;
 use slipstream_identity::{CertManager, CertManagerConfig, SharedTrust, TrustBundle, WorkloadCert};
-use slipstream_node::caclient::RemoteCa;
-use slipstream_node::certs::TrustedCerts;
-use slipstream_node::control::{ControlChannel, ControlSettings};
-use slipstream_node::xds::{self, Backoff, NodeInfo, Refusal, Upsert, XdsClient};
+use slipstream_proxy::caclient::RemoteCa;
+use slipstream_proxy::certs::TrustedCerts;
+use slipstream_proxy::control::{ControlChannel, ControlSettings};
+use slipstream_proxy::xds::{self, Backoff, NodeInfo, Refusal, Upsert, XdsClient};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -169,7 +169,7 @@ pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
     // As the node proxy: the soft limit up to the hard one, before the
     // per-peer bounds are derived from it (a soft limit of 1 024, common
     // outside systemd, would leave one peer 128 streams).
-    match slipstream_node::sys::rlimit::raise_nofile() {
+    match slipstream_proxy::sys::rlimit::raise_nofile() {
         Ok(l) => tracing::debug!(soft = l.soft, "open files limit"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }

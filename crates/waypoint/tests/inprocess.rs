@@ -16,11 +16,12 @@ use slipstream_core::*;
 use slipstream_hbone::{CertResolver, Pool, PoolConfig, ResolveError, Server, ServerConfig};
 use slipstream_identity::tls::ServerTls;
 use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, TrustDomain, WorkloadCert};
-use slipstream_node::config::{Config, LimitArgs, Limits};
+use slipstream_node::config::Config;
 use slipstream_node::proxy::{Deps, NodeProxy};
 use slipstream_node::sockets::Listener;
 use slipstream_node::telemetry::Sink;
 use slipstream_node::testing::LoopbackFactory;
+use slipstream_proxy::config::{LimitArgs, Limits};
 use slipstream_waypoint::{Settings, Waypoint};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -565,7 +566,7 @@ async fn one_peer_address_holds_a_bounded_number_of_streams_over_all_its_tunnels
     assert!(matches!(refused, HboneError::SourceLimit { what: "open HBONE streams", .. }), "{refused}");
     let bound = held.len();
     // The bound the waypoint derives from this process's open-files limit.
-    let soft = slipstream_node::sys::rlimit::current().unwrap().soft;
+    let soft = slipstream_proxy::sys::rlimit::current().unwrap().soft;
     assert_eq!(bound as u32, Limits::derive(soft, &LimitArgs::default()).peer_streams, "held up to the peer's bound, no further");
     // Another address is served meanwhile; the hostile one again once its
     // streams end.

@@ -13,8 +13,8 @@
 
 use slipstream_api::discovery::DeltaDiscoveryRequest;
 use slipstream_api::TypeUrl;
-use slipstream_node::control::ControlChannel;
-use slipstream_node::xds::NodeInfo;
+use slipstream_proxy::control::ControlChannel;
+use slipstream_proxy::xds::NodeInfo;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;

@@ -4,13 +4,13 @@ use crate::common::Ctx;
 /// stdout; `up` sends both to /run/slipstream/<cluster>/nodes/<node>.log.
 pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
     // Diagnostics only: access-log lines are printed, never rate-limited.
-    slipstream_testbed::logging::init();
+    slipstream_proxy::process::init();
     // It holds the mesh's keys. Confined pods cannot see it (their own PID
     // namespace), but privileged ones and any root process of the machine
     // without CAP_SYS_PTRACE must not read its memory or its
     // /proc/PID/{mem,root,fd,environ} either, and no core dump may hold them.
-    slipstream_testbed::sys::spawn::make_non_dumpable()?;
-    slipstream_node::sys::mem::tune_allocator();
+    slipstream_proxy::process::make_non_dumpable()?;
+    slipstream_proxy::sys::mem::tune_allocator();
     let workers = usize::from(args.workers);
     let config = slipstream_node::Config::from_args(ctx.paths.cluster.as_str(), args);
     // Every thread runs its own single-threaded runtime: this one (control

@@ -72,7 +72,7 @@ async fn open_one(i: usize, args: &HoldArgs) -> Result<TcpStream, String> {
 }
 
 pub async fn run(args: HoldArgs) -> anyhow::Result<()> {
-    let limit = crate::sys::rlimit::raise_nofile()?;
+    let limit = slipstream_proxy::sys::rlimit::raise_nofile()?;
     if (limit.soft as usize) < args.connections + 64 {
         bail!("{} connections need more file descriptors than RLIMIT_NOFILE allows ({})", args.connections, limit.soft);
     }

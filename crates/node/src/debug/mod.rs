@@ -38,7 +38,7 @@ pub enum Output {
     Json,
 }
 
-pub use crate::config::parse_duration;
+use slipstream_proxy::config::parse_duration;
 
 /// A mark given as decimal or `0x...`.
 pub fn parse_mark(s: &str) -> Result<u32, String> {

@@ -1,10 +1,9 @@
 //! System calls: entering a network namespace around the creation of a
-//! socket and the open-file limit (safe, through rustix), and the only
+//! socket (safe, through rustix), the cgroup's memory limit, and the only
 //! `unsafe` of the crate: one socket option neither socket2 nor rustix
-//! wraps, and glibc's allocator tuning and trimming (`mem`).
+//! wraps. (The open-file limit and the allocator's tuning are the shared
+//! `slipstream_proxy::sys`.)
 
 pub mod cgroup;
-pub mod mem;
 pub mod netns;
-pub mod rlimit;
 pub mod sockopt;

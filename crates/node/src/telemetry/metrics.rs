@@ -10,47 +10,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use slipstream_hbone::{ResponseFlag, ServerStats};
+use slipstream_proxy::metrics::{Lv, Security};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// A label value: empty is `unknown`, as in Istio. Shared, so labelling a
-/// connection clones pointers, not strings.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct Lv(pub Arc<str>);
-
-impl From<&str> for Lv {
-    fn from(s: &str) -> Self {
-        Lv(Arc::from(s))
-    }
-}
-
-impl From<Arc<str>> for Lv {
-    fn from(s: Arc<str>) -> Self {
-        Lv(s)
-    }
-}
-
-impl EncodeLabelValue for Lv {
-    /// Escaped as the exposition format requires (`\\`, `\"`, `\n`):
-    /// prometheus-client writes label values as they are, and one quote in
-    /// a name must not break the whole scrape.
-    fn encode(&self, e: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        let v: &str = if self.0.is_empty() { "unknown" } else { &self.0 };
-        if !v.contains(['\\', '"', '\n']) {
-            return e.write_str(v);
-        }
-        for c in v.chars() {
-            match c {
-                '\\' => e.write_str("\\\\")?,
-                '"' => e.write_str("\\\"")?,
-                '\n' => e.write_str("\\n")?,
-                c => e.write_char(c)?,
-            }
-        }
-        Ok(())
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reporter {
@@ -74,22 +37,6 @@ pub struct Flag(pub ResponseFlag);
 impl EncodeLabelValue for Flag {
     fn encode(&self, e: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
         e.write_str(self.0.as_str())
-    }
-}
-
-/// `connection_security_policy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Security {
-    MutualTls,
-    Unknown,
-}
-
-impl EncodeLabelValue for Security {
-    fn encode(&self, e: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        e.write_str(match self {
-            Security::MutualTls => "mutual_tls",
-            Security::Unknown => "unknown",
-        })
     }
 }
 
@@ -174,7 +121,7 @@ pub struct Metrics {
     pub datapath: Arc<std::sync::OnceLock<Arc<slipstream_ebpf::NodeMaps>>>,
     /// The node's buffer budget, once the proxy made it: read at each
     /// scrape.
-    pub buffers: Arc<std::sync::OnceLock<Arc<crate::limits::Buffers>>>,
+    pub buffers: Arc<std::sync::OnceLock<Arc<slipstream_proxy::limits::Buffers>>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -254,7 +201,7 @@ impl Metrics {
     }
 
     /// A connection a policy refused.
-    pub fn denied(&self, reporter: Reporter, d: &crate::error::Denial) {
+    pub fn denied(&self, reporter: Reporter, d: &slipstream_proxy::denial::Denial) {
         let (kind, namespace, name, rule) = match &d.by {
             Some(p) => (p.kind.as_str(), p.namespace.clone(), p.name.clone(), p.rule.clone().unwrap_or_default()),
             None => ("", String::new(), String::new(), String::new()),
@@ -379,7 +326,7 @@ impl Collector for DatapathCollector {
 /// `slipstream_buffer_budget_bytes` and `slipstream_buffered_bytes`: the
 /// node's buffer budget and what its connections' bulk buffers hold of it.
 #[derive(Debug)]
-struct BuffersCollector(Arc<std::sync::OnceLock<Arc<crate::limits::Buffers>>>);
+struct BuffersCollector(Arc<std::sync::OnceLock<Arc<slipstream_proxy::limits::Buffers>>>);
 
 impl Collector for BuffersCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {

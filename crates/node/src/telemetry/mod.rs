@@ -10,7 +10,7 @@ pub use accesslog::AccessLogEntry;
 pub use metrics::{Metrics, Reporter};
 pub use record::{AppSide, ConnInfo, ConnRecord, Metered, SrcIdentity};
 
-use crate::limits::{LogDecision, RefusalLog};
+use slipstream_proxy::limits::{LogDecision, RefusalLog};
 use std::time::{Duration, Instant};
 
 /// The target of refusal lines and their summaries: limited per source

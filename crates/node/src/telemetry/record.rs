@@ -10,13 +10,14 @@
 //! pod's open connections, given back after the close is written.
 
 use super::accesslog::AccessLogEntry;
-use super::metrics::{Flag, Lv, Reporter, Security, Tcp, TcpLabels};
+use super::metrics::{Flag, Reporter, Tcp, TcpLabels};
 use super::{Telemetry, REFUSAL_TARGET};
 use crate::conns::{Cancelled, Registration};
 use crate::error::ProxyError;
-use crate::limits::Taken;
 use slipstream_core::{MeshService, MeshWorkload, SpiffeId};
 use slipstream_hbone::{HboneError, ResponseFlag, Upstream};
+use slipstream_proxy::limits::Taken;
+use slipstream_proxy::metrics::{Lv, Security};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -315,7 +316,7 @@ pub struct Metered<S> {
     side: AppSide,
     /// Whose share of the node's buffer budget its copy draws on (the
     /// local pod's).
-    budget: Option<std::sync::Arc<crate::limits::Source>>,
+    budget: Option<std::sync::Arc<slipstream_proxy::limits::Source>>,
 }
 
 impl<S> Metered<S> {
@@ -325,12 +326,12 @@ impl<S> Metered<S> {
     }
 
     /// Its copy's buffers come from `budget` (the local pod's share).
-    pub fn within(mut self, budget: std::sync::Arc<crate::limits::Source>) -> Self {
+    pub fn within(mut self, budget: std::sync::Arc<slipstream_proxy::limits::Source>) -> Self {
         self.budget = Some(budget);
         self
     }
 
-    pub fn budget(&self) -> Option<&std::sync::Arc<crate::limits::Source>> {
+    pub fn budget(&self) -> Option<&std::sync::Arc<slipstream_proxy::limits::Source>> {
         self.budget.as_ref()
     }
 

@@ -717,12 +717,10 @@ pub(crate) fn drop_credentials(c: &Confinement, last_cap: u32) -> io::Result<()>
     Ok(())
 }
 
-/// Makes this process non-dumpable: no core dumps, and a process of the same
-/// uid without CAP_SYS_PTRACE (a root pod) can neither read its memory nor
-/// reach its files through /proc/PID/{mem,root,fd,environ}. For the agent
-/// and the node proxies, which hold the mesh's keys.
+/// Makes this process non-dumpable (the agent, which holds the mesh's
+/// keys): the mesh processes' own set-up, `slipstream_proxy::process`.
 pub fn make_non_dumpable() -> io::Result<()> {
-    Ok(rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?)
+    slipstream_proxy::process::make_non_dumpable()
 }
 
 fn cstr(b: &[u8]) -> CString {

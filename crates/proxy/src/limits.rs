@@ -1,4 +1,6 @@
 //! What one source may hold in the node proxy, and the node-wide budget.
+//! The waypoint bounds its peers with the same counters ([`NodeLimits`]
+//! derived with its own per-peer defaults, [`RefusalLog`]).
 //!
 //! The node proxy is shared by every pod of its node: a pod (or a peer
 //! address) that opens connections as fast as it can must hit its own bound

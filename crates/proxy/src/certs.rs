@@ -1,22 +1,23 @@
-//! Where the node proxy's certificates come from, and what it trusts.
+//! Where a proxy's certificates come from, and what it trusts.
 //!
-//! Two sources ([`NodeCa`]): a CA in this process (tests, and the mode
-//! without a control plane, `--ca-dir`), or the control plane's certificate
-//! service ([`RemoteCa`]), in which case the proxy never reads a signing
-//! key. Either way one [`SharedTrust`] holds the roots the node trusts:
-//! the HBONE server verifies clients against it and the pool verifies
-//! servers against it, at each handshake, so a new root bundle applies to
-//! the next connection and never to one already established.
+//! Two sources ([`NodeCa`]): a CA in this process (tests, and the node
+//! proxy's mode without a control plane, `--ca-dir`), or the control
+//! plane's certificate service ([`RemoteCa`]), in which case the proxy
+//! never reads a signing key. Either way one [`SharedTrust`] holds the
+//! roots the proxy trusts: the HBONE server verifies clients against it
+//! and the pool verifies servers against it, at each handshake, so a new
+//! root bundle applies to the next connection and never to one already
+//! established.
 
 use crate::caclient::RemoteCa;
-use crate::config::Config;
-use crate::control::ControlChannel;
+use crate::control::{ControlChannel, ControlSettings};
 use anyhow::Context;
 use futures_util::future::BoxFuture;
 use slipstream_hbone::CertSource;
 use slipstream_identity::{
     Ca, CertManager, CertificateProvider, FetchError, LocalCaProvider, SharedTrust, SpiffeId, TrustBundle, WorkloadCert,
 };
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,10 +36,12 @@ impl From<Arc<Ca>> for NodeCa {
 }
 
 impl NodeCa {
-    /// From the configuration: the control plane when one is configured
-    /// (its channel given), else the local CA in `--ca-dir`.
-    pub fn from_config(config: &Config, control: Option<&ControlChannel>) -> anyhow::Result<NodeCa> {
-        match (&config.control, control) {
+    /// The control plane when one is configured (`control`, and the
+    /// `channel` made to it), else the local CA in `ca_dir` (its
+    /// `root-cert.pem` and `root-key.pem`). The node proxy's `Config`
+    /// calls it with its own settings.
+    pub fn new(control: Option<&ControlSettings>, channel: Option<&ControlChannel>, ca_dir: &Path) -> anyhow::Result<NodeCa> {
+        match (control, channel) {
             (Some(settings), Some(channel)) => {
                 let roots = TrustBundle::from_pem_file(&settings.root_cert)
                     .with_context(|| format!("reading --control-plane-root {}", settings.root_cert.display()))?;
@@ -46,10 +49,9 @@ impl NodeCa {
             }
             (Some(_), None) => anyhow::bail!("a control plane is configured but no channel to it was made"),
             (None, _) => {
-                let cert = config.ca_dir.join("root-cert.pem");
-                let key = config.ca_dir.join("root-key.pem");
-                let ca = Ca::from_pem_files(&cert, &key, None)
-                    .with_context(|| format!("loading the mesh CA from {}", config.ca_dir.display()))?;
+                let cert = ca_dir.join("root-cert.pem");
+                let key = ca_dir.join("root-key.pem");
+                let ca = Ca::from_pem_files(&cert, &key, None).with_context(|| format!("loading the mesh CA from {}", ca_dir.display()))?;
                 Ok(NodeCa::Local(Arc::new(ca)))
             }
         }

@@ -1,10 +1,13 @@
-//! The node proxy's delta xDS client (shared/PROTOCOLS.md section 4): one
-//! ADS stream over the [`ControlChannel`], both type URLs, the mesh
-//! configuration as deltas instead of files.
+//! The proxies' delta xDS client (shared/PROTOCOLS.md section 4): one ADS
+//! stream over the [`ControlChannel`], the type URLs the proxy subscribes
+//! to (a node proxy's, [`TypeUrl::NODE`], or a waypoint's,
+//! [`TypeUrl::WAYPOINT`]), the mesh configuration as deltas instead of
+//! files.
 //!
 //! The client converts each response (`slipstream_api::convert`) into a
 //! [`Delta`] and hands it to the proxy's main loop ([`Update`]), which
-//! applies it to the `MeshIndex` (`NodeProxy::apply_delta`) and says which
+//! applies it to its `MeshIndex` (the node proxy's
+//! `NodeProxy::apply_delta`, the waypoint's `run::follow`) and says which
 //! resources the index refused. A resource that does not convert or is
 //! refused stays at its previous version, and the response is NACKed with
 //! every refusal (resource name, field, reason); otherwise it is ACKed.
@@ -16,7 +19,6 @@
 //! what it has and reconnects with jittered exponential backoff; the
 //! connection state is logged when it changes, not at every attempt.
 
-use crate::config::Config;
 use crate::control::ControlChannel;
 use slipstream_api::convert::{address_from_any, authorization_from_any, AddressResource};
 use slipstream_api::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -120,16 +122,17 @@ pub struct NodeInfo {
 }
 
 impl NodeInfo {
-    /// From the configuration, with the pod's name, namespace and IP from
-    /// `POD_NAME`, `POD_NAMESPACE` and `INSTANCE_IP` when set (as ztunnel
-    /// reads them), else made up from the node's name.
-    pub fn new(config: &Config) -> NodeInfo {
+    /// For the node `node_name` and the cluster `cluster_id`, with the
+    /// pod's name, namespace and IP from `POD_NAME`, `POD_NAMESPACE` and
+    /// `INSTANCE_IP` when set (as ztunnel reads them), else made up from
+    /// the node's name.
+    pub fn from_env(node_name: &str, cluster_id: &str) -> NodeInfo {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         NodeInfo {
-            node_name: config.node.clone(),
-            cluster_id: config.control.as_ref().map(|c| c.cluster_id.clone()).unwrap_or_else(|| config.cluster.clone()),
+            node_name: node_name.to_string(),
+            cluster_id: cluster_id.to_string(),
             ip: env("INSTANCE_IP").unwrap_or_else(|| "0.0.0.0".into()),
-            pod: env("POD_NAME").unwrap_or_else(|| format!("ztunnel-{}", config.node)),
+            pod: env("POD_NAME").unwrap_or_else(|| format!("ztunnel-{node_name}")),
             namespace: env("POD_NAMESPACE").unwrap_or_else(|| "istio-system".into()),
         }
     }

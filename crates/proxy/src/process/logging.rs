@@ -1,5 +1,6 @@
-//! Logging for the long-running processes (`slipstream agent`, `slipstream
-//! node`): tracing to stderr, with repeated lines rate-limited per call site.
+//! Logging for the long-running processes (`slipstream node`, `waypoint`,
+//! `control`, and the local cluster's `agent`): tracing to stderr, with
+//! repeated lines rate-limited per call site.
 //!
 //! Each call site (one `tracing::warn!(...)` in the source) may emit a burst
 //! of lines, then a few per second; what is over that is dropped, and the

@@ -5,7 +5,7 @@
 //! connection arrives and again, for every open connection, after a policy
 //! change.
 
-use crate::error::Denial;
+use crate::denial::Denial;
 use slipstream_core::policy::engine::{self, Connection};
 use slipstream_core::policy::network::{Direction, L4Protocol};
 use slipstream_core::policy::LayerVerdict;
@@ -79,8 +79,20 @@ pub fn outbound(state: &MeshState, src: &MeshWorkload, src_addr: SocketAddr, dst
     Ok(())
 }
 
+/// What authorization needs to decide an open connection again.
+#[derive(Debug, Clone)]
+pub struct AuthzKey {
+    /// The verified peer identity; None for plaintext (and outbound).
+    pub peer: Option<SpiffeId>,
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    /// An outbound connection of the pod (decided by its egress rules),
+    /// rather than one it accepts.
+    pub outbound: bool,
+}
+
 /// Decides an open connection of the pod `uid` again after a change.
-pub fn recheck(state: &MeshState, uid: &str, k: &crate::conns::AuthzKey) -> Result<(), Arc<Denial>> {
+pub fn recheck(state: &MeshState, uid: &str, k: &AuthzKey) -> Result<(), Arc<Denial>> {
     if !k.outbound {
         return authorize_uid(state, uid, Conn { peer: k.peer.as_ref(), src: k.src, dst: k.dst }).result;
     }

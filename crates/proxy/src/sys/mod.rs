@@ -1,0 +1,6 @@
+//! System calls of a proxy process: the open-file limit (safe, through
+//! rustix), and the only `unsafe` of the crate: glibc's allocator tuning
+//! and trimming (`mem`).
+
+pub mod mem;
+pub mod rlimit;
