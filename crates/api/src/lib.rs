@@ -1,4 +1,4 @@
-//! The wire contract as code (shared/PROTOCOLS.md sections 3 and 4): the
+//! The wire contract as code (docs/protocols.md sections 3 and 4): the
 //! messages and gRPC services of the ambient workload API, delta xDS and
 //! Istio's certificate service, generated from `proto/` at build time, and
 //! the conversions between those messages and the mesh model of

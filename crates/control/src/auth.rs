@@ -1,5 +1,5 @@
 //! Who is calling: every xDS stream and every certificate request carries
-//! `authorization: Bearer <token>` (shared/PROTOCOLS.md sections 3 and 4),
+//! `authorization: Bearer <token>` (docs/protocols.md sections 3 and 4),
 //! and the answer to "which node is this caller the proxy of" decides what
 //! it may obtain. One trait, two kinds of credential: the local cluster's
 //! per-node tokens ([`NodeTokens`]), and in Kubernetes ServiceAccount

@@ -1,6 +1,6 @@
 //! The objects the control plane reads, as Kubernetes serves them: the
 //! Kubernetes API's own types (k8s-openapi) for the built-in kinds, and our
-//! serde types for the mesh kinds of shared/PROTOCOLS.md section 5. Both
+//! serde types for the mesh kinds of docs/protocols.md section 5. Both
 //! sources (the Kubernetes API and a directory of manifests) produce these,
 //! so the index cannot tell them apart.
 //!

@@ -1,4 +1,4 @@
-//! The workload API over delta xDS (shared/PROTOCOLS.md section 4):
+//! The workload API over delta xDS (docs/protocols.md section 4):
 //! `AggregatedDiscoveryService/DeltaAggregatedResources`, both type URLs on
 //! one stream. See docs/control-plane.md, "Delta xDS".
 //!

@@ -12,7 +12,7 @@ use http::StatusCode;
 use slipstream_identity::tls::IdentityMismatch;
 use slipstream_identity::{FetchError, SpiffeId};
 
-/// The `response_flags` label value (PROTOCOLS.md section 6).
+/// The `response_flags` label value (docs/protocols.md section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ResponseFlag {
     /// `-`: no failure.
@@ -185,7 +185,7 @@ impl HboneError {
     }
 
     /// The status an HBONE server answers when this error stops a CONNECT
-    /// (PROTOCOLS.md section 2), or the status the peer answered.
+    /// (docs/protocols.md section 2), or the status the peer answered.
     pub fn response_code(&self) -> StatusCode {
         match self {
             Self::Status(code) | Self::RetryAfter { status: code, .. } => *code,

@@ -1,4 +1,4 @@
-//! HTTP/2 settings HBONE peers expect (PROTOCOLS.md section 2), and the
+//! HTTP/2 settings HBONE peers expect (docs/protocols.md section 2), and the
 //! PING keepalive.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The request headers an HBONE client sends (PROTOCOLS.md section 2):
+//! The request headers an HBONE client sends (docs/protocols.md section 2):
 //! `baggage`, `forwarded` and `traceparent`.
 
 use std::fmt;

@@ -1,5 +1,5 @@
 //! slipstream-hbone: HBONE, Istio ambient's proxy-to-proxy tunnel
-//! (PROTOCOLS.md section 2): each application TCP connection is one HTTP/2
+//! (docs/protocols.md section 2): each application TCP connection is one HTTP/2
 //! CONNECT stream inside mutual TLS to the destination's node proxy on port
 //! 15008.
 //!

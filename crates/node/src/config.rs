@@ -87,7 +87,7 @@ pub struct NodeArgs {
     pub limits: LimitArgs,
 }
 
-/// Everything about the HBONE client pool (PROTOCOLS.md section 2).
+/// Everything about the HBONE client pool (docs/protocols.md section 2).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct PoolSettings {
     pub max_streams_per_connection: usize,
@@ -102,7 +102,7 @@ pub struct PoolSettings {
     pub response_timeout: Duration,
 }
 
-/// HTTP/2 settings of tunnels, both directions (PROTOCOLS.md section 2).
+/// HTTP/2 settings of tunnels, both directions (docs/protocols.md section 2).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct H2Settings {
     pub stream_window: u32,
@@ -234,7 +234,7 @@ impl Config {
         c
     }
 
-    /// Every default of PROTOCOLS.md and docs/node-proxy.md, with `limits`.
+    /// Every default of docs/protocols.md and docs/node-proxy.md, with `limits`.
     pub fn defaults(cluster: &str, node: &str, limits: Limits) -> Config {
         let h2 = slipstream_hbone::H2Config::default();
         let pool = slipstream_hbone::PoolConfig::default();

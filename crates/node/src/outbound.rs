@@ -135,7 +135,7 @@ pub fn plan(state: &MeshState, req: &Request) -> Result<Plan, ProxyError> {
 }
 
 /// The route through a waypoint: HBONE to one of its ready pods, with the
-/// original destination as `:authority` (PROTOCOLS.md section 2),
+/// original destination as `:authority` (docs/protocols.md section 2),
 /// expecting the waypoint's identity. The source's egress network policies
 /// are the waypoint's to apply, on the endpoint it picks per request: here
 /// the endpoint is not known yet.

@@ -7,7 +7,7 @@
 //! to the listener by the pod: passing it through would dial the proxy
 //! itself, again and again. Inbound, the destination is always the pod's own
 //! address; there a target port that is one of the proxy's in-pod listeners
-//! (`slipstream_core::PROXY_PORTS`: 15001, 15006, 15008, PROTOCOLS.md
+//! (`slipstream_core::PROXY_PORTS`: 15001, 15006, 15008, docs/protocols.md
 //! section 2) would reach the proxy instead of the app. The admin ports
 //! (15000, 15020, 15021) listen in the node's namespace, not the pod's: a
 //! pod's own address on those ports is the app's, so inbound they pass.

@@ -1,5 +1,5 @@
 //! Workload certificates from the control plane's certificate service
-//! (shared/PROTOCOLS.md section 3), the way ztunnel asks for them: a key
+//! (docs/protocols.md section 3), the way ztunnel asks for them: a key
 //! and CSR made here (the key never leaves the node proxy), the pod's
 //! identity as `ImpersonatedIdentity`, the node proxy's own credentials on
 //! the call.

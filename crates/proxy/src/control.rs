@@ -1,4 +1,4 @@
-//! The connection to the control plane (shared/PROTOCOLS.md sections 3 and
+//! The connection to the control plane (docs/protocols.md sections 3 and
 //! 4): one gRPC channel over TLS that the workload API stream (`xds`) and
 //! the certificate client (`caclient`) share.
 //!

@@ -1,4 +1,4 @@
-//! The proxies' delta xDS client (shared/PROTOCOLS.md section 4): one ADS
+//! The proxies' delta xDS client (docs/protocols.md section 4): one ADS
 //! stream over the [`ControlChannel`], the type URLs the proxy subscribes
 //! to (a node proxy's, [`TypeUrl::NODE`], or a waypoint's,
 //! [`TypeUrl::WAYPOINT`]), the mesh configuration as deltas instead of

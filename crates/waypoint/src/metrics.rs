@@ -1,5 +1,5 @@
 //! Istio's request metrics, as a waypoint reports them (shared/
-//! PROTOCOLS.md section 6; Istio's `reporter="waypoint"`):
+//! docs/protocols.md section 6; Istio's `reporter="waypoint"`):
 //! `istio_requests_total`, `istio_request_duration_milliseconds`,
 //! `istio_request_bytes` and `istio_response_bytes`, with Istio's labels.
 //! One observation per request, when its answer has been sent whole (or

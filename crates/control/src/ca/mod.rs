@@ -1,5 +1,5 @@
 //! The certificate authority: `istio.v1.auth.IstioCertificateService` on
-//! the control plane's port (shared/PROTOCOLS.md section 3).
+//! the control plane's port (docs/protocols.md section 3).
 //!
 //! - [`service`]: the RPC. Who calls ([`crate::auth`]), what the CSR asks
 //!   for, whether a pod of the caller's node runs as that identity, then

@@ -1,5 +1,5 @@
 //! `istio.v1.auth.IstioCertificateService/CreateCertificate`
-//! (shared/PROTOCOLS.md section 3): who is calling, what they ask for,
+//! (docs/protocols.md section 3): who is calling, what they ask for,
 //! whether they may have it, then the signature.
 //!
 //! The decision ([`decide`]) is pure: caller, CSR and metadata in, the

@@ -44,7 +44,7 @@ pub struct Kind {
     pub root_only: Option<&'static str>,
 }
 
-/// Everything the index reads (shared/PROTOCOLS.md section 5 for the mesh kinds).
+/// Everything the index reads (docs/protocols.md section 5 for the mesh kinds).
 pub const KINDS: &[Kind] = &[
     Kind { group: "", version: "v1", kind: "Namespace", plural: "namespaces", custom: false, root_only: None },
     Kind { group: "", version: "v1", kind: "Pod", plural: "pods", custom: false, root_only: None },

@@ -1,5 +1,5 @@
 //! AuthorizationPolicy to the workload API's `Authorization`, at L4
-//! (shared/PROTOCOLS.md section 5). A node proxy sees connections, not
+//! (docs/protocols.md section 5). A node proxy sees connections, not
 //! requests, so:
 //!
 //! - scope: a selector makes the policy WORKLOAD_SELECTOR (listed by the

@@ -7,7 +7,7 @@
 //!
 //! [`Outgoing`] implements `prost::Message` by hand for that: the bytes
 //! it writes are exactly the generated `DeltaDiscoveryResponse`'s (field
-//! numbers of shared/PROTOCOLS.md section 4; the unit tests below decode
+//! numbers of docs/protocols.md section 4; the unit tests below decode
 //! them with the generated type). Within each `Resource`, the name
 //! (field 3) follows version and body (fields 1 and 2): protobuf readers
 //! accept fields in any order, and the name is the only per-response

@@ -28,7 +28,7 @@ use crate::error::{HboneError, TimeoutStage};
 use crate::h2config::{keepalive, H2Config};
 use crate::stream::TunnelStream;
 
-/// Pool behaviour. Defaults follow PROTOCOLS.md section 2.
+/// Pool behaviour. Defaults follow docs/protocols.md section 2.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Streams one connection carries before another is opened.

@@ -12,7 +12,7 @@ use crate::authority::format_authority;
 use crate::headers::{Baggage, Forwarded, TraceParent, BAGGAGE, FORWARDED, TRACEPARENT};
 
 /// Tunnels are shared per (source identity, expected destination
-/// identities, destination address, source IP) (PROTOCOLS.md section 2).
+/// identities, destination address, source IP) (docs/protocols.md section 2).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     src_identity: SpiffeId,
@@ -57,7 +57,7 @@ pub struct ConnectRequest {
 }
 
 impl ConnectRequest {
-    /// `authority` is the target as PROTOCOLS.md defines it: the pod IP and
+    /// `authority` is the target as docs/protocols.md defines it: the pod IP and
     /// target port, or towards a waypoint the original destination.
     pub fn new(authority: SocketAddr) -> Self {
         Self { authority, headers: HeaderMap::new() }

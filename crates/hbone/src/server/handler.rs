@@ -29,7 +29,7 @@ pub enum ResolveError {
 }
 
 /// Chooses the certificate the server presents: the one of the workload
-/// that owns the connection's original destination IP (PROTOCOLS.md
+/// that owns the connection's original destination IP (docs/protocols.md
 /// section 2: the destination workload's own certificate, never a node
 /// identity).
 pub trait CertResolver: Send + Sync + 'static {

@@ -1,4 +1,4 @@
-//! One inbound CONNECT stream: validate in PROTOCOLS.md order, ask the
+//! One inbound CONNECT stream: validate in docs/protocols.md order, ask the
 //! handler for the upstream, answer, copy, record.
 
 use std::future::Future;
@@ -131,7 +131,7 @@ async fn open(
     Some((target, TunnelStream::new(send, body, None), upstream))
 }
 
-/// The checks of PROTOCOLS.md section 2 that need no handler, in order:
+/// The checks of docs/protocols.md section 2 that need no handler, in order:
 /// method, authority syntax, authority IP vs. the tunnel's IP, proxy ports.
 /// On failure also returns the target if it was parsed, for the record.
 fn validate(parts: &Parts, ctx: &ConnContext) -> Result<SocketAddr, (Option<SocketAddr>, HboneError)> {

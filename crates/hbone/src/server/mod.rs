@@ -25,10 +25,10 @@ use crate::drain::DrainWatch;
 use crate::h2config::H2Config;
 
 /// How long a [`Handler`] should give the application to accept the
-/// upstream connection before answering 503 (PROTOCOLS.md section 2).
+/// upstream connection before answering 503 (docs/protocols.md section 2).
 pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Server behaviour. Defaults follow PROTOCOLS.md section 2.
+/// Server behaviour. Defaults follow docs/protocols.md section 2.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub h2: H2Config,
@@ -39,7 +39,7 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// Target ports refused with 503: by default the proxy's in-pod
     /// listeners (`slipstream_core::PROXY_PORTS`: 15001, 15006, 15008, as
-    /// PROTOCOLS.md section 2 lists them). The admin ports are not among
+    /// docs/protocols.md section 2 lists them). The admin ports are not among
     /// them: they listen in the node's namespace, so `<pod IP>:15020`
     /// reaches the pod's app, not the proxy.
     pub proxy_ports: Vec<u16>,

@@ -119,7 +119,7 @@ impl ClientCertVerifier for TrustDomainVerifier {
     ) -> Result<ClientCertVerified, rustls::Error> {
         self.inner()?.verify_client_cert(end_entity, intermediates, now)?;
         // As ztunnel does: accept when any SPIFFE SAN is in our trust domain;
-        // the peer identity is then the first SPIFFE SAN (PROTOCOLS.md 2).
+        // the peer identity is then the first SPIFFE SAN (docs/protocols.md 2).
         let presented = x509::spiffe_ids(end_entity).map_err(to_rustls)?;
         if presented.iter().any(|id| id.trust_domain() == &self.trust_domain) {
             Ok(ClientCertVerified::assertion())

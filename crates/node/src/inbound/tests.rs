@@ -1,5 +1,5 @@
 //! `plan` as a table: destination lookup, self-calls and authorization
-//! (PROTOCOLS.md section 4), no sockets.
+//! (docs/protocols.md section 4), no sockets.
 
 use super::*;
 use slipstream_core::policy::*;

@@ -1,4 +1,4 @@
-//! One line per connection when it closes (shared/PROTOCOLS.md section 6),
+//! One line per connection when it closes (docs/protocols.md section 6),
 //! plain `key=value` or JSON.
 
 use serde::Serialize;
