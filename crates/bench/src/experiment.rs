@@ -5,6 +5,7 @@ use crate::manifests;
 use crate::settings::Settings;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ExperimentId {
@@ -207,6 +208,25 @@ impl Action {
             other => other.command().unwrap_or_default().join(" "),
         }
     }
+}
+
+/// Rough wall-clock time of a run: the measured durations plus a per-step
+/// overhead (tool start, warm-up, reading /proc), plus cluster up and down.
+pub fn estimate(settings: &Settings, scenarios: usize, experiments: &[ExperimentId]) -> Duration {
+    let s = settings;
+    let one = |e: &ExperimentId| -> u64 {
+        let run = match e {
+            ExperimentId::T1 | ExperimentId::T2 => s.throughput_secs as u64 * 1000,
+            ExperimentId::L1 => s.latency_secs as u64 * 1000,
+            ExperimentId::Q1 => s.max_rate_secs as u64 * 1000,
+            ExperimentId::C1 => s.connect_secs as u64 * 1000,
+            ExperimentId::R1 => s.hold_settle_ms + s.hold_connections as u64 / 2,
+        };
+        run + s.pause_ms + 700
+    };
+    let per_rep: u64 = experiments.iter().map(one).sum();
+    let cooldowns = if experiments.contains(&ExperimentId::R1) { s.hold_cooldown_ms * s.reps.saturating_sub(1) as u64 } else { 0 };
+    Duration::from_millis((per_rep * s.reps as u64 + cooldowns) * scenarios as u64 + 10_000)
 }
 
 #[cfg(test)]

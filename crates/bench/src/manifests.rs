@@ -13,8 +13,7 @@ pub const HTTP_PORT: u16 = 8080;
 pub const IPERF_PORT: u16 = 5201;
 /// fortio's TCP echo server: the target of the held connections (R1).
 pub const TCP_ECHO_PORT: u16 = 8078;
-/// The waypoint Gateway of a namespace labelled `istio.io/use-waypoint`.
-pub const WAYPOINT: &str = "waypoint";
+pub use crate::scenario::WAYPOINT;
 
 /// YAML for every measurable scenario among `scenarios`.
 pub fn render(scenarios: &[&Scenario]) -> String {

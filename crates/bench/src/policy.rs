@@ -19,7 +19,7 @@
 use crate::cluster::{Cluster, Teardown};
 use anyhow::Context;
 use serde::Serialize;
-use slipstream_core::policy::engine::{self, Connection};
+use slipstream_core::engine::{self, Connection};
 use slipstream_core::policy::network::{Direction, L4Protocol, NetKind, NetPeer, NetPolicy, NetPort, NetRule, PortSpec};
 use slipstream_core::policy::{Action, Authorization, Clause, Match, Rule, Scope, StringMatch};
 use slipstream_core::{MeshConfig, MeshState, SpiffeId, TunnelProtocol, Workload};

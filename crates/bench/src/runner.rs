@@ -12,7 +12,7 @@ use crate::plan::{self, Step};
 use crate::report::{self, Page};
 use crate::results::{ExperimentInfo, Machine, Results, Run, SCHEMA};
 use crate::scenario::{self, Scenario};
-use crate::settings::{self, Settings};
+use crate::settings::Settings;
 use crate::{hold, machine, preflight, timefmt, BenchArgs};
 use anyhow::{anyhow, bail, Context};
 use slipstream_testbed::status::ClusterStatus;
@@ -56,7 +56,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     preflight::require_root()?;
     let tools = preflight::tools()?;
-    let paths = Paths::new(ClusterName::new(CLUSTER).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    let cgroup2 = slipstream_testbed::sys::cgroup::cgroup2_mount().map_err(|e| anyhow!(e))?;
+    let paths = Paths::new(ClusterName::new(CLUSTER).map_err(|e| anyhow!(e))?, &cgroup2);
     preflight::cluster_free(&paths)?;
     let docs = if args.update_docs { Some(docs_dir()?) } else { None };
     let nofile = preflight::raise_nofile(preflight::nofile_needed(settings.hold_connections))?;
@@ -102,7 +103,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         experiments.len(),
         settings.reps,
         steps.len(),
-        timefmt::human(settings::estimate(&settings, measured.len(), &experiments))
+        timefmt::human(experiment::estimate(&settings, measured.len(), &experiments))
     );
     for s in selected.iter().filter(|s| !s.available()) {
         println!("  {}: {}", s.name, s.info().not_available.unwrap_or_default());

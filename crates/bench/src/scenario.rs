@@ -4,6 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The waypoint Gateway of a namespace labelled `istio.io/use-waypoint`.
+pub const WAYPOINT: &str = "waypoint";
+
 /// The baseline every figure is divided by.
 pub const BASELINE: &str = "none";
 
@@ -52,7 +55,7 @@ pub const SCENARIOS: &[Scenario] = &[
         description: "through a waypoint (L7): node proxy, waypoint (HTTP routed per request; iperf3 and the TCP echo passed through as TCP), node proxy, eBPF capture",
         setup: Setup::Namespace {
             namespace: "bench-l7",
-            labels: &[("istio.io/dataplane-mode", "ambient"), ("istio.io/use-waypoint", crate::manifests::WAYPOINT)],
+            labels: &[("istio.io/dataplane-mode", "ambient"), ("istio.io/use-waypoint", WAYPOINT)],
         },
         l4_targets: false,
     },

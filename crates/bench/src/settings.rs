@@ -2,9 +2,7 @@
 //! BENCHMARKS.md, or `--quick` (a smoke test that every experiment produces
 //! numbers, in well under two minutes).
 
-use crate::experiment::ExperimentId;
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
@@ -91,29 +89,11 @@ impl Settings {
     }
 }
 
-/// Rough wall-clock time of a run: the measured durations plus a per-step
-/// overhead (tool start, warm-up, reading /proc), plus cluster up and down.
-pub fn estimate(settings: &Settings, scenarios: usize, experiments: &[ExperimentId]) -> Duration {
-    let s = settings;
-    let one = |e: &ExperimentId| -> u64 {
-        let run = match e {
-            ExperimentId::T1 | ExperimentId::T2 => s.throughput_secs as u64 * 1000,
-            ExperimentId::L1 => s.latency_secs as u64 * 1000,
-            ExperimentId::Q1 => s.max_rate_secs as u64 * 1000,
-            ExperimentId::C1 => s.connect_secs as u64 * 1000,
-            ExperimentId::R1 => s.hold_settle_ms + s.hold_connections as u64 / 2,
-        };
-        run + s.pause_ms + 700
-    };
-    let per_rep: u64 = experiments.iter().map(one).sum();
-    let cooldowns = if experiments.contains(&ExperimentId::R1) { s.hold_cooldown_ms * s.reps.saturating_sub(1) as u64 } else { 0 };
-    Duration::from_millis((per_rep * s.reps as u64 + cooldowns) * scenarios as u64 + 10_000)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experiment::EXPERIMENTS;
+    use crate::experiment::{estimate, EXPERIMENTS};
+    use std::time::Duration;
 
     #[test]
     fn quick_run_fits_in_two_minutes_and_full_in_twenty_five() {

@@ -17,7 +17,8 @@ pub struct Ctx {
 impl Ctx {
     pub fn new(cluster: &str) -> anyhow::Result<Ctx> {
         let name = ClusterName::new(cluster).map_err(anyhow::Error::msg)?;
-        Ok(Ctx { paths: Paths::new(name).map_err(anyhow::Error::msg)? })
+        let cgroup2 = slipstream_testbed::sys::cgroup::cgroup2_mount().map_err(anyhow::Error::msg)?;
+        Ok(Ctx { paths: Paths::new(name, &cgroup2) })
     }
 
     pub fn call(&self, req: &Request, timeout: Duration) -> anyhow::Result<Response> {

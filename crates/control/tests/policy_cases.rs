@@ -6,7 +6,7 @@
 //! cluster (crates/cli/tests/policy_traffic.rs).
 
 use slipstream_control::index::{mesh_from_manifests, IndexSettings};
-use slipstream_core::policy::engine::{self, Answer, Question};
+use slipstream_core::engine::{self, Answer, Question};
 use slipstream_core::MeshState;
 
 #[path = "data/cases.rs"]

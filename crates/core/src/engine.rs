@@ -13,8 +13,8 @@
 //! exposed alone: the source's node proxy decides egress, the
 //! destination's node proxy ingress.
 
-use super::network::{self, Direction, Flow, L4Protocol};
-use super::{ConnAttrs, LayerVerdict, PolicyRule};
+use crate::policy::network::{self, Direction, Flow, L4Protocol};
+use crate::policy::{ConnAttrs, LayerVerdict, PolicyRule};
 use crate::spiffe::SpiffeId;
 use crate::state::{MeshState, MeshWorkload};
 use serde::Serialize;
@@ -64,7 +64,7 @@ pub fn istio(state: &MeshState, dst: &MeshWorkload, c: &Connection, dry_run: &mu
         destination_port: c.dst_port,
         request: None,
     };
-    super::evaluate(ps.iter().map(|p| p.as_ref()), &attrs, dry_run)
+    crate::policy::evaluate(ps.iter().map(|p| p.as_ref()), &attrs, dry_run)
 }
 
 /// Everything the destination decides.

@@ -29,8 +29,9 @@ use crate::policy::network::NetPolicy;
 use crate::policy::Authorization;
 use crate::spiffe::{SpiffeId, SpiffeIdError};
 use crate::state::{Claims, MeshService, MeshState, MeshWorkload};
-use crate::workload::{MeshConfig, Service, Workload};
+use crate::workload::{Service, Workload};
 use imbl::{HashMap, OrdSet};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 use std::hash::Hash;
@@ -550,6 +551,29 @@ fn validate_policy(p: &Authorization) -> Result<(), ResourceError> {
         return Err(err("namespace"));
     }
     Ok(())
+}
+
+/// The whole mesh configuration as one document (the state-of-the-world
+/// form of the workload API's `Address` resources).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MeshConfig {
+    pub workloads: Vec<Workload>,
+    pub services: Vec<Service>,
+    #[serde(default)]
+    pub policies: Vec<Authorization>,
+    #[serde(default)]
+    pub net_policies: Vec<NetPolicy>,
+}
+
+impl MeshState {
+    /// Builds a snapshot from a whole configuration through a fresh
+    /// [`MeshIndex`], returning the resources it refused. A convenience for
+    /// tests and one-shot tools; a long-lived source keeps its index.
+    pub fn from_config(cfg: &MeshConfig) -> (Arc<MeshState>, Vec<ResourceError>) {
+        let mut index = MeshIndex::default();
+        let report = index.apply_config(cfg);
+        (index.snapshot(), report.errors)
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The mesh model, shaped like Istio's ambient workload API
-//! (`istio.workload.Workload`/`Service`, shared/PROTOCOLS.md section 4), and
+//! (`istio.workload.Workload`/`Service`, docs/protocols.md section 4), and
 //! the index the node proxy decides with. Pure: no I/O, no protobuf, no
 //! Kubernetes; the control plane and the local cluster both produce it.
 //!
@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod abi;
+pub mod engine;
 #[cfg(test)]
 mod fixtures;
 pub mod index;
@@ -22,7 +23,7 @@ pub mod workload;
 
 // The ports have always been named from the crate root.
 pub use abi::{ADMIN_PORT, HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROXY_PORTS, READINESS_PORT, STATS_PORT};
-pub use index::{ApplyReport, Change, MeshIndex, ResourceError, ResourceKind};
+pub use index::{ApplyReport, Change, MeshConfig, MeshIndex, ResourceError, ResourceKind};
 pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, SPIFFE_PREFIX};
 pub use state::{Destination, Endpoint, MeshService, MeshState, MeshWorkload, WorkloadLabels};
 pub use workload::*;

@@ -6,14 +6,13 @@
 //!   ingress of the destination);
 //! - the Istio layer (this module): AuthorizationPolicy and the policies
 //!   converted from PeerAuthentication, in the ambient workload API's shape
-//!   (`istio.security.Authorization`, shared/PROTOCOLS.md section 4), for
+//!   (`istio.security.Authorization`, docs/protocols.md section 4), for
 //!   meshed destinations only.
 //!
 //! Every answer names what decided it (kind, namespace/name, rule). The
 //! node proxy, `slipstream policy check` and the kernel datapath (which may
 //! only deny what this denies) all ask this module.
 
-pub mod engine;
 pub mod l7;
 pub mod network;
 

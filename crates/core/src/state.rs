@@ -11,7 +11,6 @@
 //! workload all go through secondary indexes, never a scan of every
 //! resource; see `index.rs` for how they are kept.
 
-use crate::index::{MeshIndex, ResourceError};
 use crate::policy::{network::NetPolicy, Authorization, Scope};
 use crate::spiffe::SpiffeId;
 use crate::workload::*;
@@ -185,7 +184,7 @@ pub enum Destination {
 pub(crate) type Claims = Vec<Arc<str>>;
 
 /// An immutable view of the mesh. Cheap to clone; built only by
-/// [`MeshIndex`].
+/// [`MeshIndex`](crate::index::MeshIndex).
 #[derive(Debug, Clone, Default)]
 pub struct MeshState {
     /// By uid.
@@ -212,15 +211,6 @@ pub struct MeshState {
 }
 
 impl MeshState {
-    /// Builds a snapshot from a whole configuration through a fresh
-    /// [`MeshIndex`], returning the resources it refused. A convenience for
-    /// tests and one-shot tools; a long-lived source keeps its index.
-    pub fn from_config(cfg: &MeshConfig) -> (Arc<MeshState>, Vec<ResourceError>) {
-        let mut index = MeshIndex::default();
-        let report = index.apply_config(cfg);
-        (index.snapshot(), report.errors)
-    }
-
     pub fn workload(&self, uid: &str) -> Option<Arc<MeshWorkload>> {
         self.workloads.get(uid).cloned()
     }
@@ -376,7 +366,7 @@ impl MeshState {
 mod tests {
     use super::*;
     use crate::fixtures::*;
-    use crate::index::ResourceKind;
+    use crate::index::{MeshConfig, ResourceKind};
 
     fn cfg() -> MeshConfig {
         let mut c = member(wl("c", "10.244.2.3"), ECHO, 80, 8080);

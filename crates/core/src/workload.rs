@@ -212,18 +212,6 @@ impl Service {
     }
 }
 
-/// The whole mesh configuration as one document (the state-of-the-world
-/// form of the workload API's `Address` resources).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct MeshConfig {
-    pub workloads: Vec<Workload>,
-    pub services: Vec<Service>,
-    #[serde(default)]
-    pub policies: Vec<crate::policy::Authorization>,
-    #[serde(default)]
-    pub net_policies: Vec<crate::policy::network::NetPolicy>,
-}
-
 /// A pod of this node and the network namespace it lives in: what the CNI
 /// plugin hands the node proxy in Kubernetes (ztunnel's in-pod protocol).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

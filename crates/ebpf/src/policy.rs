@@ -32,8 +32,8 @@
 //! [`Compiled::skipped_pairs`]). Pure: snapshot in, entries out.
 
 use crate::abi::{IpcacheKey, PolicyKey, PolicyValue, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, POLICY_F_ALL_PORTS, PROTO_OTHER};
-use slipstream_core::policy::engine;
-use slipstream_core::policy::engine::Connection;
+use slipstream_core::engine;
+use slipstream_core::engine::Connection;
 use slipstream_core::policy::network::{Direction, L4Protocol, NetPeer, PortSpec};
 use slipstream_core::{MeshState, MeshWorkload};
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -9,7 +9,7 @@
 //! refuses every port. Pure: no kernel needed.
 
 use slipstream_control::index::{mesh_from_manifests, IndexSettings};
-use slipstream_core::policy::engine;
+use slipstream_core::engine;
 use slipstream_core::policy::network::Direction;
 use slipstream_core::policy::network::L4Protocol;
 use slipstream_core::MeshState;

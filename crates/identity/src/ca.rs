@@ -261,7 +261,7 @@ impl Ca {
     /// Signs a checked CSR for the identity it asks for (whether the caller
     /// may have it is the caller's decision). `cert_chain` in Istio's
     /// shape: leaf, each intermediate, and the whole root bundle as the last
-    /// element (PROTOCOLS.md section 3; ztunnel splits that last element
+    /// element (docs/protocols.md section 3; ztunnel splits that last element
     /// into every root it holds).
     pub fn sign_request(&self, csr: &Csr, validity: Duration) -> Result<Vec<String>, CertError> {
         let leaf = self.sign(csr.identity(), validity, csr.public_key())?;
@@ -351,7 +351,7 @@ impl Ca {
             &self.roots.root_store(),
             &probe.chain()[1..],
             UnixTime::now(),
-            crate::tls::provider().signature_verification_algorithms.all,
+            crate::crypto::provider().signature_verification_algorithms.all,
         )
         .map_err(|e| CertError::Chain(e.to_string()))
     }
@@ -531,7 +531,7 @@ mod tests {
                 &ca.roots().root_store(),
                 &chain[1..],
                 UnixTime::now(),
-                crate::tls::provider().signature_verification_algorithms.all,
+                crate::crypto::provider().signature_verification_algorithms.all,
             )
             .and_then(|_| rustls::client::verify_server_name(&leaf, &rustls_pki_types::ServerName::try_from(name.to_string()).unwrap()))
         };

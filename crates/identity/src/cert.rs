@@ -66,11 +66,11 @@ impl TrustBundle {
     }
 
     /// webpki's client verification over these roots (chain, EKU clientAuth).
-    pub(crate) fn client_verifier(&self) -> Result<Arc<dyn ClientCertVerifier>, crate::tls::TlsError> {
+    pub(crate) fn client_verifier(&self) -> Result<Arc<dyn ClientCertVerifier>, rustls::server::VerifierBuilderError> {
         if let Some(v) = self.client_verifier.get() {
             return Ok(v.clone());
         }
-        let built = WebPkiClientVerifier::builder_with_provider(self.store.clone(), crate::tls::provider()).build()?;
+        let built = WebPkiClientVerifier::builder_with_provider(self.store.clone(), crate::crypto::provider()).build()?;
         Ok(self.client_verifier.get_or_init(|| built).clone())
     }
 }
@@ -189,7 +189,7 @@ impl WorkloadCert {
         if info.not_after <= info.not_before {
             return Err(CertError::Validity("notAfter is not after notBefore".into()));
         }
-        let certified_key = CertifiedKey::from_der(chain.clone(), key.to_der(), &crate::tls::provider()).map_err(|e| match e {
+        let certified_key = CertifiedKey::from_der(chain.clone(), key.to_der(), &crate::crypto::provider()).map_err(|e| match e {
             rustls::Error::InconsistentKeys(_) => CertError::KeyMismatch,
             other => CertError::Tls(other),
         })?;
@@ -253,7 +253,7 @@ impl WorkloadCert {
             &self.roots.root_store(),
             &self.chain[1..],
             rustls_pki_types::UnixTime::now(),
-            crate::tls::provider().signature_verification_algorithms.all,
+            crate::crypto::provider().signature_verification_algorithms.all,
         )
         .map_err(|e| CertError::Chain(e.to_string()))
     }

@@ -8,7 +8,7 @@ use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY};
 use x509_parser::prelude::FromDer;
 
 use crate::cert::WorkloadKey;
-use crate::error::CertError;
+use crate::error::{CertError, CsrError};
 use crate::spiffe::{SpiffeId, SPIFFE_PREFIX};
 
 /// Generates a fresh ECDSA P-256 key and a CSR asking for `id`.
@@ -22,30 +22,6 @@ pub fn generate_csr(id: &SpiffeId) -> Result<(String, WorkloadKey), CertError> {
     params.subject_alt_names = vec![SanType::URI(id.to_string().try_into()?)];
     let csr = params.serialize_request(&key)?;
     Ok((csr.pem()?, WorkloadKey::from_pkcs8(key.serialize_der())))
-}
-
-/// Why a CSR cannot be signed. Each message names the problem so that the
-/// requester (and the CA's log) can tell a broken client from a hostile one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CsrError {
-    #[error("malformed PEM: {0}")]
-    Pem(String),
-    #[error("no CERTIFICATE REQUEST block in the PEM input")]
-    NoPemBlock,
-    #[error("malformed PKCS#10 DER: {0}")]
-    Der(String),
-    #[error("the CSR's signature does not verify with its own key (no proof of possession)")]
-    BadSignature,
-    #[error("key type refused: {0} (workload keys must be ECDSA P-256)")]
-    KeyType(String),
-    #[error("the CSR asks for no subject alternative name: exactly one SPIFFE URI is required")]
-    NoSan,
-    #[error("the CSR asks for names other than a URI ({0:?}): exactly one SPIFFE URI is required")]
-    OtherNames(Vec<String>),
-    #[error("the CSR asks for {n} identities ({list:?}): exactly one is allowed", n = .0.len(), list = .0)]
-    SeveralIdentities(Vec<String>),
-    #[error("the URI SAN {uri:?} is not a SPIFFE workload identity: {reason}")]
-    NotSpiffe { uri: String, reason: String },
 }
 
 /// A CSR whose signature, key type and single SPIFFE identity have been

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use crate::csr::CsrError;
 use crate::spiffe::SpiffeId;
 
 /// Anything that can go wrong creating, loading, signing or parsing
@@ -46,4 +45,28 @@ pub enum CertError {
     IncompleteChain,
     #[error("TLS rejected the certificate or key: {0}")]
     Tls(#[from] rustls::Error),
+}
+
+/// Why a CSR cannot be signed. Each message names the problem so that the
+/// requester (and the CA's log) can tell a broken client from a hostile one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CsrError {
+    #[error("malformed PEM: {0}")]
+    Pem(String),
+    #[error("no CERTIFICATE REQUEST block in the PEM input")]
+    NoPemBlock,
+    #[error("malformed PKCS#10 DER: {0}")]
+    Der(String),
+    #[error("the CSR's signature does not verify with its own key (no proof of possession)")]
+    BadSignature,
+    #[error("key type refused: {0} (workload keys must be ECDSA P-256)")]
+    KeyType(String),
+    #[error("the CSR asks for no subject alternative name: exactly one SPIFFE URI is required")]
+    NoSan,
+    #[error("the CSR asks for names other than a URI ({0:?}): exactly one SPIFFE URI is required")]
+    OtherNames(Vec<String>),
+    #[error("the CSR asks for {n} identities ({list:?}): exactly one is allowed", n = .0.len(), list = .0)]
+    SeveralIdentities(Vec<String>),
+    #[error("the URI SAN {uri:?} is not a SPIFFE workload identity: {reason}")]
+    NotSpiffe { uri: String, reason: String },
 }

@@ -1,5 +1,5 @@
 //! slipstream-identity: SPIFFE workload identities, X.509 SVIDs, a local CA
-//! and the rustls configurations HBONE uses (PROTOCOLS.md section 1 and the
+//! and the rustls configurations HBONE uses (docs/protocols.md section 1 and the
 //! TLS half of section 2).
 //!
 //! - [`SpiffeId`]: `spiffe://<td>/ns/<ns>/sa/<sa>`, validated once.
@@ -14,6 +14,7 @@
 
 mod ca;
 mod cert;
+mod crypto;
 mod csr;
 mod error;
 mod manager;
@@ -24,8 +25,8 @@ mod x509;
 
 pub use ca::{ca_validity_problem, Ca, CaValidityProblem, CLOCK_SKEW_ALLOWANCE, DEFAULT_WORKLOAD_VALIDITY, ROOT_VALIDITY};
 pub use cert::{SharedTrust, TrustBundle, WorkloadCert, WorkloadKey};
-pub use csr::{generate_csr, Csr, CsrError};
-pub use error::CertError;
+pub use csr::{generate_csr, Csr};
+pub use error::{CertError, CsrError};
 pub use manager::{CertManager, CertManagerConfig, CertStatus, CertSummary};
 pub use provider::{CertificateProvider, FetchError, LocalCaProvider};
 // The identity type is pure and lives in `slipstream_core::spiffe`, where

@@ -1,6 +1,14 @@
 use crate::names::SHOWN_CHARS;
 use std::fmt;
 
+/// One field of one object that is wrong, and why (what validation
+/// returns; the loader places it in its file as a [`ManifestError`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
 /// One problem in one manifest, located as precisely as we can.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestError {

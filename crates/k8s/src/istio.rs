@@ -1,8 +1,8 @@
 //! Istio kinds the mesh enforces, typed from a kept object's spec so that
 //! a bad field is rejected at apply time with its path.
 
+use crate::error::FieldError;
 use crate::objects::{KeptObject, LabelSelector};
-use crate::validate::FieldError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

@@ -1,8 +1,8 @@
 //! `securityContext`: the settings one container runs with (the container's
 //! own over the pod's, as in Kubernetes) and their validation.
 
+use crate::error::FieldError;
 use crate::objects::{Container, PodSecurityContext, PodSpec, SecurityContext};
-use crate::validate::FieldError;
 use serde::{Deserialize, Serialize};
 
 /// Kubernetes accepts user and group ids from 0 to 2^31-1.

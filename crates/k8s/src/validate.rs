@@ -7,11 +7,7 @@ use crate::names::*;
 use crate::objects::*;
 use std::collections::BTreeSet;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-}
+pub use crate::error::FieldError;
 
 /// Longest Deployment name whose generated pod names (`name-<10>-<5>`) still
 /// fit a 63-character host name.

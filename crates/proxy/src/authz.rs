@@ -6,7 +6,7 @@
 //! change.
 
 use crate::denial::Denial;
-use slipstream_core::policy::engine::{self, Connection};
+use slipstream_core::engine::{self, Connection};
 use slipstream_core::policy::network::{Direction, L4Protocol};
 use slipstream_core::policy::LayerVerdict;
 use slipstream_core::{MeshState, MeshWorkload, SpiffeId};

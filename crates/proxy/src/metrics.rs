@@ -60,6 +60,76 @@ impl EncodeLabelValue for Security {
     }
 }
 
+/// The shape of an OpenMetrics text, without its values: `type <name>
+/// <kind>` for each family and `series <name> {<label names>}` for each
+/// distinct series shape, sorted. What the golden tests of both proxies
+/// compare (docs/protocols.md section 6): names and labels are a contract
+/// with dashboards and alerts; values are not.
+pub fn shapes(openmetrics: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for line in openmetrics.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            out.insert(format!("type {t}"));
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let (name, rest) = line.split_at(name_end);
+        let mut labels = Vec::new();
+        if let Some(mut body) = rest.strip_prefix('{') {
+            // `key="value",...}`: values may hold escaped quotes.
+            while let Some(eq) = body.find("=\"") {
+                labels.push(body[..eq].trim_start_matches(',').to_string());
+                let mut chars = body[eq + 2..].char_indices();
+                let mut close = body.len() - eq - 2;
+                while let Some((i, c)) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => {
+                            close = i;
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                body = body.get(eq + 2 + close + 1..).unwrap_or("");
+                if body.starts_with('}') {
+                    break;
+                }
+            }
+        }
+        out.insert(format!("series {name} {{{}}}", labels.join(",")));
+    }
+    out
+}
+
+/// Compares `got` (one line each) with the golden file at `path`: equal,
+/// or an error that lists what appeared and what went. With
+/// `SLIPSTREAM_BLESS` set, rewrites the file instead (a change of name
+/// or label is then in the diff a reviewer reads).
+pub fn compare_golden(path: &std::path::Path, got: &std::collections::BTreeSet<String>) -> Result<(), String> {
+    let text: String = got.iter().map(|l| format!("{l}\n")).collect();
+    if std::env::var_os("SLIPSTREAM_BLESS").is_some() {
+        return std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()));
+    }
+    let want = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let want: std::collections::BTreeSet<String> = want.lines().map(String::from).collect();
+    if &want == got {
+        return Ok(());
+    }
+    let added: Vec<_> = got.difference(&want).collect();
+    let removed: Vec<_> = want.difference(got).collect();
+    Err(format!(
+        "metric names, labels or log keys changed (a contract with dashboards, alerts and log pipelines, docs/protocols.md \
+         section 6): new {added:?}, gone {removed:?}; if meant, rewrite {} with SLIPSTREAM_BLESS=1 and say so in the docs",
+        path.display()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +167,13 @@ mod tests {
         let line =
             render(Labels { source_workload: "x".into(), destination_workload: "y".into(), connection_security_policy: Security::Unknown });
         assert!(line.ends_with(r#"connection_security_policy="unknown"} 1"#), "{line}");
+    }
+
+    #[test]
+    fn shapes_keep_names_and_label_names_only() {
+        let text =
+            "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\",y=\"q\\\"uo,te\"} 3\na_total{x=\"2\",y=\"\"} 4\nb 1\n# EOF\n";
+        let got: Vec<String> = shapes(text).into_iter().collect();
+        assert_eq!(got, vec!["series a_total {x,y}", "series b {}", "type a_total counter"]);
     }
 }

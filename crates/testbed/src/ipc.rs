@@ -66,7 +66,7 @@ pub enum Response {
         items: Vec<serde_json::Value>,
     },
     Flows {
-        flows: Vec<crate::agent::flows::Flow>,
+        flows: Vec<Flow>,
         /// The datapath that runs (`ebpf`; `nftables` records no flows).
         datapath: String,
     },
@@ -113,4 +113,50 @@ pub fn write_response(mut s: &UnixStream, r: &Response) -> Result<(), IpcError> 
     line.push(b'\n');
     s.write_all(&line)?;
     Ok(())
+}
+
+// The flow log's records, as the agent answers them to `observe`
+// (kept by `agent::flows`).
+
+/// One end of a flow, named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    pub ip: String,
+    pub port: u16,
+    /// `namespace/name` of the pod, empty when the address is no pod's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// SPIFFE identity of a meshed pod's service account.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub identity: String,
+    /// `namespace/name` of the service whose address this is.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub service: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Flow {
+    /// Increases by one per flow; `observe -f` asks for the ones after.
+    pub seq: u64,
+    /// When the agent read it, Unix milliseconds.
+    pub time_ms: u64,
+    pub node: String,
+    pub source: Endpoint,
+    pub destination: Endpoint,
+    /// FORWARDED, REDIRECTED or DROPPED.
+    pub verdict: String,
+    /// For drops: POLICY_DENIED, NO_PROXY.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub drop_reason: String,
+    /// Where: `connect` (the source's connect() or sendmsg()),
+    /// `tc-ingress` (the destination pod's interface) or `tc-egress` (the
+    /// source pod's).
+    pub point: String,
+    /// TCP, UDP, SCTP, ICMP, or the IP protocol number.
+    #[serde(default)]
+    pub protocol: String,
 }

@@ -53,15 +53,17 @@ pub struct Paths {
 }
 
 impl Paths {
-    pub fn new(cluster: ClusterName) -> Result<Self, String> {
+    /// The cluster's paths, its cgroup root under `cgroup2` (the cgroup v2
+    /// mount, found by `sys::cgroup::cgroup2_mount`).
+    pub fn new(cluster: ClusterName, cgroup2: &Path) -> Self {
         let run = run_dir();
-        let cg = crate::sys::cgroup::cgroup2_mount()?;
-        Ok(Paths {
+        let cg = cgroup2;
+        Paths {
             state_dir: run.join(cluster.as_str()),
             cgroup_root: cg.join("slipstream").join(cluster.as_str()),
             bpf_dir: PathBuf::from("/sys/fs/bpf/slipstream").join(cluster.as_str()),
             cluster,
-        })
+        }
     }
     pub fn socket(&self) -> PathBuf {
         self.state_dir.join("agent.sock")

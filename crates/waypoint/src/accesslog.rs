@@ -318,4 +318,26 @@ mod tests {
         assert!(line.contains(" request_id=\"\" "), "{line}");
         assert_eq!(line.matches('\n').count(), 1, "{line}");
     }
+
+    /// The names and labels of the waypoint's metrics and the keys of its
+    /// access log, against `golden/telemetry.txt` (docs/protocols.md
+    /// section 6).
+    #[test]
+    fn metric_names_labels_and_access_log_keys_are_the_golden_ones() {
+        let m = crate::metrics::Metrics::default();
+        let principal: std::sync::Arc<str> = std::sync::Arc::from("spiffe://cluster.local/ns/a/sa/b");
+        for protocol in [crate::metrics::Protocol::Http, crate::metrics::Protocol::Grpc] {
+            m.observe(&crate::metrics::RequestLabels::new(None, &principal, None, None, protocol, 200, "-"), 1.0, 1, 1);
+        }
+        let mut got = slipstream_proxy::metrics::shapes(&m.render());
+        let (src, dst) = (id("spiffe://cluster.local/ns/bookinfo/sa/productpage"), id("spiffe://cluster.local/ns/bookinfo/sa/reviews"));
+        let mut line = Vec::new();
+        format_into(&mut line, SystemTime::now(), &routed(&src, Some(&dst)));
+        let line = String::from_utf8(line).unwrap();
+        for word in line.split(' ').filter(|w| w.contains('=')) {
+            got.insert(format!("accesslog {}", word.split('=').next().unwrap()));
+        }
+        let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/telemetry.txt");
+        slipstream_proxy::metrics::compare_golden(&golden, &got).unwrap_or_else(|e| panic!("{e}"));
+    }
 }

@@ -180,7 +180,7 @@ impl Shared {
         req: Option<(&slipstream_core::route::RequestView, &str)>,
         request_id: &str,
     ) -> Result<(), Option<String>> {
-        use slipstream_core::policy::engine;
+        use slipstream_core::engine;
         use slipstream_core::policy::network::{Direction, L4Protocol};
         let name = |b: &slipstream_core::policy::PolicyRule| format!("{}/{}", b.namespace, b.name);
         let conn = engine::Connection {

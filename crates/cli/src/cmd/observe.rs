@@ -5,10 +5,10 @@
 
 use crate::common::{self, Ctx};
 use anyhow::{bail, Context};
-use slipstream_core::policy::engine;
+use slipstream_core::engine;
 use slipstream_core::policy::network::{Direction, L4Protocol};
 use slipstream_core::MeshState;
-use slipstream_testbed::agent::flows::Flow;
+use slipstream_testbed::ipc::Flow;
 use slipstream_testbed::ipc::{Request, Response};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};

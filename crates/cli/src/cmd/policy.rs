@@ -12,7 +12,7 @@
 use crate::common::{self, Ctx};
 use anyhow::{bail, Context};
 use slipstream_control::objects::ClusterObject;
-use slipstream_core::policy::engine::{self, Answer, PodName, Question};
+use slipstream_core::engine::{self, Answer, PodName, Question};
 use slipstream_core::policy::LayerVerdict;
 use slipstream_core::{MeshConfig, MeshState};
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! Istio's L4 metrics (shared/PROTOCOLS.md section 6) and the node proxy's
+//! Istio's L4 metrics (docs/protocols.md section 6) and the node proxy's
 //! own counters, through `prometheus-client`: label sets are typed structs,
 //! families are looked up under a shared read lock (a write lock only the
 //! first time a label set is seen), and counting is an atomic add.
@@ -417,5 +417,50 @@ mod tests {
         assert!(text.contains("slipstream_hbone_inbound_responses_total{code=\"400\"} 0"), "{text}");
         assert!(text.contains("slipstream_hbone_inbound_connection_closes_total{reason=\"protocol_error\"} 0"), "{text}");
         assert!(text.contains("slipstream_connection_setup_seconds_count{reporter=\"source\",response_flags=\"-\"} 1"), "{text}");
+    }
+
+    /// The names and labels of every metric and the keys of the access
+    /// log, against `golden/telemetry.txt` (docs/protocols.md section 6).
+    #[test]
+    fn metric_names_labels_and_access_log_keys_are_the_golden_ones() {
+        let m = Metrics::default();
+        m.opened(&labels());
+        m.closed(&labels(), 1, 2);
+        m.rejected_because(ResponseFlag::TlsFailure, "not_tls");
+        m.setup(Reporter::Source, ResponseFlag::None, 0.002);
+        let by = slipstream_core::policy::PolicyRule {
+            kind: slipstream_core::policy::PolicyKind::AuthorizationPolicy,
+            namespace: "ns".into(),
+            name: "deny".into(),
+            rule: Some("rules[0]".into()),
+        };
+        m.denied(Reporter::Destination, &slipstream_proxy::denial::Denial { text: "denied".into(), layer: "authorization", by: Some(by) });
+        let _ = m.buffers.set(slipstream_proxy::limits::Buffers::new(1 << 20));
+        let mut got = slipstream_proxy::metrics::shapes(&m.render());
+        let entry = crate::telemetry::accesslog::AccessLogEntry {
+            src_addr: "a".into(),
+            src_workload: "a".into(),
+            src_namespace: "a".into(),
+            src_identity: "a".into(),
+            dst_addr: "a".into(),
+            dst_hbone_addr: "a".into(),
+            dst_service: "a".into(),
+            dst_workload: "a".into(),
+            dst_namespace: "a".into(),
+            dst_identity: "a".into(),
+            direction: "outbound",
+            bytes_sent: 1,
+            bytes_recv: 1,
+            duration: 1,
+            error: Some("e".into()),
+            flag: Some("DENY"),
+        };
+        let json: serde_json::Value = serde_json::from_str(&entry.render(true)).unwrap();
+        got.extend(json.as_object().unwrap().keys().map(|k| format!("accesslog json {k}")));
+        for word in entry.render(false).split(' ').skip(2) {
+            got.insert(format!("accesslog text {}", word.split('=').next().unwrap()));
+        }
+        let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/telemetry.txt");
+        slipstream_proxy::metrics::compare_golden(&golden, &got).unwrap_or_else(|e| panic!("{e}"));
     }
 }

@@ -3,7 +3,7 @@
 //! event arrives (a pod deleted later still shows by name), and keeps the
 //! newest [`CAPACITY`] for `slipstream observe`.
 
-use serde::{Deserialize, Serialize};
+pub use crate::ipc::{Endpoint, Flow};
 use slipstream_ebpf::abi::{self, DropReason, Event, Verdict};
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
@@ -14,49 +14,6 @@ use std::time::{Duration, SystemTime};
 /// Flows kept for `observe` (as `hubble observe` shows a node's recent
 /// flows, then follows).
 pub const CAPACITY: usize = 8192;
-
-/// One end of a flow, named.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct Endpoint {
-    pub ip: String,
-    pub port: u16,
-    /// `namespace/name` of the pod, empty when the address is no pod's.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub pod: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub namespace: String,
-    /// SPIFFE identity of a meshed pod's service account.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub identity: String,
-    /// `namespace/name` of the service whose address this is.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub service: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Flow {
-    /// Increases by one per flow; `observe -f` asks for the ones after.
-    pub seq: u64,
-    /// When the agent read it, Unix milliseconds.
-    pub time_ms: u64,
-    pub node: String,
-    pub source: Endpoint,
-    pub destination: Endpoint,
-    /// FORWARDED, REDIRECTED or DROPPED.
-    pub verdict: String,
-    /// For drops: POLICY_DENIED, NO_PROXY.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub drop_reason: String,
-    /// Where: `connect` (the source's connect() or sendmsg()),
-    /// `tc-ingress` (the destination pod's interface) or `tc-egress` (the
-    /// source pod's).
-    pub point: String,
-    /// TCP, UDP, SCTP, ICMP, or the IP protocol number.
-    #[serde(default)]
-    pub protocol: String,
-}
 
 /// A pod, or a service address (empty identity), as the flow log names it.
 #[derive(Debug, Clone)]
