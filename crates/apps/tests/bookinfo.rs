@@ -3,6 +3,7 @@
 
 mod common;
 
+use slipstream_core::sync::LockExt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -97,7 +98,7 @@ async fn reviews_v1_never_calls_ratings() {
     let html = http1(productpage, get("/productpage")).await.text();
     assert!(html.contains(">productpage-v1 details-v1 reviews-v1</span>"), "{html}");
     assert!(!html.contains("class=\"stars\""));
-    assert!(seen.lock().unwrap().is_empty(), "reviews-v1 called ratings");
+    assert!(seen.locked().is_empty(), "reviews-v1 called ratings");
 }
 
 #[tokio::test]
@@ -160,7 +161,7 @@ async fn trace_and_user_headers_are_propagated_through_the_graph() {
         .unwrap();
     assert_eq!(http1(productpage, req).await.status, StatusCode::OK);
 
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.locked().clone();
     let mut paths: Vec<&str> = seen.iter().map(|(path, _)| path.as_str()).collect();
     paths.sort();
     assert_eq!(paths, ["/details/0", "/ratings/0"]);
@@ -229,7 +230,7 @@ async fn start_capture(delay: Duration) -> (SocketAddr, Seen) {
             let record = record.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    record.lock().unwrap().push((req.uri().path().to_owned(), req.headers().clone()));
+                    record.locked().push((req.uri().path().to_owned(), req.headers().clone()));
                     async move {
                         // Not synchronization: the upstream is slow on
                         // purpose (the caller's timeout is under test).

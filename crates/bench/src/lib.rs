@@ -23,7 +23,7 @@ pub mod manifests;
 pub mod mesh;
 pub mod parse;
 pub mod plan;
-pub mod policy;
+pub mod policy_cost;
 pub mod preflight;
 pub mod report;
 pub mod results;

@@ -210,9 +210,6 @@ pub fn print_warnings(loaded: &[Loaded]) {
     }
 }
 
-/// Shared with the node proxy's flags: one parser of durations.
-pub use slipstream_proxy::config::parse_duration;
-
 /// Why a pod blocks convergence, if it does: Some(Err) for a failure that
 /// waiting will not fix.
 fn pod_blocker(p: &PodStatus) -> Option<Result<String, String>> {
@@ -361,64 +358,6 @@ impl Scope {
                 "Namespace" => k.name == p.namespace,
                 _ => false,
             }),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn duration_flags_take_one_number_with_an_optional_unit() {
-        let cases = [
-            ("120s", Duration::from_secs(120)),
-            ("2m", Duration::from_secs(120)),
-            ("1h", Duration::from_secs(3600)),
-            ("500ms", Duration::from_millis(500)),
-            // No unit: seconds.
-            ("3", Duration::from_secs(3)),
-            ("0", Duration::ZERO),
-            ("1.5", Duration::from_millis(1500)),
-            ("1.5s", Duration::from_millis(1500)),
-            ("0.25m", Duration::from_secs(15)),
-            ("2.5ms", Duration::from_micros(2500)),
-            ("1.5h", Duration::from_secs(5400)),
-            (".5s", Duration::from_millis(500)),
-            ("5.", Duration::from_secs(5)),
-            ("007s", Duration::from_secs(7)),
-            ("1.250000000000s", Duration::from_millis(1250)),
-        ];
-        for (text, want) in cases {
-            assert_eq!(parse_duration(text), Ok(want), "{text}");
-        }
-    }
-
-    #[test]
-    fn duration_flags_refuse_other_forms_with_a_reason() {
-        let cases = [
-            ("", "not a duration"),
-            ("s", "not a duration"),
-            (".", "not a duration"),
-            ("1.2.3s", "not a duration"),
-            ("-1s", "not a duration"),
-            ("+1s", "not a duration"),
-            (" 1s", "not a duration"),
-            ("1 s", "unknown unit"),
-            ("1m30s", "unknown unit"),
-            ("5x", "unknown unit"),
-            ("2min", "unknown unit"),
-            ("1d", "unknown unit"),
-            ("1ns", "unknown unit"),
-            ("1e3s", "unknown unit"),
-            ("99999999999999999999h", "too large"),
-            // Not rounded: refused.
-            ("0.0000000001", "precision"),
-            ("0.001h", "precision"),
-        ];
-        for (text, why) in cases {
-            let err = parse_duration(text).unwrap_err();
-            assert!(err.contains(why), "{text}: {err}");
         }
     }
 }

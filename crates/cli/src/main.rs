@@ -59,7 +59,7 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         nodes: usize,
         /// How long to wait for every pod to be ready.
-        #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
+        #[arg(long, default_value = "120s", value_parser = slipstream_core::duration::parse_flag)]
         timeout: Duration,
         /// Mesh root certificate (PEM) to sign workload certificates with;
         /// with --ca-key. Default: a new root for this cluster.
@@ -108,7 +108,7 @@ enum Command {
         /// Return as soon as the change is accepted.
         #[arg(long)]
         no_wait: bool,
-        #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
+        #[arg(long, default_value = "120s", value_parser = slipstream_core::duration::parse_flag)]
         timeout: Duration,
         /// The namespace of objects that name none (an object naming
         /// another is refused, as kubectl does).
@@ -141,7 +141,7 @@ enum Command {
         ignore_not_found: bool,
         #[arg(long)]
         no_wait: bool,
-        #[arg(long, default_value = "60s", value_parser = common::parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = slipstream_core::duration::parse_flag)]
         timeout: Duration,
     },
     /// List objects, as `kubectl get`: `get pods`, `get svc,deploy -n NS`,
@@ -200,7 +200,7 @@ enum Command {
         /// condition=Ready (pods), condition=Available (deployments), or delete.
         #[arg(long = "for")]
         for_: String,
-        #[arg(long, default_value = "30s", value_parser = common::parse_duration)]
+        #[arg(long, default_value = "30s", value_parser = slipstream_core::duration::parse_flag)]
         timeout: Duration,
     },
     /// Run a command inside a pod (its network, names and cgroup) and
@@ -268,7 +268,7 @@ enum Command {
     /// long a refused client waits, refused by a node proxy and by the
     /// node's kernel path). Writes policy.json and policy.md into --out.
     #[command(name = "bench-policy")]
-    BenchPolicy(slipstream_bench::policy::PolicyBenchArgs),
+    BenchPolicy(slipstream_bench::policy_cost::PolicyBenchArgs),
     /// Data-path debugging: HBONE as any identity, raw TCP, many held
     /// connections (see docs/node-proxy.md, "Debugging").
     #[command(subcommand, hide = true)]
@@ -463,7 +463,7 @@ enum RolloutCommand {
         /// `deploy/NAME`, or `deployment NAME`.
         #[arg(required = true, num_args = 1..=2)]
         resource: Vec<String>,
-        #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
+        #[arg(long, default_value = "120s", value_parser = slipstream_core::duration::parse_flag)]
         timeout: Duration,
     },
 }
@@ -516,7 +516,7 @@ fn main() {
         Command::App(AppCommand::Echo(a)) => slipstream_apps::run_echo(a),
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
         Command::BenchControl(args) => slipstream_bench::control::run(args),
-        Command::BenchPolicy(args) => slipstream_bench::policy::run(args),
+        Command::BenchPolicy(args) => slipstream_bench::policy_cost::run(args),
         Command::Waypoint(args) => cmd::waypoint::run(args),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
             Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas, datapath } => {

@@ -10,6 +10,7 @@ mod gate;
 pub use gate::{Gate, GateSettings};
 
 use futures_util::future::BoxFuture;
+use slipstream_core::sync::LockExt;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -157,7 +158,7 @@ impl WorkloadTokens {
     }
 
     fn check(&self, token: &str) -> Option<WorkloadEntry> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.locked();
         let modified = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
         if modified != cache.0 {
             let read: BTreeMap<String, WorkloadEntry> = match std::fs::read_to_string(&self.path) {

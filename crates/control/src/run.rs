@@ -23,7 +23,8 @@ use crate::store::Store;
 use crate::syncz::{ProxySync, Syncz, TypeSync};
 use crate::xds::{XdsServer, XdsSettings};
 use anyhow::{bail, Context};
-use slipstream_identity::TrustDomain;
+use slipstream_core::sync::LockExt;
+use slipstream_core::TrustDomain;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -66,7 +67,7 @@ pub struct ControlArgs {
     pub kubeconfig: Option<PathBuf>,
     /// How often a `dir:` source is checked for changes when nothing wakes
     /// it: changes wake it at once (inotify); this is the safety net.
-    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "200ms", value_parser = slipstream_core::duration::parse_flag)]
     pub dir_interval: Duration,
     /// Delta xDS and the certificate service, over TLS.
     #[arg(long, default_value = "0.0.0.0:15012")]
@@ -142,7 +143,7 @@ pub struct ControlArgs {
     /// How often the JWKS of a RequestAuthentication's `jwksUri` (a Service
     /// of the cluster) is fetched again; a failed fetch is retried sooner,
     /// and the last good key set stays in force.
-    #[arg(long, default_value = "20m", value_parser = parse_duration)]
+    #[arg(long, default_value = "20m", value_parser = slipstream_core::duration::parse_flag)]
     pub jwks_refresh: Duration,
     /// Let a `jwksUri` whose Service has a loopback address be fetched
     /// (tests). Off: a tenant's RequestAuthentication cannot make the
@@ -154,10 +155,6 @@ pub struct ControlArgs {
 
 /// The waypoint image by default: this build's.
 pub const DEFAULT_WAYPOINT_IMAGE: &str = concat!("ghcr.io/slipstream-mesh/slipstream:", env!("CARGO_PKG_VERSION"));
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (examples: 200ms, 5s, 24h)"))
-}
 
 /// What the monitor shows, kept by the loops.
 #[derive(Default)]
@@ -178,7 +175,7 @@ struct Monitor {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 impl MonitorSource for Monitor {
@@ -507,7 +504,7 @@ pub async fn run(args: ControlArgs) -> anyhow::Result<()> {
 
 /// `--gateway-resync`: a duration of at least 5 s.
 fn parse_resync(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
+    let d = slipstream_core::duration::parse_flag(s)?;
     if d < Duration::from_secs(5) {
         return Err(format!("{s}: at least 5s (each resync applies every waypoint's objects again)"));
     }

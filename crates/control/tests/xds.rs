@@ -13,8 +13,10 @@ use slipstream_control::serve::{routes, ControlServer, ServeSettings};
 use slipstream_control::store::Store;
 use slipstream_control::xds::{XdsServer, XdsSettings};
 use slipstream_core::policy::{Action, Authorization, Scope};
+use slipstream_core::sync::LockExt;
+use slipstream_core::TrustDomain;
 use slipstream_core::{TunnelProtocol, Workload};
-use slipstream_identity::{Ca, TrustDomain};
+use slipstream_identity::Ca;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -324,7 +326,7 @@ struct Lines(Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Lines {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
+        self.0.locked().extend_from_slice(b);
         Ok(b.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -334,7 +336,7 @@ impl std::io::Write for Lines {
 
 impl Lines {
     fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        String::from_utf8_lossy(&self.0.locked()).into_owned()
     }
 }
 

@@ -9,6 +9,8 @@
 #![forbid(unsafe_code)]
 
 pub mod abi;
+pub mod bucket;
+pub mod duration;
 pub mod engine;
 #[cfg(test)]
 mod fixtures;
@@ -19,6 +21,7 @@ pub mod policy;
 pub mod route;
 pub mod spiffe;
 pub mod state;
+pub mod sync;
 pub mod workload;
 
 // The ports have always been named from the crate root.

@@ -7,9 +7,9 @@
 
 pub mod abi;
 pub mod flows;
+pub mod kernel_policy;
 pub mod loader;
 pub mod node;
-pub mod policy;
 pub mod sys;
 
 pub use flows::FlowReader;

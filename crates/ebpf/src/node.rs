@@ -4,10 +4,11 @@
 //! what the engine compiles for its pods, and reads the drop counters.
 
 use crate::abi::{self, DropReason, IpcacheKey, OrigDstKey, PolicyKey, PolicyValue, WorldAddr};
-use crate::policy::Compiled;
-use crate::policy::Prefix;
+use crate::kernel_policy::Compiled;
+use crate::kernel_policy::Prefix;
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
+use slipstream_core::sync::LockExt;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd};
@@ -131,7 +132,7 @@ impl NodeMaps {
     /// Registers a pod's plaintext listener for inbound capture.
     pub fn register_listener<F: AsFd>(&self, pod_ip: Ipv4Addr, listener: &F) -> Result<(), Error> {
         let fd = listener.as_fd().as_raw_fd();
-        self.listeners.lock().expect("listeners lock").insert(abi::ip_key(pod_ip), fd, 0).map_err(map_err(abi::maps::LISTENERS))
+        self.listeners.locked().insert(abi::ip_key(pod_ip), fd, 0).map_err(map_err(abi::maps::LISTENERS))
     }
 
     /// The addresses of this node's pods that the CNI put on the datapath
@@ -155,15 +156,15 @@ impl NodeMaps {
 
     /// The identities a previous run of the node proxy numbered (its
     /// ipcache and world entries for this node).
-    pub fn prior_identities(&self) -> crate::policy::Identities {
-        let ipcache = self.ipcache.lock().expect("ipcache lock");
+    pub fn prior_identities(&self) -> crate::kernel_policy::Identities {
+        let ipcache = self.ipcache.locked();
         let addresses: Vec<(Ipv4Addr, u32)> =
             ipcache.iter().flatten().filter(|(k, _)| k.node == self.node).map(|(k, id)| (abi::ip_from_key(k.ip), id)).collect();
-        let world = self.world.lock().expect("world lock");
+        let world = self.world.locked();
         let prefixes: Vec<(Prefix, u32)> = world_of(&world, self.node).into_iter().map(|((_, p), id)| (p, id)).collect();
-        let policy = self.policy.lock().expect("policy lock");
+        let policy = self.policy.locked();
         let highest = policy.keys().flatten().filter(|k| k.node == self.node).map(|k| k.src_id.max(k.dst_id)).max().unwrap_or(0);
-        crate::policy::Identities::adopt(addresses, prefixes, highest)
+        crate::kernel_policy::Identities::adopt(addresses, prefixes, highest)
     }
 
     /// Makes the maps hold what `c` compiled for this node, in an order
@@ -171,10 +172,10 @@ impl NodeMaps {
     /// changed decisions first, then addresses to their (possibly new)
     /// identities, then addresses no longer known, then stale decisions.
     pub fn sync_policy(&self, c: &Compiled) -> Result<Sync, Error> {
-        let mut guard = self.written.lock().expect("written lock");
-        let mut policy = self.policy.lock().expect("policy lock");
-        let mut ipcache = self.ipcache.lock().expect("ipcache lock");
-        let mut world = self.world.lock().expect("world lock");
+        let mut guard = self.written.locked();
+        let mut policy = self.policy.locked();
+        let mut ipcache = self.ipcache.locked();
+        let mut world = self.world.locked();
         let node = self.node;
         let written = guard.get_or_insert_with(|| Written {
             policy: policy.iter().flatten().filter(|(k, _)| k.node == node).collect(),

@@ -742,7 +742,7 @@ fn what_the_node_proxy_writes_is_what_the_lookup_finds_world_included() {
     #[allow(dead_code)]
     mod cases;
     use slipstream_control::index::{mesh_from_manifests, IndexSettings};
-    use slipstream_ebpf::policy::compile;
+    use slipstream_ebpf::kernel_policy::compile;
     use slipstream_ebpf::NodeMaps;
     let d = Dir::new("sync");
     let _dp = Datapath::load(&d.0).unwrap();

@@ -16,7 +16,7 @@ use slipstream_core::MeshState;
 use slipstream_ebpf::abi::{
     IpcacheKey, PolicyKey, PolicyValue, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, POLICY_DENY, POLICY_F_ALL_PORTS, PROTO_OTHER,
 };
-use slipstream_ebpf::policy::{compile, Identities, Prefix};
+use slipstream_ebpf::kernel_policy::{compile, Identities, Prefix};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 

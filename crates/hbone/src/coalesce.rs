@@ -124,6 +124,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slipstream_core::sync::LockExt;
     use std::sync::{Arc, Mutex};
 
     /// Records each write the inner stream is given.
@@ -132,7 +133,7 @@ mod tests {
 
     impl AsyncWrite for Recorder {
         fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-            self.0.lock().unwrap().push(buf.to_vec());
+            self.0.locked().push(buf.to_vec());
             Poll::Ready(Ok(buf.len()))
         }
         fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -144,7 +145,7 @@ mod tests {
     }
 
     fn writes(r: &Recorder) -> Vec<usize> {
-        r.0.lock().unwrap().iter().map(Vec::len).collect()
+        r.0.locked().iter().map(Vec::len).collect()
     }
 
     #[test]
@@ -164,7 +165,7 @@ mod tests {
         ));
         assert!(matches!(Pin::new(&mut c).poll_flush(&mut cx), Poll::Ready(Ok(()))));
         assert_eq!(writes(&rec), [359], "one write for all of them");
-        let all = rec.0.lock().unwrap()[0].clone();
+        let all = rec.0.locked()[0].clone();
         assert_eq!((&all[..300], &all[300..309], &all[309..]), (&[1u8; 300][..], &[2u8; 9][..], &[3u8; 50][..]), "in order");
         // Nothing gathered: a flush does not yield.
         assert!(matches!(Pin::new(&mut c).poll_flush(&mut cx), Poll::Ready(Ok(()))));

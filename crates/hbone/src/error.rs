@@ -9,8 +9,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::StatusCode;
+use slipstream_core::SpiffeId;
 use slipstream_identity::tls::IdentityMismatch;
-use slipstream_identity::{FetchError, SpiffeId};
+use slipstream_identity::FetchError;
 
 /// The `response_flags` label value (docs/protocols.md section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -3,6 +3,7 @@
 
 mod common;
 
+use slipstream_core::sync::LockExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,8 +12,9 @@ use bytes::Bytes;
 use common::*;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, StatusCode};
+use slipstream_core::{SpiffeId, TrustDomain};
 use slipstream_hbone::{CertSource, ConnectRequest, H2Config, HboneError, PlainConnector, Pool, PoolConfig, ResponseFlag, ServerConfig};
-use slipstream_identity::{Ca, FetchError, SpiffeId, TrustDomain, WorkloadCert};
+use slipstream_identity::{Ca, FetchError, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -52,7 +54,7 @@ async fn each_refusal_has_its_code() {
         assert_eq!(err.flag(), flag, "{target}");
     }
     // Refusals reach the handler only from the check that needs it.
-    let asked: Vec<u16> = server.handler.requests.lock().unwrap().iter().map(|r| r.target.port()).collect();
+    let asked: Vec<u16> = server.handler.requests.locked().iter().map(|r| r.target.port()).collect();
     assert_eq!(asked, vec![1001, 1002, 1003]);
 
     let stats = server.stats.snapshot();
@@ -74,12 +76,12 @@ async fn waypoint_accepts_a_foreign_authority() {
     let (client, waypoint) = (id("sleep"), id("waypoint"));
     let server = start_server(&mesh, &waypoint, ServerConfig::default()).await;
     let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
-    *server.handler.waypoint_for.lock().unwrap() = Some(vip);
+    *server.handler.waypoint_for.locked() = Some(vip);
     let pool = mesh.pool(PoolConfig::default());
     let mut tunnel = pool.connect(&key(&client, &[waypoint], server.addr), ConnectRequest::new(vip)).await.unwrap();
     tunnel.shutdown().await.unwrap();
     read_all(&mut tunnel).await.unwrap();
-    assert_eq!(server.handler.requests.lock().unwrap()[0].target, vip);
+    assert_eq!(server.handler.requests.locked()[0].target, vip);
 }
 
 /// Requests the pool never sends, through a bare h2 client.
@@ -115,7 +117,7 @@ async fn malformed_requests_get_400_with_end_stream() {
     assert_eq!(response.await.unwrap().status(), StatusCode::BAD_REQUEST);
 
     assert_eq!(server.stats.snapshot().status_400, 3);
-    assert!(server.handler.requests.lock().unwrap().is_empty());
+    assert!(server.handler.requests.locked().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,7 +257,7 @@ async fn header_lists_up_to_64_kib_are_accepted_and_larger_ones_refused_cleanly(
     tunnel.shutdown().await.unwrap();
     assert_eq!(read_all(&mut tunnel).await.unwrap(), b"through");
     {
-        let requests = server.handler.requests.lock().unwrap();
+        let requests = server.handler.requests.locked();
         assert_eq!(requests.len(), 1);
         assert_eq!(requests[0].headers[&padding].len(), 60 * 1024, "the header arrives whole");
     }
@@ -264,7 +266,7 @@ async fn header_lists_up_to_64_kib_are_accepted_and_larger_ones_refused_cleanly(
     // counts its name and 32 bytes).
     let err = pool.connect(&k, padded(64 * 1024)).await.unwrap_err();
     assert!(matches!(err, HboneError::Status(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)), "got {err}");
-    assert_eq!(server.handler.requests.lock().unwrap().len(), 1, "the refused request never reached the handler");
+    assert_eq!(server.handler.requests.locked().len(), 1, "the refused request never reached the handler");
 
     // The connection survives and serves the next tunnel.
     let mut tunnel = pool.connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 80))).await.unwrap();
@@ -296,7 +298,7 @@ async fn header_lists_far_over_the_limit_end_the_connection() {
         other => panic!("expected the connection to end, got {other}"),
     }
     assert_eq!(err.flag(), ResponseFlag::ProtocolError);
-    assert!(server.handler.requests.lock().unwrap().is_empty());
+    assert!(server.handler.requests.locked().is_empty());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     while server.stats.snapshot().protocol_errors == 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -4,6 +4,7 @@
 
 mod common;
 
+use slipstream_core::sync::LockExt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,12 +12,13 @@ use std::time::Duration;
 
 use common::*;
 use futures_util::future::BoxFuture;
+use slipstream_core::{SpiffeId, TrustDomain};
 use slipstream_hbone::drain;
 use slipstream_hbone::{
     Admission, AdmissionRefused, CertSource, ConnectRequest, Handler, HandshakeFailure, HandshakeFailureKind, HboneError, InboundRequest,
     Permit, PoolConfig, ResponseFlag, Server, ServerConfig, StreamRecord, Upstream,
 };
-use slipstream_identity::{Ca, FetchError, SpiffeId, TrustDomain, WorkloadCert};
+use slipstream_identity::{Ca, FetchError, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -56,11 +58,11 @@ impl Handler for Recorder {
     }
 
     fn on_stream_end(&self, record: &StreamRecord) {
-        self.records.lock().unwrap().push(record.clone());
+        self.records.locked().push(record.clone());
     }
 
     fn on_handshake_failure(&self, failure: &HandshakeFailure) {
-        self.failures.lock().unwrap().push(failure.clone());
+        self.failures.locked().push(failure.clone());
     }
 
     fn admit(&self, _peer: SocketAddr, _local: SocketAddr) -> Result<Admission, AdmissionRefused> {
@@ -75,13 +77,13 @@ impl Handler for Recorder {
 
 impl Recorder {
     async fn wait_failures(&self, n: usize) -> Vec<HandshakeFailure> {
-        wait_until_async(format!("{n} failed handshakes reported"), WAIT, || self.failures.lock().unwrap().len() >= n).await;
-        self.failures.lock().unwrap().clone()
+        wait_until_async(format!("{n} failed handshakes reported"), WAIT, || self.failures.locked().len() >= n).await;
+        self.failures.locked().clone()
     }
 
     async fn wait_records(&self, n: usize) -> Vec<StreamRecord> {
-        wait_until_async(format!("{n} stream records"), WAIT, || self.records.lock().unwrap().len() >= n).await;
-        self.records.lock().unwrap().clone()
+        wait_until_async(format!("{n} stream records"), WAIT, || self.records.locked().len() >= n).await;
+        self.records.locked().clone()
     }
 
     /// Waits until `n` handshakes hold an admission slot.
@@ -269,5 +271,5 @@ async fn stream_records_say_whether_the_handler_saw_the_stream() {
     r.sort_by_key(|r| (r.target.map(|t| t.port()), r.status.as_u16()));
     let seen: Vec<(u16, u16, bool)> = r.iter().map(|r| (r.target.unwrap().port(), r.status.as_u16(), r.reached_handler)).collect();
     assert_eq!(seen, vec![(1, 503, true), (80, 200, true), (80, 400, false), (15008, 503, false)]);
-    assert!(rec.failures.lock().unwrap().is_empty());
+    assert!(rec.failures.locked().is_empty());
 }

@@ -2,6 +2,7 @@
 
 mod common;
 
+use slipstream_core::sync::LockExt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -259,7 +260,7 @@ async fn sockets_come_from_the_callers_connector() {
     let calls = Arc::new(Mutex::new(Vec::<(SocketAddr, IpAddr)>::new()));
     let seen = calls.clone();
     let connector = move |dst: SocketAddr, src: IpAddr| {
-        seen.lock().unwrap().push((dst, src));
+        seen.locked().push((dst, src));
         async move { tokio::net::TcpStream::connect(dst).await }
     };
     let pool = Pool::new(PoolConfig::default(), Arc::new(mesh.certs.clone()), Arc::new(connector));
@@ -267,7 +268,7 @@ async fn sockets_come_from_the_callers_connector() {
     let k = PoolKey::new(client, [server_id], server.addr, src_ip);
     let mut t = pool.connect(&k, ConnectRequest::new(echo_target())).await.unwrap();
     echo_once(&mut t, b"via connector").await;
-    assert_eq!(*calls.lock().unwrap(), vec![(server.addr, src_ip)]);
+    assert_eq!(*calls.locked(), vec![(server.addr, src_ip)]);
 
     // A connector failure is a connect error.
     let failures = Arc::new(AtomicUsize::new(0));

@@ -4,6 +4,7 @@
 
 mod common;
 
+use slipstream_core::sync::LockExt;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -40,7 +41,7 @@ fn connections_spread_over_shards_and_each_shard_rides_its_own_pooled_connection
                     let (tcp, _) = listener.accept().await.unwrap();
                     let (pool, k, served_on) = (pool.clone(), k.clone(), served_on.clone());
                     shard::spawn_accepted(tcp, move |tcp| async move {
-                        *served_on.lock().unwrap().entry(shard::current()).or_default() += 1;
+                        *served_on.locked().entry(shard::current()).or_default() += 1;
                         let tunnel = pool.connect(&k, ConnectRequest::new(SocketAddr::new(LOCALHOST, 8080))).await.unwrap();
                         let (_, r) = copy::bidirectional(tunnel, tcp).await;
                         r.unwrap();
@@ -60,7 +61,7 @@ fn connections_spread_over_shards_and_each_shard_rides_its_own_pooled_connection
             assert_eq!(back, msg, "client {i}");
             clients.push(c);
         }
-        assert_eq!(served_on.lock().unwrap().clone(), BTreeMap::from([(0, 2), (1, 2)]), "round robin over the two shards");
+        assert_eq!(served_on.locked().clone(), BTreeMap::from([(0, 2), (1, 2)]), "round robin over the two shards");
         // One pooled connection per shard, not one shared: the server
         // accepted two, and each shard's tunnels ride its own.
         let mut snapshot = pool.snapshot();

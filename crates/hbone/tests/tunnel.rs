@@ -3,6 +3,7 @@
 
 mod common;
 
+use slipstream_core::sync::LockExt;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -109,7 +110,7 @@ async fn server_sees_identity_target_and_headers() {
     tunnel.shutdown().await.unwrap();
     read_all(&mut tunnel).await.unwrap();
 
-    let seen = server.handler.requests.lock().unwrap()[0].clone();
+    let seen = server.handler.requests.locked()[0].clone();
     assert_eq!(seen.peer_identity, client);
     assert_eq!(seen.peer_addr.ip(), LOCALHOST);
     assert_eq!(seen.tunnel_local, server.addr);
@@ -171,7 +172,7 @@ async fn ipv6_tunnel() {
     tunnel.write_all(b"hello over v6").await.unwrap();
     tunnel.shutdown().await.unwrap();
     assert_eq!(read_all(&mut tunnel).await.unwrap(), b"hello over v6");
-    assert_eq!(server.handler.requests.lock().unwrap()[0].target, target);
+    assert_eq!(server.handler.requests.locked()[0].target, target);
 }
 
 /// A destination application that never reads: the client's writes must

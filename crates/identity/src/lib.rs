@@ -2,7 +2,8 @@
 //! and the rustls configurations HBONE uses (docs/protocols.md section 1 and the
 //! TLS half of section 2).
 //!
-//! - [`SpiffeId`]: `spiffe://<td>/ns/<ns>/sa/<sa>`, validated once.
+//! - identities (`slipstream_core::SpiffeId`, `spiffe://<td>/ns/<ns>/sa/<sa>`,
+//!   validated once) are core's: import them from there, the one path.
 //! - [`Ca`]: issues workload certificates directly or from a CSR
 //!   ([`generate_csr`]) the way Istio's certificate service does.
 //! - [`WorkloadCert`]: chain, key, validity; renewal at half-life.
@@ -30,8 +31,7 @@ pub use error::{CertError, CsrError};
 pub use manager::{CertManager, CertManagerConfig, CertStatus, CertSummary};
 pub use provider::{CertificateProvider, FetchError, LocalCaProvider};
 // The identity type is pure and lives in `slipstream_core::spiffe`, where
-// the mesh model validates identities as resources arrive; this crate keeps
-// serving it from the paths its users have always named.
+// the mesh model validates identities as resources arrive; this crate's
+// modules name it as `crate::spiffe`, its users as `slipstream_core`.
 use slipstream_core::spiffe;
-pub use spiffe::{SpiffeId, SpiffeIdError, TrustDomain, DEFAULT_TRUST_DOMAIN, SPIFFE_PREFIX};
 pub use x509::{certificate_validity, format_time, SanError};

@@ -2,6 +2,7 @@
 //! fetched once however many connections ask at the same time, renewed in
 //! the background at half-life.
 
+use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -133,7 +134,7 @@ impl CertManager {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SpiffeId, Entry>> {
         // A panic while holding this lock cannot leave the map inconsistent
         // (every mutation is a single insert or remove), so poisoning is ignored.
-        self.inner.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.entries.locked()
     }
 
     fn subscribe(&self, id: &SpiffeId) -> watch::Receiver<CertState> {

@@ -3,7 +3,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
-use slipstream_identity::{generate_csr, Ca, CertError, SpiffeId, TrustBundle, TrustDomain, WorkloadCert, DEFAULT_WORKLOAD_VALIDITY};
+use slipstream_core::{SpiffeId, TrustDomain};
+use slipstream_identity::{generate_csr, Ca, CertError, TrustBundle, WorkloadCert, DEFAULT_WORKLOAD_VALIDITY};
 use x509_parser::extensions::GeneralName;
 use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_SIG_ECDSA_WITH_SHA256};
 use x509_parser::prelude::{FromDer, X509Certificate};

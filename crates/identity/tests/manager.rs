@@ -8,9 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use common::{wait_until_async, WAIT};
 use futures_util::future::BoxFuture;
-use slipstream_identity::{
-    Ca, CertManager, CertManagerConfig, CertStatus, CertificateProvider, FetchError, LocalCaProvider, SpiffeId, TrustDomain, WorkloadCert,
-};
+use slipstream_core::{SpiffeId, TrustDomain};
+use slipstream_identity::{Ca, CertManager, CertManagerConfig, CertStatus, CertificateProvider, FetchError, LocalCaProvider, WorkloadCert};
 
 fn id(s: &str) -> SpiffeId {
     s.parse().unwrap()

@@ -7,8 +7,9 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::aws_lc_rs;
 use rustls::{CipherSuite, ClientConfig, HandshakeKind, ProtocolVersion, ServerConfig};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use slipstream_core::{SpiffeId, TrustDomain};
 use slipstream_identity::tls::{self, identity_mismatch, ServerTls, UntrustedPeer};
-use slipstream_identity::{Ca, SharedTrust, SpiffeId, TrustBundle, TrustDomain, WorkloadCert};
+use slipstream_identity::{Ca, SharedTrust, TrustBundle, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};

@@ -9,6 +9,7 @@
 //! with the reason. Nothing outside the task touches its sockets.
 
 use futures_util::task::AtomicWaker;
+use slipstream_core::sync::LockExt;
 use slipstream_proxy::authz::AuthzKey;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -92,7 +93,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.conns.open.lock().expect("conns lock").remove(&self.id);
+        self.conns.open.locked().remove(&self.id);
     }
 }
 
@@ -100,12 +101,12 @@ impl Conns {
     pub fn register(self: &Arc<Self>, authz: Option<AuthzKey>) -> Registration {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let cell = Arc::new(CancelCell::default());
-        self.open.lock().expect("conns lock").insert(id, Entry { cell: cell.clone(), authz });
+        self.open.locked().insert(id, Entry { cell: cell.clone(), authz });
         Registration { id, conns: self.clone(), cell }
     }
 
     pub fn len(&self) -> usize {
-        self.open.lock().expect("conns lock").len()
+        self.open.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -115,7 +116,7 @@ impl Conns {
     /// Cancels every open inbound connection `still_allowed` now refuses;
     /// returns how many. The connections close themselves, with DENY.
     pub fn revoke(&self, still_allowed: impl Fn(&AuthzKey) -> Result<(), Arc<str>>) -> usize {
-        let open = self.open.lock().expect("conns lock");
+        let open = self.open.locked();
         let mut closed = 0;
         for e in open.values() {
             let Some(key) = &e.authz else { continue };
@@ -130,7 +131,7 @@ impl Conns {
 
     /// Cancels every open connection (the drain deadline); returns how many.
     pub fn cancel_all(&self, why: Cancelled) -> usize {
-        let open = self.open.lock().expect("conns lock");
+        let open = self.open.locked();
         for e in open.values() {
             e.cell.cancel(why);
         }

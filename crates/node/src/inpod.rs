@@ -14,6 +14,7 @@ use crate::ready::PodState;
 use crate::sockets::Listener;
 use crate::state::{LocalPod, Shared};
 use crate::{inbound, outbound};
+use slipstream_core::sync::LockExt;
 use slipstream_core::{MeshState, NodePods};
 use slipstream_hbone::drain::{self, DrainTrigger, DrainWatch};
 use slipstream_hbone::{shard, Server};
@@ -95,7 +96,7 @@ impl InPod {
             let state = PodState { identity: w.map(|w| w.identity().clone()), listening: self.running.contains_key(uid) };
             states.insert(uid.to_string(), state);
         }
-        self.shared.readiness.lock().expect("readiness lock").pods = states;
+        self.shared.readiness.locked().pods = states;
         self.report();
     }
 

@@ -14,10 +14,12 @@ use crate::telemetry::{Sink, Telemetry};
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use slipstream_api::TypeUrl;
+use slipstream_core::sync::LockExt;
+use slipstream_core::TrustDomain;
 use slipstream_core::{ApplyReport, Change, MeshConfig, MeshIndex, NodePods};
 use slipstream_hbone::Pool;
 use slipstream_identity::tls::ServerTls;
-use slipstream_identity::{CertManager, SharedTrust, TrustDomain};
+use slipstream_identity::{CertManager, SharedTrust};
 use slipstream_proxy::authz;
 use slipstream_proxy::certs::{NodeCa, TrustedCerts};
 use slipstream_proxy::control::ControlChannel;
@@ -50,7 +52,7 @@ pub struct NodeProxy {
     /// The eBPF datapath's maps (None: nftables capture).
     datapath: Option<Arc<slipstream_ebpf::NodeMaps>>,
     /// This node's numbering of identities for the kernel's policy maps.
-    identities: Option<slipstream_ebpf::policy::Identities>,
+    identities: Option<slipstream_ebpf::kernel_policy::Identities>,
 }
 
 impl NodeProxy {
@@ -129,7 +131,7 @@ impl NodeProxy {
         for e in &report.errors {
             tracing::error!("configuration refused, the previous version is kept: {e}");
         }
-        let first = !self.shared.readiness.lock().expect("readiness lock").config_loaded;
+        let first = !self.shared.readiness.locked().config_loaded;
         if report.changed() || first {
             let (w, s, p) = self.index.snapshot().counts();
             let msg = "mesh configuration applied";
@@ -147,7 +149,7 @@ impl NodeProxy {
                 tracing::debug!(updated = report.updated, "{msg}");
             }
             self.shared.mesh.store(self.index.snapshot());
-            self.shared.readiness.lock().expect("readiness lock").config_loaded = true;
+            self.shared.readiness.locked().config_loaded = true;
             self.revoke();
             self.apply_kernel_netpol();
         }
@@ -198,7 +200,7 @@ impl NodeProxy {
         }
         // The xDS client logs the refusals with its NACK.
         report.errors = errors;
-        let loaded = self.shared.readiness.lock().expect("readiness lock").config_loaded;
+        let loaded = self.shared.readiness.locked().config_loaded;
         if !loaded && !d.complete {
             return report;
         }
@@ -220,7 +222,7 @@ impl NodeProxy {
                 tracing::debug!(r#type = %d.type_url, updated = report.updated, "{msg}");
             }
             self.shared.mesh.store(self.index.snapshot());
-            self.shared.readiness.lock().expect("readiness lock").config_loaded = true;
+            self.shared.readiness.locked().config_loaded = true;
             self.revoke();
             self.apply_kernel_netpol();
         }
@@ -277,7 +279,7 @@ impl NodeProxy {
         let snap = self.index.snapshot();
         let node = &self.shared.config.node;
         let ids = self.identities.get_or_insert_with(|| maps.prior_identities());
-        let compiled = slipstream_ebpf::policy::compile(&snap, node, maps.node_index(), ids);
+        let compiled = slipstream_ebpf::kernel_policy::compile(&snap, node, maps.node_index(), ids);
         match maps.sync_policy(&compiled) {
             Ok(s) if s.written + s.removed + s.addresses > 0 => tracing::info!(
                 entries = s.total,

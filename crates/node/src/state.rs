@@ -9,6 +9,7 @@ use crate::sockets::{PodSockets, SocketFactory};
 use crate::telemetry::Telemetry;
 use arc_swap::ArcSwap;
 use futures_util::future::BoxFuture;
+use slipstream_core::sync::{LockExt, RwLockExt};
 use slipstream_core::MeshState;
 use slipstream_hbone::{Connector, Pool};
 use slipstream_identity::tls::ServerTls;
@@ -46,7 +47,7 @@ impl Shared {
 
     /// Ok, or why the proxy is not ready.
     pub fn ready(&self) -> Result<(), Vec<String>> {
-        let inputs = self.readiness.lock().expect("readiness lock").clone();
+        let inputs = self.readiness.locked().clone();
         ready::evaluate(&inputs, &self.certs.certificates(), std::time::SystemTime::now())
     }
 }
@@ -69,16 +70,16 @@ pub struct LocalPods(Arc<RwLock<HashMap<IpAddr, LocalPod>>>);
 
 impl LocalPods {
     pub fn get(&self, ip: IpAddr) -> Option<LocalPod> {
-        self.0.read().expect("pods lock").get(&ip).cloned()
+        self.0.read_locked().get(&ip).cloned()
     }
     pub fn insert(&self, p: LocalPod) {
-        self.0.write().expect("pods lock").insert(p.ip, p);
+        self.0.write_locked().insert(p.ip, p);
     }
     pub fn remove(&self, ip: IpAddr) {
-        self.0.write().expect("pods lock").remove(&ip);
+        self.0.write_locked().remove(&ip);
     }
     pub fn all(&self) -> Vec<LocalPod> {
-        self.0.read().expect("pods lock").values().cloned().collect()
+        self.0.read_locked().values().cloned().collect()
     }
     pub fn connector(&self, timeout: std::time::Duration) -> PodConnector {
         PodConnector { pods: self.clone(), timeout }

@@ -9,6 +9,7 @@
 use crate::sockets::{connect, listen_on, Listener, OriginalDst, PodSockets, SocketFactory};
 use futures_util::future::BoxFuture;
 use slipstream_core::abi::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
+use slipstream_core::sync::LockExt;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::HashMap;
 use std::io;
@@ -32,7 +33,7 @@ impl LoopbackFactory {
     pub async fn connect_captured(&self, pod_ip: IpAddr, which: Listener, original_dst: SocketAddr) -> io::Result<TcpStream> {
         let s = TcpSocket::new_v4()?;
         s.bind(SocketAddr::new(pod_ip, 0))?;
-        self.redirects.lock().expect("redirects lock").insert(s.local_addr()?, original_dst);
+        self.redirects.locked().insert(s.local_addr()?, original_dst);
         s.connect(SocketAddr::new(pod_ip, port(which))).await
     }
 
@@ -41,7 +42,7 @@ impl LoopbackFactory {
     pub async fn connect_plaintext(&self, src_ip: IpAddr, pod_ip: IpAddr, original_dst: SocketAddr) -> io::Result<TcpStream> {
         let s = TcpSocket::new_v4()?;
         s.bind(SocketAddr::new(src_ip, 0))?;
-        self.redirects.lock().expect("redirects lock").insert(s.local_addr()?, original_dst);
+        self.redirects.locked().insert(s.local_addr()?, original_dst);
         s.connect(SocketAddr::new(pod_ip, INBOUND_PLAINTEXT_PORT)).await
     }
 }
@@ -105,8 +106,7 @@ impl PodSockets for LoopbackPod {
     fn original_dst(&self, s: &TcpStream) -> io::Result<OriginalDst> {
         let peer = s.peer_addr()?;
         self.redirects
-            .lock()
-            .expect("redirects lock")
+            .locked()
             .remove(&peer)
             .map(Into::into)
             .ok_or_else(|| io::Error::other(format!("the test told no original destination for {peer}")))

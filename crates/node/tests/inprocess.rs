@@ -6,8 +6,10 @@
 //! exact metrics and access-log fields, refusals, revocation and drain.
 
 use slipstream_core::policy::{Action, Authorization, Clause, Match, Rule, Scope, StringMatch};
+use slipstream_core::sync::LockExt;
+use slipstream_core::TrustDomain;
 use slipstream_core::*;
-use slipstream_identity::{Ca, TrustDomain};
+use slipstream_identity::Ca;
 use slipstream_node::config::Config;
 use slipstream_node::proxy::{Deps, NodeProxy};
 use slipstream_node::sockets::Listener;
@@ -168,7 +170,7 @@ impl Mesh {
 async fn echo(l: TcpListener, seen: Arc<Mutex<Vec<SocketAddr>>>) {
     loop {
         let Ok((mut s, peer)) = l.accept().await else { return };
-        seen.lock().unwrap().push(peer);
+        seen.locked().push(peer);
         tokio::spawn(async move {
             if s.write_all(GREETING).await.is_err() {
                 return;
@@ -246,11 +248,7 @@ async fn bytes_identities_metrics_and_logs_across_two_proxies() {
     c.read_to_end(&mut rest).await.unwrap();
     assert!(rest.is_empty());
     drop(c);
-    assert_eq!(
-        m.seen.lock().unwrap().iter().map(|a| a.ip()).collect::<Vec<_>>(),
-        vec![m.client_ip],
-        "the app sees the client pod's address"
-    );
+    assert_eq!(m.seen.locked().iter().map(|a| a.ip()).collect::<Vec<_>>(), vec![m.client_ip], "the app sees the client pod's address");
 
     let closed = "istio_tcp_connections_closed_total";
     wait_for("both proxies closed the connection", || {
@@ -323,7 +321,7 @@ async fn denied_refused_and_revoked_connections_are_counted_as_such() {
     })
     .await;
     assert_eq!(value(&m.metrics(2), "slipstream_hbone_inbound_responses_total", &["code=\"401\""]), 1);
-    assert_eq!(m.seen.lock().unwrap().len(), 1, "the app never saw the denied connection");
+    assert_eq!(m.seen.locked().len(), 1, "the app never saw the denied connection");
 
     // Unknown service port: refused by node1 before any tunnel.
     m.refused(SocketAddr::new(m.vip.ip(), 81)).await;

@@ -11,8 +11,10 @@ use slipstream_control::serve::{routes, ControlServer, ServeSettings};
 use slipstream_control::store::Store;
 use slipstream_control::xds::XdsServer;
 use slipstream_core::policy::{Action, Authorization, Scope};
+use slipstream_core::sync::LockExt;
+use slipstream_core::TrustDomain;
 use slipstream_core::*;
-use slipstream_identity::{Ca, TrustDomain};
+use slipstream_identity::Ca;
 use slipstream_node::config::Config;
 use slipstream_node::proxy::{Deps, NodeProxy};
 use slipstream_node::state::Shared;
@@ -130,7 +132,7 @@ fn has(shared: &Shared, w: &Workload) -> bool {
 }
 
 fn loaded(shared: &Shared) -> bool {
-    shared.readiness.lock().unwrap().config_loaded
+    shared.readiness.locked().config_loaded
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

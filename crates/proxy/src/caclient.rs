@@ -14,7 +14,8 @@ use futures_util::future::BoxFuture;
 use slipstream_api::ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use slipstream_api::ca::IstioCertificateRequest;
 use slipstream_api::IMPERSONATED_IDENTITY;
-use slipstream_identity::{generate_csr, CertError, CertificateProvider, FetchError, SharedTrust, SpiffeId, WorkloadCert};
+use slipstream_core::SpiffeId;
+use slipstream_identity::{generate_csr, CertError, CertificateProvider, FetchError, SharedTrust, WorkloadCert};
 use std::sync::Arc;
 use std::time::Duration;
 

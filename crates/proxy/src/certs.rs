@@ -13,10 +13,9 @@ use crate::caclient::RemoteCa;
 use crate::control::{ControlChannel, ControlSettings};
 use anyhow::Context;
 use futures_util::future::BoxFuture;
+use slipstream_core::SpiffeId;
 use slipstream_hbone::CertSource;
-use slipstream_identity::{
-    Ca, CertManager, CertificateProvider, FetchError, LocalCaProvider, SharedTrust, SpiffeId, TrustBundle, WorkloadCert,
-};
+use slipstream_identity::{Ca, CertManager, CertificateProvider, FetchError, LocalCaProvider, SharedTrust, TrustBundle, WorkloadCert};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,7 +104,8 @@ impl CertSource for TrustedCerts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slipstream_identity::{CertManagerConfig, TrustDomain};
+    use slipstream_core::TrustDomain;
+    use slipstream_identity::CertManagerConfig;
 
     /// A certificate cached before the trust changed is checked against the
     /// new trust, without being fetched again.

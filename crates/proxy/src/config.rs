@@ -45,10 +45,10 @@ pub struct LimitArgs {
     #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_CONNECTIONS_PER_SOURCE")]
     pub admin_connections_per_source: Option<u32>,
     /// How long a client of an admin port has to send a request's headers.
-    #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_HEADER_TIMEOUT", value_parser = parse_duration)]
+    #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_HEADER_TIMEOUT", value_parser = slipstream_core::duration::parse_flag)]
     pub admin_header_timeout: Option<Duration>,
     /// How long any connection to an admin port may last.
-    #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_CONNECTION_DEADLINE", value_parser = parse_duration)]
+    #[arg(long, env = "SLIPSTREAM_NODE_ADMIN_CONNECTION_DEADLINE", value_parser = slipstream_core::duration::parse_flag)]
     pub admin_connection_deadline: Option<Duration>,
     /// Bytes all connections may buffer together (read and not yet written
     /// out, inbound tunnels' receive windows), shared fairly by the pods
@@ -170,40 +170,6 @@ impl Limits {
 /// the open-file limit.
 pub const MAX_PER_SOURCE: u32 = 4096;
 
-/// A duration flag (`--timeout`): one number, integer or decimal, with
-/// unit `ms`, `s`, `m` or `h`, or none for seconds (`3` is `3s`). The form
-/// is checked here, so that the flags take what they always took (humantime
-/// alone would also take `1m30s` or `2 min`, and not `3`); humantime
-/// computes the value exactly, refusing what overflows and what it cannot
-/// represent (a fraction of a nanosecond, a fraction of an hour that is not
-/// whole seconds) rather than rounding.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
-    let num = humantime_decimal(num).ok_or_else(|| format!("{s:?} is not a duration (examples: 30s, 2m, 500ms)"))?;
-    let unit = match unit {
-        "" => "s",
-        "ms" | "s" | "m" | "h" => unit,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    humantime::parse_duration(&format!("{num}{unit}")).map_err(|e| format!("{s:?}: {e}"))
-}
-
-/// A decimal written with digits and at most one dot (`5`, `1.5`, `.5`,
-/// `5.`) as humantime reads one (`5`, `1.5`, `0.5`, `5`; trailing zeros of
-/// the fraction dropped, which humantime counts against its precision);
-/// None for anything else (pure).
-fn humantime_decimal(num: &str) -> Option<String> {
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if (int.is_empty() && frac.is_empty()) || !(int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())) {
-        return None;
-    }
-    let int = if int.is_empty() { "0" } else { int };
-    Some(match frac.trim_end_matches('0') {
-        "" => int.to_owned(),
-        frac => format!("{int}.{frac}"),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,14 +208,5 @@ mod tests {
         // More streams per peer bring the tunnels they need (the 10k test).
         let l = Limits::derive(20_000, &LimitArgs { peer_streams: Some(10_000), ..Default::default() });
         assert_eq!((l.peer_streams, l.peer_connections), (10_000, 200));
-    }
-
-    #[test]
-    fn durations() {
-        for (s, d) in [("500ms", 500), ("5s", 5000), ("2m", 120_000), ("3", 3000), ("0.5s", 500)] {
-            assert_eq!(parse_duration(s), Ok(Duration::from_millis(d)), "{s}");
-        }
-        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
-        assert!(parse_duration("x").is_err());
     }
 }

@@ -13,6 +13,7 @@
 //! away, the next connection goes to another.
 
 use serde::Serialize;
+use slipstream_core::sync::LockExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -224,7 +225,7 @@ impl tower::Service<http::Uri> for Connector {
 
 impl Connector {
     async fn connect(&self, addr: &str) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-        let tls = self.roots.lock().unwrap_or_else(|e| e.into_inner()).current();
+        let tls = self.roots.locked().current();
         let tcp = tokio::net::TcpStream::connect(addr).await?;
         let _ = tcp.set_nodelay(true);
         tls.connect(self.server_name.clone(), tcp).await

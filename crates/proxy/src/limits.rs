@@ -21,6 +21,7 @@
 //! taken once per admin connection. [`RefusalLog`] keeps the log lines of
 //! refusals to a few per second per source.
 
+use slipstream_core::sync::LockExt;
 use slipstream_hbone::ResponseFlag;
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -108,16 +109,16 @@ impl<K: Eq + Hash + Copy> KeyedSlots<K> {
     }
 
     pub fn in_use(&self, key: K) -> u32 {
-        self.used.lock().expect("slots lock").get(&key).copied().unwrap_or(0)
+        self.used.locked().get(&key).copied().unwrap_or(0)
     }
 
     /// How many keys hold at least one slot.
     pub fn keys(&self) -> usize {
-        self.used.lock().expect("slots lock").len()
+        self.used.locked().len()
     }
 
     pub fn try_acquire(self: &Arc<Self>, key: K) -> Option<KeyedGuard<K>> {
-        let mut m = self.used.lock().expect("slots lock");
+        let mut m = self.used.locked();
         let n = m.entry(key).or_insert(0);
         if *n >= self.max {
             if *n == 0 {
@@ -133,7 +134,7 @@ impl<K: Eq + Hash + Copy> KeyedSlots<K> {
 
 impl<K: Eq + Hash + Copy> Drop for KeyedGuard<K> {
     fn drop(&mut self) {
-        let mut m = self.slots.used.lock().expect("slots lock");
+        let mut m = self.slots.used.locked();
         if let Some(n) = m.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
@@ -240,7 +241,7 @@ impl Drop for Source {
     fn drop(&mut self) {
         let Some((ip, map)) = &self.registry else { return };
         let Some(map) = map.upgrade() else { return };
-        let mut m = map.lock().expect("peer map lock");
+        let mut m = map.locked();
         // A newer source of the same peer may have replaced this one.
         if m.get(ip).is_some_and(|w| w.strong_count() == 0) {
             m.remove(ip);
@@ -287,7 +288,7 @@ impl HoldOffs {
     /// `src` is to hold off `dst` for `secs` from `now`.
     pub fn hold(&self, src: IpAddr, dst: SocketAddr, secs: u32, now: Instant) {
         let until = now + Duration::from_secs(u64::from(secs)).min(Self::LONGEST);
-        let mut m = self.until.lock().expect("hold-offs lock");
+        let mut m = self.until.locked();
         if m.len() >= Self::MAX {
             m.retain(|_, u| *u > now);
             if m.len() >= Self::MAX {
@@ -299,7 +300,7 @@ impl HoldOffs {
 
     /// Until when `src` holds off `dst`, if it does at `now`.
     pub fn holding(&self, src: IpAddr, dst: SocketAddr, now: Instant) -> Option<Instant> {
-        let mut m = self.until.lock().expect("hold-offs lock");
+        let mut m = self.until.locked();
         match m.get(&(src, dst)) {
             Some(u) if *u > now => Some(*u),
             Some(_) => {
@@ -333,7 +334,7 @@ impl<K: Eq + Hash + Clone> RefusalLog<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut m = self.windows.lock().expect("refusal log lock");
+        let mut m = self.windows.locked();
         let w = match m.get_mut(key) {
             Some(w) => w,
             None => m.entry(key.to_owned()).or_insert(Window { start: now, logged: 0, suppressed: 0 }),
@@ -355,7 +356,7 @@ impl<K: Eq + Hash + Clone> RefusalLog<K> {
     /// each is reported once, and its window starts afresh. Windows that
     /// ended quietly are forgotten. Call it about once per period.
     pub fn summaries(&self, now: Instant) -> Vec<(K, u64)> {
-        let mut m = self.windows.lock().expect("refusal log lock");
+        let mut m = self.windows.locked();
         let mut out = Vec::new();
         m.retain(|k, w| {
             if now.duration_since(w.start) < self.period {
@@ -489,7 +490,7 @@ impl NodeLimits {
     /// HBONE connection (its streams reuse it) or plaintext connection.
     pub fn peer(&self, ip: IpAddr) -> Arc<Source> {
         let ip = ip.to_canonical();
-        let mut m = self.peers.lock().expect("peer map lock");
+        let mut m = self.peers.locked();
         if let Some(s) = m.get(&ip).and_then(Weak::upgrade) {
             return s;
         }
@@ -500,7 +501,7 @@ impl NodeLimits {
 
     /// How many peers hold something.
     pub fn peers(&self) -> usize {
-        self.peers.lock().expect("peer map lock").len()
+        self.peers.locked().len()
     }
 
     /// `descriptors` of the node budget.

@@ -174,6 +174,7 @@ fn civil(secs: u64) -> [u8; 19] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slipstream_core::sync::LockExt;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -197,7 +198,7 @@ mod tests {
 
     impl std::io::Write for Capture {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
+            self.0.locked().extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -239,7 +240,7 @@ mod tests {
                 "request"
             );
         });
-        let v = out.0.lock().unwrap().clone();
+        let v = out.0.locked().clone();
         String::from_utf8(v).unwrap()
     }
 

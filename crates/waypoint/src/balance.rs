@@ -12,6 +12,7 @@
 
 use crate::plan::Forward;
 use slipstream_core::route::traffic::{hash_bytes, pick, OutlierDetection};
+use slipstream_core::sync::LockExt;
 use slipstream_core::Endpoint;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -126,7 +127,7 @@ impl Balancer {
     /// host; Envoy ignores ejection when every endpoint is ejected).
     pub fn start(&self, f: &Forward, key: Option<u64>, tried: &[SocketAddr], draws: [u64; 2]) -> Result<Slot, NoSlot> {
         let now = Instant::now();
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pools = self.pools.locked();
         if !pools.contains_key(&f.pool) {
             pools.insert(f.pool.clone(), PoolState::default());
         }
@@ -179,7 +180,7 @@ impl Balancer {
     /// uncounted, and outlier detection told.
     pub fn finish(&self, f: &Forward, slot: Slot, status: Option<u16>) {
         let now = Instant::now();
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pools = self.pools.locked();
         let Some(pool) = pools.get_mut(&f.pool) else { return };
         pool.in_flight = pool.in_flight.saturating_sub(1);
         let ejected_now = pool.endpoints.values().filter(|s| s.outlier.is_ejected(now)).count();
@@ -200,7 +201,7 @@ impl Balancer {
 
     /// Pools held (for tests of the bound).
     pub fn pools(&self) -> usize {
-        self.pools.lock().map(|p| p.len()).unwrap_or(0)
+        self.pools.locked().len()
     }
 }
 

@@ -37,6 +37,7 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -100,7 +101,7 @@ struct Inner {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Idles> {
-        self.idles.lock().unwrap_or_else(|p| p.into_inner())
+        self.idles.locked()
     }
 
     /// The most recently used live idle HTTP/1.1 connection to `addr`.
@@ -192,7 +193,7 @@ impl Inner {
                 !list.is_empty()
             });
             idles.h2.retain(|_, slot| {
-                let used = *slot.used.lock().unwrap_or_else(|p| p.into_inner());
+                let used = *slot.used.locked();
                 let live = slot.sender.get().map_or(true, |s| !s.is_closed());
                 live && now.saturating_duration_since(used) < timeout
             });
@@ -302,7 +303,7 @@ impl Clients {
                     return Err(e);
                 }
             };
-            *slot.used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            *slot.used.locked() = Instant::now();
             match sender.try_send_request(req).await {
                 Ok(resp) => {
                     let (parts, body) = resp.into_parts();
@@ -418,9 +419,10 @@ mod tests {
     use super::*;
     use arc_swap::ArcSwap;
     use http_body_util::{BodyExt, Empty, Full};
+    use slipstream_core::TrustDomain;
     use slipstream_core::{MeshState, SpiffeId};
     use slipstream_hbone::{Pool, PoolConfig};
-    use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, TrustDomain};
+    use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;

@@ -7,6 +7,7 @@
 //! Settings in [`Fairness`] (flags in `run`; docs/waypoint.md,
 //! "Fairness"). Plain data and counters; the decisions are table-tested.
 
+use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -77,7 +78,7 @@ impl Shares {
 
     /// `amount` more for `client`, if that keeps it within the maximum.
     pub fn take(self: &Arc<Self>, client: IpAddr, amount: u32) -> Option<Share> {
-        let mut m = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.held.locked();
         let n = m.entry(client).or_insert(0);
         if n.saturating_add(amount) > self.max {
             if *n == 0 {
@@ -90,13 +91,13 @@ impl Shares {
     }
 
     pub fn held(&self, client: IpAddr) -> u32 {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).get(&client).copied().unwrap_or(0)
+        self.held.locked().get(&client).copied().unwrap_or(0)
     }
 }
 
 impl Drop for Share {
     fn drop(&mut self) {
-        let mut m = self.shares.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.shares.held.locked();
         if let Some(n) = m.get_mut(&self.client) {
             *n = n.saturating_sub(self.amount);
             if *n == 0 {
@@ -143,7 +144,7 @@ impl Strikes {
 
     /// `client` broke a connection at `now`.
     pub fn strike(&self, client: IpAddr, now: Instant) -> Struck {
-        let mut m = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.records.locked();
         if m.len() >= MAX_RECORDS && !m.contains_key(&client) {
             let window = self.window;
             m.retain(|_, r| now.duration_since(r.window) < window || r.until.is_some_and(|u| u > now));
@@ -168,7 +169,7 @@ impl Strikes {
 
     /// Whether `client` is refused new connections at `now`.
     pub fn cooling(&self, client: IpAddr, now: Instant) -> Option<Instant> {
-        let m = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.records.locked();
         m.get(&client).and_then(|r| r.until).filter(|u| *u > now)
     }
 }

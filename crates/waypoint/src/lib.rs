@@ -34,6 +34,7 @@ pub mod upstream;
 
 use arc_swap::ArcSwap;
 use slipstream_core::route::ServiceRoutes;
+use slipstream_core::sync::LockExt;
 use slipstream_core::{MeshState, SpiffeId};
 use slipstream_hbone::Pool;
 use std::collections::HashMap;
@@ -117,7 +118,7 @@ pub struct Shared {
     /// Clients cooling down after connections they broke on purpose.
     strikes: fair::Strikes,
     /// Token buckets of the LocalRateLimitPolicies, by (policy, service).
-    buckets: std::sync::Mutex<HashMap<(String, String), slipstream_core::route::traffic::Bucket>>,
+    buckets: std::sync::Mutex<HashMap<(String, String), slipstream_core::bucket::TokenBucket>>,
     /// The graceful stop's stage.
     drain: tokio::sync::watch::Sender<Drain>,
     /// Bumped at every configuration change: connections passed through
@@ -142,12 +143,15 @@ impl Shared {
     /// it has a token again.
     fn rate_limit(&self, routes: &ServiceRoutes, rule: Option<&str>) -> Result<(), (String, Duration)> {
         let now = std::time::Instant::now();
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut buckets = self.buckets.locked();
         for l in routes.limits.iter().filter(|l| l.applies(rule)) {
+            let rate = slipstream_core::bucket::Rate::per(l.requests, l.interval, l.burst);
             let b = buckets
                 .entry((l.policy.clone(), routes.service.clone()))
-                .or_insert_with(|| slipstream_core::route::traffic::Bucket::full(l.burst, now));
-            b.take(now, l.requests, l.interval, l.burst).map_err(|wait| (l.policy.clone(), wait))?;
+                .or_insert_with(|| slipstream_core::bucket::TokenBucket::full(rate, now));
+            // A bucket that never refills (no requests per interval) is
+            // tried again after one interval.
+            b.take(rate, now).map_err(|wait| (l.policy.clone(), if wait == Duration::MAX { l.interval } else { wait }))?;
         }
         Ok(())
     }
@@ -335,7 +339,7 @@ impl Waypoint {
         // the configuration, not by traffic).
         let live: std::collections::HashSet<(&str, &str)> =
             map.values().flat_map(|r| r.limits.iter().map(move |l| (l.policy.as_str(), r.service.as_str()))).collect();
-        self.shared.buckets.lock().unwrap_or_else(|p| p.into_inner()).retain(|(p, s), _| live.contains(&(p.as_str(), s.as_str())));
+        self.shared.buckets.locked().retain(|(p, s), _| live.contains(&(p.as_str(), s.as_str())));
         // A workload's policies come in the routes of each of its services
         // that is bound here; once each (by namespace and name).
         let mut by_uid: HashMap<String, Vec<slipstream_core::policy::l7::L7Policy>> = HashMap::new();

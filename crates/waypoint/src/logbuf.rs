@@ -15,6 +15,7 @@
 //! waiting. [`flush`] writes what is left; the `slipstream waypoint` command
 //! calls it on exit and from its panic hook.
 
+use slipstream_core::sync::LockExt;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -30,7 +31,7 @@ static WAITING: Notify = Notify::const_new();
 static FLUSHER: AtomicBool = AtomicBool::new(false);
 
 fn buffer() -> MutexGuard<'static, Vec<u8>> {
-    BUFFER.lock().unwrap_or_else(|e| e.into_inner())
+    BUFFER.locked()
 }
 
 /// Writes every gathered line to stderr.

@@ -17,6 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use slipstream_core::sync::LockExt;
 use slipstream_core::{MeshService, MeshWorkload};
 use slipstream_proxy::metrics::{Lv, Security};
 use std::fmt::Write as _;
@@ -204,7 +205,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn observe(&self, l: &RequestLabels, millis: f64, request_bytes: u64, response_bytes: u64) {
-        let mut all = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.series.locked();
         let series = match all.get(l) {
             Some(s) => s,
             None => {

@@ -9,6 +9,7 @@ use crate::{Settings, Waypoint};
 use anyhow::Context;
 use futures_util::future::BoxFuture;
 use slipstream_api::TypeUrl;
+use slipstream_core::sync::LockExt;
 use slipstream_core::{Change, MeshIndex, SpiffeId, TrustDomain};
 use slipstream_hbone::{CertResolver, Pool, PoolConfig, ResolveError, Server, ServerConfig};
 use slipstream_identity::tls::ServerTls;
@@ -84,10 +85,10 @@ pub struct WaypointArgs {
     /// requests (Istio's `terminationDrainDuration`). Then its listener
     /// closes, idle connections are closed and what is in flight has
     /// `--drain-grace` more. Keep the sum under the pod's grace period.
-    #[arg(long, env = "SLIPSTREAM_WAYPOINT_DRAIN_DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_DRAIN_DURATION", default_value = "5s", value_parser = slipstream_core::duration::parse_flag)]
     pub drain_duration: Duration,
     /// After `--drain-duration`: how long requests in flight may finish.
-    #[arg(long, env = "SLIPSTREAM_WAYPOINT_DRAIN_GRACE", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_DRAIN_GRACE", default_value = "2s", value_parser = slipstream_core::duration::parse_flag)]
     pub drain_grace: Duration,
     /// Streams (HTTP and TCP connections alike) one client (a pod) may
     /// hold at once; past it a new one is refused 503 (`SOURCE_LIMIT`).
@@ -107,11 +108,11 @@ pub struct WaypointArgs {
     pub max_streams_per_connection: u32,
     /// A request body that sends nothing for this long before its answer
     /// came is ended with 408.
-    #[arg(long, env = "SLIPSTREAM_WAYPOINT_REQUEST_BODY_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_REQUEST_BODY_TIMEOUT", default_value = "60s", value_parser = slipstream_core::duration::parse_flag)]
     pub request_body_timeout: Duration,
     /// A connection passed through as TCP that carries nothing either way
     /// for this long is closed.
-    #[arg(long, env = "SLIPSTREAM_WAYPOINT_TCP_IDLE_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "SLIPSTREAM_WAYPOINT_TCP_IDLE_TIMEOUT", default_value = "1h", value_parser = slipstream_core::duration::parse_flag)]
     pub tcp_idle_timeout: Duration,
 }
 
@@ -376,7 +377,7 @@ async fn serve_status(l: tokio::net::TcpListener, ready: Arc<Readiness>, metrics
     loop {
         let Ok((mut s, peer)) = l.accept().await else { continue };
         {
-            let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+            let mut o = open.locked();
             let n = o.entry(peer.ip()).or_insert(0);
             if *n >= PER_ADDRESS {
                 continue;
@@ -409,7 +410,7 @@ async fn serve_status(l: tokio::net::TcpListener, ready: Arc<Readiness>, metrics
                 None => "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 10\r\nconnection: close\r\n\r\nnot ready\n".to_string(),
             };
             let _ = tokio::time::timeout(Duration::from_secs(2), s.write_all(answer.as_bytes())).await;
-            let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+            let mut o = open.locked();
             if let Some(n) = o.get_mut(&peer.ip()) {
                 *n -= 1;
                 if *n == 0 {

@@ -12,10 +12,12 @@ use slipstream_core::route::traffic::{
     Fault, FaultAbort, FaultDelay, HashOn, LoadBalancer, OutlierDetection, Retry, RetryOn, TrafficPolicy,
 };
 use slipstream_core::route::{Backend, Filters, HeaderMatch, PathMatch, RouteMatch, RouteRule, ServiceRoutes};
+use slipstream_core::sync::LockExt;
+use slipstream_core::TrustDomain;
 use slipstream_core::*;
 use slipstream_hbone::{CertResolver, Pool, PoolConfig, ResolveError, Server, ServerConfig};
 use slipstream_identity::tls::ServerTls;
-use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, TrustDomain, WorkloadCert};
+use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, WorkloadCert};
 use slipstream_node::config::Config;
 use slipstream_node::proxy::{Deps, NodeProxy};
 use slipstream_node::sockets::Listener;
@@ -124,10 +126,10 @@ async fn app(l: TcpListener, version: &'static str) {
                 let host = req.headers().get("host").and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
                 if req.uri().path().starts_with("/trace") {
                     let t = req.headers().get("traceparent").and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
-                    TRACES.lock().unwrap().push((local, t));
+                    TRACES.locked().push((local, t));
                 }
                 if host.contains("-shadow") {
-                    SHADOWED.lock().unwrap().push((local, format!("{host} {}", req.uri().path())));
+                    SHADOWED.locked().push((local, format!("{host} {}", req.uri().path())));
                 }
                 // `/headers`: the headers it got, one `name: value` a line.
                 let body = if req.uri().path() == "/headers" {
@@ -269,7 +271,7 @@ async fn mesh_in_turn(net: u8, fairness: slipstream_waypoint::fair::Fairness, tu
     tokio::spawn(async move {
         let mut held = Vec::new();
         while let Ok((s, _)) = sink.accept().await {
-            SINK.lock().unwrap().push(s.local_addr().unwrap().ip());
+            SINK.locked().push(s.local_addr().unwrap().ip());
             held.push(s);
         }
     });
@@ -504,8 +506,8 @@ async fn a_mirror_gets_a_copy_of_every_request_and_its_answer_is_dropped() {
     let answers = get(&m, SocketAddr::new(ip(9, 1), APP_PORT), "/reviews/7", 20).await;
     assert!(answers.iter().all(|a| a == "200 v1 /reviews/7"), "the answers are the backend's only: {answers:?}");
     let v2 = ip(2, 2);
-    wait_for("20 copies at the mirror", || SHADOWED.lock().unwrap().iter().filter(|(a, _)| *a == v2).count() == 20).await;
-    assert!(SHADOWED.lock().unwrap().iter().filter(|(a, _)| *a == v2).all(|(_, r)| r == "reviews-shadow:9080 /reviews/7"));
+    wait_for("20 copies at the mirror", || SHADOWED.locked().iter().filter(|(a, _)| *a == v2).count() == 20).await;
+    assert!(SHADOWED.locked().iter().filter(|(a, _)| *a == v2).all(|(_, r)| r == "reviews-shadow:9080 /reviews/7"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -636,13 +638,8 @@ async fn a_header_match_takes_its_subset_and_everything_else_the_default() {
     let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     get_with(&m, vip, "/trace/a", 1, &[("traceparent", given)]).await;
     get_with(&m, vip, "/trace/b", 1, &[]).await;
-    let seen: Vec<String> = TRACES
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(ip, _)| matches!(ip, IpAddr::V4(v) if v.octets()[1] == 96))
-        .map(|(_, t)| t.clone())
-        .collect();
+    let seen: Vec<String> =
+        TRACES.locked().iter().filter(|(ip, _)| matches!(ip, IpAddr::V4(v) if v.octets()[1] == 96)).map(|(_, t)| t.clone()).collect();
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert!(
         seen[0].starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && !seen[0].contains("00f067aa0ba902b7"),
@@ -1261,7 +1258,7 @@ async fn request_tokens_are_verified_and_their_identity_is_what_policies_read() 
 
 /// Connections the sink took (it never answers), per test network.
 fn sink_accepts(m: &Mesh) -> usize {
-    SINK.lock().unwrap().iter().filter(|a| **a == m.ip(2, 1)).count()
+    SINK.locked().iter().filter(|a| **a == m.ip(2, 1)).count()
 }
 
 /// One HTTP/2 frame.

@@ -1,7 +1,6 @@
 //! `slipstream app echo`: an HTTP echo server in the spirit of `fortio
 //! server`, plus a raw TCP echo port.
 
-mod duration;
 mod handler;
 mod params;
 mod payload;

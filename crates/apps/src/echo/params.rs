@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::StatusCode;
 use rand::Rng;
 
-use super::duration::parse_duration;
+use slipstream_core::duration::parse_go;
 
 /// Largest body `size` may ask for: big enough for throughput tests, small
 /// enough that a typo cannot make the server stream gigabytes.
@@ -115,7 +115,7 @@ impl EchoParams {
                 }
                 "status" => params.status = StatusPlan::parse(value)?,
                 "delay" => {
-                    let delay = parse_duration(value).map_err(ParamError::Delay)?;
+                    let delay = parse_go(value).map_err(ParamError::Delay)?;
                     if delay > MAX_DELAY {
                         return Err(ParamError::DelayTooLong(value.to_owned()));
                     }

@@ -4,6 +4,7 @@
 //!
 //! Format: `<client_addr> "<METHOD> <path> <version>" <status> <bytes>`.
 
+use slipstream_core::sync::LockExt;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -46,7 +47,7 @@ impl AccessLog {
     /// The lines recorded by a [`AccessLog::Memory`] sink (empty otherwise).
     pub fn lines(&self) -> Vec<String> {
         match self {
-            AccessLog::Memory(lines) => lines.lock().map(|l| l.clone()).unwrap_or_default(),
+            AccessLog::Memory(lines) => lines.locked().clone(),
             _ => Vec::new(),
         }
     }
@@ -59,11 +60,7 @@ impl AccessLog {
             AccessLog::Stdout => {
                 let _ = writeln!(std::io::stdout().lock(), "{line}");
             }
-            AccessLog::Memory(lines) => {
-                if let Ok(mut lines) = lines.lock() {
-                    lines.push(line);
-                }
-            }
+            AccessLog::Memory(lines) => lines.locked().push(line),
         }
     }
 

@@ -37,7 +37,7 @@ pub enum WaypointCommand {
         /// Replace a waypoint of that name that exists.
         #[arg(long)]
         overwrite: bool,
-        #[arg(long, default_value = "120s", value_parser = common::parse_duration)]
+        #[arg(long, default_value = "120s", value_parser = slipstream_core::duration::parse_flag)]
         timeout: Duration,
     },
     /// The waypoints of a namespace (or all with -A).

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use serde_json::Value;
+use slipstream_core::sync::LockExt;
 use std::fmt::Display;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -193,7 +194,7 @@ impl Collected {
         let reader = std::thread::spawn(move || {
             let mut buf = [0u8; 8192];
             while let Ok(n @ 1..) = pipe.read(&mut buf) {
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+                sink.locked().extend_from_slice(&buf[..n]);
             }
         });
         Collected { bytes, reader }
@@ -201,14 +202,14 @@ impl Collected {
 
     /// What arrived so far.
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes.lock().unwrap()).into_owned()
+        String::from_utf8_lossy(&self.bytes.locked()).into_owned()
     }
 
     /// Everything, once the pipe is closed (the child has exited).
     pub fn finish(self) -> String {
         let Collected { bytes, reader } = self;
         reader.join().unwrap();
-        let bytes = bytes.lock().unwrap();
+        let bytes = bytes.locked();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }

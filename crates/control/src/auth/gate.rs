@@ -10,6 +10,7 @@
 
 use super::{AuthError, Authenticator, Caller};
 use futures_util::future::BoxFuture;
+use slipstream_core::sync::LockExt;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -61,12 +62,12 @@ impl Gate {
     }
 
     fn refused_before(&self, key: u64, now: Instant) -> Option<AuthError> {
-        let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        let refused = self.refused.locked();
         refused.get(&key).filter(|(until, _)| *until > now).map(|(_, e)| e.clone())
     }
 
     fn remember_refusal(&self, key: u64, e: &AuthError, now: Instant) {
-        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        let mut refused = self.refused.locked();
         if refused.len() >= self.settings.refused_entries {
             refused.retain(|_, (until, _)| *until > now);
             if refused.len() >= self.settings.refused_entries {
@@ -169,7 +170,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(g.authenticate(&md("bogus")).await.is_err());
         assert_eq!(inner.calls.load(Ordering::SeqCst), 6, "asked again once forgotten");
-        assert!(!format!("{:?}", g.refused.lock().unwrap()).contains("bogus"), "tokens are not kept");
+        assert!(!format!("{:?}", g.refused.locked()).contains("bogus"), "tokens are not kept");
     }
 
     #[tokio::test]
@@ -178,7 +179,7 @@ mod tests {
         for i in 0..100 {
             let _ = g.authenticate(&md(&format!("bogus-{i}"))).await;
         }
-        assert!(g.refused.lock().unwrap().len() <= 8);
+        assert!(g.refused.locked().len() <= 8);
     }
 
     #[tokio::test]

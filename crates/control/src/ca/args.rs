@@ -4,7 +4,7 @@
 use super::roots::{CaFiles, CaSource};
 use super::service::CaConfig;
 use super::tokenreview::ReviewPolicy;
-use slipstream_identity::TrustDomain;
+use slipstream_core::TrustDomain;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -44,7 +44,7 @@ pub struct CaArgs {
 }
 
 fn parse_lifetime(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (examples: 24h, 90m)"))?;
+    let d = slipstream_core::duration::parse_flag(s)?;
     if d < Duration::from_secs(60) {
         return Err(format!("{s:?}: a certificate must live at least a minute"));
     }

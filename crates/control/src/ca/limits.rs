@@ -6,54 +6,13 @@
 //! Pure counters behind one lock; time is passed in, so the tests need no
 //! clock.
 
+use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// A token bucket's shape: `burst` at once, refilled at `per_second`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rate {
-    pub burst: f64,
-    pub per_second: f64,
-}
-
-impl Rate {
-    /// How long a bucket of this shape takes to refill from empty.
-    fn refill_time(&self) -> Duration {
-        if self.per_second <= 0.0 {
-            return Duration::MAX;
-        }
-        Duration::from_secs_f64((self.burst / self.per_second).min(1e9))
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn full(rate: Rate, now: Instant) -> Bucket {
-        Bucket { tokens: rate.burst, at: now }
-    }
-
-    fn refill(&mut self, rate: Rate, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * rate.per_second).min(rate.burst);
-        self.at = now;
-    }
-
-    fn take(&mut self, rate: Rate, now: Instant) -> bool {
-        self.refill(rate, now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
+pub use slipstream_core::bucket::Rate;
+use slipstream_core::bucket::TokenBucket;
 
 /// The bounds, per caller (a node, or for unauthenticated calls the peer
 /// address).
@@ -97,9 +56,9 @@ pub enum Limited {
 
 #[derive(Debug)]
 struct Entry {
-    requests: Bucket,
+    requests: TokenBucket,
     in_flight: usize,
-    logs: Bucket,
+    logs: TokenBucket,
     suppressed: u64,
     seen: Instant,
 }
@@ -138,7 +97,7 @@ pub enum LogDecision {
 
 fn lock(m: &Mutex<HashMap<String, Entry>>) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
     // Every mutation is a few field updates that cannot panic halfway.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 impl Limits {
@@ -158,9 +117,9 @@ impl Limits {
             map.insert(
                 key.to_string(),
                 Entry {
-                    requests: Bucket::full(self.config.requests, now),
+                    requests: TokenBucket::full(self.config.requests, now),
                     in_flight: 0,
-                    logs: Bucket::full(self.config.refusal_logs, now),
+                    logs: TokenBucket::full(self.config.refusal_logs, now),
                     suppressed: 0,
                     seen: now,
                 },
@@ -193,7 +152,7 @@ impl Limits {
         if e.in_flight >= self.config.in_flight {
             return Err(Limited::InFlight(caller.to_string()));
         }
-        if !e.requests.take(self.config.requests, now) {
+        if e.requests.take(self.config.requests, now).is_err() {
             return Err(Limited::Rate(caller.to_string()));
         }
         e.in_flight += 1;
@@ -204,7 +163,7 @@ impl Limits {
     pub fn log_refusal(&self, caller: &str, now: Instant) -> LogDecision {
         let mut map = lock(&self.callers);
         let e = self.entry(&mut map, caller, now);
-        if e.logs.take(self.config.refusal_logs, now) {
+        if e.logs.take(self.config.refusal_logs, now).is_ok() {
             LogDecision::Write { suppressed: std::mem::take(&mut e.suppressed) }
         } else {
             e.suppressed += 1;
@@ -221,6 +180,7 @@ impl Limits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn limits(burst: f64, per_second: f64, in_flight: usize) -> Limits {
         Limits::new(CallerLimits {

@@ -7,6 +7,7 @@
 //! stream agree on where a pod runs by construction.
 
 use crate::resources::Resources;
+use slipstream_core::sync::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
@@ -55,7 +56,7 @@ impl<S: ResourceSource> ResourcePlacement<S> {
 
     fn index(&self) -> Arc<Index> {
         let now = self.source.resources();
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.locked();
         if let Some((seen, index)) = cache.as_ref() {
             if seen.ptr_eq(&now) {
                 return index.clone();

@@ -12,7 +12,9 @@
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
-use slipstream_identity::{ca_validity_problem, certificate_validity, format_time, Ca, TrustBundle, TrustDomain};
+use slipstream_core::sync::LockExt;
+use slipstream_core::TrustDomain;
+use slipstream_identity::{ca_validity_problem, certificate_validity, format_time, Ca, TrustBundle};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -155,7 +157,7 @@ impl CaMaterial {
         let Some(r) = &self.reload else { return Ok(false) };
         let bytes = read_all(&r.files)?;
         let now = std::time::Instant::now();
-        let mut last = r.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = r.last.locked();
         if last.bytes == bytes {
             let retry = last.refused_at.is_some_and(|t| force || now.duration_since(t) >= RETRY_REFUSED);
             if !retry {

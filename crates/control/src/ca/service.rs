@@ -13,7 +13,8 @@ use crate::auth::{AuthError, Authenticator, Caller};
 use slipstream_api::ca::istio_certificate_service_server::{IstioCertificateService, IstioCertificateServiceServer};
 use slipstream_api::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use slipstream_api::IMPERSONATED_IDENTITY;
-use slipstream_identity::{Csr, CsrError, SpiffeId, TrustDomain, DEFAULT_WORKLOAD_VALIDITY};
+use slipstream_core::{SpiffeId, TrustDomain};
+use slipstream_identity::{Csr, CsrError, DEFAULT_WORKLOAD_VALIDITY};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -113,7 +114,7 @@ pub fn impersonated(req: &IstioCertificateRequest) -> Result<Option<SpiffeId>, R
     }
     s.parse()
         .map(Some)
-        .map_err(|e: slipstream_identity::SpiffeIdError| Refusal::BadImpersonation { value: s.to_string(), reason: e.to_string() })
+        .map_err(|e: slipstream_core::SpiffeIdError| Refusal::BadImpersonation { value: s.to_string(), reason: e.to_string() })
 }
 
 /// The decision: which identity `caller` gets for a CSR that asks for

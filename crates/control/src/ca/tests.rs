@@ -13,8 +13,9 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsage
 use slipstream_api::ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use slipstream_api::ca::IstioCertificateRequest;
 use slipstream_api::{TypeUrl, IMPERSONATED_IDENTITY};
+use slipstream_core::{SpiffeId, TrustDomain};
 use slipstream_identity::tls::{client_config, ServerTls};
-use slipstream_identity::{generate_csr, Ca, SpiffeId, TrustBundle, TrustDomain, WorkloadCert};
+use slipstream_identity::{generate_csr, Ca, TrustBundle, WorkloadCert};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -19,6 +19,7 @@
 use crate::auth::{bearer, AuthError, Authenticator, Caller};
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
+use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -142,12 +143,12 @@ impl TokenReviewAuthenticator {
     }
 
     fn cached(&self, token: &str, now: Instant) -> Option<Caller> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let cache = self.cache.locked();
         cache.get(token).filter(|(_, until)| *until > now).map(|(c, _)| c.clone())
     }
 
     fn remember(&self, token: &str, caller: &Caller, now: Instant) {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.locked();
         if cache.len() >= self.policy.cache_entries {
             cache.retain(|_, (_, until)| *until > now);
             if cache.len() >= self.policy.cache_entries {

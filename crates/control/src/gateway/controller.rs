@@ -29,6 +29,7 @@ use super::{render, status};
 use crate::source::kube::RawEvent;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{json, Value};
+use slipstream_core::sync::LockExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -85,7 +86,7 @@ const KINDS: [&str; 4] = ["Namespace", "Service", "Gateway", "Pod"];
 impl Mirror {
     /// Takes in what a watcher saw (everything else is ignored).
     pub fn observe(&self, ev: &RawEvent) {
-        let mut objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut objects = self.objects.locked();
         let changed = match ev {
             RawEvent::Apply(v) => {
                 let Some(kind) = KINDS.into_iter().find(|k| v["kind"] == *k) else { return };
@@ -122,16 +123,16 @@ impl Mirror {
     /// Notes that `kind` was listed whole; true the first time.
     fn listed(&self, kind: &str) -> bool {
         let Some(k) = KINDS.into_iter().find(|k| *k == kind) else { return false };
-        self.listed.lock().unwrap_or_else(|e| e.into_inner()).insert(k)
+        self.listed.locked().insert(k)
     }
 
     /// Every kind the controller reads has been listed whole once.
     pub fn synced(&self) -> bool {
-        self.listed.lock().unwrap_or_else(|e| e.into_inner()).len() == KINDS.len()
+        self.listed.locked().len() == KINDS.len()
     }
 
     fn snapshot(&self) -> Vec<Value> {
-        self.objects.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+        self.objects.locked().values().cloned().collect()
     }
 }
 

@@ -4,6 +4,7 @@
 //! the index resolves the Service, never to a DNS answer.
 
 use super::*;
+use slipstream_core::sync::LockExt;
 use std::sync::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -19,14 +20,14 @@ async fn server(current: Arc<Mutex<&'static str>>, hits: Arc<Mutex<usize>>) -> S
         loop {
             let (mut s, _) = l.accept().await.unwrap();
             let current = current.clone();
-            *hits.lock().unwrap() += 1;
+            *hits.locked() += 1;
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
                 let n = s.read(&mut buf).await.unwrap_or(0);
                 let req = String::from_utf8_lossy(&buf[..n]).to_string();
                 let path = req.split_whitespace().nth(1).unwrap_or("/").to_string();
                 let (status, body): (&str, String) = match path.as_str() {
-                    "/jwks" => ("200 OK", current.lock().unwrap().to_string()),
+                    "/jwks" => ("200 OK", current.locked().to_string()),
                     "/redirect" => ("302 Found", String::new()),
                     "/big" => ("200 OK", format!(r#"{{"keys":[],"pad":"{}"}}"#, "x".repeat(MAX_BODY))),
                     "/html" => ("200 OK", "<html>login</html>".to_string()),
@@ -66,7 +67,7 @@ async fn loopback_link_local_and_unspecified_are_never_fetched_by_default() {
     let addr = server(Arc::new(Mutex::new(JWKS_A)), hits.clone()).await;
     let e = fetch(&at("/jwks"), addr, &FetchSettings::default()).await.unwrap_err();
     assert_eq!(e, FetchError::Refused { addr });
-    assert_eq!(*hits.lock().unwrap(), 0, "refused before connecting");
+    assert_eq!(*hits.locked(), 0, "refused before connecting");
     // Refused whatever the setting (no packet is sent to any of them).
     for a in ["169.254.169.254:80", "[::ffff:169.254.169.254]:80", "0.0.0.0:80", "[fe80::1]:80", "224.0.0.1:80"] {
         let a: SocketAddr = a.parse().unwrap();
@@ -124,7 +125,7 @@ async fn the_task_fetches_what_is_wanted_when_its_service_comes_and_again_when_t
     let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
     assert_eq!(got, (f.clone(), Some(JWKS_A.to_string())));
     // The issuer rotates its keys: the next refresh brings them.
-    *current.lock().unwrap() = JWKS_B;
+    *current.locked() = JWKS_B;
     let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
     assert_eq!(got, (f.clone(), Some(JWKS_B.to_string())));
     // Unchanged refreshes send nothing.

@@ -129,7 +129,7 @@ impl ResolvesServerCert for ServingCert {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slipstream_identity::TrustDomain;
+    use slipstream_core::TrustDomain;
 
     #[tokio::test(start_paused = true)]
     async fn a_new_ca_gets_a_new_serving_certificate_within_seconds() {

@@ -4,6 +4,7 @@
 //! authenticated call, and a kill switch (a server that stops closes what
 //! its drain did not).
 
+use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
@@ -42,7 +43,7 @@ impl ConnGuard {
     /// A slot, unless `max_total` are taken, or `max_per_peer` by `peer`
     /// (0: no bound per peer).
     pub fn try_new(slots: &Arc<Mutex<Slots>>, peer: IpAddr, max_total: usize, max_per_peer: usize) -> Result<ConnGuard, Full> {
-        let mut s = slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = slots.locked();
         if s.total >= max_total {
             return Err(Full::Total);
         }
@@ -58,7 +59,7 @@ impl ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.slots.locked();
         s.total -= 1;
         if let Some(n) = s.per_peer.get_mut(&self.peer) {
             *n -= 1;

@@ -592,42 +592,8 @@ fn filters(rd: &Reader, list: Vec<FilterSpec>, rule: &str) -> Result<(Filters, V
 /// to five digits and a unit, `h`, `m`, `s` or `ms` (`10s`, `1h30m`,
 /// `500ms`). `0s` (any zero) means no timeout: None.
 fn duration(rd: &Reader, s: &str, field: &str) -> Result<Option<Duration>, ObjectError> {
-    let bad = || {
-        rd.err(
-            field,
-            format!("{s:?} is not a duration: 1 to 4 pairs of a number (up to 5 digits) and a unit h, m, s or ms, e.g. 10s, 1h30m, 500ms"),
-        )
-    };
-    let mut rest = s;
-    let mut total = Duration::ZERO;
-    let mut pairs = 0;
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 || digits > 5 {
-            return Err(bad());
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let (unit, len) = if rest.starts_with("ms") {
-            (Duration::from_millis(1), 2)
-        } else if rest.starts_with('h') {
-            (Duration::from_secs(3600), 1)
-        } else if rest.starts_with('m') {
-            (Duration::from_secs(60), 1)
-        } else if rest.starts_with('s') {
-            (Duration::from_secs(1), 1)
-        } else {
-            return Err(bad());
-        };
-        rest = &rest[len..];
-        // At most 99999h: no overflow.
-        total += unit * n as u32;
-        pairs += 1;
-    }
-    if pairs == 0 || pairs > 4 {
-        return Err(bad());
-    }
-    Ok((!total.is_zero()).then_some(total))
+    let d = slipstream_core::duration::parse_gateway_api(s).map_err(|e| rd.err(field, e))?;
+    Ok((!d.is_zero()).then_some(d))
 }
 
 mod grpc;

@@ -481,39 +481,7 @@ fn creation(o: &OpaqueObject) -> Option<String> {
 /// more decimal numbers with a unit `h`, `m`, `s`, `ms`, `us` or `ns`,
 /// `1.5s`, `1m30s`). Zero is None.
 pub fn duration(rd_err: impl Fn(String) -> ObjectError, s: &str) -> Result<Option<Duration>, ObjectError> {
-    let bad = || rd_err(format!("{s:?} is not a duration (e.g. 10s, 1.5s, 500ms, 1m30s)"));
-    if s == "0" {
-        return Ok(None);
-    }
-    let mut rest = s;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let n = rest.bytes().take_while(|b| b.is_ascii_digit() || *b == b'.').count();
-        if n == 0 {
-            return Err(bad());
-        }
-        let value: f64 = rest[..n].parse().map_err(|_| bad())?;
-        rest = &rest[n..];
-        let u = rest.bytes().take_while(|b| b.is_ascii_alphabetic() || *b >= 0x80).count();
-        let unit = match &rest[..u] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return Err(bad()),
-        };
-        rest = &rest[u..];
-        total += value * unit;
-    }
-    if !total.is_finite() || total > 1e9 {
-        return Err(bad());
-    }
-    let d = Duration::from_secs_f64(total);
+    let d = slipstream_core::duration::parse_go(s).map_err(rd_err)?;
     Ok((!d.is_zero()).then_some(d))
 }
 

@@ -9,6 +9,7 @@
 
 use super::session::TypeProgress;
 use serde::{Deserialize, Serialize};
+use slipstream_core::sync::LockExt;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,7 +128,7 @@ pub struct Registry {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").field("streams", &self.inner.streams.lock().expect("registry lock").len()).finish()
+        f.debug_struct("Registry").field("streams", &self.inner.streams.locked().len()).finish()
     }
 }
 
@@ -141,14 +142,14 @@ pub struct Registration {
 impl Registration {
     /// Records what the stream sent and what was answered.
     pub fn update(&self, answered_through: u64, types: Vec<TypeProgress>) {
-        *self.entry.progress.lock().expect("registry lock") = Progress { answered_through, types };
+        *self.entry.progress.locked() = Progress { answered_through, types };
         self.registry.notify();
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.inner.streams.lock().expect("registry lock").remove(&self.id);
+        self.registry.inner.streams.locked().remove(&self.id);
         self.registry.notify();
     }
 }
@@ -202,7 +203,7 @@ impl Registry {
     pub fn register(&self, info: StreamInfo) -> Registration {
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(Entry { info, since: SystemTime::now(), opened: Instant::now(), progress: Mutex::new(Progress::default()) });
-        self.inner.streams.lock().expect("registry lock").insert(id, entry.clone());
+        self.inner.streams.locked().insert(id, entry.clone());
         self.notify();
         Registration { id, entry, registry: self.clone() }
     }
@@ -212,12 +213,12 @@ impl Registry {
     }
 
     fn entries(&self) -> Vec<Arc<Entry>> {
-        self.inner.streams.lock().expect("registry lock").values().cloned().collect()
+        self.inner.streams.locked().values().cloned().collect()
     }
 
     /// Open streams.
     pub fn len(&self) -> usize {
-        self.inner.streams.lock().expect("registry lock").len()
+        self.inner.streams.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -229,7 +230,7 @@ impl Registry {
         self.entries()
             .iter()
             .map(|e| {
-                let p = e.progress.lock().expect("registry lock").clone();
+                let p = e.progress.locked().clone();
                 ProxyStatus {
                     node: e.info.node.clone(),
                     id: e.info.id.clone(),
@@ -248,7 +249,7 @@ impl Registry {
     pub fn report(&self, generation: u64) -> AckReport {
         let mut r = AckReport { generation, ..Default::default() };
         for e in self.entries() {
-            let p = e.progress.lock().expect("registry lock").clone();
+            let p = e.progress.locked().clone();
             let who = ProxyRef { node: e.info.node.clone(), peer: e.info.peer.map(|a| a.to_string()).unwrap_or_else(|| "?".into()) };
             if p.answered_through < generation || p.types.is_empty() {
                 r.pending.push((who, p.answered_through));

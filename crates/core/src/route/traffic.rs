@@ -261,55 +261,9 @@ pub fn hash_bytes(b: &[u8]) -> u64 {
     mix(h)
 }
 
-/// A token bucket: `tokens` left as of `at`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Bucket {
-    pub tokens: f64,
-    pub at: std::time::Instant,
-}
-
-impl Bucket {
-    /// Full at `now`.
-    pub fn full(burst: u32, now: std::time::Instant) -> Bucket {
-        Bucket { tokens: f64::from(burst), at: now }
-    }
-
-    /// Takes a token at `now`, refilled at `requests` per `interval` up to
-    /// `burst`; or, when there is none, how long until there is one.
-    pub fn take(&mut self, now: std::time::Instant, requests: u32, interval: Duration, burst: u32) -> Result<(), Duration> {
-        let rate = f64::from(requests) / interval.as_secs_f64().max(1e-9);
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * rate).min(f64::from(burst));
-        self.at = now.max(self.at);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return Ok(());
-        }
-        if rate <= 0.0 {
-            return Err(interval);
-        }
-        Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_bucket_gives_its_burst_then_refills_at_its_rate() {
-        let t0 = std::time::Instant::now();
-        let mut b = Bucket::full(3, t0);
-        let take = |b: &mut Bucket, ms: u64| b.take(t0 + Duration::from_millis(ms), 2, Duration::from_secs(1), 3);
-        assert_eq!((take(&mut b, 0), take(&mut b, 0), take(&mut b, 0)), (Ok(()), Ok(()), Ok(())));
-        // Empty: the next token in 1/2 s.
-        assert_eq!(take(&mut b, 0), Err(Duration::from_millis(500)));
-        assert_eq!(take(&mut b, 250), Err(Duration::from_millis(250)));
-        assert_eq!(take(&mut b, 500), Ok(()));
-        // Idle for long: never more than the burst.
-        let got = (0..5).filter(|_| take(&mut b, 60_000).is_ok()).count();
-        assert_eq!(got, 3);
-    }
 
     #[test]
     fn retry_conditions_follow_envoy() {

@@ -7,8 +7,9 @@ use std::task::{ready, Context, Poll};
 
 use futures_util::future::BoxFuture;
 use rustls_pki_types::ServerName;
+use slipstream_core::SpiffeId;
 use slipstream_identity::tls::{client_config, identity_mismatch};
-use slipstream_identity::{CertManager, FetchError, SpiffeId, WorkloadCert};
+use slipstream_identity::{CertManager, FetchError, WorkloadCert};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;

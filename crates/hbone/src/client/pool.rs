@@ -11,6 +11,7 @@
 //! thread, so no lock or wake-up of the data path crosses threads. With
 //! N shards a busy key has up to N connections.
 
+use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -233,7 +234,7 @@ impl std::fmt::Debug for Pool {
 impl PoolInner {
     fn lock(&self) -> MutexGuard<'_, HashMap<(PoolKey, u16), KeyState>> {
         // Each critical section leaves the map consistent; ignore poisoning.
-        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+        self.keys.locked()
     }
 
     async fn dial_and_add(self: Arc<Self>, key: (PoolKey, u16), done: watch::Sender<DialOutcome>) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri};
-use slipstream_identity::SpiffeId;
+use slipstream_core::SpiffeId;
 
 use crate::authority::format_authority;
 use crate::headers::{Baggage, Forwarded, TraceParent, BAGGAGE, FORWARDED, TRACEPARENT};

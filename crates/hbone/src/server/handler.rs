@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, StatusCode};
-use slipstream_identity::{FetchError, SpiffeId, WorkloadCert};
+use slipstream_core::SpiffeId;
+use slipstream_identity::{FetchError, WorkloadCert};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::handshake::{HandshakeFailure, HandshakeFailureKind};

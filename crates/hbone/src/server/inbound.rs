@@ -12,7 +12,7 @@ use h2::server::SendResponse;
 use h2::RecvStream;
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
-use slipstream_identity::SpiffeId;
+use slipstream_core::SpiffeId;
 use tokio::time::Instant;
 
 use super::handler::{ConnectionContext, Handler, InboundRequest, StreamRecord, Upstream};

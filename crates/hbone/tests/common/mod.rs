@@ -3,6 +3,7 @@
 //! Every test binary uses a different subset.
 #![allow(dead_code)]
 
+use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -13,13 +14,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use rustls_pki_types::ServerName;
+use slipstream_core::{SpiffeId, TrustDomain};
 use slipstream_hbone::drain::{self, DrainTrigger};
 use slipstream_hbone::{
     CertResolver, Handler, HandshakeFailure, HboneError, InboundRequest, PlainConnector, Pool, PoolConfig, PoolKey, ResolveError, Server,
     ServerConfig, ServerStats, StreamRecord, Upstream,
 };
 use slipstream_identity::tls::{client_config, ServerTls};
-use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, SpiffeId, TrustDomain, WorkloadCert};
+use slipstream_identity::{Ca, CertManager, CertManagerConfig, LocalCaProvider, WorkloadCert};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -131,11 +133,11 @@ pub struct TestHandler {
 
 impl TestHandler {
     pub fn set(&self, port: u16, behavior: Behavior) {
-        self.behaviors.lock().unwrap().insert(port, behavior);
+        self.behaviors.locked().insert(port, behavior);
     }
 
     pub fn greet_results(&self) -> Vec<u64> {
-        self.greet_received.lock().unwrap().clone()
+        self.greet_received.locked().clone()
     }
 
     /// Waits until `n` greeting applications read their client to EOF.
@@ -148,7 +150,7 @@ impl TestHandler {
     }
 
     pub fn records(&self) -> Vec<StreamRecord> {
-        self.records.lock().unwrap().clone()
+        self.records.locked().clone()
     }
 
     /// Waits until `n` stream records arrived (they are written when the
@@ -159,7 +161,7 @@ impl TestHandler {
     }
 
     pub fn handshake_failures(&self) -> Vec<HandshakeFailure> {
-        self.handshake_failures.lock().unwrap().clone()
+        self.handshake_failures.locked().clone()
     }
 
     /// Waits until the server reported `n` connections that failed before
@@ -176,8 +178,8 @@ const DUPLEX: usize = 64 * 1024;
 impl Handler for TestHandler {
     fn connect<'a>(&'a self, request: &'a InboundRequest) -> BoxFuture<'a, Result<Box<dyn Upstream>, HboneError>> {
         Box::pin(async move {
-            self.requests.lock().unwrap().push(request.clone());
-            let behavior = self.behaviors.lock().unwrap().get(&request.target.port()).copied().unwrap_or(Behavior::Echo);
+            self.requests.locked().push(request.clone());
+            let behavior = self.behaviors.locked().get(&request.target.port()).copied().unwrap_or(Behavior::Echo);
             let (ours, theirs) = tokio::io::duplex(DUPLEX);
             match behavior {
                 Behavior::Echo => {
@@ -195,11 +197,11 @@ impl Handler for TestHandler {
                         w.shutdown().await.unwrap();
                         let mut sink = Vec::new();
                         let got = r.read_to_end(&mut sink).await.unwrap();
-                        received.lock().unwrap().push(got as u64);
+                        received.locked().push(got as u64);
                         assert_eq!(sink, pattern(got, 9), "client bytes arrive intact");
                     });
                 }
-                Behavior::Sink => self.held.lock().unwrap().push(theirs),
+                Behavior::Sink => self.held.locked().push(theirs),
                 Behavior::Flood => {
                     let written = self.flood_written.clone();
                     tokio::spawn(async move {
@@ -225,15 +227,15 @@ impl Handler for TestHandler {
     }
 
     fn accepts_foreign_target(&self, _tunnel_local: SocketAddr, target: SocketAddr) -> bool {
-        *self.waypoint_for.lock().unwrap() == Some(target)
+        *self.waypoint_for.locked() == Some(target)
     }
 
     fn on_stream_end(&self, record: &StreamRecord) {
-        self.records.lock().unwrap().push(record.clone());
+        self.records.locked().push(record.clone());
     }
 
     fn on_handshake_failure(&self, failure: &HandshakeFailure) {
-        self.handshake_failures.lock().unwrap().push(failure.clone());
+        self.handshake_failures.locked().push(failure.clone());
     }
 }
 

@@ -11,12 +11,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue};
+use slipstream_core::SpiffeId;
 use slipstream_hbone::{CertSource, ConnectRequest, HboneError, Pool, PoolConfig, PoolKey, ResponseFlag};
-use slipstream_identity::{Ca, FetchError, SpiffeId, TrustBundle, WorkloadCert};
+use slipstream_identity::{Ca, FetchError, TrustBundle, WorkloadCert};
 use tokio::time::Instant;
 
 use super::exchange::{self, Payload, Plan};
-use super::{parse_duration, parse_mark, parse_size, Output, BYPASS_MARK};
+use super::{parse_flag, parse_mark, parse_size, Output, BYPASS_MARK};
 
 /// Flags of `slipstream debug hbone`.
 #[derive(clap::Args, Debug, Clone)]
@@ -62,10 +63,10 @@ pub struct HboneArgs {
     #[arg(long)]
     pub half_close: bool,
     /// Stop reading after this long without a byte.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_flag)]
     pub idle: Duration,
     /// Give up after this long, handshakes included.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_flag)]
     pub timeout: Duration,
     /// Socket mark; the default is the node proxy's own, which a meshed
     /// pod's capture lets through. 0 for none.

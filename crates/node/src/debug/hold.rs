@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{parse_duration, parse_mark};
+use super::{parse_flag, parse_mark};
 
 /// Flags of `slipstream debug hold`.
 #[derive(clap::Args, Debug, Clone)]
@@ -31,13 +31,13 @@ pub struct HoldArgs {
     #[arg(long, default_value_t = 16)]
     pub payload: usize,
     /// How long to hold the connections once all are open.
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = parse_flag)]
     pub hold: Duration,
     /// Hold until standard input is closed (after --hold).
     #[arg(long)]
     pub wait_stdin: bool,
     /// Budget for connecting and echoing, per connection.
-    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = parse_flag)]
     pub timeout: Duration,
     /// Socket mark (0x539 bypasses a meshed pod's capture).
     #[arg(long, default_value = "0", value_parser = parse_mark)]

@@ -38,7 +38,7 @@ pub enum Output {
     Json,
 }
 
-use slipstream_proxy::config::parse_duration;
+use slipstream_core::duration::parse_flag;
 
 /// A mark given as decimal or `0x...`.
 pub fn parse_mark(s: &str) -> Result<u32, String> {
@@ -90,9 +90,9 @@ mod tests {
 
     #[test]
     fn parses_flags() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert!(parse_duration("2d").is_err());
+        assert_eq!(parse_flag("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_flag("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_flag("2d").is_err());
         assert_eq!(parse_mark("0x539"), Ok(0x539));
         assert_eq!(parse_mark("273"), Ok(273));
         assert!(parse_mark("x").is_err());

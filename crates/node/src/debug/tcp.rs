@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use tokio::time::Instant;
 
 use super::exchange::{self, Payload, Plan};
-use super::{parse_duration, parse_mark, parse_size, Output};
+use super::{parse_flag, parse_mark, parse_size, Output};
 
 /// Flags of `slipstream debug tcp`.
 #[derive(clap::Args, Debug, Clone)]
@@ -37,10 +37,10 @@ pub struct TcpArgs {
     pub no_read: bool,
     /// Stop reading after this long without a byte; with --no-read, how
     /// long a write may make no progress before we call it stalled.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_flag)]
     pub idle: Duration,
     /// Give up (or with --no-read, close) after this long.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_flag)]
     pub timeout: Duration,
     /// Socket mark; 0x539 (the node proxy's own) bypasses a meshed pod's
     /// capture.

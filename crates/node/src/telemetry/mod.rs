@@ -10,6 +10,7 @@ pub use accesslog::AccessLogEntry;
 pub use metrics::{Metrics, Reporter};
 pub use record::{AppSide, ConnInfo, ConnRecord, Metered, SrcIdentity};
 
+use slipstream_core::sync::LockExt;
 use slipstream_proxy::limits::{LogDecision, RefusalLog};
 use std::time::{Duration, Instant};
 
@@ -43,7 +44,7 @@ impl Telemetry {
         let line = e.render(self.json_log);
         match &self.sink {
             Sink::Stdout => println!("{line}"),
-            Sink::Memory(m) => m.lock().expect("log lock").push(line),
+            Sink::Memory(m) => m.locked().push(line),
         }
     }
 
@@ -51,7 +52,7 @@ impl Telemetry {
     pub fn lines(&self) -> Vec<String> {
         match &self.sink {
             Sink::Stdout => Vec::new(),
-            Sink::Memory(m) => m.lock().expect("log lock").clone(),
+            Sink::Memory(m) => m.locked().clone(),
         }
     }
 

@@ -20,6 +20,8 @@
 //! walks only the call sites that are suppressing, at most every
 //! [`SWEEP_EVERY`].
 
+use slipstream_core::bucket::{Rate, TokenBucket};
+use slipstream_core::sync::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Mutex;
@@ -61,10 +63,16 @@ pub enum Decision {
     Suppress,
 }
 
+impl Limits {
+    fn rate(&self) -> Rate {
+        Rate { burst: f64::from(self.burst), per_second: self.per_second }
+    }
+}
+
+/// A call site's bucket, and the lines it suppressed since its last one.
 #[derive(Debug)]
 struct Bucket {
-    tokens: f64,
-    last: Instant,
+    tokens: TokenBucket,
     suppressed: u64,
 }
 
@@ -94,19 +102,11 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
         true
     }
 
-    fn refill(limits: &Limits, b: &mut Bucket, now: Instant) {
-        let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
-        b.tokens = (b.tokens + elapsed * limits.per_second).min(f64::from(limits.burst));
-        b.last = now;
-    }
-
     /// Whether a line of `key` at `now` is written.
     pub fn decide(&mut self, key: &K, now: Instant) -> Decision {
-        let limits = self.limits;
-        let b = self.buckets.entry(key.clone()).or_insert_with(|| Bucket { tokens: f64::from(limits.burst), last: now, suppressed: 0 });
-        Self::refill(&limits, b, now);
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
+        let rate = self.limits.rate();
+        let b = self.buckets.entry(key.clone()).or_insert_with(|| Bucket { tokens: TokenBucket::full(rate, now), suppressed: 0 });
+        if b.tokens.take(rate, now).is_ok() {
             match std::mem::take(&mut b.suppressed) {
                 0 => Decision::Allow,
                 n => {
@@ -127,13 +127,12 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
     /// through again), with how many they suppressed; their counts reset.
     /// Looks only at the keys that are suppressing.
     pub fn ended_floods(&mut self, now: Instant) -> Vec<(K, u64)> {
-        let limits = self.limits;
+        let rate = self.limits.rate();
         let mut out = Vec::new();
         let buckets = &mut self.buckets;
         self.suppressing.retain(|k| {
             let Some(b) = buckets.get_mut(k) else { return false };
-            Self::refill(&limits, b, now);
-            if b.tokens >= 1.0 {
+            if b.tokens.has_token(rate, now) {
                 out.push((k.clone(), std::mem::take(&mut b.suppressed)));
                 return false;
             }
@@ -189,7 +188,7 @@ impl<S: Subscriber> Layer<S> for RateLimitLayer {
         }
         let now = Instant::now();
         let (decision, ended) = {
-            let mut l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+            let mut l = self.limiter.locked();
             let site = Site(meta);
             let d = l.decide(&site, now);
             let ended = if l.sweep_due(now) { l.ended_floods(now) } else { Vec::new() };

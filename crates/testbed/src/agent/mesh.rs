@@ -1,7 +1,7 @@
 //! Mesh membership and each node's pod registrations (the CNI role: what
 //! the node proxy is told of its own pods). The mesh itself (workloads,
 //! services, policies) is the control plane's, from the objects the agent
-//! writes (`agent::objects`). Pure over the agent's state.
+//! writes (`agent::api_server`). Pure over the agent's state.
 
 use super::pods::PodRuntime;
 use super::store::Store;

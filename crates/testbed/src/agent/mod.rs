@@ -2,11 +2,11 @@
 //! objects and makes the machine match them, level-triggered: every tick
 //! compares what should run with what runs.
 
+pub mod api_server;
 pub mod datapath;
 pub mod flows;
 pub mod mesh;
 pub mod nodeproxy;
-pub mod objects;
 pub mod pods;
 pub mod probe;
 pub mod services;
@@ -62,7 +62,7 @@ pub struct Agent {
     served: BTreeMap<String, BTreeSet<String>>,
     last_mesh: BTreeMap<std::path::PathBuf, String>,
     /// The objects as last written for the control plane, and the counter
-    /// written with them (`objects::GENERATION_FILE`).
+    /// written with them (`api_server::GENERATION_FILE`).
     last_objects: Option<String>,
     objects_generation: u64,
     /// The workload tokens file as last written.
@@ -236,7 +236,7 @@ impl Agent {
             }
             Request::Objects => {
                 let pods: Vec<&PodRuntime> = self.pods.values().chain(self.stopping.iter()).collect();
-                Response::Objects { items: objects::api_view(&self.store, &pods, &self.nodes, &self.vips) }
+                Response::Objects { items: api_server::api_view(&self.store, &pods, &self.nodes, &self.vips) }
             }
             Request::Label { kind, namespace, name, changes, overwrite, annotate } => {
                 let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
@@ -520,18 +520,18 @@ impl Agent {
 
     fn sync_objects(&mut self) {
         let pods: Vec<&PodRuntime> = self.pods.values().collect();
-        let objs = objects::cluster_objects(&self.store, &pods, &self.nodes, &self.vips);
+        let objs = api_server::cluster_objects(&self.store, &pods, &self.nodes, &self.vips);
         let text: String = objs.iter().filter_map(|o| o.to_yaml().ok()).collect::<Vec<_>>().join("---\n");
         if self.last_objects.as_deref() == Some(text.as_str()) {
             return;
         }
         let dir = self.paths.objects_dir();
-        match objects::sync_dir(&dir, &objs) {
+        match api_server::sync_dir(&dir, &objs) {
             Ok(report) => {
                 if report.changed() || self.objects_generation == 0 {
                     self.objects_generation += 1;
-                    if let Err(e) = write_atomic(&dir.join(objects::GENERATION_FILE), &format!("{}\n", self.objects_generation)) {
-                        tracing::error!("cannot write {}: {e}", dir.join(objects::GENERATION_FILE).display());
+                    if let Err(e) = write_atomic(&dir.join(api_server::GENERATION_FILE), &format!("{}\n", self.objects_generation)) {
+                        tracing::error!("cannot write {}: {e}", dir.join(api_server::GENERATION_FILE).display());
                     }
                     tracing::debug!(
                         written = report.written,
@@ -840,7 +840,7 @@ fn ensure_ca(paths: &Paths, cert: Option<&std::path::Path>, key: Option<&std::pa
             tracing::info!("mesh root from {} (its key {} is hidden from pods)", c.display(), original.display());
         }
         (None, None) => {
-            let td = slipstream_identity::TrustDomain::new(slipstream_core::DEFAULT_TRUST_DOMAIN)?;
+            let td = slipstream_core::TrustDomain::new(slipstream_core::DEFAULT_TRUST_DOMAIN)?;
             let ca = slipstream_identity::Ca::generate(&td)?;
             std::fs::write(&cert_out, ca.cert_pem())?;
             write_private(&key_out, &ca.key_pem())?;

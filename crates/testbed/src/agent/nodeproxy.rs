@@ -12,6 +12,7 @@ use super::pods::Node;
 use super::probe::{http_ready, ProbeError};
 use crate::names::{netns_path, Paths};
 use crate::sys::{netns, spawn};
+use slipstream_core::sync::LockExt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Child;
@@ -99,7 +100,7 @@ struct ProbeShared {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 fn probe_loop(shared: Arc<ProbeShared>, netns: PathBuf, addr: SocketAddr, path: &'static str) {
