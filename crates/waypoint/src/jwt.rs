@@ -123,46 +123,49 @@ pub fn strip_outputs(rules: &[Arc<Prepared>], headers: &mut HeaderMap) {
     }
 }
 
-/// The token `rule` finds in the request, if any; Err when a header it
-/// reads holds a value without the rule's prefix (Istio: invalid).
-fn find(rule: &JwtRule, headers: &HeaderMap, query: &str) -> Result<Option<(String, Location)>, String> {
+/// Every token `rule` finds in the request, in every place it looks and
+/// every occurrence there (a header sent twice, a parameter repeated, one
+/// in the header and one in the query): each must be valid, so a client
+/// cannot have one token checked and the application read another. Err
+/// when a header it reads holds a value without the rule's prefix (Istio:
+/// invalid).
+fn find(rule: &JwtRule, headers: &HeaderMap, query: &str) -> Result<Vec<(String, Location)>, String> {
+    let mut out = Vec::new();
     let defaults = rule.from_headers.is_empty() && rule.from_params.is_empty() && rule.from_cookies.is_empty();
     if defaults {
         // `Authorization: Bearer <token>` (another scheme is no token of
-        // this rule's), then `access_token`.
-        if let Some(v) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        // this rule's), and `access_token`.
+        for v in headers.get_all(http::header::AUTHORIZATION).iter().filter_map(|v| v.to_str().ok()) {
             if let Some(t) = v.strip_prefix("Bearer ").map(str::trim).filter(|t| !t.is_empty()) {
-                return Ok(Some((t.to_string(), Location::Header(http::header::AUTHORIZATION))));
+                out.push((t.to_string(), Location::Header(http::header::AUTHORIZATION)));
             }
         }
-        return Ok(param(query, "access_token").map(|t| (t, Location::Param)));
+        out.extend(params(query, "access_token").map(|t| (t, Location::Param)));
+        return Ok(out);
     }
     for h in &rule.from_headers {
         let Ok(name) = HeaderName::try_from(h.name.as_str()) else { continue };
-        if let Some(v) = headers.get(&name) {
+        for v in headers.get_all(&name) {
             let v = v.to_str().map_err(|_| format!("header {name} is not text"))?;
             let t = v.strip_prefix(h.prefix.as_str()).ok_or_else(|| format!("header {name} does not start with {:?}", h.prefix))?;
-            return Ok(Some((t.trim().to_string(), Location::Header(name))));
+            out.push((t.trim().to_string(), Location::Header(name.clone())));
         }
     }
     for p in &rule.from_params {
-        if let Some(t) = param(query, p) {
-            return Ok(Some((t, Location::Param)));
-        }
+        out.extend(params(query, p).map(|t| (t, Location::Param)));
     }
     for c in &rule.from_cookies {
-        if let Some(t) = cookie(headers, c) {
-            return Ok(Some((t, Location::Cookie)));
-        }
+        out.extend(cookies(headers, c).map(|t| (t, Location::Cookie)));
     }
-    Ok(None)
+    Ok(out)
 }
 
-/// A query parameter's value, percent-decoded.
-fn param(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|kv| {
+/// Every non-empty value of the query parameter `name`, names and values
+/// percent-decoded (as the application's framework will read them).
+fn params<'a>(query: &'a str, name: &'a str) -> impl Iterator<Item = String> + 'a {
+    query.split('&').filter_map(move |kv| {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        (k == name && !v.is_empty()).then(|| percent_decode(v))
+        (percent_decode(k) == name && !v.is_empty()).then(|| percent_decode(v))
     })
 }
 
@@ -186,8 +189,8 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|kv| {
+fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = String> + 'a {
+    headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).filter_map(move |kv| {
         let (k, v) = kv.trim().split_once('=')?;
         (k == name && !v.is_empty()).then(|| v.to_string())
     })
@@ -286,11 +289,18 @@ pub fn authenticate(rules: &[Arc<Prepared>], headers: &HeaderMap, query: &str) -
     for p in rules {
         match find(&p.rule, headers, query) {
             Err(why) => return Err(JwtError::Invalid { policy: p.rule.policy.clone(), why }),
-            Ok(None) => {}
-            Ok(Some((token, loc))) => match found.iter_mut().find(|(t, _, _)| *t == token) {
-                Some((_, _, by)) => by.push(p),
-                None => found.push((token, loc, vec![p])),
-            },
+            Ok(tokens) => {
+                for (token, loc) in tokens {
+                    match found.iter_mut().find(|(t, _, _)| *t == token) {
+                        Some((_, _, by)) => {
+                            if !by.iter().any(|b| std::ptr::eq(*b, p.as_ref())) {
+                                by.push(p)
+                            }
+                        }
+                        None => found.push((token, loc, vec![p])),
+                    }
+                }
+            }
         }
     }
     let mut first: Option<Authenticated> = None;

@@ -129,3 +129,37 @@ fn locations_outputs_and_keys() {
             .unwrap();
     assert!(authenticate(&rules, &headers(&[("authorization", &format!("Bearer {hs}"))]), "").unwrap().is_some());
 }
+
+/// Review of issue 36: a client must not have one token checked and the
+/// application read another. Every token in every place the rule looks is
+/// checked, so a forged one beside a valid one is refused wherever it is.
+#[test]
+fn every_token_of_a_request_is_checked_not_only_the_first() {
+    let (jwk, key) = es256("k1");
+    let (_, forger) = es256("k1");
+    let claims = |sub: &str| json!({"iss": "https://issuer.example", "sub": sub, "aud": "web", "exp": now() + 600});
+    let (good, forged) = (token(&key, "k1", claims("alice")), token(&forger, "k1", claims("admin")));
+    let bearer = format!("Bearer {good}");
+    let rules = [Arc::new(Prepared::new(&rule(json!({"keys": [jwk.clone()]}))))];
+    let status = |h: HeaderMap, q: &str| authenticate(&rules, &h, q).map(|_| ()).map_err(|e| e.status());
+    // A valid header token and a forged query token (the app may read
+    // either): refused, however the parameter's name is written.
+    for q in
+        [format!("access_token={forged}"), format!("a=1&access%5Ftoken={forged}"), format!("access_token={good}&access_token={forged}")]
+    {
+        assert_eq!(status(headers(&[("authorization", &bearer)]), &q), Err(401), "{q}");
+    }
+    // The Authorization header twice, the second forged.
+    assert_eq!(status(headers(&[("authorization", &bearer), ("authorization", &format!("Bearer {forged}"))]), ""), Err(401));
+    // The same valid token in two places is one token: accepted.
+    assert_eq!(status(headers(&[("authorization", &bearer)]), &format!("access_token={good}")), Ok(()));
+    // A rule's own header sent twice, and its cookie in two headers.
+    let mut r = rule(json!({"keys": [jwk]}));
+    r.from_headers = vec![slipstream_core::route::JwtHeader { name: "x-jwt".into(), prefix: String::new() }];
+    r.from_cookies = vec!["session".into()];
+    let own = [Arc::new(Prepared::new(&r))];
+    let status = |h: HeaderMap| authenticate(&own, &h, "").map(|_| ()).map_err(|e| e.status());
+    assert_eq!(status(headers(&[("x-jwt", &good)])), Ok(()));
+    assert_eq!(status(headers(&[("x-jwt", &good), ("x-jwt", &forged)])), Err(401));
+    assert_eq!(status(headers(&[("cookie", &format!("session={good}")), ("cookie", &format!("a=b; session={forged}"))])), Err(401));
+}
