@@ -15,6 +15,7 @@ pub mod engine;
 #[cfg(test)]
 mod fixtures;
 pub mod index;
+pub mod log_limit;
 pub mod mesh;
 pub mod path;
 pub mod policy;

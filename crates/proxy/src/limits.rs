@@ -21,6 +21,8 @@
 //! taken once per admin connection. [`RefusalLog`] keeps the log lines of
 //! refusals to a few per second per source.
 
+use slipstream_core::bucket::Rate;
+use slipstream_core::log_limit::{Decision, LogLimiter};
 use slipstream_core::sync::LockExt;
 use slipstream_hbone::ResponseFlag;
 use std::borrow::Borrow;
@@ -263,13 +265,6 @@ pub enum LogDecision {
     Suppress,
 }
 
-#[derive(Debug)]
-struct Window {
-    start: Instant,
-    logged: u32,
-    suppressed: u64,
-}
-
 /// Where a peer (a waypoint) asked one of this node's pods to hold off
 /// (HBONE 503 with `retry-after`: the pod broke connections on purpose):
 /// until then that pod's connections to that peer are refused here, and
@@ -312,61 +307,57 @@ impl HoldOffs {
     }
 }
 
-/// At most `burst` log lines per source per `period`; the rest are counted
-/// and reported by [`RefusalLog::summaries`] as "N more suppressed". The
-/// metrics count every refusal; only the lines are limited.
+/// At most `burst` log lines per source at once and `burst` per `period`
+/// after that (the one log limiter, `slipstream_core::log_limit`); the
+/// rest are counted and reported by [`RefusalLog::summaries`] as "N more
+/// suppressed". The metrics count every refusal; only the lines are
+/// limited.
 #[derive(Debug)]
 pub struct RefusalLog<K: Eq + Hash + Clone> {
-    windows: Mutex<HashMap<K, Window>>,
-    burst: u32,
-    period: Duration,
+    inner: Mutex<RefusalLines<K>>,
 }
+
+#[derive(Debug)]
+struct RefusalLines<K> {
+    limiter: LogLimiter<K>,
+    /// Counts handed over when a source's next line was let through,
+    /// kept for the next [`RefusalLog::summaries`].
+    pending: Vec<(K, u64)>,
+}
+
+/// Sources remembered at most (quiet ones are forgotten first).
+const MAX_LOGGED_SOURCES: usize = 1 << 16;
 
 impl<K: Eq + Hash + Clone> RefusalLog<K> {
     pub fn new(burst: u32, period: Duration) -> Self {
-        RefusalLog { windows: Mutex::new(HashMap::new()), burst, period }
+        let rate = Rate { burst: f64::from(burst), per_second: f64::from(burst) / period.as_secs_f64().max(1e-3) };
+        RefusalLog { inner: Mutex::new(RefusalLines { limiter: LogLimiter::new(rate, MAX_LOGGED_SOURCES), pending: Vec::new() }) }
     }
 
     /// One refusal of `key` at `now` (the key is copied only for a source
-    /// not yet in the map).
+    /// not yet remembered).
     pub fn check<Q>(&self, key: &Q, now: Instant) -> LogDecision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut m = self.windows.locked();
-        let w = match m.get_mut(key) {
-            Some(w) => w,
-            None => m.entry(key.to_owned()).or_insert(Window { start: now, logged: 0, suppressed: 0 }),
-        };
-        if now.duration_since(w.start) >= self.period && w.suppressed == 0 {
-            // A new window; one with suppressed lines waits for its summary.
-            *w = Window { start: now, logged: 0, suppressed: 0 };
-        }
-        if w.logged < self.burst {
-            w.logged += 1;
-            LogDecision::Log
-        } else {
-            w.suppressed += 1;
-            LogDecision::Suppress
+        let mut lines = self.inner.locked();
+        match lines.limiter.decide(key, now) {
+            Decision::Allow => LogDecision::Log,
+            Decision::AllowAfterSuppressed(n) => {
+                lines.pending.push((key.to_owned(), n));
+                LogDecision::Log
+            }
+            Decision::Suppress => LogDecision::Suppress,
         }
     }
 
-    /// The sources whose window ended with lines suppressed, and how many:
-    /// each is reported once, and its window starts afresh. Windows that
-    /// ended quietly are forgotten. Call it about once per period.
+    /// The sources with suppressed lines to report, and how many: each
+    /// count is reported once. Call it about once per period.
     pub fn summaries(&self, now: Instant) -> Vec<(K, u64)> {
-        let mut m = self.windows.locked();
-        let mut out = Vec::new();
-        m.retain(|k, w| {
-            if now.duration_since(w.start) < self.period {
-                return true;
-            }
-            if w.suppressed > 0 {
-                out.push((k.clone(), w.suppressed));
-            }
-            false
-        });
+        let mut lines = self.inner.locked();
+        let mut out = std::mem::take(&mut lines.pending);
+        out.extend(lines.limiter.ended_floods(now));
         out
     }
 }
@@ -639,18 +630,20 @@ mod tests {
         let decisions: Vec<LogDecision> = (0..10).map(|i| log.check(&"pod-a", at(i * 10))).collect();
         assert_eq!(decisions.iter().filter(|d| **d == LogDecision::Log).count(), 3);
         assert_eq!(log.check(&"pod-b", at(100)), LogDecision::Log, "another source has its own lines");
-        assert!(log.summaries(at(500)).is_empty(), "nothing before the window ends");
+        assert!(log.summaries(at(200)).is_empty(), "nothing while the flood lasts (3 a second: no line back yet)");
         let mut s = log.summaries(at(1000));
         s.sort();
         assert_eq!(s, vec![("pod-a", 7)], "7 suppressed, reported once; pod-b had none");
         assert!(log.summaries(at(3000)).is_empty());
-        assert_eq!(log.check(&"pod-a", at(3000)), LogDecision::Log, "a fresh window");
-        // A window with suppressed lines keeps counting until summarised.
+        assert_eq!(log.check(&"pod-a", at(3000)), LogDecision::Log, "lines back");
+        // A line let through during a flood hands its count to the next
+        // summary: nothing is lost, nothing said twice.
         for i in 0..5 {
             log.check(&"pod-c", at(4000 + i));
         }
-        log.check(&"pod-c", at(5500));
-        assert_eq!(log.summaries(at(5600)), vec![("pod-c", 3)]);
+        assert_eq!(log.check(&"pod-c", at(4400)), LogDecision::Log, "one line back after a third of a second");
+        assert_eq!(log.summaries(at(4400)), vec![("pod-c", 2)]);
+        assert!(log.summaries(at(9000)).is_empty());
     }
 
     fn limits(budget: u32, pod: u32, pending: u32, peer_streams: u32) -> NodeLimits {

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 pub use slipstream_core::bucket::Rate;
 use slipstream_core::bucket::TokenBucket;
+use slipstream_core::log_limit::{Decision, LogLimiter};
 
 /// The bounds, per caller (a node, or for unauthenticated calls the peer
 /// address).
@@ -58,8 +59,6 @@ pub enum Limited {
 struct Entry {
     requests: TokenBucket,
     in_flight: usize,
-    logs: TokenBucket,
-    suppressed: u64,
     seen: Instant,
 }
 
@@ -68,6 +67,8 @@ struct Entry {
 pub struct Limits {
     config: CallerLimits,
     callers: Arc<Mutex<HashMap<String, Entry>>>,
+    /// Refusal lines per caller (the one log limiter).
+    logs: Arc<Mutex<LogLimiter<String>>>,
 }
 
 /// One admitted request; dropping it frees its in-flight slot.
@@ -102,7 +103,8 @@ fn lock(m: &Mutex<HashMap<String, Entry>>) -> std::sync::MutexGuard<'_, HashMap<
 
 impl Limits {
     pub fn new(config: CallerLimits) -> Limits {
-        Limits { config, callers: Arc::default() }
+        let logs = Arc::new(Mutex::new(LogLimiter::new(config.refusal_logs, config.max_callers)));
+        Limits { config, callers: Arc::default(), logs }
     }
 
     pub fn config(&self) -> &CallerLimits {
@@ -114,28 +116,19 @@ impl Limits {
             if map.len() >= self.config.max_callers {
                 self.forget_idle(map, now);
             }
-            map.insert(
-                key.to_string(),
-                Entry {
-                    requests: TokenBucket::full(self.config.requests, now),
-                    in_flight: 0,
-                    logs: TokenBucket::full(self.config.refusal_logs, now),
-                    suppressed: 0,
-                    seen: now,
-                },
-            );
+            map.insert(key.to_string(), Entry { requests: TokenBucket::full(self.config.requests, now), in_flight: 0, seen: now });
         }
         let e = map.get_mut(key).expect("inserted above");
         e.seen = now;
         e
     }
 
-    /// Drops the callers that hold nothing: no request under way, both
-    /// buckets would be full again, no suppressed lines to report. If that
+    /// Drops the callers that hold nothing: no request under way, the
+    /// bucket would be full again (refusal lines are counted apart). If that
     /// is not enough, the least recently seen idle half goes.
     fn forget_idle(&self, map: &mut HashMap<String, Entry>, now: Instant) {
-        let quiet = self.config.requests.refill_time().max(self.config.refusal_logs.refill_time());
-        map.retain(|_, e| e.in_flight > 0 || e.suppressed > 0 || now.saturating_duration_since(e.seen) < quiet);
+        let quiet = self.config.requests.refill_time();
+        map.retain(|_, e| e.in_flight > 0 || now.saturating_duration_since(e.seen) < quiet);
         if map.len() >= self.config.max_callers {
             let mut idle: Vec<(Instant, String)> = map.iter().filter(|(_, e)| e.in_flight == 0).map(|(k, e)| (e.seen, k.clone())).collect();
             idle.sort();
@@ -161,13 +154,10 @@ impl Limits {
 
     /// Whether to log one more refusal of `caller`.
     pub fn log_refusal(&self, caller: &str, now: Instant) -> LogDecision {
-        let mut map = lock(&self.callers);
-        let e = self.entry(&mut map, caller, now);
-        if e.logs.take(self.config.refusal_logs, now).is_ok() {
-            LogDecision::Write { suppressed: std::mem::take(&mut e.suppressed) }
-        } else {
-            e.suppressed += 1;
-            LogDecision::Suppress
+        match self.logs.locked().decide(caller, now) {
+            Decision::Allow => LogDecision::Write { suppressed: 0 },
+            Decision::AllowAfterSuppressed(n) => LogDecision::Write { suppressed: n },
+            Decision::Suppress => LogDecision::Suppress,
         }
     }
 

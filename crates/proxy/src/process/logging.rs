@@ -20,9 +20,10 @@
 //! walks only the call sites that are suppressing, at most every
 //! [`SWEEP_EVERY`].
 
-use slipstream_core::bucket::{Rate, TokenBucket};
+use slipstream_core::bucket::Rate;
+pub use slipstream_core::log_limit::Decision;
+use slipstream_core::log_limit::LogLimiter;
 use slipstream_core::sync::LockExt;
-use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -54,48 +55,32 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    Allow,
-    /// Allow, after saying that this many lines of the same call site were
-    /// suppressed since the last one let through.
-    AllowAfterSuppressed(u64),
-    Suppress,
-}
-
 impl Limits {
     fn rate(&self) -> Rate {
         Rate { burst: f64::from(self.burst), per_second: self.per_second }
     }
 }
 
-/// A call site's bucket, and the lines it suppressed since its last one.
-#[derive(Debug)]
-struct Bucket {
-    tokens: TokenBucket,
-    suppressed: u64,
-}
+/// Call sites a process has are few and fixed: never a reason to forget.
+const MAX_CALL_SITES: usize = 1 << 16;
 
-/// A token bucket per key (call site).
+/// The call sites' limiter ([`LogLimiter`]), and when it last looked for
+/// floods that ended.
 #[derive(Debug)]
 pub struct RateLimiter<K> {
-    limits: Limits,
-    buckets: HashMap<K, Bucket>,
-    /// The keys with suppressed lines not yet reported: the only ones
-    /// [`RateLimiter::ended_floods`] looks at.
-    suppressing: HashSet<K>,
+    limiter: LogLimiter<K>,
     next_sweep: Option<Instant>,
 }
 
 impl<K: Hash + Eq + Clone> RateLimiter<K> {
     pub fn new(limits: Limits) -> Self {
-        RateLimiter { limits, buckets: HashMap::new(), suppressing: HashSet::new(), next_sweep: None }
+        RateLimiter { limiter: LogLimiter::new(limits.rate(), MAX_CALL_SITES), next_sweep: None }
     }
 
     /// Whether it is time to look for ended floods (then not again for
     /// [`SWEEP_EVERY`]); false at once while no key is suppressing.
     pub fn sweep_due(&mut self, now: Instant) -> bool {
-        if self.suppressing.is_empty() || self.next_sweep.is_some_and(|t| now < t) {
+        if !self.limiter.is_suppressing() || self.next_sweep.is_some_and(|t| now < t) {
             return false;
         }
         self.next_sweep = Some(now + SWEEP_EVERY);
@@ -104,41 +89,12 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
 
     /// Whether a line of `key` at `now` is written.
     pub fn decide(&mut self, key: &K, now: Instant) -> Decision {
-        let rate = self.limits.rate();
-        let b = self.buckets.entry(key.clone()).or_insert_with(|| Bucket { tokens: TokenBucket::full(rate, now), suppressed: 0 });
-        if b.tokens.take(rate, now).is_ok() {
-            match std::mem::take(&mut b.suppressed) {
-                0 => Decision::Allow,
-                n => {
-                    self.suppressing.remove(key);
-                    Decision::AllowAfterSuppressed(n)
-                }
-            }
-        } else {
-            if b.suppressed == 0 {
-                self.suppressing.insert(key.clone());
-            }
-            b.suppressed += 1;
-            Decision::Suppress
-        }
+        self.limiter.decide(key, now)
     }
 
-    /// Keys whose flood has ended (they suppressed lines and would let one
-    /// through again), with how many they suppressed; their counts reset.
-    /// Looks only at the keys that are suppressing.
+    /// Keys whose flood has ended, with how many lines they suppressed.
     pub fn ended_floods(&mut self, now: Instant) -> Vec<(K, u64)> {
-        let rate = self.limits.rate();
-        let mut out = Vec::new();
-        let buckets = &mut self.buckets;
-        self.suppressing.retain(|k| {
-            let Some(b) = buckets.get_mut(k) else { return false };
-            if b.tokens.has_token(rate, now) {
-                out.push((k.clone(), std::mem::take(&mut b.suppressed)));
-                return false;
-            }
-            true
-        });
-        out
+        self.limiter.ended_floods(now)
     }
 }
 
@@ -240,50 +196,6 @@ mod tests {
     }
 
     #[test]
-    fn burst_then_rate_then_summary() {
-        let t0 = Instant::now();
-        let mut l = RateLimiter::new(Limits { burst: 3, per_second: 2.0 });
-        // (offset from t0 in ms, key, expected decision)
-        let steps: &[(u64, &str, Decision)] = &[
-            (0, "a", Decision::Allow),
-            (0, "a", Decision::Allow),
-            (0, "a", Decision::Allow),
-            (0, "a", Decision::Suppress),
-            (10, "a", Decision::Suppress),
-            // Another call site has its own budget.
-            (10, "b", Decision::Allow),
-            (400, "a", Decision::Suppress),
-            // 500 ms at 2/s: one token back; the line says 3 were dropped.
-            (500, "a", Decision::AllowAfterSuppressed(3)),
-            (500, "a", Decision::Suppress),
-            (1000, "a", Decision::AllowAfterSuppressed(1)),
-            (1000, "a", Decision::Suppress),
-            // Quiet for long enough: the whole burst is back, never more.
-            (60_000, "a", Decision::AllowAfterSuppressed(1)),
-            (60_000, "a", Decision::Allow),
-            (60_000, "a", Decision::Allow),
-            (60_000, "a", Decision::Suppress),
-        ];
-        for (i, (at, key, want)) in steps.iter().enumerate() {
-            assert_eq!(l.decide(&key.to_string(), t0 + ms(*at)), *want, "step {i}: {key} at {at} ms");
-        }
-    }
-
-    #[test]
-    fn a_flood_that_ends_is_summarised_once() {
-        let t0 = Instant::now();
-        let mut l = RateLimiter::new(Limits { burst: 2, per_second: 1.0 });
-        for i in 0..1000 {
-            l.decide(&"flood", t0 + Duration::from_micros(i));
-        }
-        // Still within the flood: no token back yet.
-        assert!(l.ended_floods(t0 + ms(500)).is_empty());
-        assert_eq!(l.ended_floods(t0 + ms(1500)), vec![("flood", 998)]);
-        assert!(l.ended_floods(t0 + ms(5000)).is_empty(), "said once");
-        assert_eq!(l.decide(&"flood", t0 + ms(5000)), Decision::Allow);
-    }
-
-    #[test]
     fn only_suppressing_keys_are_swept_and_not_on_every_event() {
         let t0 = Instant::now();
         let mut l = RateLimiter::new(Limits { burst: 1, per_second: 1.0 });
@@ -293,19 +205,18 @@ mod tests {
         }
         assert!(!l.sweep_due(t0), "nothing suppressing: no sweep");
         assert_eq!(l.decide(&7, t0), Decision::Suppress);
-        assert_eq!(l.suppressing.len(), 1);
         // (offset in ms, sweep due?): at most one sweep per SWEEP_EVERY.
         for (at, due) in [(0, true), (50, false), (199, false), (200, true), (300, false), (400, true)] {
             assert_eq!(l.sweep_due(t0 + ms(at)), due, "at {at} ms");
         }
         assert!(l.ended_floods(t0 + ms(500)).is_empty(), "no token back yet");
         assert_eq!(l.ended_floods(t0 + ms(1000)), vec![(7, 1)]);
-        assert!(l.suppressing.is_empty() && !l.sweep_due(t0 + ms(5000)), "reported once, then nothing to sweep");
+        assert!(!l.sweep_due(t0 + ms(5000)), "reported once, then nothing to sweep");
         // A line let through after its flood reports it and leaves the set.
         l.decide(&8, t0 + ms(5000));
         assert_eq!(l.decide(&8, t0 + ms(5000)), Decision::Suppress);
         assert_eq!(l.decide(&8, t0 + ms(6000)), Decision::AllowAfterSuppressed(1));
-        assert!(l.suppressing.is_empty());
+        assert!(!l.sweep_due(t0 + ms(9000)));
     }
 
     #[test]
@@ -314,27 +225,5 @@ mod tests {
         assert!(exempt(slipstream_core::PER_SOURCE_LOG_TARGET));
         assert!(exempt(slipstream_core::ACCESS_LOG_TARGET));
         assert!(!exempt("slipstream_node::conn"));
-    }
-
-    #[test]
-    fn a_steady_flood_is_bounded() {
-        // 35 000 lines a second for 10 s from one call site.
-        let t0 = Instant::now();
-        let mut l = RateLimiter::new(Limits::default());
-        let mut written = 0;
-        let mut suppressed = 0;
-        for i in 0..350_000u64 {
-            match l.decide(&0, t0 + Duration::from_micros(i * 1_000_000 / 35_000)) {
-                Decision::Allow => written += 1,
-                Decision::AllowAfterSuppressed(n) => {
-                    written += 2;
-                    suppressed += n;
-                }
-                Decision::Suppress => {}
-            }
-        }
-        assert!(written <= 10 + 2 * 5 * 10 + 2, "{written} lines written");
-        // All but the last 200 ms (one token) of the flood were reported as suppressed.
-        assert!(suppressed > 340_000, "{suppressed}");
     }
 }
