@@ -151,7 +151,7 @@ fn check_mesh_kinds(loaded: &[Loaded]) -> anyhow::Result<()> {
         }
         let parsed = slipstream_control::objects::parse_value(value);
         let checked = parsed.as_ref().map_err(Clone::clone).and_then(|o| match o {
-            Some(o) => o.validate(),
+            Some(o) => slipstream_control::translate::validate(o),
             None => Ok(()),
         });
         if let Err(e) = checked {

@@ -23,8 +23,9 @@
 //! of their selectors, so no event scans every pod of the cluster (but the
 //! mesh-wide ones, which do apply to every pod).
 
-use crate::objects::{ClusterObject, Kind, ObjectError, ObjectRef};
+use crate::objects::{Kind, ObjectError, ObjectRef};
 use crate::resources::{Changes, ResourceKey, Resources, Versioned};
+use crate::source::ObjectEvent;
 use crate::translate::authorization::PolicyInput;
 use crate::translate::network_policy::{NetPolicyInput, PodView};
 use crate::translate::peer_authentication::{self, PeerAuthnInput};
@@ -68,22 +69,6 @@ impl Default for IndexSettings {
             domain_suffix: crate::translate::DEFAULT_DOMAIN_SUFFIX.into(),
             root_namespace: slipstream_core::ROOT_NAMESPACE.into(),
             waypoint_template: None,
-        }
-    }
-}
-
-/// One change of the cluster, as a source reports it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ObjectEvent {
-    Upsert(ClusterObject),
-    Delete(ObjectRef),
-}
-
-impl ObjectEvent {
-    pub fn object_ref(&self) -> ObjectRef {
-        match self {
-            ObjectEvent::Upsert(o) => o.object_ref(),
-            ObjectEvent::Delete(r) => r.clone(),
         }
     }
 }
@@ -1375,7 +1360,7 @@ impl Index {
 /// -f`) and tests. Pods count only with an address (`status.podIP`). Every
 /// invalid object is reported; none is applied then.
 pub fn mesh_from_manifests(text: &str, settings: IndexSettings) -> Result<MeshConfig, Vec<ObjectError>> {
-    let objects = crate::objects::parse_manifests(text)?;
+    let objects = crate::translate::parse_manifests(text)?;
     let mut index = Index::new(settings);
     let mut errors = Vec::new();
     for o in objects {

@@ -15,6 +15,7 @@ pub mod index;
 pub mod jwks;
 pub mod monitor;
 pub mod objects;
+pub mod peer;
 pub mod resources;
 pub mod run;
 pub mod serve;

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// The API group of our own kinds (`LocalRateLimitPolicy`).
+pub const SLIPSTREAM_GROUP: &str = "slipstream.io";
+
 /// The kinds the control plane reads. The index acts on the first seven;
 /// the others are kept whole for the waypoint and datapath work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -98,7 +101,7 @@ impl Kind {
             Kind::CiliumNetworkPolicy => "cilium.io",
             Kind::Gateway | Kind::HTTPRoute | Kind::GRPCRoute => "gateway.networking.k8s.io",
             Kind::VirtualService | Kind::DestinationRule => "networking.istio.io",
-            Kind::LocalRateLimitPolicy => crate::translate::rate_limit::GROUP,
+            Kind::LocalRateLimitPolicy => SLIPSTREAM_GROUP,
         }
     }
 
@@ -425,77 +428,9 @@ impl ClusterObject {
         let m = self.metadata();
         ObjectRef::new(self.kind(), m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or(""))
     }
-
-    /// Checks the object as the index would take it: an object that passes
-    /// is applied; one that fails changes nothing.
-    pub fn validate(&self) -> Result<(), ObjectError> {
-        crate::translate::input(self).map(drop)
-    }
 }
 
 // ---- parsing ----
-
-/// Every object of `text` (YAML or JSON; several documents; `kind: List`
-/// flattened), each parsed and validated, or every error found. Documents
-/// of kinds the control plane does not read (Deployments, ConfigMaps, ...)
-/// are skipped. A namespaced object without `metadata.namespace` is in
-/// `default`, as `kubectl apply` would put it.
-pub fn parse_manifests(text: &str) -> Result<Vec<ClusterObject>, Vec<ObjectError>> {
-    let mut out = Vec::new();
-    let mut errors = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let whole = |message: String| ObjectError {
-            kind: String::new(),
-            namespace: String::new(),
-            name: format!("(document {})", i + 1),
-            field: String::new(),
-            message,
-        };
-        let value = match serde_yaml::Value::deserialize(doc) {
-            Ok(v) => v,
-            Err(e) => {
-                errors.push(whole(format!("not valid YAML: {e}")));
-                // A YAML stream cannot be resynchronised after a syntax error.
-                break;
-            }
-        };
-        if value.is_null() {
-            continue;
-        }
-        let value = match serde_json::to_value(&value) {
-            Ok(v) => v,
-            Err(e) => {
-                errors.push(whole(format!("cannot be represented as JSON: {e}")));
-                continue;
-            }
-        };
-        let items = match value.get("kind").and_then(|k| k.as_str()) {
-            Some("List") => match value.get("items").and_then(|i| i.as_array()) {
-                Some(items) => items.clone(),
-                None => {
-                    errors.push(whole("a List needs an `items` array".into()));
-                    continue;
-                }
-            },
-            _ => vec![value],
-        };
-        for item in items {
-            match parse_value(item) {
-                Ok(Some(o)) => match o.validate() {
-                    Ok(()) => out.push(o),
-                    Err(e) => errors.push(e),
-                },
-                Ok(None) => {}
-                Err(e) => errors.push(e),
-            }
-        }
-    }
-    if errors.is_empty() {
-        Ok(out)
-    } else {
-        Err(errors)
-    }
-}
 
 /// One object from its JSON form; `None` for a kind the control plane does
 /// not read. Not validated (see [`ClusterObject::validate`]).
@@ -605,6 +540,7 @@ fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value, err: &ObjectE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::translate::parse_manifests;
 
     #[test]
     fn kinds_from_types() {

@@ -22,7 +22,6 @@ mod cert;
 mod conn;
 
 pub use cert::ServingCert;
-pub use conn::{authenticated, peer_of, ConnInfo};
 
 use crate::ca::CaMaterial;
 use crate::xds::XdsServer;

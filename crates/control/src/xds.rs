@@ -130,12 +130,12 @@ impl XdsServer {
         &self,
         req: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<mpsc::Receiver<Result<Outgoing, Status>>>, Status> {
-        let peer = crate::serve::peer_of(&req);
+        let peer = crate::peer::peer_of(&req);
         let caller = self.inner.auth.authenticate(req.metadata()).await.map_err(|e| {
             self.log_refusal(peer, || format!("xDS stream refused: {e}"));
             Status::from(e)
         })?;
-        crate::serve::authenticated(&req);
+        crate::peer::authenticated(&req);
         let mut inbound = req.into_inner();
         let first = match tokio::time::timeout(self.inner.settings.first_request_timeout, inbound.message()).await {
             Ok(Ok(Some(first))) => first,

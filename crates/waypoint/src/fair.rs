@@ -13,6 +13,12 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// What all requests together may hold in memory to replay, in KiB
+/// (64 MiB): past it a request is sent once, without mirror or retry, so
+/// that clients sending many large bodies at once cannot make the waypoint
+/// hold them all.
+pub const REPLAY_BUDGET_KIB: usize = 64 * 1024;
+
 /// The bounds of one client. `Default` is the documented defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fairness {
@@ -47,7 +53,7 @@ impl Default for Fairness {
         Fairness {
             client_streams: None,
             client_mirrors: 16,
-            client_replay_kib: crate::proxy::REPLAY_BUDGET_KIB as u32 / 4,
+            client_replay_kib: REPLAY_BUDGET_KIB as u32 / 4,
             request_body_timeout: Duration::from_secs(60),
             tcp_idle_timeout: Duration::from_secs(3600),
             h2_max_streams: 100,

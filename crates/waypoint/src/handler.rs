@@ -2,11 +2,11 @@
 //! service or pod bound to it, from a verified peer), and serving HTTP on
 //! each one.
 
+use crate::peer::Peer;
 use crate::plan::{self, Target};
 use crate::Shared;
 use futures_util::future::BoxFuture;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use slipstream_core::SpiffeId;
 use slipstream_hbone::{
     Admission, AdmissionRefused, Handler, HandshakeFailureKind, HboneError, InPlace, InboundRequest, ResponseFlag, Upstream,
 };
@@ -28,13 +28,6 @@ const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 pub struct WaypointHandler {
     pub(crate) shared: Arc<Shared>,
-}
-
-/// The caller of one tunnel, for every request on it.
-#[derive(Debug, Clone)]
-pub struct Peer {
-    pub identity: SpiffeId,
-    pub addr: SocketAddr,
 }
 
 impl Handler for WaypointHandler {

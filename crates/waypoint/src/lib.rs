@@ -24,6 +24,7 @@ pub mod handler;
 pub mod jwt;
 pub mod logbuf;
 pub mod metrics;
+pub mod peer;
 pub mod plan;
 pub mod proxy;
 pub mod run;
@@ -157,7 +158,7 @@ impl Shared {
     }
 
     /// The caller of `peer`'s requests, as the policies see it.
-    fn caller<'a>(&self, peer: &'a handler::Peer) -> plan::Caller<'a> {
+    fn caller<'a>(&self, peer: &'a peer::Peer) -> plan::Caller<'a> {
         plan::Caller {
             identity: &peer.identity,
             addr: peer.addr.ip(),
@@ -239,7 +240,7 @@ impl Shared {
     fn source_egress(
         &self,
         state: &MeshState,
-        peer: &handler::Peer,
+        peer: &peer::Peer,
         ep: std::net::SocketAddr,
     ) -> Result<(), Arc<slipstream_proxy::denial::Denial>> {
         match state.workload_by_ip(peer.addr.ip()).filter(|w| w.identity() == &peer.identity) {
@@ -310,7 +311,7 @@ impl Waypoint {
                 balancer: balance::Balancer::default(),
                 metrics: Arc::default(),
                 buckets: Default::default(),
-                replay_budget: Arc::new(tokio::sync::Semaphore::new(proxy::REPLAY_BUDGET_KIB)),
+                replay_budget: Arc::new(tokio::sync::Semaphore::new(fair::REPLAY_BUDGET_KIB)),
                 replay_shares,
                 mirror_shares,
                 strikes,

@@ -2,8 +2,8 @@
 //! send it to the chosen endpoint, applying the rule's header filters and
 //! timeout, with one access-log line.
 
-use crate::handler::Peer;
 use crate::metrics::{Counted, Pending, Protocol, RequestLabels, Tally};
+use crate::peer::Peer;
 use crate::plan::{self, Action, Req, Target};
 use crate::trace;
 use crate::Shared;
@@ -63,12 +63,6 @@ fn modify(headers: &mut HeaderMap, m: &HeaderModifier) {
 /// body is forwarded once, without mirror or retry, and the access log
 /// says so.
 const REPLAY_BODY_LIMIT: u64 = 1 << 20;
-
-/// What all requests together may hold in memory to replay, in KiB
-/// (64 MiB): past it a request is sent once, without mirror or retry, so
-/// that clients sending many large bodies at once cannot make the waypoint
-/// hold them all.
-pub const REPLAY_BUDGET_KIB: usize = 64 * 1024;
 
 /// The body, read whole when it is at most [`REPLAY_BODY_LIMIT`], its
 /// length is known (or it is already complete) and the replay budget has

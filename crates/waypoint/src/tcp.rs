@@ -2,7 +2,7 @@
 //! (or the pod addressed), after the source's egress network policies,
 //! with one access-log line when it closes.
 
-use crate::handler::Peer;
+use crate::peer::Peer;
 use crate::plan::Target;
 use crate::Shared;
 use slipstream_core::MeshState;

@@ -5,9 +5,10 @@
 use super::synthetic::{Cluster, PodChange};
 use super::ControlBenchArgs;
 use slipstream_api::TypeUrl;
-use slipstream_control::index::{Index, IndexSettings, ObjectEvent};
-use slipstream_control::objects::parse_manifests;
+use slipstream_control::index::{Index, IndexSettings};
 use slipstream_control::resources::ResourceKey;
+use slipstream_control::source::ObjectEvent;
+use slipstream_control::translate::parse_manifests;
 
 fn quick() -> ControlBenchArgs {
     ControlBenchArgs { pods: 10_000, services: 1000, policies: 1000, namespaces: 100, proxies: 100, changes: 100, quick: true, out: None }

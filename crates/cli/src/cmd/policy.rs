@@ -97,7 +97,7 @@ pub fn check(ctx: &Ctx, from: &str, to: &str, files: &[PathBuf], node: Option<&s
     // The objects the policies came from, for what this L4 answer cannot
     // say: the manifests given, or the cluster's.
     let objects: Vec<ClusterObject> = match &text {
-        Some(t) => slipstream_control::objects::parse_manifests(t).unwrap_or_default(),
+        Some(t) => slipstream_control::translate::parse_manifests(t).unwrap_or_default(),
         None => crate::cmd::kubectl::objects(ctx)
             .unwrap_or_default()
             .into_iter()
@@ -249,7 +249,7 @@ spec:
 
     #[test]
     fn l7_rules_of_the_destinations_selector_policies_are_named() {
-        let objects = slipstream_control::objects::parse_manifests(OBJECTS).unwrap();
+        let objects = slipstream_control::translate::parse_manifests(OBJECTS).unwrap();
         let to = PodName { namespace: "production".into(), name: "billing-0".into() };
         let w = l7_warnings(&objects, &to);
         assert_eq!(w.len(), 2, "{w:#?}");

@@ -299,10 +299,10 @@ impl IstioCertificateService for CaService {
         &self,
         request: tonic::Request<IstioCertificateRequest>,
     ) -> Result<tonic::Response<IstioCertificateResponse>, Status> {
-        let peer = crate::serve::peer_of(&request);
+        let peer = crate::peer::peer_of(&request);
         let r = self.create(request.metadata(), peer, request.get_ref()).await;
         if !matches!(r, Err(Refusal::Auth(_))) {
-            crate::serve::authenticated(&request);
+            crate::peer::authenticated(&request);
         }
         match r {
             Ok(cert_chain) => Ok(tonic::Response::new(IstioCertificateResponse { cert_chain })),

@@ -1,7 +1,8 @@
 //! Objects in, resources out: translation tables and incremental behavior.
 
 use super::*;
-use crate::objects::parse_manifests;
+use crate::objects::ClusterObject;
+use crate::translate::parse_manifests;
 use slipstream_core::policy::{Action, Scope};
 use slipstream_core::WorkloadType;
 

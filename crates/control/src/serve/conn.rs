@@ -4,13 +4,14 @@
 //! authenticated call, and a kill switch (a server that stops closes what
 //! its drain did not).
 
+use crate::peer::ConnInfo;
 use slipstream_core::sync::LockExt;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -70,29 +71,6 @@ impl Drop for ConnGuard {
     }
 }
 
-/// What tonic puts in every request's extensions for a connection of
-/// ours: its addresses, and the flag a service sets once a call on it
-/// has authenticated ([`authenticated`]).
-#[derive(Debug, Clone)]
-pub struct ConnInfo {
-    pub tcp: TcpConnectInfo,
-    authenticated: Arc<AtomicBool>,
-}
-
-/// The peer of a request: from our connections, or from tonic's own
-/// (`Request::remote_addr`) when the service is served some other way.
-pub fn peer_of<T>(req: &tonic::Request<T>) -> Option<SocketAddr> {
-    req.extensions().get::<ConnInfo>().and_then(|c| c.tcp.remote_addr).or_else(|| req.remote_addr())
-}
-
-/// Marks the request's connection as used by an authenticated caller: it
-/// is no longer closed at its authentication deadline.
-pub fn authenticated<T>(req: &tonic::Request<T>) {
-    if let Some(c) = req.extensions().get::<ConnInfo>() {
-        c.authenticated.store(true, Ordering::Release);
-    }
-}
-
 pub struct TlsConn {
     io: tokio_rustls::server::TlsStream<TcpStream>,
     info: ConnInfo,
@@ -118,10 +96,7 @@ impl TlsConn {
         let killed = Box::pin(async move {
             let _ = kill.wait_for(|k| *k).await;
         });
-        let info = ConnInfo {
-            tcp: TcpConnectInfo { local_addr: local, remote_addr: Some(peer) },
-            authenticated: Arc::new(AtomicBool::new(false)),
-        };
+        let info = ConnInfo::new(TcpConnectInfo { local_addr: local, remote_addr: Some(peer) });
         let auth_deadline = Some((Box::pin(tokio::time::sleep(auth_timeout)), auth_timeout));
         TlsConn { io, info, auth_deadline, killed, dead: None, _slot: slot }
     }
@@ -130,7 +105,7 @@ impl TlsConn {
         if self.dead.is_none() && self.killed.as_mut().poll(cx).is_ready() {
             self.dead = Some("the control plane stopped serving".into());
         }
-        if self.info.authenticated.load(Ordering::Acquire) {
+        if self.info.is_authenticated() {
             self.auth_deadline = None;
         }
         if let Some((deadline, after)) = &mut self.auth_deadline {

@@ -25,8 +25,9 @@
 //! or removed. An object defined in two files belongs to the first file
 //! that defined it; the other file's copy is reported and ignored.
 
-use crate::index::ObjectEvent;
-use crate::objects::{parse_manifests, ClusterObject, ObjectError, ObjectRef};
+use crate::objects::{ClusterObject, ObjectError, ObjectRef};
+use crate::source::ObjectEvent;
+use crate::translate::parse_manifests;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirEntryExt, MetadataExt};

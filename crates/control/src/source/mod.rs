@@ -4,3 +4,21 @@
 
 pub mod dir;
 pub mod kube;
+
+use crate::objects::{ClusterObject, ObjectRef};
+
+/// One change of the cluster, as a source reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ObjectEvent {
+    Upsert(ClusterObject),
+    Delete(ObjectRef),
+}
+
+impl ObjectEvent {
+    pub fn object_ref(&self) -> ObjectRef {
+        match self {
+            ObjectEvent::Upsert(o) => o.object_ref(),
+            ObjectEvent::Delete(r) => r.clone(),
+        }
+    }
+}

@@ -52,7 +52,8 @@ pub fn mesh_settings(o: &OpaqueObject, r: &ObjectRef) -> Result<MeshSettings, Ob
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::{parse_manifests, ClusterObject, Kind};
+    use crate::objects::{ClusterObject, Kind};
+    use crate::translate::parse_manifests;
 
     fn settings(mesh: &str) -> Result<MeshSettings, String> {
         let yaml = format!(

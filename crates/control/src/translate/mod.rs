@@ -19,10 +19,11 @@ pub mod request_authentication;
 pub mod virtual_service;
 pub mod waypoint;
 
-use crate::objects::{ClusterObject, ObjectError, ObjectRef};
+use crate::objects::{parse_value, ClusterObject, ObjectError, ObjectRef};
 use k8s_openapi::api::core::v1 as core_v1;
 use k8s_openapi::api::discovery::v1 as discovery_v1;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Deserialize;
 use slipstream_core::WorkloadType;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -464,6 +465,74 @@ fn slice(s: &discovery_v1::EndpointSlice, r: &ObjectRef) -> Result<SliceInput, O
     }
     let service = s.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned();
     Ok(SliceInput { service, ports, endpoints })
+}
+
+/// Checks an object as the index would take it: an object that passes
+/// is applied; one that fails changes nothing.
+pub fn validate(o: &ClusterObject) -> Result<(), ObjectError> {
+    input(o).map(drop)
+}
+
+/// Every object of `text` (YAML or JSON; several documents; `kind: List`
+/// flattened), each parsed and validated, or every error found. Documents
+/// of kinds the control plane does not read (Deployments, ConfigMaps, ...)
+/// are skipped. A namespaced object without `metadata.namespace` is in
+/// `default`, as `kubectl apply` would put it.
+pub fn parse_manifests(text: &str) -> Result<Vec<ClusterObject>, Vec<ObjectError>> {
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let whole = |message: String| ObjectError {
+            kind: String::new(),
+            namespace: String::new(),
+            name: format!("(document {})", i + 1),
+            field: String::new(),
+            message,
+        };
+        let value = match serde_yaml::Value::deserialize(doc) {
+            Ok(v) => v,
+            Err(e) => {
+                errors.push(whole(format!("not valid YAML: {e}")));
+                // A YAML stream cannot be resynchronised after a syntax error.
+                break;
+            }
+        };
+        if value.is_null() {
+            continue;
+        }
+        let value = match serde_json::to_value(&value) {
+            Ok(v) => v,
+            Err(e) => {
+                errors.push(whole(format!("cannot be represented as JSON: {e}")));
+                continue;
+            }
+        };
+        let items = match value.get("kind").and_then(|k| k.as_str()) {
+            Some("List") => match value.get("items").and_then(|i| i.as_array()) {
+                Some(items) => items.clone(),
+                None => {
+                    errors.push(whole("a List needs an `items` array".into()));
+                    continue;
+                }
+            },
+            _ => vec![value],
+        };
+        for item in items {
+            match parse_value(item) {
+                Ok(Some(o)) => match validate(&o) {
+                    Ok(()) => out.push(o),
+                    Err(e) => errors.push(e),
+                },
+                Ok(None) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
 }
 
 #[cfg(test)]

@@ -20,9 +20,6 @@ use crate::objects::{Kind, ObjectError, ObjectRef, OpaqueObject};
 use serde::Deserialize;
 use std::time::Duration;
 
-/// The API group of our own kinds.
-pub const GROUP: &str = "slipstream.io";
-
 /// One policy as the index keeps it: its targets in its own namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitInput {
