@@ -8,11 +8,14 @@
 # odd rounds, new first on even ones, so neither always meets the machine
 # warmer), on the node proxy's and the waypoint's scenarios (l4-ebpf, l7)
 # and the request experiments (Q1, L1, C1), one repetition each. Every
-# figure is read as its ratio to `none` of the same bench run, so a drift
-# of the machine between runs cancels out. Prints, per scenario and figure,
-# each binary's median ratio, its spread (max - min over the rounds) and
-# the change, and says whether the change is within 3 % or within the old
-# binary's own spread, whichever is larger (issue 38's bound).
+# figure is read against `none` of the same bench run, so a drift of the
+# machine between runs cancels out: rates as their ratio to none,
+# latencies as the milliseconds the mesh adds over none. Prints, per
+# scenario and figure, each binary's median, its spread (max - min over
+# the rounds) and the change (relative to the old median: for latencies,
+# to the time the mesh added), and says whether the change is within 3 %
+# or within the old binary's own spread, whichever is larger (issue 38's
+# bound).
 #
 # Needs root, like `slipstream bench`. ROUNDS defaults to 5. Output goes
 # to bench-out/compare-<UTC time>/ (OUT= to choose).

@@ -517,14 +517,16 @@ fn main() {
         Command::App(AppCommand::Bookinfo(a)) => slipstream_apps::run_bookinfo(a),
         Command::BenchControl(args) => slipstream_bench::control::run(args),
         Command::BenchPolicy(args) => slipstream_bench::policy_cost::run(args),
+        // The mesh's own processes: nothing of the local cluster (the CLI's
+        // context finds its paths through the test bed).
         Command::Waypoint(args) => cmd::waypoint::run(args),
+        Command::Node(args) => cmd::node::run(&cli.cluster, args),
+        Command::Control(args) => cmd::control::run(args),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
             Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas, datapath } => {
                 common::set_load_options("up", validate);
                 cmd::up::run(&ctx, &files, cmd::up::Shape { nodes, control_replicas, datapath }, timeout, ca_cert, ca_key)
             }
-            Command::Node(args) => cmd::node::run(&ctx, args),
-            Command::Control(args) => cmd::control::run(&ctx, args),
             Command::Bench(args) => slipstream_bench::run(args),
             Command::Debug(d) => cmd::debug::run(&ctx, d),
             Command::Down => cmd::down::run(&ctx),
@@ -582,7 +584,13 @@ fn main() {
             Command::Agent { nodes, ca_cert, ca_key, control_replicas, datapath } => {
                 cmd::agent::run(&ctx, nodes, control_replicas, datapath, ca_cert, ca_key)
             }
-            Command::App(_) | Command::PodInit { .. } | Command::BenchControl(_) | Command::BenchPolicy(_) | Command::Waypoint(_) => {
+            Command::App(_)
+            | Command::PodInit { .. }
+            | Command::BenchControl(_)
+            | Command::BenchPolicy(_)
+            | Command::Waypoint(_)
+            | Command::Node(_)
+            | Command::Control(_) => {
                 unreachable!("handled above")
             }
         }),

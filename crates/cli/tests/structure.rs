@@ -127,9 +127,10 @@ fn the_mesh_processes_entry_points_do_not_call_the_test_bed() {
         let path = cmd.join(file);
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         assert!(
-            !text.contains("slipstream_testbed"),
+            !text.contains("slipstream_testbed") && !text.contains("Ctx"),
             "{} refers to slipstream_testbed: the entry points of `slipstream node`, `control` and `waypoint` are production \
-             processes, and the test bed is the local cluster, never part of one; use slipstream_proxy::process for their set-up",
+             processes, and the test bed is the local cluster, never part of one (nor is the CLI's Ctx, which finds the local \
+             cluster's paths through it: main.rs dispatches these before making one); use slipstream_proxy::process for their set-up",
             path.display()
         );
     }
@@ -137,26 +138,41 @@ fn the_mesh_processes_entry_points_do_not_call_the_test_bed() {
 
 // ----- Module loops inside each crate (issue 38, item 6) -----
 
-/// The modules directly under each crate's root that a module uses, read
-/// from its `crate::` paths (non-test code only: `tests.rs`, `tests/` and a
-/// trailing `#[cfg(test)] mod tests` are left out, comments too).
+/// Which module uses which, inside one crate, at every level: a file
+/// `a/b.rs` using `crate::a::c::T` (or `super::c::T`) is an edge b -> c
+/// under `a`; using `crate::d` it is an edge a -> d at the top. Read from
+/// `crate::`, `super::` and `self::` paths, `{...}` groups included, in
+/// non-test code (`tests.rs`, `tests/` and `#[cfg(test)] mod tests`
+/// blocks left out, comments too). Nodes are named `parent::child`.
 fn module_edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in rust_files(src) {
-        let rel = file.strip_prefix(src).unwrap();
-        let parts: Vec<String> = rel.with_extension("").iter().map(|p| p.to_string_lossy().into_owned()).collect();
-        if parts.iter().any(|p| p == "tests") {
-            continue;
-        }
-        let top = match parts.as_slice() {
-            [one] if one == "lib" || one == "main" => continue,
-            [first, ..] => first.clone(),
-            [] => continue,
-        };
-        for used in crate_paths(&non_test_code(&std::fs::read_to_string(&file).unwrap())) {
-            if used != top {
-                edges.entry(top.clone()).or_default().insert(used);
+    let files: Vec<(Vec<String>, PathBuf)> = rust_files(src)
+        .into_iter()
+        .filter_map(|file| {
+            let rel = file.strip_prefix(src).unwrap().with_extension("");
+            let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+            if parts.iter().any(|p| p == "tests") {
+                return None;
             }
+            if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                parts.pop();
+            }
+            Some((parts, file))
+        })
+        .collect();
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(m, _)| m.clone()).collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, file) in &files {
+        let code = non_test_code(&std::fs::read_to_string(file).unwrap());
+        for path in used_paths(&code, module) {
+            // The longest prefix that is a module (a file) of this crate.
+            let Some(target) = (1..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| modules.contains(p)) else { continue };
+            let common = module.iter().zip(&target).take_while(|(a, b)| a == b).count();
+            // A module using its own ancestor or descendant is no loop.
+            if common == module.len() || common == target.len() {
+                continue;
+            }
+            let parent = module[..common].join("::");
+            edges.entry(format!("{parent}::{}", module[common])).or_default().insert(format!("{parent}::{}", target[common]));
         }
     }
     edges
@@ -176,46 +192,95 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The text before a file's `#[cfg(test)] mod tests`, without comments.
+/// The code of a file without comments and without its
+/// `#[cfg(test)] mod tests { ... }` blocks (braces counted; code after a
+/// test module is kept).
 fn non_test_code(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines().peekable();
+    let mut depth: Option<i64> = None;
     while let Some(line) = lines.next() {
-        let t = line.trim();
-        if t == "#[cfg(test)]" && lines.peek().is_some_and(|n| n.trim_start().starts_with("mod tests")) {
-            break;
+        let code = line.split("//").next().unwrap_or("");
+        if let Some(d) = depth.as_mut() {
+            *d += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+            if *d <= 0 {
+                depth = None;
+            }
+            continue;
         }
-        out.push_str(line.split("//").next().unwrap_or(""));
+        if line.trim() == "#[cfg(test)]" && lines.peek().is_some_and(|n| n.trim_start().starts_with("mod tests")) {
+            let head = lines.next().unwrap_or("");
+            let d = head.matches('{').count() as i64 - head.matches('}').count() as i64;
+            depth = (d > 0).then_some(d);
+            continue;
+        }
+        out.push_str(code);
         out.push('\n');
     }
     out
 }
 
-/// The first segment of every `crate::a::...` and `crate::{a, b::c}` path.
-fn crate_paths(code: &str) -> BTreeSet<String> {
-    let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
-    let mut out = BTreeSet::new();
-    for (i, _) in code.match_indices("crate::") {
-        if code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
-            continue; // `slipstream_crate::`, not our `crate::`
-        }
-        let rest = &code[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let group = &group[..group.find('}').unwrap_or(group.len())];
-            for item in group.split(',') {
-                let name = ident(item.trim());
-                if !name.is_empty() && name != "self" {
-                    out.insert(name);
-                }
+/// Every module path `code` (of `module`) names with `crate::`, `super::`
+/// or `self::`, resolved from the crate root, groups expanded.
+fn used_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (root, base) in
+        [("crate::", Vec::new()), ("super::", module[..module.len().saturating_sub(1)].to_vec()), ("self::", module.to_vec())]
+    {
+        for (i, _) in code.match_indices(root) {
+            if code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                continue; // `slipstream_crate::`, `super::super::` (read from the first)
             }
-        } else {
-            let name = ident(rest);
-            if !name.is_empty() {
-                out.insert(name);
+            let mut base = base.clone();
+            let mut rest = &code[i + root.len()..];
+            // `super::super::...`
+            while let Some(r) = rest.strip_prefix("super::") {
+                base.pop();
+                rest = r;
             }
+            expand(&base, rest, &mut out);
         }
     }
     out
+}
+
+/// The paths of one use tree (`a::b::C`, `a::{b, c::{d, e}}`) under `prefix`.
+fn expand(prefix: &[String], tree: &str, out: &mut Vec<Vec<String>>) {
+    let mut path = prefix.to_vec();
+    let mut rest = tree.trim_start();
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 1;
+            let mut start = 0;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' | ',' if depth == 1 => {
+                        expand(&path, &group[start..i], out);
+                        start = i + 1;
+                        if c == '}' {
+                            return;
+                        }
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            return;
+        }
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if name.is_empty() || name == "self" {
+            break;
+        }
+        path.push(name.clone());
+        match rest[name.len()..].strip_prefix("::") {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    if path.len() > prefix.len() || !prefix.is_empty() {
+        out.push(path);
+    }
 }
 
 /// The loops of a graph: its strongly connected components of more than
@@ -345,6 +410,7 @@ const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/testbed/src/sys/spawn.rs", "to split: confinement (pure) from the pre-exec steps"),
     ("crates/api/src/routes.rs", "to split: routes, traffic policy and L7 policy conversions"),
     ("crates/cli/src/cmd/kubectl.rs", "to split: one module per verb"),
+    ("crates/testbed/src/agent/store.rs", "issue 38 item 4: the objects controller takes its checks"),
     ("crates/bench/src/report/mod.rs", "to split: tables, chart and docs"),
     ("crates/control/src/translate/http_route.rs", "to split: matches, filters, backends"),
     ("crates/control/src/translate/network_policy.rs", "to split: Kubernetes' and Cilium's"),
@@ -352,10 +418,9 @@ const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/control/src/translate/authorization.rs", "to split: rules, conditions, targets"),
 ];
 
-/// A file's lines before its `#[cfg(test)] mod tests`.
+/// A file's lines outside its `#[cfg(test)] mod tests` blocks.
 fn non_test_lines(text: &str) -> usize {
-    let lines: Vec<&str> = text.lines().collect();
-    lines.windows(2).position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod tests")).unwrap_or(lines.len())
+    non_test_code(text).lines().count()
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //!
 //! - [`parse_flag`]: a command-line flag or environment variable
 //!   (`--timeout 30s`): one number, integer or decimal, with unit `ms`,
-//!   `s`, `m` or `h`, or none for seconds (`3` is `3s`);
+//!   `s`, `m` or `h`, or none for seconds (`3` is `3s`); or several terms
+//!   in those units, as Go writes them (`1m30s`);
 //! - [`parse_go`]: Go's `time.ParseDuration`, as Istio's CRDs and fortio
 //!   take it (`1.5s`, `1m30s`, `500ms`, `0`);
 //! - [`parse_gateway_api`]: Gateway API's GEP-2257 (`10s`, `1h30m`):
@@ -20,7 +21,8 @@ use std::time::Duration;
 /// Go's units.
 const GO_UNITS: [&str; 7] = ["ns", "us", "µs", "ms", "s", "m", "h"];
 
-/// A flag's duration: `30s`, `2m`, `500ms`, `1.5h`, or `3` (seconds).
+/// A flag's duration: `30s`, `2m`, `500ms`, `1.5h`, `3` (seconds), or
+/// several terms in those units (`1m30s`).
 #[allow(clippy::disallowed_methods)] // The one home of humantime's parser.
 pub fn parse_flag(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
@@ -28,6 +30,9 @@ pub fn parse_flag(s: &str) -> Result<Duration, String> {
     let unit = match unit {
         "" => "s",
         "ms" | "s" | "m" | "h" => unit,
+        // Several terms in those units, as Go and Istio write them
+        // (`1m30s`, `1h30m`).
+        _ if go_terms_in(s, &["ms", "s", "m", "h"]) => return parse_go(s),
         _ => return Err(format!("{s:?} is not a duration: unknown unit {unit:?} (use ms, s, m or h)")),
     };
     humantime::parse_duration(&format!("{num}{unit}")).map_err(|e| format!("{s:?} is not a duration: {e}"))
@@ -62,6 +67,21 @@ pub fn parse_go(text: &str) -> Result<Duration, String> {
         rest = tail;
     }
     humantime::parse_duration(&terms).map_err(|e| format!("{text:?} is not a duration: {e}"))
+}
+
+/// Whether `s` is one or more `<decimal><unit>` terms with every unit
+/// among `units`.
+fn go_terms_in(s: &str, units: &[&str]) -> bool {
+    let mut rest = s;
+    while !rest.is_empty() {
+        let number = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let unit = rest[number..].find(|c: char| c.is_ascii_digit() || c == '.').map_or(rest.len(), |u| number + u);
+        if number == 0 || !units.contains(&&rest[number..unit]) {
+            return false;
+        }
+        rest = &rest[unit..];
+    }
+    !s.is_empty()
 }
 
 /// A Gateway API duration (GEP-2257).
@@ -124,6 +144,9 @@ mod tests {
             ("5.", Duration::from_secs(5)),
             ("007s", Duration::from_secs(7)),
             ("1.250000000000s", Duration::from_millis(1250)),
+            // Several terms, as Go and Istio write them.
+            ("1m30s", Duration::from_secs(90)),
+            ("1h0.5m", Duration::from_secs(3630)),
         ];
         for (text, want) in cases {
             assert_eq!(parse_flag(text), Ok(want), "{text}");
@@ -141,7 +164,6 @@ mod tests {
             ("+1s", "not a duration"),
             (" 1s", "not a duration"),
             ("1 s", "unknown unit"),
-            ("1m30s", "unknown unit"),
             ("5x", "unknown unit"),
             ("2min", "unknown unit"),
             ("1d", "unknown unit"),

@@ -45,8 +45,8 @@ pub struct LogLimiter<K> {
     /// The keys with suppressed lines not yet reported: the only ones
     /// [`LogLimiter::ended_floods`] looks at.
     suppressing: HashSet<K>,
-    /// Lines of keys that could not be tracked (every one of `max_keys`
-    /// was in a flood): suppressed, and counted here.
+    /// Suppressed lines of keys forgotten to make room before their count
+    /// was reported.
     untracked: u64,
 }
 
@@ -66,11 +66,7 @@ impl<K: Hash + Eq + Clone> LogLimiter<K> {
     {
         if !self.keys.contains_key(key) {
             if self.keys.len() >= self.max_keys {
-                self.forget_quiet(now);
-            }
-            if self.keys.len() >= self.max_keys {
-                self.untracked += 1;
-                return Decision::Suppress;
+                self.make_room(now);
             }
             self.keys.insert(key.to_owned(), Key { bucket: TokenBucket::full(self.rate, now), suppressed: 0, seen: now });
         }
@@ -116,8 +112,8 @@ impl<K: Hash + Eq + Clone> LogLimiter<K> {
         !self.suppressing.is_empty()
     }
 
-    /// Lines suppressed because no key could be tracked for them, since
-    /// the last call.
+    /// Suppressed lines of keys forgotten to make room before their count
+    /// was reported, since the last call.
     pub fn take_untracked(&mut self) -> u64 {
         std::mem::take(&mut self.untracked)
     }
@@ -131,12 +127,31 @@ impl<K: Hash + Eq + Clone> LogLimiter<K> {
         self.keys.is_empty()
     }
 
-    /// Forgets the keys whose bucket would be full again and that have
-    /// nothing to report.
-    fn forget_quiet(&mut self, now: Instant) {
+    /// Room for new keys when all `max_keys` are taken: first the keys
+    /// whose bucket would be full again and that have nothing to report
+    /// (forgetting them changes nothing); if that frees less than an
+    /// eighth, the least recently seen eighth goes, their unreported
+    /// counts kept in [`LogLimiter::take_untracked`]. An eighth at a time,
+    /// so a stream of new keys (a flood from many sources) costs one sweep
+    /// per `max_keys / 8` of them, and never stops the limiter from
+    /// tracking a new key.
+    fn make_room(&mut self, now: Instant) {
         let quiet = self.rate.refill_time();
         let suppressing = &self.suppressing;
         self.keys.retain(|k, s| suppressing.contains(k) || now.saturating_duration_since(s.seen) < quiet);
+        let want = self.max_keys - self.max_keys / 8;
+        if self.keys.len() <= want && self.keys.len() < self.max_keys {
+            return;
+        }
+        let mut by_age: Vec<(Instant, K)> = self.keys.iter().map(|(k, s)| (s.seen, k.clone())).collect();
+        by_age.sort_by_key(|(seen, _)| *seen);
+        let excess = self.keys.len().saturating_sub(want).max(1);
+        for (_, k) in by_age.into_iter().take(excess) {
+            if let Some(gone) = self.keys.remove(&k) {
+                self.untracked += gone.suppressed;
+            }
+            self.suppressing.remove(&k);
+        }
     }
 }
 
@@ -245,14 +260,29 @@ mod tests {
         let mut l = LogLimiter::<u32>::new(rate(1, 1.0), 2);
         assert!(l.decide(&1, t0).allows());
         assert!(!l.decide(&1, t0).allows(), "1 floods");
-        assert!(l.decide(&2, t0).allows());
-        // Full of keys, none quiet yet: a third is suppressed and counted.
-        assert!(!l.decide(&3, t0).allows());
-        assert_eq!(l.take_untracked(), 1);
-        // 2 has been quiet for a refill time: forgotten for 3; 1 is kept
-        // (it has a count to report).
-        assert!(l.decide(&3, t0 + ms(1000)).allows());
+        assert!(l.decide(&2, t0 + ms(1)).allows());
+        // Full, none quiet: the least recently seen goes (1, with its
+        // count kept), and the new key is tracked.
+        assert!(l.decide(&3, t0 + ms(2)).allows());
         assert_eq!(l.len(), 2);
-        assert_eq!(l.ended_floods(t0 + ms(1000)), vec![(1, 1)]);
+        assert_eq!(l.take_untracked(), 1);
+        assert!(l.ended_floods(t0 + ms(5000)).is_empty(), "1's count is not said twice");
+        // Quiet keys make room first.
+        assert!(l.decide(&4, t0 + ms(5000)).allows());
+        assert_eq!(l.take_untracked(), 0);
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_stays_bounded_and_cheap() {
+        let t0 = Instant::now();
+        let mut l = LogLimiter::<u32>::new(rate(1, 0.001), 1024);
+        for k in 0..100_000u32 {
+            l.decide(&k, t0);
+            l.decide(&k, t0); // each one floods: none is ever quiet
+            assert!(l.len() <= 1024);
+        }
+        // Every suppressed line is either still held or counted.
+        let held: u64 = l.keys.values().map(|k| k.suppressed).sum();
+        assert_eq!(held + l.take_untracked(), 100_000);
     }
 }

@@ -360,6 +360,12 @@ impl<K: Eq + Hash + Clone> RefusalLog<K> {
         out.extend(lines.limiter.ended_floods(now));
         out
     }
+
+    /// Suppressed lines of sources forgotten (to make room for others)
+    /// before their count was reported, since the last call.
+    pub fn take_untracked(&self) -> u64 {
+        self.inner.locked().limiter.take_untracked()
+    }
 }
 
 /// The node's buffer budget: bytes the connections hold (read and not yet

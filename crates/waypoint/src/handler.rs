@@ -65,6 +65,9 @@ impl Handler for WaypointHandler {
                 for (quiet, n) in self.shared.refusals.summaries(now) {
                     tracing::warn!(peer = %quiet, "{n} more streams refused over the peer's bound");
                 }
+                if let n @ 1.. = self.shared.refusals.take_untracked() {
+                    tracing::warn!("{n} more refusals of peers no longer tracked not logged (too many peers at once)");
+                }
                 if self.shared.refusals.check(&ip, now) == slipstream_proxy::limits::LogDecision::Log {
                     tracing::warn!(peer = %ip, identity = %request.peer_identity, target = %request.target, "stream refused: {over}");
                 }

@@ -135,8 +135,9 @@ fn find(rule: &JwtRule, headers: &HeaderMap, query: &str) -> Result<Vec<(String,
     if defaults {
         // `Authorization: Bearer <token>` (another scheme is no token of
         // this rule's), and `access_token`.
-        for v in headers.get_all(http::header::AUTHORIZATION).iter().filter_map(|v| v.to_str().ok()) {
-            if let Some(t) = v.strip_prefix("Bearer ").map(str::trim).filter(|t| !t.is_empty()) {
+        for v in headers.get_all(http::header::AUTHORIZATION) {
+            let v = v.to_str().map_err(|_| "header authorization is not text".to_string())?;
+            if let Some(t) = strip_prefix_ignore_case(v, "Bearer ").map(str::trim).filter(|t| !t.is_empty()) {
                 out.push((t.to_string(), Location::Header(http::header::AUTHORIZATION)));
             }
         }
@@ -147,7 +148,7 @@ fn find(rule: &JwtRule, headers: &HeaderMap, query: &str) -> Result<Vec<(String,
         let Ok(name) = HeaderName::try_from(h.name.as_str()) else { continue };
         for v in headers.get_all(&name) {
             let v = v.to_str().map_err(|_| format!("header {name} is not text"))?;
-            let t = v.strip_prefix(h.prefix.as_str()).ok_or_else(|| format!("header {name} does not start with {:?}", h.prefix))?;
+            let t = strip_prefix_ignore_case(v, &h.prefix).ok_or_else(|| format!("header {name} does not start with {:?}", h.prefix))?;
             out.push((t.trim().to_string(), Location::Header(name.clone())));
         }
     }
@@ -160,10 +161,19 @@ fn find(rule: &JwtRule, headers: &HeaderMap, query: &str) -> Result<Vec<(String,
     Ok(out)
 }
 
+/// `v` without `prefix`, compared as Envoy compares a token's prefix:
+/// ignoring ASCII case (an authentication scheme is case-insensitive, and
+/// applications read `bearer` too).
+fn strip_prefix_ignore_case<'a>(v: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = v.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix).then(|| &v[prefix.len()..])
+}
+
 /// Every non-empty value of the query parameter `name`, names and values
-/// percent-decoded (as the application's framework will read them).
+/// percent-decoded, pairs split at `&` and at `;` (as some frameworks
+/// split them: the application must not read one we did not check).
 fn params<'a>(query: &'a str, name: &'a str) -> impl Iterator<Item = String> + 'a {
-    query.split('&').filter_map(move |kv| {
+    query.split(['&', ';']).filter_map(move |kv| {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
         (percent_decode(k) == name && !v.is_empty()).then(|| percent_decode(v))
     })
@@ -192,7 +202,7 @@ fn percent_decode(s: &str) -> String {
 fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = String> + 'a {
     headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).filter_map(move |kv| {
         let (k, v) = kv.trim().split_once('=')?;
-        (k == name && !v.is_empty()).then(|| v.to_string())
+        (k.trim() == name && !v.trim().is_empty()).then(|| v.trim().to_string())
     })
 }
 

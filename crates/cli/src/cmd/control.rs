@@ -1,8 +1,6 @@
-use crate::common::Ctx;
-
 /// The control plane's process. Diagnostics go to stderr; `up` sends them
 /// to /run/slipstream/<cluster>/control/control<N>.log.
-pub fn run(_ctx: &Ctx, args: slipstream_control::run::ControlArgs) -> anyhow::Result<()> {
+pub fn run(args: slipstream_control::run::ControlArgs) -> anyhow::Result<()> {
     slipstream_proxy::process::init();
     // It holds the CA's signing key: no other process may read its memory.
     slipstream_proxy::process::make_non_dumpable()?;

@@ -1,8 +1,6 @@
-use crate::common::Ctx;
-
 /// The node proxy's process. Diagnostics go to stderr, access logs to
 /// stdout; `up` sends both to /run/slipstream/<cluster>/nodes/<node>.log.
-pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
+pub fn run(cluster: &str, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
     // Diagnostics only: access-log lines are printed, never rate-limited.
     slipstream_proxy::process::init();
     // It holds the mesh's keys. Confined pods cannot see it (their own PID
@@ -12,7 +10,7 @@ pub fn run(ctx: &Ctx, args: slipstream_node::NodeArgs) -> anyhow::Result<()> {
     slipstream_proxy::process::make_non_dumpable()?;
     slipstream_proxy::sys::mem::tune_allocator();
     let workers = usize::from(args.workers);
-    let config = slipstream_node::Config::from_args(ctx.paths.cluster.as_str(), args);
+    let config = slipstream_node::Config::from_args(cluster, args);
     // Every thread runs its own single-threaded runtime: this one (control
     // plane, admin, accepting) and one more per further worker, each serving
     // the connections handed to it with its own pooled HBONE connections

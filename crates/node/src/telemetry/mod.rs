@@ -67,5 +67,11 @@ impl Telemetry {
         for (source, n) in self.refusal_log.summaries(Instant::now()) {
             tracing::warn!(target: REFUSAL_TARGET, %source, suppressed = n, "{n} more refusals of this source not logged (log lines are limited per source; the metrics count every one)");
         }
+        match self.refusal_log.take_untracked() {
+            0 => {}
+            n => {
+                tracing::warn!(target: REFUSAL_TARGET, suppressed = n, "{n} more refusals of sources no longer tracked not logged (too many sources at once; the metrics count every one)")
+            }
+        }
     }
 }

@@ -11,7 +11,8 @@
 //! reads pods, which carry their ReplicaSet owner as Kubernetes would.
 //! `sync_dir` is the only I/O.
 
-use super::pods::{Node, PodRuntime};
+use super::node::Node;
+use super::pods::PodRuntime;
 use super::services::Vips;
 use super::store::Store;
 use k8s_openapi::api::core::v1 as k8s;

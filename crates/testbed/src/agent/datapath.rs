@@ -3,7 +3,7 @@
 //! `--datapath auto` (the default) tries eBPF and says in the log why it
 //! fell back; `ebpf` fails instead of falling back; `nftables` never tries.
 
-use super::pods::Node;
+use super::node::Node;
 use crate::names::Paths;
 use serde::Serialize;
 use slipstream_ebpf::{Datapath, PodAttach};

@@ -8,7 +8,7 @@
 //! stops answering (alive but stuck) is killed after 3 failures in a row
 //! and restarted.
 
-use super::pods::Node;
+use super::node::Node;
 use super::probe::{http_ready, ProbeError};
 use crate::names::{netns_path, Paths};
 use crate::sys::{netns, spawn};

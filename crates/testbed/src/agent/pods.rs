@@ -20,12 +20,7 @@ const BACKOFF_RESET: Duration = Duration::from_secs(60);
 /// of slipping through as "ready" for a few milliseconds.
 const MIN_READY: Duration = Duration::from_millis(500);
 
-pub struct Node {
-    pub name: String,
-    pub index: usize,
-    pub netns: String,
-    pub ip: Ipv4Addr,
-}
+use super::node::Node;
 
 pub struct PodRuntime {
     pub inst: PodInstance,

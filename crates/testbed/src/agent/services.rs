@@ -1,7 +1,8 @@
 //! Services: VIP allocation, endpoints from ready pods, and what they turn
 //! into (nftables rules, hosts entries, status). Pure over the agent's state.
 
-use super::pods::{Node, PodRuntime};
+use super::node::Node;
+use super::pods::PodRuntime;
 use super::store::{services, Store};
 use crate::plan::{self, HostsEntry, ServiceRule};
 use crate::status::{EndpointPort, EndpointStatus, ServicePortStatus, ServiceStatus};

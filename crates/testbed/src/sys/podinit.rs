@@ -25,34 +25,16 @@
 //! operations) and _exit(2) in the forked reaper and the pre-exec step.
 #![allow(unsafe_code)]
 
-use super::spawn::{drop_credentials, Confinement};
+use super::spawn::{drop_credentials, Confinement, InitSpec};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::io::FdFlags;
 use rustix::mount::{mount, mount_bind, mount_bind_recursive, mount_remount, MountFlags};
 use rustix::process::{kill_process, set_dumpable_behavior, set_parent_process_death_signal, DumpableBehavior, Pid, Signal, WaitOptions};
-use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::io::{self, Write};
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-
-/// What pod-init is told, as one JSON argument written by `spawn_confined`
-/// (from a `Confinement` it already validated).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InitSpec {
-    pub confinement: Confinement,
-    /// A new PID namespace, whose PID 1 pod-init starts; false when it joins
-    /// a running container's (`exec`, exec probes).
-    pub new_pid_ns: bool,
-    /// Written with the reason when the command cannot be started, then
-    /// closed; closed empty once it runs.
-    pub status_fd: RawFd,
-    /// Besides pod-init's parent, the process that signals every process of
-    /// the pod's cgroup (the agent, when `exec` started pod-init).
-    #[serde(default)]
-    pub cgroup_signaller: Option<libc::pid_t>,
-}
 
 /// Signals pod-init passes on to the command.
 pub const FORWARDED: [libc::c_int; 6] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2];

@@ -390,7 +390,7 @@ pub fn spawn(spec: &SandboxSpec) -> io::Result<Child> {
 pub fn spawn_confined(spec: &SandboxSpec, c: &Confinement, pid_ns: PidNamespace) -> io::Result<Child> {
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let status_r = File::from(status_r);
-    let init = crate::sys::podinit::InitSpec {
+    let init = InitSpec {
         confinement: c.clone(),
         new_pid_ns: pid_ns == PidNamespace::New,
         status_fd: status_w.as_raw_fd(),
@@ -762,6 +762,23 @@ pub fn spawn_daemon(argv: &[String], log: &std::path::Path) -> io::Result<Child>
         cmd.pre_exec(|| Ok(rustix::process::setsid().map(drop)?));
     }
     cmd.spawn()
+}
+
+/// What pod-init is told, as one JSON argument written by `spawn_confined`
+/// (from a `Confinement` it already validated).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InitSpec {
+    pub confinement: Confinement,
+    /// A new PID namespace, whose PID 1 pod-init starts; false when it joins
+    /// a running container's (`exec`, exec probes).
+    pub new_pid_ns: bool,
+    /// Written with the reason when the command cannot be started, then
+    /// closed; closed empty once it runs.
+    pub status_fd: RawFd,
+    /// Besides pod-init's parent, the process that signals every process of
+    /// the pod's cgroup (the agent, when `exec` started pod-init).
+    #[serde(default)]
+    pub cgroup_signaller: Option<libc::pid_t>,
 }
 
 #[cfg(test)]

@@ -151,6 +151,10 @@ fn every_token_of_a_request_is_checked_not_only_the_first() {
     }
     // The Authorization header twice, the second forged.
     assert_eq!(status(headers(&[("authorization", &bearer), ("authorization", &format!("Bearer {forged}"))]), ""), Err(401));
+    // A lower-case scheme, `;` between parameters: still read, so checked.
+    assert_eq!(status(headers(&[("authorization", &format!("bearer {forged}"))]), &format!("access_token={good}")), Err(401));
+    assert_eq!(status(headers(&[("authorization", &bearer)]), &format!("a=1;access_token={forged}")), Err(401));
+    assert_eq!(status(headers(&[("authorization", &format!("bEaReR {good}"))]), ""), Ok(()));
     // The same valid token in two places is one token: accepted.
     assert_eq!(status(headers(&[("authorization", &bearer)]), &format!("access_token={good}")), Ok(()));
     // A rule's own header sent twice, and its cookie in two headers.
@@ -162,4 +166,5 @@ fn every_token_of_a_request_is_checked_not_only_the_first() {
     assert_eq!(status(headers(&[("x-jwt", &good)])), Ok(()));
     assert_eq!(status(headers(&[("x-jwt", &good), ("x-jwt", &forged)])), Err(401));
     assert_eq!(status(headers(&[("cookie", &format!("session={good}")), ("cookie", &format!("a=b; session={forged}"))])), Err(401));
+    assert_eq!(status(headers(&[("cookie", &format!("session={good}; session ={forged}"))])), Err(401), "a name with a space");
 }
