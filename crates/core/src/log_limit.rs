@@ -58,8 +58,27 @@ impl<K: Hash + Eq + Clone> LogLimiter<K> {
     }
 
     /// Whether a line of `key` at `now` is written (the key is copied only
-    /// when it is new).
+    /// when it is new); a line let through after a flood carries its count.
     pub fn decide<Q>(&mut self, key: &Q, now: Instant) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.take(key, now, true)
+    }
+
+    /// Whether a line of `key` at `now` is written, for callers that write
+    /// summaries apart: the count stays with the key until
+    /// [`LogLimiter::ended_floods`] reports it.
+    pub fn allows<Q>(&mut self, key: &Q, now: Instant) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.take(key, now, false).allows()
+    }
+
+    fn take<Q>(&mut self, key: &Q, now: Instant, hand_over: bool) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -73,6 +92,9 @@ impl<K: Hash + Eq + Clone> LogLimiter<K> {
         let k = self.keys.get_mut(key).expect("inserted above");
         k.seen = now;
         if k.bucket.take(self.rate, now).is_ok() {
+            if !hand_over {
+                return Decision::Allow;
+            }
             match std::mem::take(&mut k.suppressed) {
                 0 => Decision::Allow,
                 n => {
@@ -284,5 +306,20 @@ mod tests {
         // Every suppressed line is either still held or counted.
         let held: u64 = l.keys.values().map(|k| k.suppressed).sum();
         assert_eq!(held + l.take_untracked(), 100_000);
+    }
+
+    #[test]
+    fn a_caller_that_summarises_apart_gets_each_count_once() {
+        let t0 = Instant::now();
+        let mut l = LogLimiter::<&str>::new(rate(1, 2.0), 100);
+        assert!(l.allows(&"a", t0));
+        assert!(!l.allows(&"a", t0));
+        assert!(!l.allows(&"a", t0));
+        // A line back after half a second: written, its count kept.
+        assert!(l.allows(&"a", t0 + ms(500)));
+        assert!(!l.allows(&"a", t0 + ms(600)));
+        assert_eq!(l.ended_floods(t0 + ms(700)), vec![], "the flood goes on");
+        assert_eq!(l.ended_floods(t0 + ms(1500)), vec![("a", 3)]);
+        assert!(l.ended_floods(t0 + ms(9000)).is_empty());
     }
 }

@@ -22,7 +22,7 @@
 //! refusals to a few per second per source.
 
 use slipstream_core::bucket::Rate;
-use slipstream_core::log_limit::{Decision, LogLimiter};
+use slipstream_core::log_limit::LogLimiter;
 use slipstream_core::sync::LockExt;
 use slipstream_hbone::ResponseFlag;
 use std::borrow::Borrow;
@@ -314,15 +314,7 @@ impl HoldOffs {
 /// limited.
 #[derive(Debug)]
 pub struct RefusalLog<K: Eq + Hash + Clone> {
-    inner: Mutex<RefusalLines<K>>,
-}
-
-#[derive(Debug)]
-struct RefusalLines<K> {
-    limiter: LogLimiter<K>,
-    /// Counts handed over when a source's next line was let through,
-    /// kept for the next [`RefusalLog::summaries`].
-    pending: Vec<(K, u64)>,
+    limiter: Mutex<LogLimiter<K>>,
 }
 
 /// Sources remembered at most (quiet ones are forgotten first).
@@ -331,7 +323,7 @@ const MAX_LOGGED_SOURCES: usize = 1 << 16;
 impl<K: Eq + Hash + Clone> RefusalLog<K> {
     pub fn new(burst: u32, period: Duration) -> Self {
         let rate = Rate { burst: f64::from(burst), per_second: f64::from(burst) / period.as_secs_f64().max(1e-3) };
-        RefusalLog { inner: Mutex::new(RefusalLines { limiter: LogLimiter::new(rate, MAX_LOGGED_SOURCES), pending: Vec::new() }) }
+        RefusalLog { limiter: Mutex::new(LogLimiter::new(rate, MAX_LOGGED_SOURCES)) }
     }
 
     /// One refusal of `key` at `now` (the key is copied only for a source
@@ -341,30 +333,25 @@ impl<K: Eq + Hash + Clone> RefusalLog<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut lines = self.inner.locked();
-        match lines.limiter.decide(key, now) {
-            Decision::Allow => LogDecision::Log,
-            Decision::AllowAfterSuppressed(n) => {
-                lines.pending.push((key.to_owned(), n));
-                LogDecision::Log
-            }
-            Decision::Suppress => LogDecision::Suppress,
+        // The counts stay with the sources until `summaries` reports them.
+        if self.limiter.locked().allows(key, now) {
+            LogDecision::Log
+        } else {
+            LogDecision::Suppress
         }
     }
 
-    /// The sources with suppressed lines to report, and how many: each
-    /// count is reported once. Call it about once per period.
+    /// The sources whose flood of refusals ended, and how many lines each
+    /// had suppressed: each count is reported once. Call it about once per
+    /// period.
     pub fn summaries(&self, now: Instant) -> Vec<(K, u64)> {
-        let mut lines = self.inner.locked();
-        let mut out = std::mem::take(&mut lines.pending);
-        out.extend(lines.limiter.ended_floods(now));
-        out
+        self.limiter.locked().ended_floods(now)
     }
 
     /// Suppressed lines of sources forgotten (to make room for others)
     /// before their count was reported, since the last call.
     pub fn take_untracked(&self) -> u64 {
-        self.inner.locked().limiter.take_untracked()
+        self.limiter.locked().take_untracked()
     }
 }
 
@@ -642,13 +629,14 @@ mod tests {
         assert_eq!(s, vec![("pod-a", 7)], "7 suppressed, reported once; pod-b had none");
         assert!(log.summaries(at(3000)).is_empty());
         assert_eq!(log.check(&"pod-a", at(3000)), LogDecision::Log, "lines back");
-        // A line let through during a flood hands its count to the next
-        // summary: nothing is lost, nothing said twice.
+        // A line let through during a flood keeps its count for the
+        // summary once the flood ends: nothing lost, nothing said twice.
         for i in 0..5 {
             log.check(&"pod-c", at(4000 + i));
         }
         assert_eq!(log.check(&"pod-c", at(4400)), LogDecision::Log, "one line back after a third of a second");
-        assert_eq!(log.summaries(at(4400)), vec![("pod-c", 2)]);
+        assert!(log.summaries(at(4400)).is_empty(), "the line took the token back: the flood is not over");
+        assert_eq!(log.summaries(at(5000)), vec![("pod-c", 2)]);
         assert!(log.summaries(at(9000)).is_empty());
     }
 
