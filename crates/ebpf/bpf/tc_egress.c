@@ -44,8 +44,23 @@ int ss_tc_egress(struct __sk_buff *skb)
 			return TC_ACT_SHOT;
 		}
 	}
-	if (r == SS_PARSE_NOT_IP4)
+	if (r == SS_PARSE_NOT_IP4) {
+		/* A pod sends IPv4, IPv6 and ARP. Anything else (a VLAN tag,
+		 * 802.1Q or 802.1ad, around IPv4 the other side unwraps) would
+		 * carry a packet past the checks above: a pod with NET_RAW
+		 * could send from any address. Counted as spoofed. */
+		void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+		struct ethhdr *eth = data;
+		if ((void *)(eth + 1) <= end && eth->h_proto != bpf_htons(ETH_P_IPV6) && eth->h_proto != bpf_htons(ETH_P_ARP)) {
+			__u64 ns = bpf_get_netns_cookie(skb);
+			struct ss_pod *me = bpf_map_lookup_elem(&ss_pods_v1, &ns);
+			if (me) {
+				ss_count_drop(me->node, SS_DROP_SPOOFED);
+				return TC_ACT_SHOT;
+			}
+		}
 		return ss_tc_not_ip4(skb, 0);
+	}
 	if (r == SS_PARSE_TCP)
 		return TC_ACT_OK; /* TCP: decided at connect() */
 	if (r != 0) {

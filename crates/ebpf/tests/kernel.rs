@@ -275,6 +275,17 @@ fn a_packet_from_an_address_not_the_pods_own_never_leaves_it() {
     arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
     assert_eq!(eg(&arp), TC_ACT_OK, "not IPv4");
     assert_eq!(count(), 3);
+    // IPv4 from another address inside a VLAN tag (802.1Q, VLAN 0, and
+    // 802.1ad), which the receiving side would unwrap: refused, counted.
+    for tpid in [0x8100u16, 0x88a8] {
+        let inner = udp4(other, PEER, 5353, 53);
+        let mut tagged = inner[..12].to_vec();
+        tagged.extend_from_slice(&tpid.to_be_bytes());
+        tagged.extend_from_slice(&[0, 0]);
+        tagged.extend_from_slice(&inner[12..]);
+        assert_eq!(eg(&tagged), TC_ACT_SHOT, "a VLAN-tagged frame ({tpid:#x}) from a pod");
+    }
+    assert_eq!(count(), 5);
     let ev = events.read(Duration::from_secs(1));
     let spoofed: Vec<_> = ev.iter().filter(|e| DropReason::from_u8(e.reason) == Some(DropReason::Spoofed)).collect();
     assert_eq!(spoofed.len(), 3, "{ev:?}");
@@ -282,6 +293,10 @@ fn a_packet_from_an_address_not_the_pods_own_never_leaves_it() {
     // A namespace that is no pod's: left alone.
     pods.remove(&here).unwrap();
     assert_eq!(eg(&tcp(other, PEER, 40000, 8080, true, false)), TC_ACT_OK);
+    let mut tagged = udp4(other, PEER, 5353, 53)[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0, 0, 0, 0x08, 0]);
+    tagged.extend_from_slice(&udp4(other, PEER, 5353, 53)[14..]);
+    assert_eq!(eg(&tagged), TC_ACT_OK, "the node's own VLAN frames are not ours to judge");
 }
 
 /// What is not TCP is decided per flow by the pod's two tc programs: a new
