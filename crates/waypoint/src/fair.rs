@@ -152,12 +152,24 @@ impl Strikes {
     pub fn strike(&self, client: IpAddr, now: Instant) -> Struck {
         let mut m = self.records.locked();
         if m.len() >= MAX_RECORDS && !m.contains_key(&client) {
+            // Room for the new client, so that whoever fills the records
+            // cannot turn cool-downs off for everyone after: a record
+            // whose window ended, else one not cooling down (its strikes
+            // start again), found by one scan that stops at the first.
             let window = self.window;
-            m.retain(|_, r| now.duration_since(r.window) < window || r.until.is_some_and(|u| u > now));
-            if m.len() >= MAX_RECORDS {
-                // A real bound: past it a new client's strike is counted
-                // nowhere (it is still bounded per connection by h2).
-                return Struck::Counted(1);
+            let cooling = |r: &Record| r.until.is_some_and(|u| u > now);
+            let victim = m
+                .iter()
+                .find(|(_, r)| now.duration_since(r.window) >= window && !cooling(r))
+                .or_else(|| m.iter().find(|(_, r)| !cooling(r)))
+                .map(|(k, _)| *k);
+            match victim {
+                Some(k) => {
+                    m.remove(&k);
+                }
+                // Every record is a client cooling down: this one's strike
+                // is bounded per connection by h2 alone until one ends.
+                None => return Struck::Counted(1),
             }
         }
         let r = m.entry(client).or_insert(Record { window: now, count: 0, until: None });
@@ -329,5 +341,24 @@ mod tests {
         assert_eq!(s.cooling(a, t0 + Duration::from_secs(14)), Some(until));
         assert_eq!(s.cooling(b, t0 + Duration::from_secs(14)), None);
         assert_eq!(s.cooling(a, until), None, "served again once it has cooled down");
+    }
+
+    /// Review finding: once the records were full, a new client's strikes
+    /// were counted nowhere, so whoever filled them turned cool-downs off
+    /// for every new address. Now a record not cooling down makes room.
+    #[test]
+    fn a_client_new_to_full_records_is_still_cooled_down() {
+        let f = Fairness { strikes: 2, strike_window: Duration::from_secs(10), cool_down: Duration::from_secs(10), ..Default::default() };
+        let s = Strikes::new(&f);
+        let t0 = Instant::now();
+        for i in 0..MAX_RECORDS as u32 {
+            s.strike(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)), t0);
+        }
+        assert_eq!(s.records.locked().len(), MAX_RECORDS);
+        let late: IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(s.strike(late, t0 + Duration::from_secs(1)), Struck::Counted(1));
+        assert!(matches!(s.strike(late, t0 + Duration::from_secs(1)), Struck::CoolingDown(_)), "its second strike cools it down");
+        assert!(s.cooling(late, t0 + Duration::from_secs(2)).is_some());
+        assert_eq!(s.records.locked().len(), MAX_RECORDS, "still bounded");
     }
 }
