@@ -291,7 +291,8 @@ impl Config {
         slipstream_hbone::H2Config {
             stream_window: h.stream_window,
             connection_window: h.connection_window,
-            min_connection_window: slipstream_hbone::MIN_CONNECTION_WINDOW.min(h.connection_window),
+            // Clamped to the connection window where it is used (hbone's server).
+            min_connection_window: slipstream_hbone::MIN_CONNECTION_WINDOW,
             max_frame_size: h.max_frame_size,
             max_header_list_size: h.max_header_list_size,
             max_send_buffer: h.max_send_buffer,
