@@ -23,11 +23,8 @@ int ss_tc_egress(struct __sk_buff *skb)
 	/* An IPv4 header not in the linear part (an AF_PACKET TX ring puts
 	 * all but the Ethernet header in page fragments): pulled in, then read
 	 * again, so neither the source check nor the policy is skipped. */
-	if (r < 0) {
-		__u32 want = skb->len < 134 ? skb->len : 134;
-		if (!bpf_skb_pull_data(skb, want))
-			r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
-	}
+	if (r < 0 && !ss_pull_headers(skb))
+		r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
 	/* No IPv4 packet leaves a pod from an address that is not its own: a
 	 * pod with NET_RAW could otherwise write any source address, as if
 	 * it were another pod or the node (ss_pods_v1: the pod of this

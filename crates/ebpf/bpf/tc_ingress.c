@@ -103,21 +103,20 @@ static __always_inline int ss_tcp_or_verdict(struct __sk_buff *skb, struct ss_tc
 {
 	if (!ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, t))
 		return SS_TCP_PARSED;
-	struct ss_pkt4 p;
+	struct ss_pkt4 p = {};
 	int r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
+	/* An IPv4 header not in the linear data: pulled in and read again, so
+	 * the policy of what is not TCP is not skipped (as tc_egress does). */
+	if (r < 0 && !ss_pull_headers(skb))
+		r = ss_parse_pkt4((void *)(long)skb->data, (void *)(long)skb->data_end, &p);
 	if (r == SS_PARSE_NOT_IP4)
 		return ss_tc_not_ip4(skb, 1);
 	if (r == 0)
 		return ss_tc_flow(skb, &p, 1) ? TC_ACT_OK : TC_ACT_SHOT;
 	if (r != SS_PARSE_TCP)
 		return TC_ACT_OK; /* an IPv4 header too short to read: the stack drops it */
-	if (!p.fragment) {
-		/* Ethernet, IPv4 and TCP with their options at most. */
-		__u32 want = skb->len < 134 ? skb->len : 134;
-		if (!bpf_skb_pull_data(skb, want) &&
-		    !ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, t))
-			return SS_TCP_PARSED;
-	}
+	if (!p.fragment && !ss_pull_headers(skb) && !ss_parse_tcp4((void *)(long)skb->data, (void *)(long)skb->data_end, t))
+		return SS_TCP_PARSED;
 	/* TCP whose header is not here whole (a fragment, the first too, or
 	 * a truncated header): to a pod the stack would reassemble it past
 	 * the capture and the policy, so it is dropped. Linux's TCP never

@@ -110,6 +110,16 @@ static __always_inline int ss_answer_reset6(struct __sk_buff *skb)
  * names no pod and passes: only the node shares a link with a pod (IPv6
  * link-local is not routed between pods), and the pods' own sockets are
  * refused at connect6/sendmsg6. */
+/* Pulls a packet's first headers (Ethernet, IPv4 and TCP with their
+ * options: 134 bytes at most) into the linear data, where the parsers read
+ * them: an AF_PACKET TX ring, or a GRO'd packet, may hold them in page
+ * fragments. 0 when done. */
+static __always_inline long ss_pull_headers(struct __sk_buff *skb)
+{
+	__u32 want = skb->len < 134 ? skb->len : 134;
+	return bpf_skb_pull_data(skb, want);
+}
+
 static __always_inline int ss_tc_not_ip4(struct __sk_buff *skb, int ingress)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
