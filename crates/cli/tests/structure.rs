@@ -406,7 +406,6 @@ const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/waypoint/src/proxy.rs", "issue 38 item 3: the request in one direction"),
     ("crates/testbed/src/agent/mod.rs", "issue 38 item 4: the agent in controllers"),
     ("crates/control/src/translate/virtual_service.rs", "to split: HTTP routes, traffic policy, faults"),
-    ("crates/ebpf/src/kernel_policy.rs", "to split: identities, then the compiled verdicts"),
     ("crates/testbed/src/sys/spawn.rs", "to split: confinement (pure) from the pre-exec steps"),
     ("crates/api/src/routes.rs", "to split: routes, traffic policy and L7 policy conversions"),
     ("crates/cli/src/cmd/kubectl.rs", "to split: one module per verb"),
