@@ -407,7 +407,6 @@ const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/testbed/src/agent/mod.rs", "issue 38 item 4: the agent in controllers"),
     ("crates/control/src/translate/virtual_service.rs", "to split: HTTP routes, traffic policy, faults"),
     ("crates/testbed/src/sys/spawn.rs", "to split: confinement (pure) from the pre-exec steps"),
-    ("crates/api/src/routes.rs", "to split: routes, traffic policy and L7 policy conversions"),
     ("crates/cli/src/cmd/kubectl.rs", "to split: one module per verb"),
     ("crates/testbed/src/agent/store.rs", "issue 38 item 4: the objects controller takes its checks"),
     ("crates/bench/src/report/mod.rs", "to split: tables, chart and docs"),
