@@ -403,7 +403,6 @@ const MAX_FILE_LINES: usize = 600;
 const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/control/src/index.rs", "issue 38 item 2: the index in views"),
     ("crates/control/src/run.rs", "issue 38 item 2: build-sources, build-servers, build-controllers"),
-    ("crates/waypoint/src/proxy.rs", "issue 38 item 3: the request in one direction"),
     ("crates/testbed/src/agent/mod.rs", "issue 38 item 4: the agent in controllers"),
     ("crates/control/src/translate/virtual_service.rs", "to split: HTTP routes, traffic policy, faults"),
     ("crates/testbed/src/sys/spawn.rs", "to split: confinement (pure) from the pre-exec steps"),

@@ -7,7 +7,8 @@
 //! it, and per request: picks the route rule ([`plan`]), the backend and
 //! the endpoint, and sends the request to that endpoint's node proxy over
 //! an HBONE tunnel of its own ([`upstream`]). Decisions are pure
-//! ([`plan`]); [`handler`] and [`proxy`] do the I/O.
+//! ([`plan`] for the route, [`decision`] for the whole request);
+//! [`handler`], [`proxy`] and [`forward`] do the I/O.
 //!
 //! It stands beside the node proxy, not on it: what the two share (the
 //! control plane's channel, delta xDS and certificate clients, per-source
@@ -18,15 +19,21 @@
 
 pub mod accesslog;
 pub mod balance;
+pub mod body;
 pub mod client;
+pub mod decision;
 pub mod fair;
+pub mod flag;
+pub mod forward;
 pub mod handler;
+pub mod headers;
 pub mod jwt;
 pub mod logbuf;
 pub mod metrics;
 pub mod peer;
 pub mod plan;
 pub mod proxy;
+pub mod replay;
 pub mod run;
 pub mod sniff;
 pub mod tcp;

@@ -7,6 +7,7 @@
 //!   backend and endpoint, or the answer the waypoint gives itself
 //!   (redirect, 404, 500, 503).
 
+use crate::flag::Flag;
 use slipstream_core::route::traffic::{Fault, Retry, TrafficPolicy};
 use slipstream_core::route::{pick_backend, rewrite_path, select, RequestView, RouteRule, ServiceRoutes, Subset};
 use slipstream_core::{Destination, Endpoint, MeshService, MeshState, MeshWorkload};
@@ -137,7 +138,7 @@ pub struct Req<'a> {
 }
 
 /// Where a request goes: the endpoints it may go to, and how one is
-/// chosen and tried ([`crate::balance`] picks, [`crate::proxy`] tries).
+/// chosen and tried ([`crate::balance`] picks, [`crate::forward`] tries).
 #[derive(Debug, Clone)]
 pub struct Forward {
     /// The backend service (None: a pod addressed directly).
@@ -176,7 +177,7 @@ pub enum Action {
     /// backends are all invalid (500), no ready endpoint (503).
     Respond {
         status: u16,
-        flag: &'static str,
+        flag: Flag,
         detail: String,
     },
 }
@@ -188,7 +189,7 @@ pub struct Decision<'r> {
     pub action: Action,
 }
 
-fn respond<'r>(rule: Option<&'r RouteRule>, status: u16, flag: &'static str, detail: String) -> Decision<'r> {
+fn respond<'r>(rule: Option<&'r RouteRule>, status: u16, flag: Flag, detail: String) -> Decision<'r> {
     Decision { rule, action: Action::Respond { status, flag, detail } }
 }
 
@@ -324,7 +325,12 @@ pub fn decide<'r>(
         return to_service(state, None, service.clone(), port, None, traffic, pq, None);
     }
     let Some((rule, m)) = select(rules, port, &req.view) else {
-        return respond(None, 404, "NR", format!("no route of {} matches {} {}", service.hostname(), req.view.method, req.view.path));
+        return respond(
+            None,
+            404,
+            Flag::NoRoute,
+            format!("no route of {} matches {} {}", service.hostname(), req.view.method, req.view.path),
+        );
     };
     let matched = rule.matches.get(m).map(|m| &m.path).cloned().unwrap_or_default();
     let f = &rule.filters;
@@ -347,10 +353,10 @@ pub fn decide<'r>(
         };
     }
     let Some(b) = pick_backend(&rule.backends, req.draw_backend) else {
-        return respond(Some(rule), 500, "NR", format!("route {} has no valid backend", rule.name));
+        return respond(Some(rule), 500, Flag::NoRoute, format!("route {} has no valid backend", rule.name));
     };
     let Some(svc) = state.service(&b.service) else {
-        return respond(Some(rule), 500, "NR", format!("route {}: backend {} does not exist", rule.name, b.service));
+        return respond(Some(rule), 500, Flag::NoRoute, format!("route {}: backend {} does not exist", rule.name, b.service));
     };
     let (pq, host) = match &f.rewrite {
         Some(rw) => {
@@ -386,7 +392,12 @@ fn to_service<'r>(
     }
     if candidates.is_empty() {
         let of = subset.map(|s| format!("subset {} of ", s.name)).unwrap_or_default();
-        return respond(rule, 503, "UH", format!("{of}service {} has no ready endpoint for port {port}", service.hostname()));
+        return respond(
+            rule,
+            503,
+            Flag::NoHealthyUpstream,
+            format!("{of}service {} has no ready endpoint for port {port}", service.hostname()),
+        );
     }
     let pool = match subset {
         Some(s) => format!("{}#{}", service.key(), s.name),

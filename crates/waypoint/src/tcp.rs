@@ -2,6 +2,7 @@
 //! (or the pod addressed), after the source's egress network policies,
 //! with one access-log line when it closes.
 
+use crate::flag::Flag;
 use crate::peer::Peer;
 use crate::plan::Target;
 use crate::Shared;
@@ -126,12 +127,12 @@ fn allowed(shared: &Shared, target: &Target, peer: &Peer, ep: SocketAddr, w: &sl
 pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>, target: &Target, peer: &Peer, mut client: T) {
     let start = Instant::now();
     let state = shared.mesh.load_full();
-    let log = |flag: &str, upstream: &str, dst: &str, sent: u64, received: u64, error: &str| {
+    let log = |flag: Flag, upstream: &str, dst: &str, sent: u64, received: u64, error: &str| {
         tracing::info!(
             target: slipstream_core::ACCESS_LOG_TARGET,
             protocol = "tcp",
             target = %target.name(),
-            flags = flag,
+            flags = flag.as_str(),
             upstream = upstream,
             bytes_sent = sent,
             bytes_received = received,
@@ -144,15 +145,15 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
     };
     let (ep, w) = match endpoint(&state, target, rand::random()) {
         Ok(e) => e,
-        Err(why) => return log("UH", "-", "-", 0, 0, &why),
+        Err(why) => return log(Flag::NoHealthyUpstream, "-", "-", 0, 0, &why),
     };
     let dst = w.identity().to_string();
     if let Err(why) = allowed(&shared, target, peer, ep, &w) {
-        return log("RBAC", &ep.to_string(), &dst, 0, 0, &why);
+        return log(Flag::Rbac, &ep.to_string(), &dst, 0, 0, &why);
     }
     let mut upstream = match shared.connector.open(ep).await {
         Ok(s) => s,
-        Err(e) => return log("UF", &ep.to_string(), &dst, 0, 0, &e.to_string()),
+        Err(e) => return log(Flag::UpstreamConnectFailure, &ep.to_string(), &dst, 0, 0, &e.to_string()),
     };
     // Decided again at every configuration change: a policy that denies
     // the connection now closes it, as the node proxies do.
@@ -169,16 +170,16 @@ pub async fn passthrough<T: AsyncRead + AsyncWrite + Unpin>(shared: Arc<Shared>,
         tokio::select! {
             r = &mut copy => {
                 return match r {
-                    Ok((up, down)) => log("-", &ep.to_string(), &dst, up, down, "-"),
-                    Err(e) => log("-", &ep.to_string(), &dst, 0, 0, &e.to_string()),
+                    Ok((up, down)) => log(Flag::None, &ep.to_string(), &dst, up, down, "-"),
+                    Err(e) => log(Flag::None, &ep.to_string(), &dst, 0, 0, &e.to_string()),
                 };
             }
             () = activity.stalled(idle) => {
-                return log("-", &ep.to_string(), &dst, 0, 0, &format!("closed: idle for {idle:?}"));
+                return log(Flag::None, &ep.to_string(), &dst, 0, 0, &format!("closed: idle for {idle:?}"));
             }
             Ok(()) = changes.changed() => {
                 if let Err(why) = allowed(&shared, target, peer, ep, &w) {
-                    return log("RBAC", &ep.to_string(), &dst, 0, 0, &format!("closed: the configuration changed and {why}"));
+                    return log(Flag::Rbac, &ep.to_string(), &dst, 0, 0, &format!("closed: the configuration changed and {why}"));
                 }
             }
         }
