@@ -406,7 +406,6 @@ const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/testbed/src/agent/mod.rs", "issue 38 item 4: the agent in controllers"),
     ("crates/control/src/translate/virtual_service.rs", "to split: HTTP routes, traffic policy, faults"),
     ("crates/testbed/src/sys/spawn.rs", "to split: confinement (pure) from the pre-exec steps"),
-    ("crates/cli/src/cmd/kubectl.rs", "to split: one module per verb"),
     ("crates/testbed/src/agent/store.rs", "issue 38 item 4: the objects controller takes its checks"),
     ("crates/bench/src/report/mod.rs", "to split: tables, chart and docs"),
     ("crates/control/src/translate/http_route.rs", "to split: matches, filters, backends"),
