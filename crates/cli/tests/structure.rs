@@ -407,7 +407,6 @@ const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/control/src/translate/virtual_service.rs", "to split: HTTP routes, traffic policy, faults"),
     ("crates/testbed/src/sys/spawn.rs", "to split: confinement (pure) from the pre-exec steps"),
     ("crates/testbed/src/agent/store.rs", "issue 38 item 4: the objects controller takes its checks"),
-    ("crates/bench/src/report/mod.rs", "to split: tables, chart and docs"),
     ("crates/control/src/translate/http_route.rs", "to split: matches, filters, backends"),
     ("crates/control/src/translate/network_policy.rs", "to split: Kubernetes' and Cilium's"),
     ("crates/cli/src/main.rs", "to split: the arguments of each command beside it"),

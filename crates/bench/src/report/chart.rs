@@ -5,7 +5,11 @@
 //! pure.
 
 use super::fmt::{ratio as fmt_ratio, xml};
+use super::{targets, View};
 use crate::experiment::Better;
+use crate::experiment::EXPERIMENTS;
+use crate::results::Results;
+use crate::stats::figure_id;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChartRow {
@@ -147,9 +151,35 @@ pub fn render(title: &str, scenarios: &[String], rows: &[ChartRow]) -> String {
     )
 }
 
+/// The chart's rows: every figure reported as a ratio.
+pub fn rows(r: &Results) -> Vec<ChartRow> {
+    let v = View::new(r);
+    let compared = v.compared();
+    let mut rows = Vec::new();
+    for e in EXPERIMENTS {
+        for f in e.figures().iter().filter(|f| f.ratio) {
+            let id = figure_id(e, f.key);
+            let target = targets::TARGETS.iter().find_map(|t| match t.rule {
+                targets::Rule::RatioAtLeast(x) if t.figure == id => Some(x),
+                _ => None,
+            });
+            let label = if f.unit == "ms" { format!("{e} {} ms", f.label) } else { format!("{e} {}", f.unit) };
+            rows.push(ChartRow {
+                label,
+                figure: id.clone(),
+                better: f.better,
+                ratios: compared.iter().map(|s| v.ratio(s, &id)).collect(),
+                target,
+            });
+        }
+    }
+    rows
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::report::tests::sample;
 
     /// Minimal XML well-formedness check: tags balance, attributes are
     /// quoted, no stray `<` or `&` in text. Enough for what `render` writes.
@@ -282,5 +312,21 @@ pub(crate) mod tests {
     #[test]
     fn empty_chart_is_still_an_svg() {
         well_formed(&render("no results", &[], &[])).unwrap();
+    }
+
+    #[test]
+    fn chart_has_one_bar_per_ratio_figure_and_compared_scenario() {
+        let r = sample();
+        let svg = super::super::svg(&r);
+        well_formed(&svg).unwrap();
+        let ratio_figures: usize = EXPERIMENTS.iter().map(|e| e.figures().iter().filter(|f| f.ratio).count()).sum();
+        assert_eq!(svg.matches("class=\"bar\"").count(), 3 * ratio_figures, "three compared scenarios (l4-nft, l4-ebpf, l7)");
+        let rows = rows(&r);
+        assert_eq!(rows.len(), ratio_figures);
+        let t1 = rows.iter().find(|x| x.figure == "T1.gbps").unwrap();
+        assert_eq!((t1.ratios[..2].to_vec(), t1.target), (vec![Some(0.25), Some(0.5)], Some(0.5)));
+        assert!(t1.ratios[2].is_some_and(|r| (r - 0.2).abs() < 1e-9), "l7: {:?}", t1.ratios);
+        assert!(svg.contains(">0.25×<") && svg.contains(">4.00×<"));
+        assert!(crate::scenario::find("l4-nft").is_some());
     }
 }
