@@ -403,10 +403,8 @@ const MAX_FILE_LINES: usize = 600;
 const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/control/src/index.rs", "issue 38 item 2: the index in views"),
     ("crates/control/src/run.rs", "issue 38 item 2: build-sources, build-servers, build-controllers"),
-    ("crates/testbed/src/agent/mod.rs", "issue 38 item 4: the agent in controllers"),
     ("crates/control/src/translate/virtual_service.rs", "to split: HTTP routes, traffic policy, faults"),
     ("crates/testbed/src/sys/spawn.rs", "to split: confinement (pure) from the pre-exec steps"),
-    ("crates/testbed/src/agent/store.rs", "issue 38 item 4: the objects controller takes its checks"),
     ("crates/control/src/translate/http_route.rs", "to split: matches, filters, backends"),
     ("crates/control/src/translate/network_policy.rs", "to split: Kubernetes' and Cilium's"),
     ("crates/cli/src/main.rs", "to split: the arguments of each command beside it"),

@@ -87,6 +87,39 @@ pub fn logs_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The rotation of one cluster's logs: every [`CHECK_EVERY`], each log
+/// under the state directory past [`MAX_BYTES`] is rotated.
+pub struct Rotation {
+    next_check: std::time::Instant,
+}
+
+impl Default for Rotation {
+    fn default() -> Self {
+        Rotation { next_check: std::time::Instant::now() }
+    }
+}
+
+impl Rotation {
+    /// Rotates the logs under `state_dir` that grew too large, when a check
+    /// is due.
+    pub fn tick(&mut self, state_dir: &Path) {
+        let now = std::time::Instant::now();
+        if now < self.next_check {
+            return;
+        }
+        self.next_check = now + CHECK_EVERY;
+        let mut logs = Vec::new();
+        logs_under(state_dir, 3, &mut logs);
+        for log in logs {
+            match rotate_if_large(&log, MAX_BYTES, KEEP) {
+                Ok(true) => tracing::info!(log = %log.display(), "log rotated: copied to .1 and emptied (10 MiB reached; 4 copies kept)"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(log = %log.display(), "rotating the log: {e}"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,11 +2,12 @@ use crate::common::{self, Ctx};
 use crate::examples;
 use anyhow::{bail, Context};
 use slipstream_testbed::agent::store::{ClusterFacts, Store};
+use slipstream_testbed::cluster::{self, Cluster, UpError};
 use slipstream_testbed::ipc::{Request, Response};
+use slipstream_testbed::plan;
 use slipstream_testbed::status::ClusterStatus;
-use slipstream_testbed::{plan, sweep, sys};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How big a cluster `up` builds.
 #[derive(Debug, Clone, Copy)]
@@ -58,67 +59,30 @@ pub fn run(
             .map_err(|e| anyhow::anyhow!("--ca-cert/--ca-key refused, nothing was changed: {e:#}"))?;
     }
 
-    let paths = &ctx.paths;
-    let left = sweep::find(paths);
-    if let Some(pid) = left.agent {
-        bail!(
-            "cluster {:?} is already running (agent pid {pid}); change it with `slipstream apply -f FILE`, or remove it with `slipstream down` first",
-            paths.cluster.as_str()
-        );
-    }
-    if !left.processes.is_empty() {
-        // Its agent died (kill -9, crash) but its pods and node proxies run on:
-        // sweeping would kill workloads nobody asked to stop.
-        bail!(
-            "cluster {:?} has no agent, but its workloads are still running without it ({} process(es) in its pods and node proxies); \
-             nothing was changed. See them with `slipstream status` (the agent's last recorded state); remove them with \
-             `slipstream down`, then run `slipstream up` again",
-            paths.cluster.as_str(),
-            left.processes.len()
-        );
-    }
     // From here on the machine changes: Ctrl-C (or SIGTERM, SIGHUP) rolls back.
     catch_interrupts()?;
-    if !left.is_empty() {
-        println!("removing leftovers of cluster {:?} that did not shut down cleanly: {}", paths.cluster.as_str(), left.describe());
-        let problems = sweep::sweep(paths);
-        if !problems.is_empty() {
-            bail!("cannot remove the leftovers:\n{}", problems.join("\n"));
+    let spec = cluster::Spec { nodes, control_replicas, datapath, ca_cert, ca_key, program: std::env::current_exe()? };
+    let interrupted = common::interrupted;
+    let io = cluster::Io { interrupted: &interrupted, say: &|l| println!("{l}"), warn: &|l| eprintln!("{l}") };
+    let made = match Cluster::up(&ctx.paths, &spec, &io) {
+        Ok(c) => c,
+        Err(e @ UpError::InterruptedBeforeCreating) => {
+            println!("{e}");
+            std::process::exit(130);
         }
-    }
-
-    println!("creating cluster {:?}: {nodes} node(s)", paths.cluster.as_str());
-    std::fs::create_dir_all(&paths.state_dir).with_context(|| format!("creating {}", paths.state_dir.display()))?;
-    let exe = std::env::current_exe()?.display().to_string();
-    let mut argv = vec![
-        exe,
-        "--cluster".into(),
-        paths.cluster.to_string(),
-        "agent".into(),
-        "--nodes".into(),
-        nodes.to_string(),
-        "--control-replicas".into(),
-        control_replicas.to_string(),
-        "--datapath".into(),
-        datapath.as_str().into(),
-    ];
-    for (flag, p) in [("--ca-cert", &ca_cert), ("--ca-key", &ca_key)] {
-        if let Some(p) = p {
-            let abs = std::fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display()))?;
-            argv.extend([flag.to_string(), abs.display().to_string()]);
-        }
-    }
-    if common::interrupted() {
-        println!("interrupted before the cluster was created; nothing was changed");
-        std::process::exit(130);
-    }
-    let mut agent = sys::spawn::spawn_daemon(&argv, &paths.agent_log()).context("starting the cluster agent")?;
-    match build(ctx, &mut agent, objects, timeout) {
+        // Rolled back already, saying so.
+        Err(UpError::Interrupted) => std::process::exit(130),
+        Err(e) => return Err(e.into()),
+    };
+    match build(ctx, objects, timeout) {
         Ok(st) => {
             print_next_steps(ctx, &st);
             Ok(())
         }
-        Err(_) if common::interrupted() => roll_back(ctx, &mut agent),
+        Err(_) if common::interrupted() => {
+            made.roll_back(&io);
+            std::process::exit(130)
+        }
         Err(e) => Err(e),
     }
 }
@@ -136,65 +100,8 @@ fn catch_interrupts() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Interrupted while building: remove the half-built cluster, exit 130.
-fn roll_back(ctx: &Ctx, agent: &mut std::process::Child) -> ! {
-    let paths = &ctx.paths;
-    eprintln!("interrupted: removing the half-built cluster {:?} (press Ctrl-C again to leave it as it is)", paths.cluster.as_str());
-    // Graceful first (the agent stops pods and removes the network), then by name.
-    if ctx.call(&Request::Shutdown, Duration::from_secs(5)).is_ok() {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline && !matches!(agent.try_wait(), Ok(Some(_))) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    let _ = agent.kill();
-    let _ = agent.wait();
-    let problems = sweep::sweep(paths);
-    let left = sweep::find(paths);
-    if problems.is_empty() && left.is_empty() {
-        eprintln!("cluster {:?} removed: nothing of it is left", paths.cluster.as_str());
-    } else {
-        eprintln!(
-            "some of cluster {:?} could not be removed ({}): {}; run `slipstream down`",
-            paths.cluster.as_str(),
-            left.describe(),
-            problems.join("; ")
-        );
-    }
-    std::process::exit(130);
-}
-
-/// Waits for the agent, applies the manifests, waits for the pods.
-fn build(
-    ctx: &Ctx,
-    agent: &mut std::process::Child,
-    objects: Vec<slipstream_k8s::Object>,
-    timeout: Duration,
-) -> anyhow::Result<ClusterStatus> {
-    let paths = &ctx.paths;
-
-    // Wait for the agent to have built the network and to answer.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(Some(st)) = agent.try_wait() {
-            let tail = common::log_tail(&paths.agent_log().display().to_string(), 15);
-            sweep::sweep(paths);
-            bail!("the cluster agent exited ({st}) while creating the cluster; nothing was left behind. Its log:\n{tail}");
-        }
-        if paths.socket().exists() && ctx.call(&Request::Status, Duration::from_secs(5)).is_ok() {
-            break;
-        }
-        if common::interrupted() {
-            bail!("interrupted");
-        }
-        if Instant::now() > deadline {
-            let _ = agent.kill();
-            sweep::sweep(paths);
-            bail!("the cluster agent did not come up within 60 s; see the log above");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-
+/// Applies the manifests, waits for the pods.
+fn build(ctx: &Ctx, objects: Vec<slipstream_k8s::Object>, timeout: Duration) -> anyhow::Result<ClusterStatus> {
     match ctx.call(&Request::Apply { objects }, Duration::from_secs(120))? {
         Response::Done { lines } => lines.iter().for_each(|l| println!("{l}")),
         Response::Rejected { errors } => {

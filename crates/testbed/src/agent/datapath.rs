@@ -3,10 +3,10 @@
 //! `--datapath auto` (the default) tries eBPF and says in the log why it
 //! fell back; `ebpf` fails instead of falling back; `nftables` never tries.
 
-use super::node::Node;
+use super::flows::{self, FlowLog};
 use crate::names::Paths;
 use serde::Serialize;
-use slipstream_ebpf::{Datapath, PodAttach};
+use slipstream_ebpf::PodAttach;
 use std::net::Ipv4Addr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -42,7 +42,7 @@ impl std::str::FromStr for Mode {
 
 /// The datapath that runs.
 pub enum Capture {
-    Ebpf(Datapath),
+    Ebpf(slipstream_ebpf::Datapath),
     /// With the reason when eBPF was wanted but could not run.
     Nftables {
         fallback: Option<String>,
@@ -57,7 +57,7 @@ impl Capture {
             tracing::info!("datapath: nftables capture (--datapath nftables)");
             return Ok(Capture::Nftables { fallback: None });
         }
-        match Datapath::load(&paths.bpf_dir).and_then(|mut dp| dp.attach_socket_hooks().map(|_| dp)) {
+        match slipstream_ebpf::Datapath::load(&paths.bpf_dir).and_then(|mut dp| dp.attach_socket_hooks().map(|_| dp)) {
             Ok(dp) => {
                 tracing::info!(dir = %paths.bpf_dir.display(), "datapath: eBPF (socket hooks at the cgroup2 root: capture, policy and balancing at connect(), UDP policy at sendmsg(); tc ingress on every pod: policy at the destination, inbound capture of meshed pods)");
                 Ok(Capture::Ebpf(dp))
@@ -98,7 +98,7 @@ impl Capture {
     /// (`slipstream.io/datapath: nftables`): on the eBPF datapath it gets
     /// no program at all (nftables capture if meshed; its policy is the
     /// proxy's and, outside the mesh, the nftables forward path's).
-    pub fn enrol(&mut self, key: &str, netns: &str, ip: Ipv4Addr, node: &Node, meshed: bool, nftables: bool) -> Result<(), String> {
+    pub fn enrol(&mut self, key: &str, netns: &str, ip: Ipv4Addr, node: u16, meshed: bool, nftables: bool) -> Result<(), String> {
         match self {
             Capture::Nftables { .. } => {
                 if meshed {
@@ -117,7 +117,7 @@ impl Capture {
                     crate::sys::capture::enable_ebpf_support(netns).map_err(|e| format!("capture: {e}"))?;
                 }
                 let netns_path = crate::names::netns_path(netns);
-                let p = PodAttach { key, netns: &netns_path, ip, node: node.index as u16, meshed };
+                let p = PodAttach { key, netns: &netns_path, ip, node, meshed };
                 dp.enrol(&p).map_err(|e| format!("eBPF datapath: {e}"))
             }
         }
@@ -126,7 +126,7 @@ impl Capture {
     /// Switches a running pod's capture on or off (ambient enrolment of a
     /// pod that already runs, without restarting it). Its connections open
     /// at that moment keep their path; new ones take the new one.
-    pub fn set_meshed(&mut self, key: &str, netns: &str, ip: Ipv4Addr, node: &Node, meshed: bool, nftables: bool) -> Result<(), String> {
+    pub fn set_meshed(&mut self, key: &str, netns: &str, ip: Ipv4Addr, node: u16, meshed: bool, nftables: bool) -> Result<(), String> {
         match self {
             Capture::Ebpf(_) if !nftables => self.enrol(key, netns, ip, node, meshed, nftables),
             _ if meshed => crate::sys::capture::enable(netns).map_err(|e| format!("capture: {e}")),
@@ -140,6 +140,78 @@ impl Capture {
             if let Err(e) = dp.withdraw(key, ip) {
                 tracing::warn!(pod = key, "eBPF datapath: {e}");
             }
+        }
+    }
+}
+
+/// The datapath controller: the capture in use and, on eBPF, the flow
+/// events its programs report. Started before any node proxy (they open
+/// its pinned maps); [`Datapath::remove`] takes every program, link and map
+/// of the cluster away with their pins.
+#[derive(Default)]
+pub struct Datapath {
+    pub capture: Capture,
+    /// The datapath's flow events, named (empty with nftables).
+    pub flows: FlowLog,
+}
+
+impl Default for Capture {
+    fn default() -> Self {
+        Capture::Nftables { fallback: None }
+    }
+}
+
+impl Datapath {
+    /// Chooses the datapath (`Capture::choose`) and starts reading its
+    /// flow events.
+    pub fn start(mode: Mode, paths: &Paths) -> anyhow::Result<Datapath> {
+        let capture = Capture::choose(mode, paths)?;
+        let mut flows = FlowLog::default();
+        if capture.is_ebpf() {
+            match FlowLog::start(&paths.bpf_dir) {
+                Ok(f) => flows = f,
+                Err(e) => tracing::warn!("flow events will not be recorded (`slipstream observe` shows none): {e}"),
+            }
+        }
+        Ok(Datapath { capture, flows })
+    }
+
+    /// The same services as the nftables rules, for the eBPF datapath's
+    /// connect-time balancer (pods outside the mesh go to its choice;
+    /// meshed pods' node proxies get it with the address dialed).
+    pub fn set_services(&mut self, rules: &[crate::plan::ServiceRule]) {
+        if let Capture::Ebpf(dp) = &mut self.capture {
+            let lb: Vec<_> = rules
+                .iter()
+                .filter(|r| r.protocol == slipstream_k8s::Protocol::TCP)
+                .map(|r| slipstream_ebpf::ServiceLb { vip: r.vip, port: r.port, endpoints: r.endpoints.clone() })
+                .collect();
+            if let Err(e) = dp.set_services(&lb) {
+                tracing::error!("connect-time load balancing not updated (nftables DNAT still serves): {e}");
+            }
+        }
+    }
+
+    /// Records the flow events read since the last call, naming their ends
+    /// from `names` (asked for only when there are events).
+    pub fn drain_flows(&mut self, names: impl FnOnce() -> (Vec<flows::PodName>, Vec<String>)) {
+        let events = self.flows.take();
+        if events.is_empty() {
+            return;
+        }
+        let (pods, nodes) = names();
+        self.flows.record(events, &pods, &nodes);
+    }
+
+    /// What `status` shows of it.
+    pub fn status(&self) -> crate::status::DatapathStatus {
+        crate::status::DatapathStatus { mode: self.capture.name().into(), fallback: self.capture.fallback().map(str::to_string) }
+    }
+
+    /// Removes every program, link and map of the cluster with its pins.
+    pub fn remove(paths: &Paths) {
+        if let Err(e) = slipstream_ebpf::remove_all(&paths.bpf_dir) {
+            tracing::warn!("cannot remove {}: {e}", paths.bpf_dir.display());
         }
     }
 }

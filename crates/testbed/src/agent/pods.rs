@@ -20,6 +20,8 @@ const BACKOFF_RESET: Duration = Duration::from_secs(60);
 /// of slipping through as "ready" for a few milliseconds.
 const MIN_READY: Duration = Duration::from_millis(500);
 
+use super::datapath::Capture;
+use super::enrol;
 use super::node::Node;
 
 pub struct PodRuntime {
@@ -36,11 +38,11 @@ pub struct PodRuntime {
     /// Carried by the node proxy (capture installed before containers start).
     pub meshed: bool,
     /// Its capture is on (as `meshed`, except while a running pod joins or
-    /// leaves the mesh: `Agent::sync_enrolment`).
+    /// leaves the mesh: `agent::enrol`).
     pub captured: bool,
     /// A waypoint's pod: its credential for the control plane (the
     /// kubelet's projected token), and the environment that tells it where
-    /// the control plane is (see `Agent::waypoint_env`).
+    /// the control plane is (see `waypoints::env`).
     pub workload_token: Option<String>,
     pub extra_env: Vec<(String, String)>,
 }
@@ -108,7 +110,7 @@ impl PodRuntime {
         ip: Ipv4Addr,
         meshed: bool,
         nftables: bool,
-        capture: &mut super::datapath::Capture,
+        capture: &mut Capture,
     ) -> PodRuntime {
         let netns_name = paths.pod_netns(&inst.namespace, &inst.name);
         let mut pod = PodRuntime {
@@ -128,7 +130,7 @@ impl PodRuntime {
         };
         if let Err(e) = pod.create_sandbox(node, nftables, capture) {
             tracing::error!(pod = %pod.key(), "sandbox failed: {e}");
-            capture.withdraw(&pod.datapath_key(), pod.ip);
+            enrol::release(capture, &pod.enrol_ref(nftables));
             let _ = net::delete_pod_network(&pod.netns);
             let _ = cgroup::remove_tree(&pod.cgroup);
             pod.sandbox_error = Some(e);
@@ -138,7 +140,7 @@ impl PodRuntime {
         pod
     }
 
-    fn create_sandbox(&self, node: &Node, nftables: bool, capture: &mut super::datapath::Capture) -> Result<(), String> {
+    fn create_sandbox(&self, node: &Node, nftables: bool, capture: &mut Capture) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
         cgroup::create(&self.cgroup).map_err(|e| format!("cannot create cgroup {}: {e}", self.cgroup.display()))?;
         for c in &self.containers {
@@ -150,7 +152,20 @@ impl PodRuntime {
         // Before any container runs: a meshed app never sends a byte
         // outside the mesh (if the proxy is not there, it fails closed),
         // and on the eBPF datapath every pod's connect() meets policy.
-        capture.enrol(&self.datapath_key(), &self.netns, self.ip, node, self.meshed, nftables)
+        enrol::add(capture, &self.enrol_ref(nftables), self.meshed)
+    }
+
+    /// The pod as the enrolment controller sees it (`nftables`: it stays
+    /// on nftables capture).
+    pub fn enrol_ref(&self, nftables: bool) -> enrol::PodRef {
+        enrol::PodRef {
+            name: self.key(),
+            key: self.datapath_key(),
+            netns: self.netns.clone(),
+            ip: self.ip,
+            node: self.node as u16,
+            nftables,
+        }
     }
 
     /// The pod's name on the datapath (its pinned links' directory).
@@ -187,7 +202,7 @@ impl PodRuntime {
     /// Drives a terminating pod; true once it is fully gone. Its datapath
     /// goes once its processes are gone and before its network namespace
     /// (a tc link is detached while its device still exists).
-    pub fn progress_stop(&mut self, capture: &mut super::datapath::Capture) -> bool {
+    pub fn progress_stop(&mut self, capture: &mut Capture) -> bool {
         let Some(kill_at) = self.kill_at else { return false };
         self.reap();
         let empty = cgroup::pids_recursive(&self.cgroup).is_empty();
@@ -202,7 +217,7 @@ impl PodRuntime {
                 let _ = ch.wait();
             }
         }
-        capture.withdraw(&self.datapath_key(), self.ip);
+        enrol::release(capture, &self.enrol_ref(false));
         if let Err(e) = net::delete_pod_network(&self.netns) {
             tracing::warn!(pod = %self.key(), "{e}");
         }
@@ -289,7 +304,7 @@ impl PodRuntime {
             log: Some(paths.container_log(&self.inst.namespace, &self.inst.name, &c.spec.name)),
             new_session: true,
             private_mounts: true,
-            masked_files: super::masked_files(paths),
+            masked_files: super::credentials::masked_files(paths),
             cgroup_signaller: Some(std::process::id() as i32),
         };
         let key = self.key();
@@ -369,7 +384,7 @@ impl PodRuntime {
             log: Some(PathBuf::from("/dev/null")),
             new_session: true,
             private_mounts: true,
-            masked_files: super::masked_files(paths),
+            masked_files: super::credentials::masked_files(paths),
             cgroup_signaller: Some(std::process::id() as i32),
         };
         let c = &mut self.containers[i];

@@ -87,7 +87,7 @@ struct State {
     vips: Vips,
 }
 
-/// The agent's state for `CLUSTER_YAML` as `Agent::reconcile` builds it,
+/// The agent's state for `CLUSTER_YAML` as `kubelet::Kubelet::reconcile` builds it,
 /// without sandboxes (no root needed): pods placed and addressed by the
 /// same planning functions, meshed-ness decided at creation as the agent
 /// does. Runtime pods have no containers here (those are private to
