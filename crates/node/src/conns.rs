@@ -139,6 +139,16 @@ impl Conns {
     }
 }
 
+/// What a drain cancels at its deadline: every connection still open.
+impl slipstream_hbone::drain::Rest for Conns {
+    fn open(&self) -> usize {
+        self.len()
+    }
+    fn cancel(&self) -> usize {
+        self.cancel_all(Cancelled::Drained)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@
 //! cancelled and closes itself with `CONNECTION_TERMINATED`; after the
 //! short force period the drain is over whatever is left.
 
-use crate::conns::{Cancelled, Conns};
+use crate::conns::Conns;
 use crate::ready::PodState;
 use crate::sockets::Listener;
 use crate::state::{LocalPod, Shared};
@@ -173,27 +173,19 @@ impl InPod {
     }
 }
 
-/// Drains one pod: returns how many connections were cancelled at the end
-/// of the grace period, and how many were still open after the force period.
+/// Drains one pod with the drain every proxy uses
+/// (`slipstream_hbone::drain`): closed at once, its connections given the
+/// grace period, the rest cancelled. Returns how many connections were
+/// cancelled at the end of the grace period, and how many were still open
+/// after the force period.
 async fn drain_pod(uid: String, r: Running, grace: Duration, force: Duration) -> (usize, usize) {
-    let servers = tokio::spawn(r.drain.drain(grace));
-    let conns = r.conns;
-    let deadline = tokio::time::Instant::now() + grace;
-    wait_empty(&conns, deadline).await;
-    let cancelled = if conns.is_empty() { 0 } else { conns.cancel_all(Cancelled::Drained) };
+    r.drain.shut(grace);
+    let cancelled = r.drain.until_deadline(&*r.conns).await;
     if cancelled > 0 {
         tracing::info!(pod = %uid, cancelled, "drain grace period over: closing the connections still open");
     }
-    wait_empty(&conns, tokio::time::Instant::now() + force).await;
-    let _ = tokio::time::timeout(force, servers).await;
-    (cancelled, conns.len())
-}
-
-/// Returns when `conns` is empty or at `deadline`.
-async fn wait_empty(conns: &Conns, deadline: tokio::time::Instant) {
-    while !conns.is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let drained = r.drain.settle(force, &*r.conns).await;
+    (cancelled, drained.left)
 }
 
 /// Accepts until the drain starts; each connection goes to `f`.

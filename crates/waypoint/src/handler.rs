@@ -7,6 +7,7 @@ use crate::plan::{self, Target};
 use crate::Shared;
 use futures_util::future::BoxFuture;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use slipstream_hbone::drain::Stage;
 use slipstream_hbone::{
     Admission, AdmissionRefused, Handler, HandshakeFailureKind, HboneError, InPlace, InboundRequest, ResponseFlag, Upstream,
 };
@@ -239,7 +240,7 @@ async fn serve(shared: Arc<Shared>, mut io: slipstream_hbone::TunnelStream, targ
     }
     let io = TokioIo::new(io);
     let target = Arc::new(target);
-    let mut stage = shared.drain.subscribe();
+    let mut stage = shared.drain.watch();
     let (log_shared, log_target, log_peer) = (shared.clone(), target.clone(), peer.clone());
     let service = hyper::service::service_fn(move |req| crate::proxy::handle(shared.clone(), target.clone(), peer.clone(), req));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -271,13 +272,12 @@ async fn serve(shared: Arc<Shared>, mut io: slipstream_hbone::TunnelStream, targ
                 }
                 return;
             }
-            Ok(()) = stage.changed(), if !shut => {
+            Some(now) = stage.changed(), if !shut => {
                 // HTTP/2: GOAWAY at once (the client opens its next streams
                 // elsewhere, open ones finish). HTTP/1: each answer closes
                 // its connection (`proxy::handle`) until idle ones are
                 // closed too, at the end of the drain.
-                let now = *stage.borrow_and_update();
-                if now == crate::Drain::Closed || (h2 && now >= crate::Drain::Closing) {
+                if now == Stage::Closed || (h2 && now >= Stage::Closing) {
                     conn.as_mut().graceful_shutdown();
                     shut = true;
                 }

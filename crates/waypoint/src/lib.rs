@@ -68,19 +68,6 @@ pub struct Settings {
     pub fairness: fair::Fairness,
 }
 
-/// How far a graceful stop has gone (docs/waypoint.md, "Restarts").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Drain {
-    /// Taking and serving everything.
-    Serving,
-    /// Not ready; new tunnels still served, but every HTTP/1 answer says
-    /// `connection: close` and an HTTP/2 client is sent GOAWAY, so callers
-    /// move to another replica between requests, not in the middle of one.
-    Closing,
-    /// Idle HTTP connections closed too; what is in flight finishes.
-    Closed,
-}
-
 /// Routes by service key (`namespace/hostname`).
 pub type Routes = HashMap<String, Arc<ServiceRoutes>>;
 
@@ -127,8 +114,13 @@ pub struct Shared {
     strikes: fair::Strikes,
     /// Token buckets of the LocalRateLimitPolicies, by (policy, service).
     buckets: std::sync::Mutex<HashMap<(String, String), slipstream_core::bucket::TokenBucket>>,
-    /// The graceful stop's stage.
-    drain: tokio::sync::watch::Sender<Drain>,
+    /// The graceful stop (docs/waypoint.md, "Restarts"): the drain the
+    /// node proxy uses too. Closing: every HTTP/1 answer says
+    /// `connection: close` and HTTP/2 clients get GOAWAY, so callers move
+    /// to another replica between requests; Closed: the listener and idle
+    /// connections closed, what is in flight finishes. Each tunnel watches
+    /// it, and the drain waits for them.
+    drain: slipstream_hbone::drain::DrainTrigger,
     /// Bumped at every configuration change: connections passed through
     /// as TCP are decided again (a policy change may deny them now).
     generation: tokio::sync::watch::Sender<u64>,
@@ -323,7 +315,7 @@ impl Waypoint {
                 mirror_shares,
                 strikes,
                 workload_policies: ArcSwap::from_pointee(HashMap::new()),
-                drain: tokio::sync::watch::Sender::new(Drain::Serving),
+                drain: slipstream_hbone::drain::DrainTrigger::new(),
                 generation: tokio::sync::watch::Sender::new(0),
             }),
         }
@@ -373,16 +365,11 @@ impl Waypoint {
         self.shared.generation.send_modify(|g| *g += 1);
     }
 
-    /// Moves the graceful stop on (never back): tunnels and requests
-    /// already open see it at once.
-    pub fn drain(&self, stage: Drain) {
-        self.shared.drain.send_if_modified(|s| {
-            let later = stage > *s;
-            if later {
-                *s = stage;
-            }
-            later
-        });
+    /// The graceful stop, shared with the HBONE server (its listener
+    /// watches it too): moved on by `run` on SIGTERM, never back; tunnels
+    /// and requests already open see each stage at once.
+    pub fn drain(&self) -> &slipstream_hbone::drain::DrainTrigger {
+        &self.shared.drain
     }
 
     /// Its request metrics (Prometheus text with [`metrics::Metrics::render`]).

@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use slipstream_core::route::{Filters, RequestView, ServiceRoutes};
 use slipstream_core::SpiffeId;
+use slipstream_hbone::drain::Stage;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -198,7 +199,7 @@ pub async fn handle(
     let mut response = a.response;
     // Draining: an HTTP/1 client's next request goes to another replica
     // (hyper closes the connection once this answer is sent).
-    if version < http::Version::HTTP_2 && *shared.drain.borrow() >= crate::Drain::Closing {
+    if version < http::Version::HTTP_2 && shared.drain.stage() >= Stage::Closing {
         response.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
     Ok(response.map(|b| Counted::new(b, Tally::default(), Some(pending)).boxed()))

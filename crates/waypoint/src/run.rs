@@ -213,8 +213,7 @@ pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
     let tls = ServerTls::following(&trust, td)?;
     let server =
         Server::new(listener, tls, Arc::new(OwnCert { certs: certs.clone(), id: id.clone() }), wp.handler(), ServerConfig::default());
-    let (drain_trigger, drain) = slipstream_hbone::drain::channel();
-    tokio::spawn(server.serve(drain));
+    tokio::spawn(server.serve(wp.drain().watch()));
     // Installed before anything can take traffic: a SIGTERM from then on drains.
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -252,12 +251,17 @@ pub async fn run(args: WaypointArgs) -> anyhow::Result<()> {
         drain_duration = ?args.drain_duration,
         "SIGTERM: draining: not ready; new tunnels still served; HTTP/1 answers close their connections, HTTP/2 clients sent GOAWAY"
     );
-    wp.drain(crate::Drain::Closing);
+    // The node proxy's drain, with its Closing period: nothing of the
+    // waypoint's own to cancel at the deadline (the HBONE server closes
+    // its connections then), half a second more for them to go.
+    let drain = wp.drain();
+    drain.close();
     tokio::time::sleep(args.drain_duration).await;
-    wp.drain(crate::Drain::Closed);
+    drain.shut(args.drain_grace);
     tracing::info!(grace = ?args.drain_grace, "drain duration over: listener closed, idle connections closed, requests in flight may finish");
-    let done = tokio::time::timeout(args.drain_grace + Duration::from_millis(500), drain_trigger.drain(args.drain_grace)).await;
-    tracing::info!(complete = done.is_ok(), "drained; exiting");
+    drain.until_deadline(&()).await;
+    let done = drain.settle(Duration::from_millis(500), &()).await;
+    tracing::info!(complete = done.complete, "drained; exiting");
     Ok(())
 }
 

@@ -895,7 +895,6 @@ async fn a_pods_own_policies_hold_at_the_waypoint_when_it_is_reached_by_its_addr
 /// HTTP/1 connection is closed too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_waypoint_moves_clients_between_requests() {
-    use slipstream_waypoint::Drain;
     let (m, _node2, wp, _cfg) = mesh(103).await;
     let dst = SocketAddr::new(m.ip(9, 1), APP_PORT);
     let h1 = || async {
@@ -928,7 +927,7 @@ async fn a_draining_waypoint_moves_clients_between_requests() {
     assert_eq!(r.headers().get("grpc-status").map(|v| v.as_bytes()), Some(&b"12"[..]), "{:?}", r.headers());
     r.into_body().collect().await.unwrap();
 
-    wp.drain(Drain::Closing);
+    wp.drain().close();
     // HTTP/2: GOAWAY, the connection ends without a request failing.
     tokio::time::timeout(Duration::from_secs(5), h2_conn).await.expect("GOAWAY ends the HTTP/2 connection").unwrap().unwrap();
     // HTTP/1: answered, with `connection: close`, then closed.
@@ -947,10 +946,10 @@ async fn a_draining_waypoint_moves_clients_between_requests() {
     // The idle connection stays open until the drain's end.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!idle_conn.is_finished(), "an idle connection is not closed while Closing (its next request may be on the way)");
-    wp.drain(Drain::Closed);
+    wp.drain().shut(Duration::from_secs(5));
     tokio::time::timeout(Duration::from_secs(5), idle_conn).await.expect("closed at Closed").unwrap().unwrap();
     // Never back: a stage once reached stays.
-    wp.drain(Drain::Serving);
+    assert!(!wp.drain().close());
     let (mut after, _) = h1().await;
     if let Ok(r) = after.send_request(req()).await {
         assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
