@@ -73,21 +73,50 @@ fn waypoint_of(svc: &Value, namespaces: &BTreeMap<String, BTreeMap<String, Strin
     label.filter(|w| w != "none" && !w.is_empty())
 }
 
+/// What every check reads: the objects, the namespace asked about, the
+/// namespaces' labels, the pods and the services.
+struct View<'a> {
+    all: &'a [Value],
+    only: Option<&'a str>,
+    namespaces: BTreeMap<String, Labels>,
+    pods: Vec<&'a Value>,
+    services: Vec<&'a Value>,
+}
+
+impl<'a> View<'a> {
+    fn new(all: &'a [Value], only: Option<&'a str>) -> Self {
+        let namespaces = of(all, "Namespace").map(|n| (name(n).to_string(), labels(n, "/metadata/labels"))).collect();
+        View { all, only, namespaces, pods: of(all, "Pod").collect(), services: of(all, "Service").collect() }
+    }
+
+    /// In the namespace asked about (or any, when none is).
+    fn in_scope(&self, o: &Value) -> bool {
+        self.only.is_none_or(|n| ns(o) == n)
+    }
+}
+
 /// The problems of the configuration `all` (every object, as `get -o json`
 /// gives them), in namespace `only` or everywhere.
 pub fn analyze(all: &[Value], only: Option<&str>) -> Vec<Message> {
+    let v = View::new(all, only);
     let mut out = Vec::new();
-    let in_scope = |o: &Value| only.is_none_or(|n| ns(o) == n);
-    let namespaces: BTreeMap<String, BTreeMap<String, String>> =
-        of(all, "Namespace").map(|n| (name(n).to_string(), labels(n, "/metadata/labels"))).collect();
-    let pods: Vec<&Value> = of(all, "Pod").collect();
-    let services: Vec<&Value> = of(all, "Service").collect();
+    port_names(&v, &mut out);
+    subsets(&v, &mut out);
+    unused_waypoints(&v, &mut out);
+    l7_without_waypoint(&v, &mut out);
+    out.sort_by(|a, b| b.level.cmp(&a.level).then(a.object.cmp(&b.object)));
+    out
+}
 
+/// IST0118: ports a waypoint cannot tell the protocol of.
+fn port_names(v: &View, out: &mut Vec<Message>) {
+    let (namespaces, services) = (&v.namespaces, &v.services);
+    let in_scope = |o: &Value| v.in_scope(o);
     // IST0118: a service whose traffic a waypoint routes, with a port whose
     // protocol neither its name nor appProtocol says.
     const PREFIXES: &[&str] = &["http", "http2", "https", "grpc", "grpc-web", "tcp", "tls", "mongo", "mysql", "redis", "udp"];
     for s in services.iter().filter(|s| in_scope(s)) {
-        if waypoint_of(s, &namespaces).is_none() || name(s) == "waypoint" {
+        if waypoint_of(s, namespaces).is_none() || name(s) == "waypoint" {
             continue;
         }
         for p in s["spec"]["ports"].as_array().into_iter().flatten() {
@@ -110,7 +139,12 @@ pub fn analyze(all: &[Value], only: Option<&str>) -> Vec<Message> {
             });
         }
     }
+}
 
+/// IST0101 / SLP0002: subsets no DestinationRule defines, or that select no pod.
+fn subsets(v: &View, out: &mut Vec<Message>) {
+    let (all, pods, services) = (v.all, &v.pods, &v.services);
+    let in_scope = |o: &Value| v.in_scope(o);
     // IST0101 / SLP0002: VirtualService destinations whose subset no
     // DestinationRule defines, or defines with labels no pod has.
     let mut subsets: BTreeMap<String, Vec<(String, Labels)>> = BTreeMap::new();
@@ -163,7 +197,12 @@ pub fn analyze(all: &[Value], only: Option<&str>) -> Vec<Message> {
             }
         }
     }
+}
 
+/// SLP0003: waypoints nothing is bound to.
+fn unused_waypoints(v: &View, out: &mut Vec<Message>) {
+    let (all, namespaces, pods, services) = (v.all, &v.namespaces, &v.pods, &v.services);
+    let in_scope = |o: &Value| v.in_scope(o);
     // SLP0003: a waypoint that nothing is bound to.
     for gw in of(all, "Gateway").filter(|g| in_scope(g) && g["spec"]["gatewayClassName"] == "istio-waypoint") {
         let wname = name(gw);
@@ -186,7 +225,12 @@ pub fn analyze(all: &[Value], only: Option<&str>) -> Vec<Message> {
             });
         }
     }
+}
 
+/// SLP0001: L7 rules on pods no waypoint serves.
+fn l7_without_waypoint(v: &View, out: &mut Vec<Message>) {
+    let (all, namespaces, pods, services) = (v.all, &v.namespaces, &v.pods, &v.services);
+    let in_scope = |o: &Value| v.in_scope(o);
     // SLP0001: a selector (or namespace-wide) AuthorizationPolicy with L7
     // rules on pods that no waypoint serves: the node proxies enforce it
     // with the L4 fail-safe meaning.
@@ -209,7 +253,7 @@ pub fn analyze(all: &[Value], only: Option<&str>) -> Vec<Message> {
             services.iter().any(|s| {
                 ns(s) == ns(p) && {
                     let ssel = labels(s, "/spec/selector");
-                    !ssel.is_empty() && selects(&ssel, &labels(p, "/metadata/labels")) && waypoint_of(s, &namespaces).is_some()
+                    !ssel.is_empty() && selects(&ssel, &labels(p, "/metadata/labels")) && waypoint_of(s, namespaces).is_some()
                 }
             })
         };
@@ -227,8 +271,6 @@ pub fn analyze(all: &[Value], only: Option<&str>) -> Vec<Message> {
             });
         }
     }
-    out.sort_by(|a, b| b.level.cmp(&a.level).then(a.object.cmp(&b.object)));
-    out
 }
 
 /// `analyze [-n NS | -A] [-o log|json]`: exit code 79 with an Error, as

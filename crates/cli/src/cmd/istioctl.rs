@@ -114,133 +114,157 @@ pub fn run(ctx: &Ctx, cmd: XCommand) -> anyhow::Result<()> {
     let XCommand::Waypoint(cmd) = cmd;
     match cmd {
         WaypointCommand::Apply { namespace, name, for_, enroll_namespace, overwrite, timeout } => {
-            common::require_root("x waypoint apply")?;
-            let gw = gateway(&namespace, &name, &for_).map_err(anyhow::Error::msg)?;
-            let all = objects(ctx)?;
-            if !all.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == namespace.as_str()) {
-                bail!("namespace {namespace:?} not found");
-            }
-            if waypoints(&all).any(|o| o["metadata"]["name"] == name.as_str() && o["metadata"]["namespace"] == namespace.as_str())
-                && !overwrite
-            {
-                bail!("waypoint {namespace}/{name} already exists (use --overwrite to replace it)");
-            }
-            let object: slipstream_k8s::Object =
-                slipstream_k8s::load_str(&serde_json::to_string(&gw)?, &slipstream_k8s::Source("istioctl".into()))
-                    .map_err(|e| anyhow::anyhow!("{e}"))?
-                    .remove(0)
-                    .object;
-            match ctx.call(&Request::Apply { objects: vec![object.clone()] }, Duration::from_secs(30))? {
-                Response::Done { .. } => {}
-                Response::Rejected { errors } => bail!("{}", errors.join("\n")),
-                other => bail!("unexpected answer from the agent: {other:?}"),
-            }
-            common::wait_converged(ctx, timeout, true, &common::Scope::of(&[object]))?;
-            println!("waypoint {namespace}/{name} applied");
-            if enroll_namespace {
-                let req = Request::Label {
-                    kind: "Namespace".into(),
-                    namespace: String::new(),
-                    name: namespace.clone(),
-                    changes: vec![("istio.io/use-waypoint".into(), Some(name.clone()))],
-                    overwrite: true,
-                    annotate: false,
-                };
-                match ctx.call(&req, Duration::from_secs(30))? {
-                    Response::Done { .. } => println!("namespace {namespace} labeled with \"istio.io/use-waypoint: {name}\""),
-                    Response::Rejected { errors } => bail!("{}", errors.join("\n")),
-                    other => bail!("unexpected answer from the agent: {other:?}"),
-                }
-            }
-            crate::cmd::proxy_status::wait_acked_quietly(ctx, Duration::from_secs(30))
+            apply(ctx, namespace, name, &for_, enroll_namespace, overwrite, timeout)
         }
-        WaypointCommand::List { namespace, all_namespaces } => {
-            let all = objects(ctx)?;
-            let mut rows = vec![vec!["NAME".to_string(), "REVISION".into(), "PROGRAMMED".into()]];
-            if all_namespaces {
-                rows[0].insert(0, "NAMESPACE".into());
-            }
-            for w in waypoints(&all).filter(|w| all_namespaces || w["metadata"]["namespace"] == namespace.as_str()) {
-                let (ns, n) = (w["metadata"]["namespace"].as_str().unwrap_or(""), w["metadata"]["name"].as_str().unwrap_or(""));
-                let mut r = vec![n.to_string(), "default".into(), if programmed(w) { "True" } else { "False" }.into()];
-                if all_namespaces {
-                    r.insert(0, ns.to_string());
-                }
-                rows.push(r);
-            }
-            if rows.len() == 1 {
-                println!("No waypoints found.");
-            } else {
-                println!("{}", crate::cmd::kubectl::table(&rows));
-            }
-            Ok(())
-        }
-        WaypointCommand::Status { namespace, name } => {
-            let all = objects(ctx)?;
-            let Some(w) =
-                waypoints(&all).find(|w| w["metadata"]["name"] == name.as_str() && w["metadata"]["namespace"] == namespace.as_str())
-            else {
-                bail!("waypoint {namespace}/{name} not found");
-            };
-            let ok = programmed(w);
-            let for_ = w["metadata"]["labels"]["istio.io/waypoint-for"].as_str().unwrap_or("service");
-            // The services bound to it, as their istio.io/WaypointBound
-            // condition says (the control plane's binding, every label and
-            // rule of it), and those waiting for it to be ready.
-            use slipstream_control::gateway::status as st;
-            let bound = st::bound_message(&namespace, &name);
-            let waiting = st::refused_message(&namespace, &name, &slipstream_control::translate::waypoint::NotBound::NotReady);
-            let services: Vec<String> = all
-                .iter()
-                .filter(|o| o["kind"] == "Service")
-                .filter(|o| condition_true(o, st::WAYPOINT_BOUND, Some(&bound)) || has_condition_message(o, st::WAYPOINT_BOUND, &waiting))
-                .map(|o| {
-                    let (ns, n) = (o["metadata"]["namespace"].as_str().unwrap_or(""), o["metadata"]["name"].as_str().unwrap_or(""));
-                    if ns == namespace {
-                        n.to_string()
-                    } else {
-                        format!("{ns}/{n}")
-                    }
-                })
-                .collect();
-            let rows = vec![
-                vec!["NAMESPACE".to_string(), "NAME".into(), "FOR".into(), "STATUS".into(), "BOUND SERVICES".into()],
-                vec![
-                    namespace.clone(),
-                    name.clone(),
-                    for_.to_string(),
-                    if ok { "Programmed" } else { "NotProgrammed (no ready pod)" }.into(),
-                    if services.is_empty() { "<none>".into() } else { services.join(",") },
-                ],
-            ];
-            println!("{}", crate::cmd::kubectl::table(&rows));
-            Ok(())
-        }
-        WaypointCommand::Delete { names, namespace, all } => {
-            common::require_root("x waypoint delete")?;
-            let existing = objects(ctx)?;
-            let names: Vec<String> = if all {
-                waypoints(&existing)
-                    .filter(|w| w["metadata"]["namespace"] == namespace.as_str())
-                    .filter_map(|w| w["metadata"]["name"].as_str().map(String::from))
-                    .collect()
-            } else if names.is_empty() {
-                vec!["waypoint".into()]
-            } else {
-                names
-            };
-            let keys: Vec<slipstream_k8s::ObjectKey> = names
-                .iter()
-                .map(|n| slipstream_k8s::ObjectKey { kind: "Gateway".into(), namespace: namespace.clone(), name: n.clone() })
-                .collect();
-            match ctx.call(&Request::Delete { keys: keys.clone(), ignore_not_found: false }, Duration::from_secs(60))? {
-                Response::Done { .. } => names.iter().for_each(|n| println!("waypoint {namespace}/{n} deleted")),
-                Response::Rejected { errors } => bail!("{}", errors.join("\n")),
-                other => bail!("unexpected answer from the agent: {other:?}"),
-            }
-            Ok(())
-        }
+        WaypointCommand::List { namespace, all_namespaces } => list(ctx, &namespace, all_namespaces),
+        WaypointCommand::Status { namespace, name } => status(ctx, namespace, name),
+        WaypointCommand::Delete { names, namespace, all } => delete(ctx, names, namespace, all),
     }
+}
+
+/// `x waypoint apply`: the Gateway applied, its pod ready, and (with
+/// `--enroll-namespace`) the namespace labeled to use it.
+fn apply(
+    ctx: &Ctx,
+    namespace: String,
+    name: String,
+    for_: &str,
+    enroll_namespace: bool,
+    overwrite: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    common::require_root("x waypoint apply")?;
+    let gw = gateway(&namespace, &name, for_).map_err(anyhow::Error::msg)?;
+    let all = objects(ctx)?;
+    if !all.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == namespace.as_str()) {
+        bail!("namespace {namespace:?} not found");
+    }
+    if waypoints(&all).any(|o| o["metadata"]["name"] == name.as_str() && o["metadata"]["namespace"] == namespace.as_str()) && !overwrite {
+        bail!("waypoint {namespace}/{name} already exists (use --overwrite to replace it)");
+    }
+    let object: slipstream_k8s::Object = slipstream_k8s::load_str(&serde_json::to_string(&gw)?, &slipstream_k8s::Source("istioctl".into()))
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .remove(0)
+        .object;
+    match ctx.call(&Request::Apply { objects: vec![object.clone()] }, Duration::from_secs(30))? {
+        Response::Done { .. } => {}
+        Response::Rejected { errors } => bail!("{}", errors.join("\n")),
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+    common::wait_converged(ctx, timeout, true, &common::Scope::of(&[object]))?;
+    println!("waypoint {namespace}/{name} applied");
+    if enroll_namespace {
+        enroll(ctx, &namespace, &name)?;
+    }
+    crate::cmd::proxy_status::wait_acked_quietly(ctx, Duration::from_secs(30))
+}
+
+/// `--enroll-namespace`: the namespace labeled `istio.io/use-waypoint=NAME`.
+fn enroll(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Result<()> {
+    let req = Request::Label {
+        kind: "Namespace".into(),
+        namespace: String::new(),
+        name: namespace.to_string(),
+        changes: vec![("istio.io/use-waypoint".into(), Some(name.to_string()))],
+        overwrite: true,
+        annotate: false,
+    };
+    match ctx.call(&req, Duration::from_secs(30))? {
+        Response::Done { .. } => println!("namespace {namespace} labeled with \"istio.io/use-waypoint: {name}\""),
+        Response::Rejected { errors } => bail!("{}", errors.join("\n")),
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+    Ok(())
+}
+
+/// `x waypoint list`.
+fn list(ctx: &Ctx, namespace: &str, all_namespaces: bool) -> anyhow::Result<()> {
+    let all = objects(ctx)?;
+    let mut rows = vec![vec!["NAME".to_string(), "REVISION".into(), "PROGRAMMED".into()]];
+    if all_namespaces {
+        rows[0].insert(0, "NAMESPACE".into());
+    }
+    for w in waypoints(&all).filter(|w| all_namespaces || w["metadata"]["namespace"] == namespace) {
+        let (ns, n) = (w["metadata"]["namespace"].as_str().unwrap_or(""), w["metadata"]["name"].as_str().unwrap_or(""));
+        let mut r = vec![n.to_string(), "default".into(), if programmed(w) { "True" } else { "False" }.into()];
+        if all_namespaces {
+            r.insert(0, ns.to_string());
+        }
+        rows.push(r);
+    }
+    if rows.len() == 1 {
+        println!("No waypoints found.");
+    } else {
+        println!("{}", crate::cmd::kubectl::table(&rows));
+    }
+    Ok(())
+}
+
+/// `x waypoint status`: whether it is programmed, and the services bound
+/// to it (or waiting for it).
+fn status(ctx: &Ctx, namespace: String, name: String) -> anyhow::Result<()> {
+    let all = objects(ctx)?;
+    let Some(w) = waypoints(&all).find(|w| w["metadata"]["name"] == name.as_str() && w["metadata"]["namespace"] == namespace.as_str())
+    else {
+        bail!("waypoint {namespace}/{name} not found");
+    };
+    let ok = programmed(w);
+    let for_ = w["metadata"]["labels"]["istio.io/waypoint-for"].as_str().unwrap_or("service");
+    // The services bound to it, as their istio.io/WaypointBound
+    // condition says (the control plane's binding, every label and
+    // rule of it), and those waiting for it to be ready.
+    use slipstream_control::gateway::status as st;
+    let bound = st::bound_message(&namespace, &name);
+    let waiting = st::refused_message(&namespace, &name, &slipstream_control::translate::waypoint::NotBound::NotReady);
+    let services: Vec<String> = all
+        .iter()
+        .filter(|o| o["kind"] == "Service")
+        .filter(|o| condition_true(o, st::WAYPOINT_BOUND, Some(&bound)) || has_condition_message(o, st::WAYPOINT_BOUND, &waiting))
+        .map(|o| {
+            let (ns, n) = (o["metadata"]["namespace"].as_str().unwrap_or(""), o["metadata"]["name"].as_str().unwrap_or(""));
+            if ns == namespace {
+                n.to_string()
+            } else {
+                format!("{ns}/{n}")
+            }
+        })
+        .collect();
+    let rows = vec![
+        vec!["NAMESPACE".to_string(), "NAME".into(), "FOR".into(), "STATUS".into(), "BOUND SERVICES".into()],
+        vec![
+            namespace.clone(),
+            name.clone(),
+            for_.to_string(),
+            if ok { "Programmed" } else { "NotProgrammed (no ready pod)" }.into(),
+            if services.is_empty() { "<none>".into() } else { services.join(",") },
+        ],
+    ];
+    println!("{}", crate::cmd::kubectl::table(&rows));
+    Ok(())
+}
+
+/// `x waypoint delete`: by name, or `--all` of the namespace.
+fn delete(ctx: &Ctx, names: Vec<String>, namespace: String, all: bool) -> anyhow::Result<()> {
+    common::require_root("x waypoint delete")?;
+    let existing = objects(ctx)?;
+    let names: Vec<String> = if all {
+        waypoints(&existing)
+            .filter(|w| w["metadata"]["namespace"] == namespace.as_str())
+            .filter_map(|w| w["metadata"]["name"].as_str().map(String::from))
+            .collect()
+    } else if names.is_empty() {
+        vec!["waypoint".into()]
+    } else {
+        names
+    };
+    let keys: Vec<slipstream_k8s::ObjectKey> =
+        names.iter().map(|n| slipstream_k8s::ObjectKey { kind: "Gateway".into(), namespace: namespace.clone(), name: n.clone() }).collect();
+    match ctx.call(&Request::Delete { keys: keys.clone(), ignore_not_found: false }, Duration::from_secs(60))? {
+        Response::Done { .. } => names.iter().for_each(|n| println!("waypoint {namespace}/{n} deleted")),
+        Response::Rejected { errors } => bail!("{}", errors.join("\n")),
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
