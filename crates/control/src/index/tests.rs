@@ -2,9 +2,11 @@
 
 use super::*;
 use crate::objects::ClusterObject;
+use crate::resources::ResourceKey;
 use crate::translate::parse_manifests;
 use slipstream_core::policy::{Action, Scope};
 use slipstream_core::WorkloadType;
+use slipstream_core::{NetworkAddress, Port, Service, TunnelProtocol, Workload, WorkloadStatus};
 
 fn settings() -> IndexSettings {
     IndexSettings { cluster_id: "c1".into(), ..Default::default() }
