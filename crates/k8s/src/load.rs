@@ -150,102 +150,25 @@ pub fn load_str_with(text: &str, source: &Source, mode: FieldValidation) -> Resu
 /// Kinds without a namespace (kubectl's `-n` does not apply to them).
 const CLUSTER_SCOPED: &[&str] = &["Namespace", "ClusterRole", "ClusterRoleBinding", "GatewayClass", "CustomResourceDefinition"];
 
+/// `load_str_with` under kubectl's `-n`: objects without a namespace get
+/// `namespace`, objects naming another one are refused.
 pub fn load_str_in(text: &str, source: &Source, mode: FieldValidation, namespace: Option<&str>) -> Result<Vec<Loaded>, ManifestErrors> {
     let mut out = Vec::new();
     let mut errors = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let document = i + 1;
-        let err = |object: Option<String>, field: &str, message: String| ManifestError {
-            source: source.0.clone(),
-            document,
-            object,
-            field: field.to_string(),
-            message,
-        };
-        let value = match serde_yaml::Value::deserialize(doc) {
-            Ok(v) => v,
-            Err(e) => {
-                errors.push(err(None, "", format!("not valid YAML: {e}")));
+        let at = At { source, document: i + 1 };
+        match read_document(doc) {
+            Document::Empty => {}
+            Document::Broken(message) => {
+                errors.push(at.err(None, "", message));
                 // The YAML stream cannot be resynchronised after a syntax error.
                 break;
             }
-        };
-        if value.is_null() {
-            continue;
-        }
-        let value: serde_json::Value = match serde_json::to_value(&value) {
-            Ok(v) => v,
-            Err(e) => {
-                errors.push(err(None, "", format!("cannot be represented as JSON: {e}")));
-                continue;
-            }
-        };
-        let items = if value.get("kind").and_then(|k| k.as_str()) == Some("List") {
-            match value.get("items").and_then(|i| i.as_array()) {
-                Some(items) => items.clone(),
-                None => {
-                    errors.push(err(None, "items", "a List needs an `items` array".into()));
-                    continue;
+            Document::Refused { field, message } => errors.push(at.err(None, field, message)),
+            Document::Items(items) => {
+                for value in items {
+                    load_item(&at, value, mode, namespace, &mut out, &mut errors);
                 }
-            }
-        } else {
-            vec![value]
-        };
-        for mut value in items {
-            let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
-            if let (Some(ns), false) = (namespace, CLUSTER_SCOPED.contains(&kind.as_str())) {
-                let given = value.pointer("/metadata/namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty()).map(String::from);
-                match given {
-                    Some(g) if g != ns => {
-                        let name = value.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or("").to_string();
-                        errors.push(err(
-                            Some(format!("{kind} {g}/{name}")),
-                            "metadata.namespace",
-                            format!("the namespace from the provided object \"{g}\" does not match the namespace \"{ns}\". You must pass '--namespace={g}' to perform this operation."),
-                        ));
-                        continue;
-                    }
-                    Some(_) => {}
-                    None => {
-                        if let Some(m) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-                            m.insert("namespace".into(), serde_json::Value::String(ns.to_string()));
-                        }
-                    }
-                }
-            }
-            let fields = strict::check(&kind, &value);
-            match object_from_value(value) {
-                Ok((object, warnings)) => {
-                    let label = describe(&object);
-                    let mut unknown = Vec::new();
-                    let mut warnings = warnings;
-                    for path in fields.unknown {
-                        match mode {
-                            FieldValidation::Strict => unknown.push(err(
-                                Some(label.clone()),
-                                &path,
-                                "unknown field (Kubernetes has no such field; check its spelling, or apply with --validate=warn to drop it)".into(),
-                            )),
-                            FieldValidation::Warn => warnings.push(format!("{label}: {path}: unknown field, dropped")),
-                            FieldValidation::Ignore => {}
-                        }
-                    }
-                    warnings.extend(fields.ignored.iter().map(|p| format!("{label}: {p}: ignored by the local cluster")));
-                    match validate::validate(&object) {
-                        Ok(w) if unknown.is_empty() => {
-                            warnings.extend(w.into_iter().map(|w| format!("{label}: {w}")));
-                            out.push(Loaded { object, source: source.0.clone(), document, warnings })
-                        }
-                        Ok(_) => errors.append(&mut unknown),
-                        Err(fes) => {
-                            errors.append(&mut unknown);
-                            for fe in fes {
-                                errors.push(err(Some(label.clone()), &fe.field, fe.message));
-                            }
-                        }
-                    }
-                }
-                Err((object, field, message)) => errors.push(err(object, &field, message)),
             }
         }
     }
@@ -253,6 +176,130 @@ pub fn load_str_in(text: &str, source: &Source, mode: FieldValidation, namespace
         Ok(out)
     } else {
         Err(ManifestErrors(errors))
+    }
+}
+
+/// Where an error is: the file and the document in it.
+struct At<'a> {
+    source: &'a Source,
+    document: usize,
+}
+
+impl At<'_> {
+    fn err(&self, object: Option<String>, field: &str, message: String) -> ManifestError {
+        ManifestError { source: self.source.0.clone(), document: self.document, object, field: field.to_string(), message }
+    }
+}
+
+/// What one YAML document holds.
+enum Document {
+    /// Nothing (`---` alone, comments).
+    Empty,
+    /// Its objects (a `kind: List` flattened).
+    Items(Vec<serde_json::Value>),
+    /// A document that is not a manifest; the next ones are read.
+    Refused { field: &'static str, message: String },
+    /// Not YAML: the stream stops here.
+    Broken(String),
+}
+
+fn read_document(doc: serde_yaml::Deserializer) -> Document {
+    let value = match serde_yaml::Value::deserialize(doc) {
+        Ok(v) => v,
+        Err(e) => return Document::Broken(format!("not valid YAML: {e}")),
+    };
+    if value.is_null() {
+        return Document::Empty;
+    }
+    let value: serde_json::Value = match serde_json::to_value(&value) {
+        Ok(v) => v,
+        Err(e) => return Document::Refused { field: "", message: format!("cannot be represented as JSON: {e}") },
+    };
+    if value.get("kind").and_then(|k| k.as_str()) == Some("List") {
+        match value.get("items").and_then(|i| i.as_array()) {
+            Some(items) => Document::Items(items.clone()),
+            None => Document::Refused { field: "items", message: "a List needs an `items` array".into() },
+        }
+    } else {
+        Document::Items(vec![value])
+    }
+}
+
+/// Puts a namespaced object without a namespace in `ns` (kubectl's `-n`);
+/// refuses one that names another.
+fn place_in_namespace(at: &At, value: &mut serde_json::Value, kind: &str, ns: &str) -> Result<(), ManifestError> {
+    let given = value.pointer("/metadata/namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty()).map(String::from);
+    match given {
+        Some(g) if g != ns => {
+            let name = value.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or("").to_string();
+            Err(at.err(
+                Some(format!("{kind} {g}/{name}")),
+                "metadata.namespace",
+                format!("the namespace from the provided object \"{g}\" does not match the namespace \"{ns}\". You must pass '--namespace={g}' to perform this operation."),
+            ))
+        }
+        Some(_) => Ok(()),
+        None => {
+            if let Some(m) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                m.insert("namespace".into(), serde_json::Value::String(ns.to_string()));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// One object of a document: typed, its fields checked as `mode` says,
+/// validated; into `out`, or its errors into `errors`.
+fn load_item(
+    at: &At,
+    mut value: serde_json::Value,
+    mode: FieldValidation,
+    namespace: Option<&str>,
+    out: &mut Vec<Loaded>,
+    errors: &mut Vec<ManifestError>,
+) {
+    let (source, document) = (at.source, at.document);
+    let err = |object: Option<String>, field: &str, message: String| at.err(object, field, message);
+    let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
+    if let (Some(ns), false) = (namespace, CLUSTER_SCOPED.contains(&kind.as_str())) {
+        if let Err(e) = place_in_namespace(at, &mut value, &kind, ns) {
+            errors.push(e);
+            return;
+        }
+    }
+    let fields = strict::check(&kind, &value);
+    match object_from_value(value) {
+        Ok((object, warnings)) => {
+            let label = describe(&object);
+            let mut unknown = Vec::new();
+            let mut warnings = warnings;
+            for path in fields.unknown {
+                match mode {
+                    FieldValidation::Strict => unknown.push(err(
+                        Some(label.clone()),
+                        &path,
+                        "unknown field (Kubernetes has no such field; check its spelling, or apply with --validate=warn to drop it)".into(),
+                    )),
+                    FieldValidation::Warn => warnings.push(format!("{label}: {path}: unknown field, dropped")),
+                    FieldValidation::Ignore => {}
+                }
+            }
+            warnings.extend(fields.ignored.iter().map(|p| format!("{label}: {p}: ignored by the local cluster")));
+            match validate::validate(&object) {
+                Ok(w) if unknown.is_empty() => {
+                    warnings.extend(w.into_iter().map(|w| format!("{label}: {w}")));
+                    out.push(Loaded { object, source: source.0.clone(), document, warnings })
+                }
+                Ok(_) => errors.append(&mut unknown),
+                Err(fes) => {
+                    errors.append(&mut unknown);
+                    for fe in fes {
+                        errors.push(err(Some(label.clone()), &fe.field, fe.message));
+                    }
+                }
+            }
+        }
+        Err((object, field, message)) => errors.push(err(object, &field, message)),
     }
 }
 
