@@ -10,6 +10,7 @@ use std::time::Duration;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::Request;
+use slipstream_core::spiffe::SpiffeId;
 use slipstream_identity::tls::peer_identity;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -65,110 +66,8 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
     let window = WindowLease::take(admission.window, &shared.config.h2);
     let _ = tcp.set_nodelay(true);
     let deadline = Instant::now() + shared.config.handshake_timeout;
-    // Every way this connection can end before its first stream is reported
-    // once, here, with a reason from a fixed set.
-    let fail = |kind: HandshakeFailureKind, detail: String| {
-        tracing::debug!(%peer_addr, %local, reason = %kind, "inbound handshake failed: {detail}");
-        shared.handler.on_handshake_failure(&HandshakeFailure { peer_addr, local_addr: local, kind, detail });
-    };
-
-    // The first bytes tell a TLS client from plaintext or garbage; peeking
-    // leaves them for the handshake.
-    let mut buf = [0u8; PEEK_LEN];
-    let first = match timeout_at(deadline, tcp.peek(&mut buf)).await {
-        Ok(Ok(0)) => {
-            stats.tls_failure();
-            return fail(HandshakeFailureKind::Closed, "the peer closed the connection without sending anything".to_owned());
-        }
-        Ok(Ok(n)) => FirstBytes::new(buf, n),
-        Ok(Err(e)) => {
-            stats.tls_failure();
-            return fail(HandshakeFailureKind::Closed, format!("reading the handshake: {e}"));
-        }
-        Err(_) => {
-            stats.tls_failure();
-            return fail(HandshakeFailureKind::Timeout, format!("the peer sent nothing for {:?}", shared.config.handshake_timeout));
-        }
-    };
-
-    // The destination workload's own certificate; an IP with no local
-    // workload gets a handshake that fails with an alert.
-    let (tls_config, refused) = match timeout_at(deadline, shared.certs.resolve(local.ip())).await {
-        Ok(Ok(cert)) => match shared.tls.config_for(&cert) {
-            Ok(config) => (config, None),
-            Err(e) => {
-                stats.refused_cert_unavailable();
-                let why = format!("the certificate of the workload at {local} is unusable: {e}");
-                (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, why)))
-            }
-        },
-        Ok(Err(e @ ResolveError::NoWorkload(_))) => {
-            stats.refused_no_workload();
-            (shared.tls.refusing_config(), Some((HandshakeFailureKind::NoWorkload, e.to_string())))
-        }
-        Ok(Err(e)) => {
-            stats.refused_cert_unavailable();
-            (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, e.to_string())))
-        }
-        Err(_) => {
-            stats.refused_cert_unavailable();
-            let why = format!("certificate lookup for {local} timed out");
-            (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, why)))
-        }
-    };
-
-    let accept = TlsAcceptor::from(tls_config).accept(tcp).into_fallible();
-    let tls = match timeout_at(deadline, accept).await {
-        Ok(Ok(tls)) => match refused {
-            None => tls,
-            // The refusing configuration never completes a handshake.
-            Some((kind, detail)) => return fail(kind, detail),
-        },
-        Ok(Err((e, tcp))) => {
-            match refused {
-                Some((kind, detail)) => fail(kind, detail),
-                None => {
-                    stats.tls_failure();
-                    let (kind, detail) = classify_tls(&e, &first);
-                    fail(kind, detail);
-                }
-            }
-            return close_after_alert(tcp).await;
-        }
-        Err(_) => {
-            return match refused {
-                Some((kind, detail)) => fail(kind, detail),
-                None => {
-                    stats.tls_failure();
-                    match first.not_tls() {
-                        Some(detail) => fail(HandshakeFailureKind::NotTls, detail),
-                        None => fail(HandshakeFailureKind::Timeout, "the TLS handshake did not finish in time".to_owned()),
-                    }
-                }
-            };
-        }
-    };
-    let identity = match peer_identity(tls.get_ref().1) {
-        Ok(id) => id,
-        Err(e) => {
-            // Unreachable with our verifier (it requires a SPIFFE SAN), but
-            // never serve a tunnel without an identity.
-            stats.tls_failure();
-            return fail(HandshakeFailureKind::Tls, format!("no peer identity after the handshake: {e}"));
-        }
-    };
-
-    let builder = shared.config.h2.server_builder(shared.config.max_concurrent_streams, window.size);
-    let mut conn = match timeout_at(deadline, builder.handshake::<_, Chunk>(Coalesce::new(tls))).await {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => {
-            stats.h2_failure();
-            return fail(HandshakeFailureKind::Http2, format!("HTTP/2 handshake: {e}"));
-        }
-        Err(_) => {
-            stats.h2_failure();
-            return fail(HandshakeFailureKind::Timeout, "the HTTP/2 preface did not arrive in time".to_owned());
-        }
+    let Some((mut conn, identity)) = handshake(tcp, peer_addr, local, &shared, window.size, deadline).await else {
+        return;
     };
 
     drop(handshake_permit);
@@ -239,6 +138,133 @@ pub(crate) async fn serve_connection(tcp: TcpStream, peer_addr: SocketAddr, shar
             }
         }
     }
+}
+
+/// An HTTP/2 connection over TLS, as the handshakes leave it.
+type Handshaken = (h2::server::Connection<Coalesce<tokio_rustls::server::TlsStream<TcpStream>>, Chunk>, SpiffeId);
+
+/// The handshakes of an admitted connection, all by `deadline`: its first
+/// bytes peeked, the destination workload's certificate, TLS with client
+/// authentication, the peer's identity, HTTP/2. Once per connection, off
+/// the streams' path. Every way it fails is reported once, here, with a
+/// reason from a fixed set, and gives None.
+async fn handshake(
+    tcp: TcpStream,
+    peer_addr: SocketAddr,
+    local: SocketAddr,
+    shared: &Shared,
+    window: u32,
+    deadline: Instant,
+) -> Option<Handshaken> {
+    let stats = &shared.stats;
+    // Every way this connection can end before its first stream is reported
+    // once, here, with a reason from a fixed set.
+    let fail = |kind: HandshakeFailureKind, detail: String| -> Option<Handshaken> {
+        tracing::debug!(%peer_addr, %local, reason = %kind, "inbound handshake failed: {detail}");
+        shared.handler.on_handshake_failure(&HandshakeFailure { peer_addr, local_addr: local, kind, detail });
+        None
+    };
+
+    // The first bytes tell a TLS client from plaintext or garbage; peeking
+    // leaves them for the handshake.
+    let mut buf = [0u8; PEEK_LEN];
+    let first = match timeout_at(deadline, tcp.peek(&mut buf)).await {
+        Ok(Ok(0)) => {
+            stats.tls_failure();
+            return fail(HandshakeFailureKind::Closed, "the peer closed the connection without sending anything".to_owned());
+        }
+        Ok(Ok(n)) => FirstBytes::new(buf, n),
+        Ok(Err(e)) => {
+            stats.tls_failure();
+            return fail(HandshakeFailureKind::Closed, format!("reading the handshake: {e}"));
+        }
+        Err(_) => {
+            stats.tls_failure();
+            return fail(HandshakeFailureKind::Timeout, format!("the peer sent nothing for {:?}", shared.config.handshake_timeout));
+        }
+    };
+
+    // The destination workload's own certificate; an IP with no local
+    // workload gets a handshake that fails with an alert.
+    let (tls_config, refused) = match timeout_at(deadline, shared.certs.resolve(local.ip())).await {
+        Ok(Ok(cert)) => match shared.tls.config_for(&cert) {
+            Ok(config) => (config, None),
+            Err(e) => {
+                stats.refused_cert_unavailable();
+                let why = format!("the certificate of the workload at {local} is unusable: {e}");
+                (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, why)))
+            }
+        },
+        Ok(Err(e @ ResolveError::NoWorkload(_))) => {
+            stats.refused_no_workload();
+            (shared.tls.refusing_config(), Some((HandshakeFailureKind::NoWorkload, e.to_string())))
+        }
+        Ok(Err(e)) => {
+            stats.refused_cert_unavailable();
+            (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, e.to_string())))
+        }
+        Err(_) => {
+            stats.refused_cert_unavailable();
+            let why = format!("certificate lookup for {local} timed out");
+            (shared.tls.refusing_config(), Some((HandshakeFailureKind::CertUnavailable, why)))
+        }
+    };
+
+    let accept = TlsAcceptor::from(tls_config).accept(tcp).into_fallible();
+    let tls = match timeout_at(deadline, accept).await {
+        Ok(Ok(tls)) => match refused {
+            None => tls,
+            // The refusing configuration never completes a handshake.
+            Some((kind, detail)) => return fail(kind, detail),
+        },
+        Ok(Err((e, tcp))) => {
+            let _ = match refused {
+                Some((kind, detail)) => fail(kind, detail),
+                None => {
+                    stats.tls_failure();
+                    let (kind, detail) = classify_tls(&e, &first);
+                    fail(kind, detail)
+                }
+            };
+            close_after_alert(tcp).await;
+            return None;
+        }
+        Err(_) => {
+            return match refused {
+                Some((kind, detail)) => fail(kind, detail),
+                None => {
+                    stats.tls_failure();
+                    match first.not_tls() {
+                        Some(detail) => fail(HandshakeFailureKind::NotTls, detail),
+                        None => fail(HandshakeFailureKind::Timeout, "the TLS handshake did not finish in time".to_owned()),
+                    }
+                }
+            };
+        }
+    };
+    let identity = match peer_identity(tls.get_ref().1) {
+        Ok(id) => id,
+        Err(e) => {
+            // Unreachable with our verifier (it requires a SPIFFE SAN), but
+            // never serve a tunnel without an identity.
+            stats.tls_failure();
+            return fail(HandshakeFailureKind::Tls, format!("no peer identity after the handshake: {e}"));
+        }
+    };
+
+    let builder = shared.config.h2.server_builder(shared.config.max_concurrent_streams, window);
+    let conn = match timeout_at(deadline, builder.handshake::<_, Chunk>(Coalesce::new(tls))).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            stats.h2_failure();
+            return fail(HandshakeFailureKind::Http2, format!("HTTP/2 handshake: {e}"));
+        }
+        Err(_) => {
+            stats.h2_failure();
+            return fail(HandshakeFailureKind::Timeout, "the HTTP/2 preface did not arrive in time".to_owned());
+        }
+    };
+    Some((conn, identity))
 }
 
 /// How long a connection whose handshake failed may keep sending before it
