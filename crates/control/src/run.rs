@@ -7,25 +7,33 @@
 //! connected earlier would be told that everything it holds was removed
 //! (its initial versions compared with an empty set), which is exactly
 //! what a control plane restart must never do.
+//!
+//! `start` builds the parts in that order: the source (`sources`: a
+//! directory or the Kubernetes API, with its authenticator), the
+//! controllers beside the index (`controllers`: the gateway controller,
+//! the key set fetcher), the monitor port (`progress`), then, once the
+//! source has been read whole, the :15012 port (`servers`); its task
+//! (`Serving`) then applies every batch until stopped.
+
+mod controllers;
+mod progress;
+mod servers;
+mod sources;
 
 use crate::auth::{Authenticator, Gate, GateSettings, NodeTokens};
-use crate::ca::{CaArgs, CaMaterial, CaService, ResourcePlacement, ResourceSource, ReviewPolicy, TokenReviewAuthenticator};
-use crate::gateway::controller::{ControllerSettings, Mirror};
-use crate::gateway::render::DeploySettings;
+use crate::ca::{CaArgs, CaMaterial};
 use crate::index::{Index, IndexSettings};
-use crate::monitor::{self, MonitorSource};
-use crate::objects::{self, Kind, ObjectRef};
 use crate::resources::{Changes, Resources};
-use crate::serve::{self, ControlServer, ServeSettings};
-use crate::source::dir::DirSource;
-use crate::source::kube::{self as kube_source, RawEvent};
+use crate::serve::ServeSettings;
 use crate::source::ObjectEvent;
 use crate::store::Store;
-use crate::syncz::{ProxySync, Syncz, TypeSync};
-use crate::xds::{XdsServer, XdsSettings};
+use crate::translate::request_authentication::Fetch;
+use crate::xds::XdsSettings;
 use anyhow::{bail, Context};
-use slipstream_core::sync::LockExt;
+use progress::{lock, Progress};
+use servers::{build_servers, Servers};
 use slipstream_core::TrustDomain;
+use sources::{build_sources, Batch, Sources};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,6 +41,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+/// The waypoints' pods as the index publishes them, `(namespace, pod,
+/// service account)`, for the CA.
+type WaypointPods = tokio::sync::watch::Receiver<BTreeSet<(String, String, String)>>;
 
 /// Where objects come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,96 +169,6 @@ pub struct ControlArgs {
 /// The waypoint image by default: this build's.
 pub const DEFAULT_WAYPOINT_IMAGE: &str = concat!("ghcr.io/slipstream-mesh/slipstream:", env!("CARGO_PKG_VERSION"));
 
-/// What the monitor shows, kept by the loops.
-#[derive(Default)]
-struct Progress {
-    /// None until the source has been read whole.
-    synced: Option<Instant>,
-    serving: bool,
-    objects_generation: u64,
-    generation: u64,
-    invalid: usize,
-}
-
-struct Monitor {
-    progress: Arc<Mutex<Progress>>,
-    store: Store,
-    xds: Mutex<Option<XdsServer>>,
-    replica: String,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.locked()
-}
-
-impl MonitorSource for Monitor {
-    fn ready(&self) -> Result<(), String> {
-        let p = lock(&self.progress);
-        match (p.synced, p.serving) {
-            (None, _) => Err("the object source has not been read whole yet".into()),
-            (Some(_), false) => Err("the control plane port is not serving yet".into()),
-            _ => Ok(()),
-        }
-    }
-
-    fn syncz(&self) -> serde_json::Value {
-        let (objects_generation, generation) = {
-            let p = lock(&self.progress);
-            (p.objects_generation, p.generation)
-        };
-        let published = self.store.current();
-        let proxies = match &*lock(&self.xds) {
-            Some(x) => x
-                .registry()
-                .proxies()
-                .into_iter()
-                .map(|p| ProxySync {
-                    node: p.node,
-                    id: p.id,
-                    caller: p.caller,
-                    peer: p.peer,
-                    connected_secs: p.connected_secs,
-                    acked_generation: p.acked_generation,
-                    types: p
-                        .types
-                        .into_iter()
-                        .map(|t| TypeSync {
-                            type_name: t.type_name,
-                            sent_nonce: t.sent_nonce,
-                            acked_nonce: t.acked_nonce,
-                            resources: t.resources,
-                            nacks: t.nacks,
-                            last_nack: t.last_nack,
-                            last_nack_generation: t.last_nack_generation,
-                            in_sync: t.in_sync,
-                        })
-                        .collect(),
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        let resources =
-            slipstream_api::TypeUrl::ALL.iter().map(|t| (t.short().to_string(), published.count(*t))).collect::<BTreeMap<_, _>>();
-        serde_json::to_value(Syncz { replica: self.replica.clone(), objects_generation, generation, resources, proxies })
-            .unwrap_or_default()
-    }
-
-    fn resources(&self) -> serde_json::Value {
-        let published = self.store.current();
-        let counts: BTreeMap<&str, usize> = slipstream_api::TypeUrl::ALL.iter().map(|t| (t.short(), published.count(*t))).collect();
-        serde_json::json!({"generation": published.generation, "counts": counts, "invalidObjects": lock(&self.progress).invalid})
-    }
-}
-
-/// The store's current resources, for the CA's placement checks.
-struct StoreResources(Store);
-
-impl ResourceSource for StoreResources {
-    fn resources(&self) -> Resources {
-        self.0.current().resources.clone()
-    }
-}
-
 /// Applies a batch of events; the changes of all of them.
 fn apply_batch(index: &mut Index, events: Vec<ObjectEvent>, origin: &str) -> (Changes, usize) {
     let mut all = Changes::default();
@@ -273,11 +195,6 @@ fn apply_batch(index: &mut Index, events: Vec<ObjectEvent>, origin: &str) -> (Ch
     (all, invalid)
 }
 
-/// The `.generation` counter the local cluster's agent writes with its objects.
-fn read_marker(dir: &std::path::Path) -> u64 {
-    std::fs::read_to_string(dir.join(".generation")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
-}
-
 /// A task that ends when this is dropped: what `start` spawns ends with the
 /// control plane, or with `start` itself when it fails half-way.
 struct AbortOnDrop(JoinHandle<()>);
@@ -285,190 +202,6 @@ struct AbortOnDrop(JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// A batch of events from a source, with the objects generation they cover.
-struct Batch {
-    events: Vec<ObjectEvent>,
-    objects_generation: u64,
-    /// The source has now been read whole at least once.
-    synced: bool,
-}
-
-fn dir_source(root: PathBuf, every: Duration) -> mpsc::Receiver<Batch> {
-    let (tx, rx) = mpsc::channel(4);
-    let mut dir = DirSource::new(root.clone());
-    std::thread::Builder::new()
-        .name("dir-source".into())
-        .spawn(move || {
-            let mut was_there = true;
-            loop {
-                // The marker first: every file written before it is then
-                // included in this poll.
-                let objects_generation = read_marker(&root);
-                let events = dir.poll().into_iter().map(|(e, _)| e).collect();
-                // A directory that is not there (a wrong path, not created
-                // yet, removed) says nothing: never that every object is
-                // gone, or proxies would be told that everything they hold
-                // was removed. Said once each time it goes or comes back.
-                let there = root.is_dir();
-                match (was_there, there) {
-                    (true, false) => tracing::warn!(
-                        dir = %root.display(),
-                        "the object directory does not exist; serving what was read before, if anything (not serving until it was read once)"
-                    ),
-                    (false, true) => tracing::info!(dir = %root.display(), "the object directory is there again"),
-                    _ => {}
-                }
-                was_there = there;
-                if tx.blocking_send(Batch { events, objects_generation, synced: there }).is_err() {
-                    return;
-                }
-                // Until a file changes (inotify), or `every` at the latest.
-                dir.wait(every);
-            }
-        })
-        .expect("spawning the directory source");
-    rx
-}
-
-/// How long the initial read waits for custom kinds that are neither
-/// listed nor known to be absent (their watch fails otherwise: RBAC, a
-/// broken conversion webhook) before serving without them.
-const CUSTOM_KINDS_WAIT: Duration = Duration::from_secs(15);
-
-/// Which kinds have been read whole: the source counts as read once every
-/// built-in kind has listed and every custom kind has listed or is not
-/// served (its CRD not installed); a custom kind still failing after
-/// [`CUSTOM_KINDS_WAIT`] is given up on, with a warning. Built-in kinds are
-/// never given up on: serving without pods would tell every proxy that
-/// reconnects that its workloads were removed.
-#[derive(Default)]
-struct InitialRead {
-    done: BTreeSet<&'static str>,
-    warned: bool,
-}
-
-impl InitialRead {
-    fn listed(&mut self, kind: &'static str) {
-        self.done.insert(kind);
-    }
-
-    fn complete(&mut self, waited: Duration) -> bool {
-        let missing = |custom: bool| -> Vec<&'static str> {
-            kube_source::KINDS.iter().filter(|k| k.custom == custom && !self.done.contains(k.kind)).map(|k| k.kind).collect()
-        };
-        let (builtin, custom) = (missing(false), missing(true));
-        if waited < CUSTOM_KINDS_WAIT || self.warned {
-            return builtin.is_empty() && (custom.is_empty() || self.warned);
-        }
-        self.warned = true;
-        if !builtin.is_empty() {
-            tracing::warn!(
-                "not serving yet: {} not listed after {CUSTOM_KINDS_WAIT:?} (see the watch errors above){}",
-                builtin.join(", "),
-                if custom.is_empty() { String::new() } else { format!("; nor {}", custom.join(", ")) }
-            );
-            return false;
-        }
-        if !custom.is_empty() {
-            tracing::warn!(
-                "serving without {}: not listed after {CUSTOM_KINDS_WAIT:?} (see the watch errors above); they are added when their watch succeeds",
-                custom.join(", ")
-            );
-        }
-        true
-    }
-}
-
-/// The kubernetes source as batches, and its task: it ends, with every
-/// watcher and its connection to the API server, once the receiver is
-/// dropped.
-fn kube_batches(client: kube::Client, mirror: Option<Arc<Mirror>>, root_namespace: &str) -> (mpsc::Receiver<Batch>, JoinHandle<()>) {
-    let (raw_tx, raw_rx) = mpsc::channel(1024);
-    let watchers = kube_source::spawn(client, raw_tx, root_namespace);
-    let (tx, rx) = mpsc::channel(4);
-    let task = tokio::spawn(async move {
-        kube_read(raw_rx, tx, mirror).await;
-        for w in &watchers {
-            w.abort();
-        }
-        for w in watchers {
-            let _ = w.await;
-        }
-    });
-    (rx, task)
-}
-
-/// Turns the watchers' events into batches of objects until `tx` closes.
-/// The gateway controller's `mirror`, if any, sees every event first.
-async fn kube_read(mut raw_rx: mpsc::Receiver<RawEvent>, tx: mpsc::Sender<Batch>, mirror: Option<Arc<Mirror>>) {
-    let mut known: BTreeMap<&'static str, BTreeSet<(String, String)>> = BTreeMap::new();
-    let mut initial = InitialRead::default();
-    let started = tokio::time::Instant::now();
-    let mut synced = false;
-    loop {
-        // Until the source is read whole, wake up at the deadline even
-        // if nothing arrives: kinds that fail send nothing.
-        let first = tokio::select! {
-            ev = raw_rx.recv() => match ev {
-                Some(ev) => Some(ev),
-                None => return,
-            },
-            _ = tokio::time::sleep_until(started + CUSTOM_KINDS_WAIT), if !synced && !initial.warned => None,
-            _ = tx.closed() => return,
-        };
-        let mut raw: Vec<RawEvent> = first.into_iter().collect();
-        while let Ok(more) = raw_rx.try_recv() {
-            raw.push(more);
-            if raw.len() >= 4096 {
-                break;
-            }
-        }
-        let mut events = Vec::new();
-        for ev in raw {
-            if let Some(m) = &mirror {
-                m.observe(&ev);
-            }
-            match ev {
-                RawEvent::Apply(v) => match objects::parse_value(v) {
-                    Ok(Some(o)) => {
-                        let r = o.object_ref();
-                        known.entry(r.kind.as_str()).or_default().insert((r.namespace.clone(), r.name.clone()));
-                        events.push(ObjectEvent::Upsert(o));
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::error!("refused, its last good version stays in force: {e}"),
-                },
-                RawEvent::Delete { kind, namespace, name } => {
-                    if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
-                        known.entry(k.as_str()).or_default().remove(&(namespace.clone(), name.clone()));
-                        events.push(ObjectEvent::Delete(ObjectRef::new(k, &namespace, &name)));
-                    }
-                }
-                RawEvent::Relisted { kind, present } => {
-                    initial.listed(kind);
-                    if let Some(k) = Kind::ALL.into_iter().find(|k| k.as_str() == kind) {
-                        let held = known.entry(k.as_str()).or_default();
-                        for (ns, name) in held.difference(&present).cloned().collect::<Vec<_>>() {
-                            held.remove(&(ns.clone(), name.clone()));
-                            events.push(ObjectEvent::Delete(ObjectRef::new(k, &ns, &name)));
-                        }
-                    }
-                }
-                // Nothing of the kind can exist, so there is nothing to
-                // wait for. What is held of it stays: a CRD's objects
-                // are deleted (and their deletions watched) before the
-                // CRD goes, so a 404 while holding some is an API
-                // server's passing state, not a deletion.
-                RawEvent::Absent { kind } => initial.listed(kind),
-            }
-        }
-        synced = synced || initial.complete(started.elapsed());
-        if tx.send(Batch { events, objects_generation: 0, synced }).await.is_err() {
-            return;
-        }
     }
 }
 
@@ -550,81 +283,15 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     // The waypoints' pods, as the index publishes them: the CA lets them
     // obtain their own identity.
     let (waypoint_pods, waypoint_pods_rx) = tokio::sync::watch::channel(BTreeSet::new());
-    let mut gateway_client = None;
-    let (mut batches, source_task, auth): (mpsc::Receiver<Batch>, Option<JoinHandle<()>>, Arc<dyn Authenticator>) = match &args.source {
-        SourceArg::Dir(root) => {
-            let Some(tokens) = &args.node_tokens else {
-                bail!("--source dir: needs --node-tokens (there is no API server to review tokens)")
-            };
-            tracing::info!(dir = %root.display(), "objects from a directory");
-            let workloads = args.workload_tokens.as_deref().map(|p| crate::auth::WorkloadTokens::new(p, &args.trust_domain));
-            (
-                dir_source(root.clone(), args.dir_interval),
-                None,
-                Arc::new(crate::auth::LocalTokens { nodes: NodeTokens::load(tokens)?, workloads }),
-            )
-        }
-        SourceArg::Kubernetes => {
-            let client = kube_source::client(args.kubeconfig.as_deref()).await?;
-            let auth: Arc<dyn Authenticator> = match node_tokens {
-                Some(t) => Arc::new(t),
-                None => {
-                    let policy = ReviewPolicy { trust_domain: args.trust_domain.clone(), ..args.ca.review_policy()? };
-                    Arc::new(TokenReviewAuthenticator::new(client.clone(), policy).with_waypoints(waypoint_pods_rx))
-                }
-            };
-            tracing::info!("objects from the Kubernetes API");
-            let mirror = args.gateway_controller.then(|| Arc::new(Mirror::default()));
-            if let Some(m) = &mirror {
-                gateway_client = Some((client.clone(), m.clone()));
-            }
-            let (batches, task) = kube_batches(client, mirror, &args.root_namespace);
-            (batches, Some(task), auth)
-        }
-    };
+    let Sources { mut batches, task: source_task, auth, gateway_client } = build_sources(&args, node_tokens, waypoint_pods_rx).await?;
 
     // The CA after the source: a control plane that cannot find its
     // objects generates no root.
     let material = CaMaterial::load(&ca_source, &trust_domain, args.ca.max_cert_validity)?;
     let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
-    // What a waypoint's pods run on Kubernetes (the root is added when
-    // rendered: it follows rotations). The index admits as a waypoint's pod
-    // only one that runs this, whether or not this replica runs the
-    // controller that deploys it.
-    let waypoint_template = matches!(args.source, SourceArg::Kubernetes).then(|| -> anyhow::Result<DeploySettings> {
-        Ok(DeploySettings {
-            image: args.waypoint_image.clone(),
-            control_plane: args.waypoint_control_plane.clone(),
-            control_plane_san: args.server_names.first().cloned().unwrap_or_else(|| slipstream_api::DEFAULT_CONTROL_PLANE_SAN.into()),
-            root_pem: String::new(),
-            trust_domain: args.trust_domain.clone(),
-            cluster_id: args.cluster_id.clone(),
-            // The waypoints' projected tokens are for the audience the CA
-            // reviews tokens for.
-            audience: args.ca.review_policy()?.audiences.first().cloned().unwrap_or_else(|| "istio-ca".into()),
-        })
-    });
-    let waypoint_template = waypoint_template.transpose()?;
+    let waypoint_template = controllers::waypoint_template(&args)?;
     // (Both are set on Kubernetes only.)
-    let gateway_task = gateway_client.zip(waypoint_template.clone()).map(|((client, mirror), template)| {
-        let material = material.clone();
-        let domain = args.domain_suffix.clone();
-        let resync = args.gateway_resync;
-        let image = template.image.clone();
-        tracing::info!(image = %image, "gateway controller: deploying waypoints, writing Gateway and Service status");
-        if image == DEFAULT_WAYPOINT_IMAGE {
-            tracing::warn!(
-                image = %image,
-                "the waypoint image is the default name, which this repository does not publish: build an image with `slipstream` \
-                 on its PATH and give it with --waypoint-image, or waypoint pods will not start (their Gateways stay Programmed=False)"
-            );
-        }
-        AbortOnDrop(tokio::spawn(crate::gateway::controller::run(client, mirror, move || ControllerSettings {
-            deploy: DeploySettings { root_pem: material.roots().to_pem(), ..template.clone() },
-            domain: domain.clone(),
-            resync,
-        })))
-    });
+    let gateway_task = controllers::build_gateway_controller(&args, &material, gateway_client, waypoint_template.as_ref());
 
     // Both services authenticate through one gate: bounded, and a token
     // refused a moment ago is refused again without asking.
@@ -639,135 +306,142 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     });
     let store = Store::new(Resources::new());
     let progress = Arc::new(Mutex::new(Progress::default()));
-    // As istiod: the pod's name from the downward API, else the host name.
-    let replica = std::env::var("POD_NAME")
-        .ok()
-        .filter(|n| !n.is_empty())
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
-        .unwrap_or_default();
-    let mon = Arc::new(Monitor { progress: progress.clone(), store: store.clone(), xds: Mutex::new(None), replica });
-    let monitor_listener =
-        tokio::net::TcpListener::bind(args.monitor).await.with_context(|| format!("binding the monitor port {}", args.monitor))?;
-    let monitor_addr = monitor_listener.local_addr()?;
-    let monitor_task = AbortOnDrop(tokio::spawn(monitor::serve(monitor_listener, mon.clone())));
+    let (mon, monitor_addr, monitor_task) = progress::build_monitor(args.monitor, &store, &progress).await?;
 
-    // Read the source whole before serving.
-    let started = Instant::now();
-    loop {
-        let Some(b) = batches.recv().await else { bail!("the object source ended") };
-        let (changes, invalid) = apply_batch(&mut index, b.events, "initial");
-        waypoint_pods.send_if_modified(|held| replace_if_changed(held, index.waypoint_pods()));
-        let generation = store.publish(index.resources().clone(), changes);
-        let mut p = lock(&progress);
+    let mut published = Published { index: &mut index, store: &store, progress: &progress, waypoint_pods: &waypoint_pods };
+    published.read_whole(&mut batches).await?;
+    let jwks = controllers::build_jwks(&args, &mut index, &store, &progress).await;
+    let servers = build_servers(&args, trust_domain, &store, auth, &material, &mon).await?;
+    lock(&progress).serving = true;
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let addr = servers.addr;
+    let serving = Serving {
+        index,
+        store,
+        progress,
+        waypoint_pods,
+        batches,
+        source_task,
+        jwks_wanted: jwks.wanted,
+        jwks_rx: jwks.results,
+        servers,
+        others: vec![Some(monitor_task), Some(reload), gateway_task, Some(jwks.task)],
+    };
+    let task = tokio::spawn(serving.run(stopped));
+    Ok(Running { addr, monitor: monitor_addr, stop: Some(stop), task })
+}
+
+/// Where each batch of events goes: the index, then the store that
+/// publishes its resources, the progress the monitor shows and the
+/// waypoints' pods the CA reads.
+struct Published<'a> {
+    index: &'a mut Index,
+    store: &'a Store,
+    progress: &'a Mutex<Progress>,
+    waypoint_pods: &'a tokio::sync::watch::Sender<BTreeSet<(String, String, String)>>,
+}
+
+impl Published<'_> {
+    /// Applies a batch and publishes what it changed.
+    fn apply(&mut self, b: Batch, origin: &str) -> (u64, usize) {
+        let (changes, invalid) = apply_batch(self.index, b.events, origin);
+        self.waypoint_pods.send_if_modified(|held| replace_if_changed(held, self.index.waypoint_pods()));
+        let n = changes.upserted.len() + changes.removed.len();
+        let generation = self.store.publish(self.index.resources().clone(), changes);
+        let mut p = lock(self.progress);
         p.invalid += invalid;
         p.objects_generation = b.objects_generation;
         p.generation = generation;
-        if b.synced {
-            p.synced = Some(Instant::now());
-            break;
-        }
+        (generation, n)
     }
-    let published = store.current();
-    tracing::info!(
-        addresses = published.count(slipstream_api::TypeUrl::Address),
-        authorizations = published.count(slipstream_api::TypeUrl::Authorization),
-        took = ?started.elapsed(),
-        "objects read"
-    );
 
-    // The key sets of the RequestAuthentications in force, before serving
-    // (at most a few seconds: a slow issuer is retried in the background),
-    // so a restarted control plane does not serve routes whose rules
-    // refuse every token for want of keys it could have had.
-    let jwks_settings =
-        crate::jwks::FetchSettings { refresh: args.jwks_refresh, allow_loopback: args.jwks_fetch_loopback, ..Default::default() };
-    let wanted = index.jwks_fetches();
-    let mut held = BTreeMap::new();
-    for (f, jwks) in crate::jwks::fetch_all(&wanted, &jwks_settings, Duration::from_secs(5)).await {
-        if let Some(j) = jwks {
-            held.insert(f.clone(), j.clone());
-            let changes = index.set_jwks(&f, Some(j));
-            lock(&progress).generation = store.publish(index.resources().clone(), changes);
+    /// Reads the source whole before serving.
+    async fn read_whole(&mut self, batches: &mut mpsc::Receiver<Batch>) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            let Some(b) = batches.recv().await else { bail!("the object source ended") };
+            let synced = b.synced;
+            self.apply(b, "initial");
+            if synced {
+                lock(self.progress).synced = Some(Instant::now());
+                break;
+            }
         }
+        let published = self.store.current();
+        tracing::info!(
+            addresses = published.count(slipstream_api::TypeUrl::Address),
+            authorizations = published.count(slipstream_api::TypeUrl::Authorization),
+            took = ?started.elapsed(),
+            "objects read"
+        );
+        Ok(())
     }
-    let (jwks_wanted, jwks_wanted_rx) = tokio::sync::watch::channel(wanted);
-    let (jwks_tx, mut jwks_rx) = mpsc::channel(16);
-    let jwks_task = AbortOnDrop(tokio::spawn(crate::jwks::run(jwks_wanted_rx, jwks_tx, jwks_settings, held)));
+}
 
-    let xds_settings = XdsSettings { large_responses_in_flight: args.full_pushes_in_flight, ..Default::default() };
-    let xds = XdsServer::with_settings(store.clone(), auth.clone(), xds_settings);
-    *lock(&mon.xds) = Some(xds.clone());
-    let placement = Arc::new(ResourcePlacement::new(StoreResources(store.clone())));
-    let ca_config = args.ca.config(trust_domain.clone());
-    let ca = CaService::new(ca_config, auth, placement, material.clone());
-    let settings = ServeSettings {
-        addr: args.listen,
-        names: args.server_names.clone(),
-        max_connections_per_peer: args.max_connections_per_peer,
-        ..Default::default()
-    };
-    let server = ControlServer::bind(settings, material.clone()).await?;
-    let addr = server.local_addr();
-    tracing::info!(%addr, "serving delta xDS and the certificate service");
-    let routes = serve::routes(&xds).add_service(ca.into_server());
-    let (stop_server, server_stop) = tokio::sync::oneshot::channel::<()>();
-    let mut serving = tokio::spawn(server.serve(routes, async move {
-        let _ = server_stop.await;
-    }));
-    lock(&progress).serving = true;
+/// The control plane once it serves: the loop of `start`'s task.
+struct Serving {
+    index: Index,
+    store: Store,
+    progress: Arc<Mutex<Progress>>,
+    waypoint_pods: tokio::sync::watch::Sender<BTreeSet<(String, String, String)>>,
+    batches: mpsc::Receiver<Batch>,
+    source_task: Option<JoinHandle<()>>,
+    jwks_wanted: tokio::sync::watch::Sender<BTreeMap<Fetch, Result<SocketAddr, String>>>,
+    jwks_rx: mpsc::Receiver<(Fetch, Option<String>)>,
+    servers: Servers,
+    /// The monitor, the CA's reload, the gateway controller and the key
+    /// set fetcher: they end with the loop, after the port.
+    others: Vec<Option<AbortOnDrop>>,
+}
 
-    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
+impl Serving {
+    /// Applies batches and fetched key sets until stopped, the source
+    /// ends or the port stops serving; then stops the rest.
+    async fn run(mut self, mut stopped: tokio::sync::oneshot::Receiver<()>) -> anyhow::Result<()> {
         let result = loop {
             tokio::select! {
-                b = batches.recv() => {
+                b = self.batches.recv() => {
                     let Some(b) = b else { break Err(anyhow::anyhow!("the object source ended")) };
-                    let (changes, invalid) = apply_batch(&mut index, b.events, "update");
-                    waypoint_pods.send_if_modified(|held| replace_if_changed(held, index.waypoint_pods()));
-                    let n = changes.upserted.len() + changes.removed.len();
-                    let generation = store.publish(index.resources().clone(), changes);
+                    let mut published =
+                        Published { index: &mut self.index, store: &self.store, progress: &self.progress, waypoint_pods: &self.waypoint_pods };
+                    let (generation, n) = published.apply(b, "update");
                     if n > 0 {
                         tracing::debug!(generation, resources = n, "published");
                     }
-                    let mut p = lock(&progress);
-                    p.invalid += invalid;
-                    p.objects_generation = b.objects_generation;
-                    p.generation = generation;
-                    drop(p);
-                    jwks_wanted.send_if_modified(|held| replace_if_changed(held, index.jwks_fetches()));
+                    self.jwks_wanted.send_if_modified(|held| replace_if_changed(held, self.index.jwks_fetches()));
                 }
-                Some((f, jwks)) = jwks_rx.recv() => {
-                    let changes = index.set_jwks(&f, jwks);
-                    let generation = store.publish(index.resources().clone(), changes);
-                    lock(&progress).generation = generation;
+                Some((f, jwks)) = self.jwks_rx.recv() => {
+                    let changes = self.index.set_jwks(&f, jwks);
+                    let generation = self.store.publish(self.index.resources().clone(), changes);
+                    lock(&self.progress).generation = generation;
                 }
                 _ = &mut stopped => break Ok(()),
                 // The port stopped serving on its own: nothing reaches
                 // the proxies any more, so the control plane ends (and
                 // its supervisor starts it again) rather than lingering.
-                r = &mut serving => {
+                r = &mut self.servers.serving => {
                     let why = match r {
                         Ok(Ok(())) => anyhow::anyhow!("the control plane port stopped serving"),
                         Ok(Err(e)) => e,
                         Err(e) => anyhow::anyhow!("the control plane port's task failed: {e}"),
                     };
-                    serving = tokio::spawn(async { Ok(()) });
+                    self.servers.serving = tokio::spawn(async { Ok(()) });
                     break Err(why);
                 }
             }
         };
         // The source stops (a kubernetes source's watchers end with it).
-        drop(batches);
-        if let Some(t) = source_task {
+        drop(self.batches);
+        if let Some(t) = self.source_task {
             let _ = t.await;
         }
-        xds.close_streams();
-        let _ = stop_server.send(());
-        let _ = serving.await;
-        drop((monitor_task, reload, gateway_task, jwks_task));
+        self.servers.xds.close_streams();
+        let _ = self.servers.stop.send(());
+        let _ = self.servers.serving.await;
+        drop(self.others);
         result
-    });
-    Ok(Running { addr, monitor: monitor_addr, stop: Some(stop), task })
+    }
 }
 
 #[cfg(test)]
@@ -787,68 +461,6 @@ mod tests {
         }
         for bad in ["", ".cluster.local", "cluster.local.", "Cluster.local", "a..b", "-a.b", "a-.b", "a_b.c"] {
             assert!(parse_domain_suffix(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    fn list(r: &mut InitialRead, custom: bool) {
-        for k in kube_source::KINDS.iter().filter(|k| k.custom == custom) {
-            r.listed(k.kind);
-        }
-    }
-
-    #[test]
-    fn absent_custom_kinds_are_not_waited_for_and_builtin_kinds_always_are() {
-        let early = Duration::from_secs(1);
-        let late = CUSTOM_KINDS_WAIT;
-
-        // Built-in kinds listed, the custom ones reported absent: at once.
-        let mut r = InitialRead::default();
-        list(&mut r, false);
-        assert!(!r.complete(early), "custom kinds neither listed nor absent yet");
-        list(&mut r, true);
-        assert!(r.complete(early));
-
-        // Custom kinds that keep failing: served without them after the wait.
-        let mut r = InitialRead::default();
-        list(&mut r, false);
-        assert!(!r.complete(early));
-        assert!(r.complete(late));
-
-        // Built-in kinds that keep failing: never served without them.
-        let mut r = InitialRead::default();
-        list(&mut r, true);
-        assert!(!r.complete(late));
-        assert!(!r.complete(late * 10));
-        list(&mut r, false);
-        assert!(r.complete(late * 10));
-    }
-
-    /// The watchers hold the client (and its connections); they end once
-    /// the control plane drops its receiver of batches.
-    #[tokio::test]
-    async fn dropping_the_batches_ends_the_watchers() {
-        let alive = Arc::new(());
-        let held = alive.clone();
-        // An API server that never answers: every watcher waits on it.
-        let api = tower::service_fn(move |_: http::Request<kube::client::Body>| {
-            let request = held.clone();
-            async move {
-                let _request = request;
-                std::future::pending::<()>().await;
-                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
-            }
-        });
-        let (batches, task) = kube_batches(kube::Client::new(api, "default"), None, "istio-system");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Arc::strong_count(&alive) < 2 + kube_source::KINDS.len() {
-            assert!(Instant::now() < deadline, "the watchers did not ask the API server");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        drop(batches);
-        tokio::time::timeout(Duration::from_secs(10), task).await.expect("the source ends").unwrap();
-        while Arc::strong_count(&alive) > 1 {
-            assert!(Instant::now() < deadline, "{} requests or clients left", Arc::strong_count(&alive) - 1);
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }
