@@ -8,40 +8,19 @@
 
 use crate::balance::{self, NoSlot};
 use crate::body::{full, text, Body, ReqBody};
+use crate::call::Call;
 use crate::decision::{Attempts, Forwarding};
-use crate::fair::BodyActivity;
 use crate::flag::Flag;
-use crate::peer::Peer;
 use crate::plan;
 use crate::replay::{self, NotHeld};
-use crate::Shared;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use slipstream_core::route::traffic::Attempt;
-use slipstream_core::route::{Filters, RequestView};
-use slipstream_core::{MeshState, SpiffeId};
+use slipstream_core::route::Filters;
+use slipstream_core::SpiffeId;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Instant;
-
-/// What forwarding one request reads besides the request itself: the
-/// waypoint, the mesh snapshot it was decided over, who sent it and what
-/// the policies see of it.
-#[derive(Clone, Copy)]
-pub struct Call<'a> {
-    pub shared: &'a Arc<Shared>,
-    pub state: &'a MeshState,
-    pub peer: &'a Peer,
-    pub caller: plan::Caller<'a>,
-    pub view: RequestView<'a>,
-    /// The `Host` or `:authority` the client sent.
-    pub host: &'a str,
-    /// Its `x-request-id`.
-    pub id: &'a str,
-    /// Its body's activity (the request-body timeout).
-    pub activity: &'a BodyActivity,
-}
 
 /// How forwarding went: the answer, its response flag, the last endpoint
 /// tried (address and identity) and the attempts made.

@@ -20,6 +20,7 @@
 pub mod accesslog;
 pub mod balance;
 pub mod body;
+pub mod call;
 pub mod client;
 pub mod decision;
 pub mod endpoint;

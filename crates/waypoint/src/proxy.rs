@@ -5,9 +5,10 @@
 //! and metrics.
 
 use crate::body::{text, Body, ReqBody};
+use crate::call::Call;
 use crate::decision::{self, Checks, Decision, Draws, Refusal, Then};
 use crate::flag::Flag;
-use crate::forward::{self, Call};
+use crate::forward;
 use crate::jwt::{Authenticated, JwtError};
 use crate::metrics::{Counted, Pending, Protocol, RequestLabels, Tally};
 use crate::peer::Peer;

@@ -3,7 +3,7 @@
 //! mirrored copies themselves.
 
 use crate::body::{full, ReqBody};
-use crate::forward::Call;
+use crate::call::Call;
 use bytes::Bytes;
 use http::header::{HeaderValue, HOST};
 use http::{HeaderMap, Request};
