@@ -87,8 +87,14 @@ pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     std::fs::write(paths.agent_pid_file(), std::process::id().to_string())?;
 
     let mut agent = Agent::up(&cfg)?;
-    let listener = bind_private(&paths.socket())?;
-    listener.set_nonblocking(true)?;
+    let listener = match bind_private(&paths.socket()).and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("cannot listen on {}: {e}", paths.socket().display());
+            agent.down();
+            return Err(e.into());
+        }
+    };
     agent.sync_services();
     agent.persist();
     tracing::info!(cluster = %paths.cluster, nodes = cfg.nodes, "agent ready on {}", paths.socket().display());
