@@ -4,6 +4,8 @@
 
 use super::*;
 use crate::objects::{parse_value, ClusterObject};
+use slipstream_core::route::traffic::{FaultAbort, FaultDelay, HashOn};
+use slipstream_core::route::{HeaderMatch, QueryMatch};
 
 fn object(kind: &str, spec: &str) -> OpaqueObject {
     let doc = format!(
