@@ -404,7 +404,6 @@ const KNOWN_LARGE_FILES: &[(&str, &str)] = &[
     ("crates/control/src/translate/http_route.rs", "to split: matches, filters, backends"),
     ("crates/control/src/translate/network_policy.rs", "to split: Kubernetes' and Cilium's"),
     ("crates/cli/src/main.rs", "to split: the arguments of each command beside it"),
-    ("crates/control/src/translate/authorization.rs", "to split: rules, conditions, targets"),
 ];
 
 /// A file's lines outside its `#[cfg(test)] mod tests` blocks.

@@ -2,6 +2,7 @@
 //! gets out (written in the model's JSON form), or the error.
 
 use super::*;
+use slipstream_core::policy::StringMatch;
 use crate::objects::{parse_value, ClusterObject};
 use slipstream_core::policy::Rule;
 
