@@ -2,9 +2,9 @@
 //! gets out (written in the model's JSON form), or the error.
 
 use super::*;
-use slipstream_core::policy::StringMatch;
 use crate::objects::{parse_value, ClusterObject};
 use slipstream_core::policy::Rule;
+use slipstream_core::policy::StringMatch;
 
 fn policy(ns: &str, spec: &str, annotations: &str) -> Result<PolicyInput, String> {
     let y = format!(
