@@ -14,11 +14,14 @@
 
 use crate::objects::{Kind, ObjectError, ObjectRef, OpaqueObject};
 use serde::Deserialize;
-use slipstream_core::route::{
-    sort_rules, Backend, Filters, HeaderMatch, HeaderModifier, PathMatch, PathRewrite, QueryMatch, Redirect, Rewrite, RouteMatch,
-    RouteRule, RuleOrigin, ServiceRoutes,
-};
+use slipstream_core::route::{sort_rules, Backend, Filters, PathMatch, PathRewrite, RouteMatch, RouteRule, RuleOrigin, ServiceRoutes};
 use std::time::Duration;
+
+mod filters;
+mod matches;
+
+use filters::{filters, FilterSpec};
+use matches::{route_match, MatchSpec};
 
 /// The API group of Gateway API kinds (a parentRef's default).
 pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
@@ -129,94 +132,6 @@ struct RuleSpec {
     timeouts: Option<TimeoutsSpec>,
     retry: Option<serde_json::Value>,
     session_persistence: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct MatchSpec {
-    path: Option<PathSpec>,
-    #[serde(default)]
-    headers: Vec<NameMatchSpec>,
-    #[serde(default)]
-    query_params: Vec<NameMatchSpec>,
-    method: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct PathSpec {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    value: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct NameMatchSpec {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    name: String,
-    value: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct FilterSpec {
-    #[serde(rename = "type")]
-    kind: String,
-    request_header_modifier: Option<HeaderFilterSpec>,
-    response_header_modifier: Option<HeaderFilterSpec>,
-    request_redirect: Option<RedirectSpec>,
-    #[serde(rename = "urlRewrite")]
-    url_rewrite: Option<RewriteSpec>,
-    request_mirror: Option<MirrorSpec>,
-}
-
-#[derive(Deserialize, Default)]
-struct HeaderFilterSpec {
-    #[serde(default)]
-    set: Vec<NameValue>,
-    #[serde(default)]
-    add: Vec<NameValue>,
-    #[serde(default)]
-    remove: Vec<String>,
-}
-
-#[derive(Deserialize)]
-struct NameValue {
-    name: String,
-    value: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RedirectSpec {
-    scheme: Option<String>,
-    hostname: Option<String>,
-    path: Option<PathModifierSpec>,
-    port: Option<i64>,
-    status_code: Option<i64>,
-}
-
-#[derive(Deserialize)]
-struct RewriteSpec {
-    hostname: Option<String>,
-    path: Option<PathModifierSpec>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PathModifierSpec {
-    #[serde(rename = "type")]
-    kind: String,
-    replace_full_path: Option<String>,
-    replace_prefix_match: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct MirrorSpec {
-    backend_ref: ObjectRefSpec,
-    percent: Option<serde_json::Value>,
-    fraction: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -386,89 +301,6 @@ fn rule(rd: &Reader, r: RuleSpec, i: usize) -> Result<RuleInput, ObjectError> {
     Ok(RuleInput { matches, filters, mirrors, backends, timeout, backend_timeout })
 }
 
-/// A path of a match or a redirect/rewrite: absolute, and without what
-/// Gateway API's validation forbids (`//`, `/./`, `/../`, `%2f`, `#`, a
-/// final `/.` or `/..`).
-fn check_path(rd: &Reader, value: &str, field: &str) -> Result<(), ObjectError> {
-    if !value.starts_with('/') {
-        return Err(rd.err(field, format!("{value:?} must be an absolute path (start with /)")));
-    }
-    for bad in ["//", "/./", "/../", "%2f", "%2F", "#"] {
-        if value.contains(bad) {
-            return Err(rd.err(field, format!("{value:?} must not contain {bad:?}")));
-        }
-    }
-    if value.ends_with("/.") || value.ends_with("/..") {
-        return Err(rd.err(field, format!("{value:?} must not end with /. or /..")));
-    }
-    Ok(())
-}
-
-/// A match type other than Exact (the default): RegularExpression is
-/// refused by name, anything else as unknown.
-fn exact_only(rd: &Reader, kind: Option<&str>, field: &str) -> Result<(), ObjectError> {
-    match kind {
-        None | Some("Exact") => Ok(()),
-        Some("RegularExpression") => Err(rd.err(field, "RegularExpression is not supported; use Exact")),
-        Some(other) => Err(rd.err(field, format!("{other:?} is not a match type; use Exact"))),
-    }
-}
-
-const METHODS: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
-
-fn route_match(rd: &Reader, m: MatchSpec, f: &str) -> Result<RouteMatch, ObjectError> {
-    let path = match m.path {
-        None => PathMatch::default(),
-        Some(p) => {
-            let value = p.value.unwrap_or_else(|| "/".into());
-            let kind = p.kind.as_deref().unwrap_or("PathPrefix");
-            match kind {
-                "Exact" | "PathPrefix" => check_path(rd, &value, &format!("{f}.path.value"))?,
-                "RegularExpression" => {
-                    return Err(rd.err(format!("{f}.path.type"), "RegularExpression is not supported; use Exact or PathPrefix"))
-                }
-                other => {
-                    return Err(rd.err(format!("{f}.path.type"), format!("{other:?} is not a path match type; use Exact or PathPrefix")))
-                }
-            }
-            if kind == "Exact" {
-                PathMatch::Exact(value)
-            } else {
-                PathMatch::Prefix(value)
-            }
-        }
-    };
-    // Gateway API: of entries with equivalent names only the first counts
-    // (header names are case-insensitive, query parameter names are not).
-    let mut headers: Vec<HeaderMatch> = Vec::new();
-    for (k, h) in m.headers.into_iter().enumerate() {
-        exact_only(rd, h.kind.as_deref(), &format!("{f}.headers[{k}].type"))?;
-        if h.name.is_empty() {
-            return Err(rd.err(format!("{f}.headers[{k}].name"), "required"));
-        }
-        let name = h.name.to_ascii_lowercase();
-        if !headers.iter().any(|x| x.name == name) {
-            headers.push(HeaderMatch { name, value: h.value });
-        }
-    }
-    let mut query: Vec<QueryMatch> = Vec::new();
-    for (k, q) in m.query_params.into_iter().enumerate() {
-        exact_only(rd, q.kind.as_deref(), &format!("{f}.queryParams[{k}].type"))?;
-        if q.name.is_empty() {
-            return Err(rd.err(format!("{f}.queryParams[{k}].name"), "required"));
-        }
-        if !query.iter().any(|x| x.name == q.name) {
-            query.push(QueryMatch { name: q.name, value: q.value });
-        }
-    }
-    if let Some(method) = &m.method {
-        if !METHODS.contains(&method.as_str()) {
-            return Err(rd.err(format!("{f}.method"), format!("{method:?} is not one of {}", METHODS.join(", "))));
-        }
-    }
-    Ok(RouteMatch { path, headers, query, method: m.method, ..Default::default() })
-}
-
 /// A reference to a Service (a backendRef or a mirror's): any other kind,
 /// ServiceImport included, is refused naming `kind`.
 fn service_ref(rd: &Reader, b: ObjectRefSpec, weight: u32, f: &str) -> Result<BackendRef, ObjectError> {
@@ -484,108 +316,6 @@ fn service_ref(rd: &Reader, b: ObjectRefSpec, weight: u32, f: &str) -> Result<Ba
     }
     let port = b.port.map(|v| rd.port(v, &format!("{f}.port"))).transpose()?;
     Ok(BackendRef { namespace: rd.namespace(b.namespace), name: b.name, port, weight })
-}
-
-fn header_modifier(rd: &Reader, h: Option<HeaderFilterSpec>, f: &str) -> Result<HeaderModifier, ObjectError> {
-    let Some(h) = h else { return Err(rd.err(f, "required by the filter's type")) };
-    let pairs = |list: Vec<NameValue>, what: &str| -> Result<Vec<(String, String)>, ObjectError> {
-        list.into_iter()
-            .enumerate()
-            .map(|(k, nv)| {
-                if nv.name.is_empty() {
-                    return Err(rd.err(format!("{f}.{what}[{k}].name"), "required"));
-                }
-                Ok((nv.name.to_ascii_lowercase(), nv.value))
-            })
-            .collect()
-    };
-    let remove = h
-        .remove
-        .into_iter()
-        .enumerate()
-        .map(|(k, n)| if n.is_empty() { Err(rd.err(format!("{f}.remove[{k}]"), "empty")) } else { Ok(n.to_ascii_lowercase()) })
-        .collect::<Result<_, _>>()?;
-    Ok(HeaderModifier { set: pairs(h.set, "set")?, add: pairs(h.add, "add")?, remove })
-}
-
-fn path_modifier(rd: &Reader, p: Option<PathModifierSpec>, f: &str) -> Result<Option<PathRewrite>, ObjectError> {
-    let Some(p) = p else { return Ok(None) };
-    let (value, field, rewrite): (Option<String>, &str, fn(String) -> PathRewrite) = match p.kind.as_str() {
-        "ReplaceFullPath" => (p.replace_full_path, "replaceFullPath", PathRewrite::ReplaceFullPath),
-        "ReplacePrefixMatch" => (p.replace_prefix_match, "replacePrefixMatch", PathRewrite::ReplacePrefixMatch),
-        other => return Err(rd.err(format!("{f}.type"), format!("{other:?} is not one of ReplaceFullPath, ReplacePrefixMatch"))),
-    };
-    let Some(value) = value else { return Err(rd.err(format!("{f}.{field}"), format!("required by type {}", p.kind))) };
-    // An empty replacement prefix is allowed (it strips the prefix).
-    if !(value.is_empty() && field == "replacePrefixMatch") {
-        check_path(rd, &value, &format!("{f}.{field}"))?;
-    }
-    Ok(Some(rewrite(value)))
-}
-
-fn filters(rd: &Reader, list: Vec<FilterSpec>, rule: &str) -> Result<(Filters, Vec<BackendRef>), ObjectError> {
-    let mut out = Filters::default();
-    let mut mirrors = Vec::new();
-    let mut seen: Vec<String> = Vec::new();
-    for (k, fl) in list.into_iter().enumerate() {
-        let f = format!("{rule}.filters[{k}]");
-        if fl.kind != "RequestMirror" && seen.contains(&fl.kind) {
-            return Err(rd.err(format!("{f}.type"), format!("a rule takes one {} filter", fl.kind)));
-        }
-        seen.push(fl.kind.clone());
-        match fl.kind.as_str() {
-            "RequestHeaderModifier" => {
-                out.request_headers = header_modifier(rd, fl.request_header_modifier, &format!("{f}.requestHeaderModifier"))?
-            }
-            "ResponseHeaderModifier" => {
-                out.response_headers = header_modifier(rd, fl.response_header_modifier, &format!("{f}.responseHeaderModifier"))?
-            }
-            "RequestRedirect" => {
-                let rf = format!("{f}.requestRedirect");
-                let Some(r) = fl.request_redirect else { return Err(rd.err(rf, "required by the filter's type")) };
-                let scheme = match r.scheme.as_deref() {
-                    None | Some("http") | Some("https") => r.scheme,
-                    Some(other) => return Err(rd.err(format!("{rf}.scheme"), format!("{other:?} is not http or https"))),
-                };
-                let status = match r.status_code {
-                    None => 302,
-                    Some(s @ (301 | 302)) => s as u16,
-                    Some(other) => return Err(rd.err(format!("{rf}.statusCode"), format!("{other} is not supported; use 301 or 302"))),
-                };
-                out.redirect = Some(Redirect {
-                    scheme,
-                    hostname: r.hostname,
-                    path: path_modifier(rd, r.path, &format!("{rf}.path"))?,
-                    port: r.port.map(|p| rd.port(p, &format!("{rf}.port"))).transpose()?,
-                    status,
-                });
-            }
-            "URLRewrite" => {
-                let rf = format!("{f}.urlRewrite");
-                let Some(r) = fl.url_rewrite else { return Err(rd.err(rf, "required by the filter's type")) };
-                out.rewrite = Some(Rewrite { hostname: r.hostname, path: path_modifier(rd, r.path, &format!("{rf}.path"))? });
-            }
-            "RequestMirror" => {
-                let mf = format!("{f}.requestMirror");
-                let Some(m) = fl.request_mirror else { return Err(rd.err(mf, "required by the filter's type")) };
-                for (set, name) in [(m.percent.is_some(), "percent"), (m.fraction.is_some(), "fraction")] {
-                    if set {
-                        return Err(
-                            rd.err(format!("{mf}.{name}"), "mirroring a part of the requests is not supported; every request is mirrored")
-                        );
-                    }
-                }
-                mirrors.push(service_ref(rd, m.backend_ref, 1, &format!("{mf}.backendRef"))?);
-            }
-            "ExtensionRef" => return Err(rd.err(format!("{f}.type"), "ExtensionRef filters are not supported")),
-            "CORS" => return Err(rd.err(format!("{f}.type"), "CORS filters (experimental) are not supported")),
-            other => return Err(rd.err(format!("{f}.type"), format!("{other:?} is not a filter type we support"))),
-        }
-    }
-    if out.redirect.is_some() && out.rewrite.is_some() {
-        return Err(rd.err(format!("{rule}.filters"), "a rule takes RequestRedirect or URLRewrite, not both"));
-    }
-    Ok((out, mirrors))
 }
 
 /// A Gateway API duration (GEP-2257): one to four pairs of a number of up

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::objects::{parse_value, ClusterObject};
+use slipstream_core::route::{HeaderMatch, HeaderModifier, QueryMatch, Redirect, Rewrite};
 
 fn object(meta: &str, spec: &str) -> OpaqueObject {
     let doc = format!("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {meta}\nspec: {spec}\n");
