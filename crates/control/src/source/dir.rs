@@ -61,6 +61,9 @@ impl Stamp {
     }
 }
 
+/// The objects of one file, by reference.
+type Objects = BTreeMap<ObjectRef, ClusterObject>;
+
 #[derive(Debug, Default)]
 struct FileState {
     stamp: Option<Stamp>,
@@ -144,10 +147,25 @@ impl DirSource {
     pub fn poll(&mut self) -> Vec<(ObjectEvent, Origin)> {
         let scope = std::mem::replace(&mut self.next, Scope::Everything);
         self.polls += 1;
+        let Some(seen) = self.list(&scope) else { return Vec::new() };
+        let mut parsed = self.read_changed(seen);
+        let polls = self.polls;
+        let gone: Vec<Arc<Path>> =
+            self.files.iter().filter(|(p, st)| st.listed != polls && scope.covers(p)).map(|(p, _)| p.clone()).collect();
+        if parsed.is_empty() && gone.is_empty() {
+            return Vec::new();
+        }
+        let (before, affected) = self.swap_in(&mut parsed, &gone);
+        self.events(affected, &parsed, &before)
+    }
+
+    /// The manifests `scope` lists, with their stamps; None when nothing
+    /// can be said (the root is gone, or cannot be listed).
+    fn list(&mut self, scope: &Scope) -> Option<Vec<(PathBuf, Stamp)>> {
         let mut seen = Vec::new();
         let mut dirs = HashSet::new();
         let mut listing = Listing { files: &mut seen, dirs: &mut dirs, wake: self.wake.as_mut() };
-        let listed = match &scope {
+        let listed = match scope {
             Scope::Everything => std::fs::metadata(&self.root).and_then(|m| listing.dir(&self.root, m.ino(), true)),
             Scope::Dirs(scoped) => scoped.iter().try_for_each(|(dir, recursive)| {
                 match std::fs::metadata(dir).and_then(|m| listing.dir(dir, m.ino(), *recursive)) {
@@ -162,25 +180,30 @@ impl DirSource {
             // The root itself is gone (removed, or not made yet): nothing
             // is known, which is not the same as "every object was
             // deleted". What was read stays until it is back.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && scope == Scope::Everything => {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && *scope == Scope::Everything => {
                 self.next = Scope::Everything;
-                return Vec::new();
+                return None;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
                 tracing::warn!(dir = %self.root.display(), "cannot list the object directory: {e}");
                 // A transient error must not read as "every file is gone".
-                return Vec::new();
+                return None;
             }
         }
-        if scope == Scope::Everything {
+        if *scope == Scope::Everything {
             self.last_full = Some(Instant::now());
             if let Some(w) = &mut self.wake {
                 w.keep_only(&dirs);
             }
         }
+        Some(seen)
+    }
 
-        // Read what changed.
+    /// Reads the files of `seen` that changed since the last poll: the
+    /// objects of each that parses; the errors of each that does not are
+    /// logged and kept, and its previous objects stay.
+    fn read_changed(&mut self, seen: Vec<(PathBuf, Stamp)>) -> BTreeMap<Arc<Path>, BTreeMap<ObjectRef, ClusterObject>> {
         let mut parsed: BTreeMap<Arc<Path>, BTreeMap<ObjectRef, ClusterObject>> = BTreeMap::new();
         for (path, stamp) in seen {
             let (key, state) = match self.files.get_key_value(path.as_path()) {
@@ -227,24 +250,28 @@ impl DirSource {
                 }
             }
         }
-        let polls = self.polls;
-        let gone: Vec<Arc<Path>> =
-            self.files.iter().filter(|(p, st)| st.listed != polls && scope.covers(p)).map(|(p, _)| p.clone()).collect();
-        if parsed.is_empty() && gone.is_empty() {
-            return Vec::new();
-        }
+        parsed
+    }
 
+    /// Puts the new versions of the `parsed` files in place and forgets the
+    /// `gone` ones: the versions they held until now, and every object they
+    /// held or hold.
+    fn swap_in(
+        &mut self,
+        parsed: &mut BTreeMap<Arc<Path>, BTreeMap<ObjectRef, ClusterObject>>,
+        gone: &[Arc<Path>],
+    ) -> (HashMap<Arc<Path>, Objects>, BTreeSet<ObjectRef>) {
         // The versions these files held until now; the new ones go in
         // place. Every object they held or hold is looked at again.
         let mut before: HashMap<Arc<Path>, BTreeMap<ObjectRef, ClusterObject>> = HashMap::new();
         let mut affected: BTreeSet<ObjectRef> = BTreeSet::new();
-        for path in &gone {
+        for path in gone {
             self.errors.remove(&path.to_path_buf());
             if let Some(state) = self.files.remove(path) {
                 before.insert(path.clone(), state.objects);
             }
         }
-        for (path, objects) in &mut parsed {
+        for (path, objects) in parsed.iter_mut() {
             if let Some(state) = self.files.get_mut(path) {
                 before.insert(path.clone(), std::mem::replace(&mut state.objects, std::mem::take(objects)));
             }
@@ -266,8 +293,17 @@ impl DirSource {
                 affected.insert(r.clone());
             }
         }
+        (before, affected)
+    }
 
-        // What the files say now about each of them, against what was sent.
+    /// The events that bring what was sent to what the files say now about
+    /// each `affected` object: deletions first.
+    fn events(
+        &mut self,
+        affected: BTreeSet<ObjectRef>,
+        parsed: &BTreeMap<Arc<Path>, BTreeMap<ObjectRef, ClusterObject>>,
+        before: &HashMap<Arc<Path>, BTreeMap<ObjectRef, ClusterObject>>,
+    ) -> Vec<(ObjectEvent, Origin)> {
         let mut deletes = Vec::new();
         let mut upserts = Vec::new();
         for r in affected {

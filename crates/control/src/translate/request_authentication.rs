@@ -317,40 +317,9 @@ fn rule(
         }
         (None, None) => unreachable!("refused above"),
     };
-    let mut from_headers = Vec::new();
-    for (j, h) in rs.from_headers.into_iter().enumerate() {
-        let hf = format!("{f}.fromHeaders[{j}].name");
-        if h.name.is_empty() {
-            return Err(err(&hf, "required".into()));
-        }
-        http::HeaderName::try_from(h.name.as_str()).map_err(|_| err(&hf, format!("{:?} is not a header name", h.name)))?;
-        from_headers.push(JwtHeader { name: h.name.to_ascii_lowercase(), prefix: h.prefix });
-    }
-    let output_header = |name: &str, hf: &str| -> Result<String, ObjectError> {
-        if name.is_empty() {
-            return Err(err(hf, "required".into()));
-        }
-        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            return Err(err(hf, format!("{name:?} is not a header name (letters, digits, '-' and '_')")));
-        }
-        if reserved_header(name) {
-            return Err(err(hf, format!("{name:?} is a header the mesh or HTTP itself gives meaning to; choose another")));
-        }
-        Ok(name.to_ascii_lowercase())
-    };
-    let output_payload_to_header =
-        rs.output_payload_to_header.as_deref().map(|h| output_header(h, &field("outputPayloadToHeader"))).transpose()?;
-    let mut output_claim_to_headers: Vec<(String, String)> = Vec::new();
-    for (j, c) in rs.output_claim_to_headers.into_iter().enumerate() {
-        let header = output_header(&c.header, &format!("{f}.outputClaimToHeaders[{j}].header"))?;
-        if c.claim.is_empty() {
-            return Err(err(&format!("{f}.outputClaimToHeaders[{j}].claim"), "required".into()));
-        }
-        if output_claim_to_headers.iter().any(|(h, _)| *h == header) || output_payload_to_header.as_deref() == Some(header.as_str()) {
-            return Err(err(&format!("{f}.outputClaimToHeaders[{j}].header"), format!("{header:?} is written twice")));
-        }
-        output_claim_to_headers.push((header, c.claim));
-    }
+    let from_headers = from_headers(rs.from_headers, f, err)?;
+    let (output_payload_to_header, output_claim_to_headers) =
+        output_headers(rs.output_payload_to_header.as_deref(), rs.output_claim_to_headers, f, err)?;
     Ok(RuleInput {
         rule: JwtRule {
             policy: policy.to_string(),
@@ -367,6 +336,58 @@ fn rule(
         },
         keys,
     })
+}
+
+/// A rule's `fromHeaders`: names checked and lowercased.
+fn from_headers(list: Vec<HeaderSpec>, f: &str, err: &impl Fn(&str, String) -> ObjectError) -> Result<Vec<JwtHeader>, ObjectError> {
+    let mut from_headers = Vec::new();
+    for (j, h) in list.into_iter().enumerate() {
+        let hf = format!("{f}.fromHeaders[{j}].name");
+        if h.name.is_empty() {
+            return Err(err(&hf, "required".into()));
+        }
+        http::HeaderName::try_from(h.name.as_str()).map_err(|_| err(&hf, format!("{:?} is not a header name", h.name)))?;
+        from_headers.push(JwtHeader { name: h.name.to_ascii_lowercase(), prefix: h.prefix });
+    }
+    Ok(from_headers)
+}
+
+/// `outputPayloadToHeader`, and `outputClaimToHeaders` as (header, claim).
+type OutputHeaders = (Option<String>, Vec<(String, String)>);
+
+/// A rule's `outputPayloadToHeader` and `outputClaimToHeaders`: names
+/// checked and lowercased, none reserved, none written twice.
+fn output_headers(
+    payload: Option<&str>,
+    claims: Vec<ClaimToHeaderSpec>,
+    f: &str,
+    err: &impl Fn(&str, String) -> ObjectError,
+) -> Result<OutputHeaders, ObjectError> {
+    let output_header = |name: &str, hf: &str| -> Result<String, ObjectError> {
+        if name.is_empty() {
+            return Err(err(hf, "required".into()));
+        }
+        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err(err(hf, format!("{name:?} is not a header name (letters, digits, '-' and '_')")));
+        }
+        if reserved_header(name) {
+            return Err(err(hf, format!("{name:?} is a header the mesh or HTTP itself gives meaning to; choose another")));
+        }
+        Ok(name.to_ascii_lowercase())
+    };
+    let output_payload_to_header = payload.map(|h| output_header(h, &format!("{f}.outputPayloadToHeader"))).transpose()?;
+    let mut output_claim_to_headers: Vec<(String, String)> = Vec::new();
+    for (j, c) in claims.into_iter().enumerate() {
+        let header = output_header(&c.header, &format!("{f}.outputClaimToHeaders[{j}].header"))?;
+        if c.claim.is_empty() {
+            return Err(err(&format!("{f}.outputClaimToHeaders[{j}].claim"), "required".into()));
+        }
+        if output_claim_to_headers.iter().any(|(h, _)| *h == header) || output_payload_to_header.as_deref() == Some(header.as_str()) {
+            return Err(err(&format!("{f}.outputClaimToHeaders[{j}].header"), format!("{header:?} is written twice")));
+        }
+        output_claim_to_headers.push((header, c.claim));
+    }
+    Ok((output_payload_to_header, output_claim_to_headers))
 }
 
 /// An `http` or `https` URL whose host is a Service of this cluster
