@@ -5,6 +5,7 @@
 mod cmd;
 mod common;
 mod examples;
+mod tool;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -156,7 +157,7 @@ enum Command {
         #[arg(required = true)]
         resources: Vec<String>,
         #[command(flatten)]
-        scope: ScopeArgs,
+        scope: cmd::kubectl::ScopeArgs,
         /// wide, json, yaml or name.
         #[arg(short = 'o', long = "output")]
         output: Option<String>,
@@ -170,19 +171,19 @@ enum Command {
         #[arg(required = true)]
         resources: Vec<String>,
         #[command(flatten)]
-        scope: ScopeArgs,
+        scope: cmd::kubectl::ScopeArgs,
     },
     /// Set or remove labels, as `kubectl label`: `label namespace bookinfo
     /// istio.io/dataplane-mode=ambient`, `label svc reviews
     /// istio.io/use-waypoint=waypoint -n bookinfo`, `label ns bookinfo
     /// istio.io/dataplane-mode-` (remove). Changing a value needs
     /// --overwrite. Returns once the node proxies hold the change.
-    Label(LabelArgs),
+    Label(cmd::kubectl::LabelArgs),
     /// Set or remove annotations, as `kubectl annotate` (same forms as `label`).
-    Annotate(LabelArgs),
+    Annotate(cmd::kubectl::LabelArgs),
     /// Create an object from the command line: `create namespace NAME`.
     #[command(subcommand)]
-    Create(CreateCommand),
+    Create(cmd::kubectl::CreateCommand),
     /// Wait for a condition, as `kubectl wait`: `wait --for=condition=Ready
     /// pod --all -n NS --timeout=120s`, `wait --for=condition=Available
     /// deploy/web`, `wait --for=condition=Programmed gtw/waypoint` (any
@@ -193,7 +194,7 @@ enum Command {
         #[arg(required = true)]
         resources: Vec<String>,
         #[command(flatten)]
-        scope: ScopeArgs,
+        scope: cmd::kubectl::ScopeArgs,
         /// Every object of the kind (in the namespace).
         #[arg(long)]
         all: bool,
@@ -249,7 +250,7 @@ enum Command {
     /// done (`status`), as `kubectl rollout` does. The old pods serve until
     /// every new one is ready; a waypoint drains (docs/waypoint.md).
     #[command(subcommand)]
-    Rollout(RolloutCommand),
+    Rollout(cmd::rollout::RolloutCommand),
     /// The node proxy: carries meshed pods' connections in mTLS (HBONE).
     /// Started by `up` on every node; see docs/node-proxy.md.
     Node(slipstream_node::NodeArgs),
@@ -307,7 +308,7 @@ enum Command {
     },
     /// Ask the policy engine about a connection, without sending traffic.
     #[command(subcommand)]
-    Policy(PolicyCommand),
+    Policy(cmd::policy::PolicyCommand),
     /// Problems in the applied configuration, as `istioctl analyze`: a
     /// VirtualService subset no DestinationRule defines (IST0101) or that
     /// selects no pod (SLP0002), a port of a waypoint-bound service whose
@@ -367,108 +368,6 @@ enum Command {
 }
 
 #[derive(Subcommand)]
-enum PolicyCommand {
-    /// May pod FROM open a TCP connection to pod TO on PORT? Answers allow
-    /// or deny and names the deciding policy and rule of each layer: the
-    /// source's egress and the destination's ingress network policies
-    /// (NetworkPolicy, CiliumNetworkPolicy) and the destination's
-    /// AuthorizationPolicies and PeerAuthentication (meshed destinations).
-    ///
-    /// Decided by the node proxies' own engine over the state a node proxy
-    /// holds (or, with -f, the state the control plane would compute from
-    /// manifests). Exit code 0 for allow and for deny; non-zero when the
-    /// question cannot be answered (an unknown pod, a malformed argument).
-    /// See docs/authorization.md.
-    Check {
-        /// The client pod: NAMESPACE/POD, or NAMESPACE/deploy/NAME for the
-        /// first pod of a Deployment.
-        #[arg(long)]
-        from: String,
-        /// The server pod and port: NAMESPACE/POD:PORT (or
-        /// NAMESPACE/deploy/NAME:PORT).
-        #[arg(long)]
-        to: String,
-        /// Answer from these manifests (files or directories; pods need
-        /// status.podIP) instead of the running cluster.
-        #[arg(short = 'f', long = "filename")]
-        filename: Vec<PathBuf>,
-        /// The node proxy whose state to use (default: the first node).
-        #[arg(long)]
-        node: Option<String>,
-        /// `table` or `json`.
-        #[arg(short = 'o', long = "output", default_value = "table")]
-        output: String,
-    },
-}
-
-#[derive(Subcommand)]
-enum CreateCommand {
-    /// `create namespace NAME` (alias `ns`).
-    #[command(alias = "ns")]
-    Namespace { name: String },
-}
-
-/// `label` and `annotate`: the same forms and flags.
-#[derive(clap::Args)]
-struct LabelArgs {
-    /// KIND NAME KEY=VALUE... (or KIND/NAME); KEY- removes. Flags may come
-    /// between them, as kubectl allows (`label svc x -n ns k=v`).
-    #[arg(required = true, num_args = 1..)]
-    args: Vec<String>,
-    #[arg(short = 'n', long = "namespace")]
-    namespace: Option<String>,
-    #[arg(long)]
-    overwrite: bool,
-}
-
-/// Where `get`, `describe` and `wait` look, with kubectl's flags.
-#[derive(clap::Args)]
-struct ScopeArgs {
-    #[arg(short = 'n', long = "namespace")]
-    namespace: Option<String>,
-    #[arg(short = 'A', long = "all-namespaces")]
-    all_namespaces: bool,
-    /// Label selector: k=v, k!=v, k, !k, comma-separated.
-    #[arg(short = 'l', long = "selector")]
-    selector: Option<String>,
-}
-
-impl ScopeArgs {
-    fn scope(self) -> anyhow::Result<cmd::kubectl::Scope> {
-        let selector = cmd::kubectl::Selector::parse(self.selector.as_deref().unwrap_or("")).map_err(anyhow::Error::msg)?;
-        Ok(cmd::kubectl::Scope { namespace: self.namespace, all: self.all_namespaces, selector })
-    }
-}
-
-#[derive(Subcommand)]
-enum RolloutCommand {
-    /// Start replacing a Deployment's pods and return (kubectl's
-    /// `kubectl.kubernetes.io/restartedAt` on its pod template). New pods
-    /// start at once; each old one gets SIGTERM only when every new one is
-    /// ready. Follow it with `rollout status`.
-    Restart {
-        #[arg(short = 'n', long = "namespace", default_value = "default")]
-        namespace: String,
-        /// `deploy/NAME` (`deployment/NAME`, `deployment.apps/NAME`), or
-        /// `deployment NAME`; several may be given.
-        #[arg(required = true, num_args = 1..)]
-        resources: Vec<String>,
-    },
-    /// Wait until a Deployment's pods are all of its current template and
-    /// ready, and its old ones gone. Exit code 1 at the timeout, naming
-    /// what it still waits for.
-    Status {
-        #[arg(short = 'n', long = "namespace", default_value = "default")]
-        namespace: String,
-        /// `deploy/NAME`, or `deployment NAME`.
-        #[arg(required = true, num_args = 1..=2)]
-        resource: Vec<String>,
-        #[arg(long, default_value = "120s", value_parser = slipstream_core::duration::parse_flag)]
-        timeout: Duration,
-    },
-}
-
-#[derive(Subcommand)]
 enum AppCommand {
     /// HTTP echo server (`/echo?size=N`, `/headers`) and raw TCP echo.
     Echo(slipstream_apps::EchoArgs),
@@ -476,39 +375,8 @@ enum AppCommand {
     Bookinfo(slipstream_apps::BookinfoArgs),
 }
 
-/// Run under the name `kubectl`, `istioctl` or `hubble` (a symlink, or an
-/// alias), slipstream takes those tools' words: the tutorials' commands
-/// work verbatim. `istioctl waypoint ...` is `x waypoint ...`, and
-/// kubectl's `-n NS` before the verb goes after it.
-fn as_tool(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let name = args.first().and_then(|a| std::path::Path::new(a).file_name()).and_then(|n| n.to_str()).unwrap_or("").to_string();
-    match name.as_str() {
-        "istioctl" if args.get(1).is_some_and(|a| a == "waypoint") => {
-            args.insert(1, "x".into());
-        }
-        "kubectl" => {
-            // `kubectl -n NS VERB ...` / `--namespace=NS`.
-            if args.get(1).is_some_and(|a| a == "-n" || a == "--namespace") && args.len() > 3 {
-                let flag = args.remove(1);
-                let ns = args.remove(1);
-                let at = if args.get(1).is_some_and(|v| v == "create" || v == "rollout" || v == "x") { 3 } else { 2 };
-                let at = at.min(args.len());
-                args.insert(at, ns);
-                args.insert(at, flag);
-            } else if let Some(ns) = args.get(1).and_then(|a| a.to_str()).and_then(|a| a.strip_prefix("--namespace=")).map(String::from) {
-                args.remove(1);
-                let at = 2.min(args.len());
-                args.insert(at, ns.into());
-                args.insert(at, "-n".into());
-            }
-        }
-        _ => {}
-    }
-    args
-}
-
 fn main() {
-    let cli = Cli::parse_from(as_tool(std::env::args_os().collect()));
+    let cli = Cli::parse_from(tool::as_tool(std::env::args_os().collect()));
     let result = match cli.command {
         // First, before anything could start a process: pod-init's first
         // child becomes PID 1 of the pod's namespace.
@@ -536,7 +404,7 @@ fn main() {
                 let (node, section) = cmd::proxy_config::target(&ctx, &args, node)?;
                 cmd::proxy_config::run(&ctx, &node, section, &output)
             }
-            Command::Policy(PolicyCommand::Check { from, to, filename, node, output }) => {
+            Command::Policy(cmd::policy::PolicyCommand::Check { from, to, filename, node, output }) => {
                 cmd::policy::check(&ctx, &from, &to, &filename, node.as_deref(), &output)
             }
             Command::Status { output } => cmd::status::run(&ctx, &output),
@@ -569,7 +437,7 @@ fn main() {
             Command::Describe { resources, scope } => cmd::kubectl::describe(&ctx, &resources, scope.scope()?),
             Command::Label(a) => cmd::kubectl::label(&ctx, &a.args, a.namespace.as_deref(), a.overwrite, false),
             Command::Annotate(a) => cmd::kubectl::label(&ctx, &a.args, a.namespace.as_deref(), a.overwrite, true),
-            Command::Create(CreateCommand::Namespace { name }) => cmd::kubectl::create_namespace(&ctx, &name),
+            Command::Create(cmd::kubectl::CreateCommand::Namespace { name }) => cmd::kubectl::create_namespace(&ctx, &name),
             Command::Wait { resources, scope, all, for_, timeout } => {
                 cmd::kubectl::wait(&ctx, cmd::kubectl::WaitArgs { resources: &resources, scope: scope.scope()?, all, for_: &for_, timeout })
             }
@@ -577,8 +445,10 @@ fn main() {
                 cmd::exec::run(&ctx, &namespace, &pod, container.as_deref(), privileged, &command).map(|code| std::process::exit(code))
             }
             Command::Logs { namespace, container, follow, pod } => cmd::logs::run(&ctx, &namespace, &pod, container.as_deref(), follow),
-            Command::Rollout(RolloutCommand::Restart { namespace, resources }) => cmd::rollout::restart(&ctx, &namespace, &resources),
-            Command::Rollout(RolloutCommand::Status { namespace, resource, timeout }) => {
+            Command::Rollout(cmd::rollout::RolloutCommand::Restart { namespace, resources }) => {
+                cmd::rollout::restart(&ctx, &namespace, &resources)
+            }
+            Command::Rollout(cmd::rollout::RolloutCommand::Status { namespace, resource, timeout }) => {
                 cmd::rollout::status(&ctx, &namespace, &resource, timeout)
             }
             Command::Agent { nodes, ca_cert, ca_key, control_replicas, datapath } => {
@@ -602,30 +472,7 @@ fn main() {
 }
 
 #[cfg(test)]
-mod tool_words {
-    #[test]
-    fn tools_words_become_ours() {
-        let v = |a: &[&str]| {
-            super::as_tool(a.iter().map(std::ffi::OsString::from).collect())
-                .iter()
-                .map(|s| s.to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            v(&["/usr/local/bin/istioctl", "waypoint", "apply", "-n", "bookinfo"]),
-            ["/usr/local/bin/istioctl", "x", "waypoint", "apply", "-n", "bookinfo"]
-        );
-        assert_eq!(v(&["istioctl", "x", "waypoint", "list"]), ["istioctl", "x", "waypoint", "list"]);
-        assert_eq!(v(&["kubectl", "-n", "bookinfo", "get", "pods"]), ["kubectl", "get", "-n", "bookinfo", "pods"]);
-        assert_eq!(v(&["kubectl", "--namespace=bookinfo", "get", "pods"]), ["kubectl", "get", "-n", "bookinfo", "pods"]);
-        assert_eq!(
-            v(&["kubectl", "-n", "bookinfo", "rollout", "restart", "deploy/x"]),
-            ["kubectl", "rollout", "restart", "-n", "bookinfo", "deploy/x"]
-        );
-        assert_eq!(v(&["slipstream", "waypoint"]), ["slipstream", "waypoint"], "only under the tools' names");
-        assert_eq!(v(&["hubble", "observe", "-f"]), ["hubble", "observe", "-f"]);
-    }
-
+mod arguments {
     #[test]
     fn label_takes_flags_between_its_words() {
         use clap::Parser;

@@ -17,6 +17,41 @@ use slipstream_core::policy::LayerVerdict;
 use slipstream_core::{MeshConfig, MeshState};
 use std::path::PathBuf;
 
+#[derive(clap::Subcommand)]
+pub enum PolicyCommand {
+    /// May pod FROM open a TCP connection to pod TO on PORT? Answers allow
+    /// or deny and names the deciding policy and rule of each layer: the
+    /// source's egress and the destination's ingress network policies
+    /// (NetworkPolicy, CiliumNetworkPolicy) and the destination's
+    /// AuthorizationPolicies and PeerAuthentication (meshed destinations).
+    ///
+    /// Decided by the node proxies' own engine over the state a node proxy
+    /// holds (or, with -f, the state the control plane would compute from
+    /// manifests). Exit code 0 for allow and for deny; non-zero when the
+    /// question cannot be answered (an unknown pod, a malformed argument).
+    /// See docs/authorization.md.
+    Check {
+        /// The client pod: NAMESPACE/POD, or NAMESPACE/deploy/NAME for the
+        /// first pod of a Deployment.
+        #[arg(long)]
+        from: String,
+        /// The server pod and port: NAMESPACE/POD:PORT (or
+        /// NAMESPACE/deploy/NAME:PORT).
+        #[arg(long)]
+        to: String,
+        /// Answer from these manifests (files or directories; pods need
+        /// status.podIP) instead of the running cluster.
+        #[arg(short = 'f', long = "filename")]
+        filename: Vec<PathBuf>,
+        /// The node proxy whose state to use (default: the first node).
+        #[arg(long)]
+        node: Option<String>,
+        /// `table` or `json`.
+        #[arg(short = 'o', long = "output", default_value = "table")]
+        output: String,
+    },
+}
+
 /// `NS/POD:PORT`.
 pub fn parse_target(s: &str) -> anyhow::Result<(PodName, u16)> {
     let (pod, port) = s.rsplit_once(':').with_context(|| format!("--to {s:?}: expected NAMESPACE/POD:PORT"))?;

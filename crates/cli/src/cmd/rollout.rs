@@ -8,6 +8,34 @@ use slipstream_k8s::ObjectKey;
 use slipstream_testbed::ipc::{Request, Response};
 use std::time::Duration;
 
+#[derive(clap::Subcommand)]
+pub enum RolloutCommand {
+    /// Start replacing a Deployment's pods and return (kubectl's
+    /// `kubectl.kubernetes.io/restartedAt` on its pod template). New pods
+    /// start at once; each old one gets SIGTERM only when every new one is
+    /// ready. Follow it with `rollout status`.
+    Restart {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        /// `deploy/NAME` (`deployment/NAME`, `deployment.apps/NAME`), or
+        /// `deployment NAME`; several may be given.
+        #[arg(required = true, num_args = 1..)]
+        resources: Vec<String>,
+    },
+    /// Wait until a Deployment's pods are all of its current template and
+    /// ready, and its old ones gone. Exit code 1 at the timeout, naming
+    /// what it still waits for.
+    Status {
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        /// `deploy/NAME`, or `deployment NAME`.
+        #[arg(required = true, num_args = 1..=2)]
+        resource: Vec<String>,
+        #[arg(long, default_value = "120s", value_parser = slipstream_core::duration::parse_flag)]
+        timeout: Duration,
+    },
+}
+
 /// The Deployment names in kubectl's forms: `deploy/NAME` (and its
 /// aliases) each, or `deployment NAME`.
 pub fn deployments(args: &[String]) -> Result<Vec<String>, String> {

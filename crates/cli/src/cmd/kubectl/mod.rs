@@ -10,6 +10,7 @@
 //! `wait`), over the kinds they know (`kinds`) and what they were asked
 //! for (`select`).
 
+mod args;
 mod create;
 mod delete;
 mod describe;
@@ -18,6 +19,8 @@ mod kinds;
 mod label;
 mod select;
 mod wait;
+
+pub use args::{CreateCommand, LabelArgs, ScopeArgs};
 
 pub use create::create_namespace;
 pub use delete::delete;
