@@ -150,6 +150,8 @@ fn pod_ip(c: &Cluster, prefix: &str) -> String {
     c.pods(prefix)[0]["ip"].as_str().unwrap().to_string()
 }
 
+// one cluster brought up once (slow): capture, refusal and the explanation are checked on it in turn.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn the_kernel_captures_refuses_and_explains() {
     let name = "t-ebpf";

@@ -560,6 +560,8 @@ fn jose_signature(der: &[u8]) -> Vec<u8> {
 
 const SHOP: &str = "shop";
 
+// one story on one real kube-apiserver: each change is checked as exactly one delta after the one before.
+#[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_made_through_the_api_reach_a_node_proxy_and_each_change_is_one_delta() {
     logs();
@@ -839,6 +841,8 @@ async fn open_stream(control: &ControlPlane, token: &str, node: &str) -> Result<
     answer.map(|_| ()).ok_or_else(|| tonic::Status::unknown("the stream ended without an answer"))
 }
 
+// one story on one real kube-apiserver: tokens of several nodes asked in turn, each answer depending on the pods made before.
+#[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_proxies_authenticate_with_service_account_tokens_and_get_only_their_nodes_identities() {
     logs();
@@ -1123,6 +1127,8 @@ fn condition_is(status: &serde_json::Value, type_: &str, value: &str, reason: &s
     condition(status, type_).is_some_and(|c| c["status"] == value && c["reason"] == reason)
 }
 
+// one story on one real kube-apiserver: each step builds on the one before (the Gateway, its Deployment, its status, its identity).
+#[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waypoint_gateway_is_deployed_its_status_written_and_its_account_gets_its_own_identity_only() {
     use k8s_openapi::api::apps::v1::Deployment;

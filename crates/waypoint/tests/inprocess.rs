@@ -1356,6 +1356,8 @@ fn p99(sorted: &[Duration]) -> Duration {
 /// second client sends 100 requests a second: the second sees no error
 /// and its p99 stays within twice its unloaded p99; the first is refused
 /// past each bound and cooled down after its broken connections.
+// one scenario: every bound hit in turn by one client while the other's latencies are measured throughout.
+#[allow(clippy::too_many_lines)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_at_every_bound_does_not_starve_another() {
     use slipstream_waypoint::fair::Fairness;

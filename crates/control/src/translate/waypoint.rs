@@ -289,6 +289,8 @@ mod tests {
         Binding::Refused { namespace: ns.into(), name: name.into(), why }
     }
 
+    // a table of label combinations, one case each.
+    #[allow(clippy::too_many_lines)]
     #[test]
     fn istios_labels_and_precedence_and_we_fail_closed() {
         use AllowedNamespaces::*;

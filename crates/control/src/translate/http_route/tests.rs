@@ -22,6 +22,8 @@ fn reader() -> Reader {
     Reader { r: ObjectRef::new(Kind::HTTPRoute, "demo", "r") }
 }
 
+// a table of malformed routes, one case and its expected field each.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn refusals_name_the_field() {
     let cases = [
@@ -167,6 +169,8 @@ fn refusals_name_the_field() {
     }
 }
 
+// a table of defaults, one line each.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn gateway_api_defaults() {
     // No rules at all: the CRD's default rule, matching every request.
