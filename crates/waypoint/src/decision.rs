@@ -11,7 +11,7 @@ use crate::jwt::JwtError;
 use crate::plan::{self, Action};
 use slipstream_core::path::PathError;
 use slipstream_core::policy::l7::L7Verdict;
-use slipstream_core::route::traffic::{chance, RetryOn};
+use slipstream_core::route::traffic::chance;
 use slipstream_core::route::RouteRule;
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ pub enum Then {
     /// A RequestRedirect filter: status and `location`.
     Redirect { status: u16, location: String },
     /// Sent to the backend's endpoints, tried as [`Attempts`] says.
-    Forward(Box<Forwarding>),
+    Forward(Forwarding),
 }
 
 /// Why the waypoint answers a request itself, in the order it checks.
@@ -100,7 +100,8 @@ impl Refusal {
 /// A forwarded request: where it may go, and how it is tried.
 #[derive(Debug, Clone)]
 pub struct Forwarding {
-    pub route: plan::Forward,
+    /// The route's forwarding, in the box [`plan::decide`] made it in.
+    pub route: Box<plan::Forward>,
     pub attempts: Attempts,
 }
 
@@ -109,8 +110,6 @@ pub struct Forwarding {
 pub struct Attempts {
     /// Attempts after the first (0: none), each to another endpoint.
     pub retries: u32,
-    /// What outcome of an attempt is tried again.
-    pub retry_on: RetryOn,
     /// One attempt's bound.
     pub per_try: Option<Duration>,
     /// The whole request's, retries included.
@@ -185,7 +184,7 @@ pub fn decide<'r>(
         Action::Redirect { status, location } => Then::Redirect { status, location },
         Action::Forward(f) => {
             let attempts = attempts(&f, rule, draws);
-            Then::Forward(Box::new(Forwarding { route: *f, attempts }))
+            Then::Forward(Forwarding { route: f, attempts })
         }
     };
     Decision { rule, policy: by, then }
@@ -198,7 +197,6 @@ fn attempts(f: &plan::Forward, rule: Option<&RouteRule>, draws: Draws) -> Attemp
         rule.is_some_and(|r| !r.filters.mirrors.is_empty() && r.filters.mirror_per_million.map_or(true, |p| chance(p, draws.mirror)));
     Attempts {
         retries: f.retry.as_ref().map_or(0, |r| r.attempts),
-        retry_on: f.retry.as_ref().map(|r| r.on.clone()).unwrap_or_default(),
         per_try: f.attempt_timeout,
         overall: f.timeout,
         mirror,

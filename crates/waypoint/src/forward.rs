@@ -42,9 +42,13 @@ impl Forwarded {
 
 /// The request's body for each attempt: held whole to be sent again, or
 /// streamed once.
+// One per request, held in the forwarding future and never in a
+// collection: boxing the streamed body would cost an allocation per
+// request for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Payload {
     Held(Bytes),
-    Once(Option<Box<ReqBody>>),
+    Once(Option<ReqBody>),
 }
 
 impl Payload {
@@ -84,11 +88,11 @@ pub async fn forward(call: &Call<'_>, f: &Forwarding, filters: &Filters, req: Re
                     request_id = call.id,
                     "not mirrored nor retried: the body is larger than 1 MiB, streamed, or the waypoint (or this client's share) holds as many bodies as it may"
                 );
-                (Payload::Once(Some(stream)), None)
+                (Payload::Once(Some(*stream)), None)
             }
         }
     } else {
-        (Payload::Once(Some(Box::new(body))), None)
+        (Payload::Once(Some(body)), None)
     };
     if let (true, Payload::Held(b)) = (policy.mirror, &payload) {
         replay::mirror(call, &filters.mirrors, &parts, &f.route.path_and_query, b);
@@ -208,7 +212,7 @@ impl Tries<'_, '_> {
         };
         shared.balancer.finish(f, slot, status);
         let overall_left = balance::remaining(self.deadline).map_or(true, |r| !r.is_zero());
-        if attempt <= self.retries && overall_left && self.policy.retry_on.retries(outcome) {
+        if attempt <= self.retries && overall_left && self.route.retry.as_ref().is_some_and(|r| r.on.retries(outcome)) {
             tracing::debug!(upstream = %ep, ?outcome, attempt, "retrying on another endpoint");
             return None;
         }

@@ -157,15 +157,8 @@ fn a_forwarded_request_carries_its_attempts_policy_and_its_draws() {
             draws,
         );
         let Then::Forward(f) = d.then else { panic!("not forwarded") };
-        let want = Attempts {
-            retries: 2,
-            retry_on: Default::default(),
-            per_try: Some(Duration::from_secs(1)),
-            overall: Some(Duration::from_secs(3)),
-            mirror,
-            delay,
-            abort,
-        };
+        let want =
+            Attempts { retries: 2, per_try: Some(Duration::from_secs(1)), overall: Some(Duration::from_secs(3)), mirror, delay, abort };
         assert_eq!(f.attempts, want, "{draws:?}");
     }
     // Without a retry policy: one attempt.
