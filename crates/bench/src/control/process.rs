@@ -106,18 +106,7 @@ impl ControlProcess {
     /// SIGTERM, up to 5 s to finish, then SIGKILL.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else { return };
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        slipstream_testbed::sys::signals::stop_child(&mut child, Duration::from_secs(5));
     }
 }
 

@@ -5,7 +5,7 @@
 //! it (pods cannot otherwise: its namespaces have no route back to the pod
 //! network).
 
-use super::nodeproxy::{self, NodeProxy};
+use super::supervised::{self, Supervised};
 use crate::names::Paths;
 use crate::plan;
 use crate::status::{ControlStatus, ProxyStatus};
@@ -16,7 +16,7 @@ use std::net::Ipv4Addr;
 #[derive(Default)]
 pub struct ControlPlane {
     /// The replicas, in order.
-    replicas: Vec<NodeProxy>,
+    replicas: Vec<Supervised>,
     /// The namespaces made, in order (one per replica).
     netns: Vec<String>,
     /// Waypoint pod addresses routed to, with their node's address.
@@ -30,7 +30,7 @@ impl ControlPlane {
         let netns = paths.control_netns(r);
         self.netns.push(netns.clone());
         net::create_node(fabric, &netns, &format!("control{r}"), plan::control_ip(r))?;
-        self.replicas.push(NodeProxy::new(nodeproxy::control_spec(paths, r)));
+        self.replicas.push(Supervised::new(supervised::control_spec(paths, r)));
         Ok(())
     }
 

@@ -25,12 +25,12 @@ pub mod mesh;
 pub mod network;
 pub mod node;
 pub mod node_proxies;
-pub mod nodeproxy;
 pub mod objects;
 pub mod pods;
 pub mod probe;
 pub mod services;
 pub mod store;
+pub mod supervised;
 pub mod waypoints;
 
 use crate::ipc::{self, Request, Response};

@@ -1,12 +1,12 @@
 //! The node-proxy controller: one `slipstream node` per node, supervised
-//! as kubelet does a DaemonSet pod (`nodeproxy::NodeProxy`: restarts and
+//! as kubelet does a DaemonSet pod (`supervised::Supervised`: restarts and
 //! readiness), what each is told of its node's meshed pods (pods.json, the
 //! CNI role) and what each reports it serves (served.json).
 
 use super::mesh;
 use super::node::Node;
-use super::nodeproxy::{self, NodeProxy};
 use super::pods::PodRuntime;
+use super::supervised::{self, Supervised};
 use crate::names::Paths;
 use crate::plan;
 use crate::status::{DatapathStatus, NodeStatus, ProxyStatus};
@@ -16,7 +16,7 @@ use std::path::PathBuf;
 #[derive(Default)]
 pub struct NodeProxies {
     /// One per node, in the nodes' order.
-    proxies: Vec<NodeProxy>,
+    proxies: Vec<Supervised>,
     /// Per node: the workload uids its proxy reports as served.
     served: BTreeMap<String, BTreeSet<String>>,
     /// pods.json of each node as last written.
@@ -26,7 +26,7 @@ pub struct NodeProxies {
 impl NodeProxies {
     /// Adds the proxy of `node` (it starts at the next tick).
     pub fn add(&mut self, paths: &Paths, node: &Node, control_replicas: usize, ebpf: bool) {
-        self.proxies.push(NodeProxy::new(nodeproxy::node_proxy_spec(paths, node, control_replicas, ebpf)));
+        self.proxies.push(Supervised::new(supervised::node_proxy_spec(paths, node, control_replicas, ebpf)));
     }
 
     /// Supervises the proxies, then reads what each serves.

@@ -40,6 +40,21 @@ pub fn kill(pid: i32, sig: Signal) -> std::io::Result<()> {
     Ok(rustix::process::kill_process(pid, sig)?)
 }
 
+/// Stops a child as kubelet stops a container: SIGTERM, up to `grace`
+/// for it to exit, then SIGKILL; reaped either way.
+pub fn stop_child(child: &mut std::process::Child, grace: std::time::Duration) {
+    let _ = kill(child.id() as i32, Signal::TERM);
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// Whether a process exists (and is not a zombie we could not see as such).
 pub fn alive(pid: i32) -> bool {
     if pid <= 0 {

@@ -235,7 +235,9 @@ pub fn control_spec(paths: &Paths, replica: usize) -> ProcSpec {
     }
 }
 
-pub struct NodeProxy {
+/// One of the agent's own processes (a node proxy, a control plane
+/// replica), restarted with back-off and probed for readiness.
+pub struct Supervised {
     pub node: String,
     spec: ProcSpec,
     child: Option<Child>,
@@ -250,7 +252,7 @@ pub struct NodeProxy {
     probe: Arc<ProbeShared>,
 }
 
-impl NodeProxy {
+impl Supervised {
     pub fn new(spec: ProcSpec) -> Self {
         let probe = Arc::new(ProbeShared::default());
         let (shared, ns, addr, path) = (probe.clone(), netns_path(&spec.netns), spec.probe_addr, spec.probe_path);
@@ -258,7 +260,7 @@ impl NodeProxy {
         if let Err(e) = spawned {
             tracing::error!(name = %spec.name, "cannot start the {}'s readiness probe: {e}", spec.what);
         }
-        NodeProxy {
+        Supervised {
             node: spec.name.clone(),
             spec,
             child: None,
@@ -381,16 +383,7 @@ impl NodeProxy {
         self.probe.stop.store(true, Ordering::Relaxed);
         *lock(&self.probe.target) = None;
         if let Some(mut c) = self.child.take() {
-            let _ = crate::sys::signals::kill(c.id() as i32, crate::sys::signals::Signal::TERM);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            crate::sys::signals::stop_child(&mut c, Duration::from_secs(5));
         }
     }
 }
