@@ -34,6 +34,7 @@
 //! resources.
 
 mod batch;
+mod by_namespace;
 mod compile;
 mod derive;
 mod policies;

@@ -3,6 +3,7 @@
 //! for them (the waypoints' JWT rules), and network policies, resolved
 //! against the pods held.
 
+use super::by_namespace::{ByNamespace, NsState};
 use super::selector::SelectorIndex;
 use super::workloads::Workloads;
 use super::IndexSettings;
@@ -20,7 +21,7 @@ use std::collections::BTreeMap;
 /// The policies the index holds.
 #[derive(Default)]
 pub(super) struct Policies {
-    namespaces: BTreeMap<String, NsPolicies>,
+    namespaces: ByNamespace<NsPolicies>,
     /// NetworkPolicies and CiliumNetworkPolicies by resource name
     /// (`Kind/namespace/name`). Their selectors can reach any pod of any
     /// namespace, so a change of a pod's labels, addresses, service
@@ -42,7 +43,7 @@ struct NsPolicies {
     request_authns: BTreeMap<String, RequestAuthnInput>,
 }
 
-impl NsPolicies {
+impl NsState for NsPolicies {
     fn is_empty(&self) -> bool {
         self.authorization.is_empty() && self.peer_authns.is_empty() && self.request_authns.is_empty()
     }
@@ -51,20 +52,10 @@ impl NsPolicies {
 static NO_PEER_AUTHNS: BTreeMap<String, PeerAuthnInput> = BTreeMap::new();
 
 impl Policies {
-    fn ns(&mut self, name: &str) -> &mut NsPolicies {
-        self.namespaces.entry(name.to_string()).or_default()
-    }
-
-    fn forget_if_empty(&mut self, name: &str) {
-        if self.namespaces.get(name).is_some_and(NsPolicies::is_empty) {
-            self.namespaces.remove(name);
-        }
-    }
-
     /// Stores (Some) or forgets (None) an AuthorizationPolicy; the one it
     /// was.
     pub(super) fn set_authorization(&mut self, ns_name: &str, name: &str, new: Option<PolicyInput>) -> Option<PolicyInput> {
-        let ns = self.ns(ns_name);
+        let ns = self.namespaces.ns_mut(ns_name);
         let old = ns.authorization.remove(name);
         if let Some(old) = &old {
             ns.by_selector.remove(name, old.selector.as_ref());
@@ -73,7 +64,7 @@ impl Policies {
             ns.by_selector.insert(name, p.selector.as_ref());
             ns.authorization.insert(name.to_string(), p);
         }
-        self.forget_if_empty(ns_name);
+        self.namespaces.forget_if_empty(ns_name);
         old
     }
 
@@ -127,12 +118,12 @@ impl Policies {
     /// Stores (Some) or forgets (None) a PeerAuthentication; the one it
     /// was.
     pub(super) fn set_peer_authn(&mut self, ns_name: &str, name: &str, new: Option<PeerAuthnInput>) -> Option<PeerAuthnInput> {
-        let ns = self.ns(ns_name);
+        let ns = self.namespaces.ns_mut(ns_name);
         let old = ns.peer_authns.remove(name);
         if let Some(p) = new {
             ns.peer_authns.insert(name.to_string(), p);
         }
-        self.forget_if_empty(ns_name);
+        self.namespaces.forget_if_empty(ns_name);
         old
     }
 
@@ -143,7 +134,7 @@ impl Policies {
 
     /// Stores a RequestAuthentication; whether it changed.
     pub(super) fn set_request_authn(&mut self, ns_name: &str, name: &str, a: RequestAuthnInput) -> bool {
-        let ns = self.ns(ns_name);
+        let ns = self.namespaces.ns_mut(ns_name);
         let changed = ns.request_authns.get(name) != Some(&a);
         ns.request_authns.insert(name.to_string(), a);
         changed
@@ -153,7 +144,7 @@ impl Policies {
     pub(super) fn remove_request_authn(&mut self, ns_name: &str, name: &str) -> bool {
         let Some(ns) = self.namespaces.get_mut(ns_name) else { return false };
         let had = ns.request_authns.remove(name).is_some();
-        self.forget_if_empty(ns_name);
+        self.namespaces.forget_if_empty(ns_name);
         had
     }
 

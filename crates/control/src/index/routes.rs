@@ -2,6 +2,7 @@
 //! DestinationRules and LocalRateLimitPolicies, with the lookups that pick
 //! the ones a service gets.
 
+use super::by_namespace::{ByNamespace, NsState};
 use crate::translate::http_route::HttpRouteInput;
 use crate::translate::rate_limit::{RateLimitInput, Target};
 use crate::translate::virtual_service::{DestinationRuleInput, VirtualServiceInput};
@@ -11,7 +12,7 @@ use std::collections::BTreeMap;
 /// The routing objects the index holds.
 #[derive(Default)]
 pub(super) struct Routes {
-    namespaces: BTreeMap<String, NsRoutes>,
+    namespaces: ByNamespace<NsRoutes>,
 }
 
 /// One namespace's.
@@ -24,7 +25,7 @@ struct NsRoutes {
     rate_limits: BTreeMap<String, RateLimitInput>,
 }
 
-impl NsRoutes {
+impl NsState for NsRoutes {
     fn is_empty(&self) -> bool {
         self.http_routes.is_empty() && self.virtual_services.is_empty() && self.destination_rules.is_empty() && self.rate_limits.is_empty()
     }
@@ -48,48 +49,38 @@ fn replace<T: PartialEq>(map: &mut BTreeMap<String, T>, name: &str, new: Option<
 }
 
 impl Routes {
-    fn ns(&mut self, name: &str) -> &mut NsRoutes {
-        self.namespaces.entry(name.to_string()).or_default()
-    }
-
-    fn forget_if_empty(&mut self, name: &str) {
-        if self.namespaces.get(name).is_some_and(NsRoutes::is_empty) {
-            self.namespaces.remove(name);
-        }
-    }
-
     /// Stores (Some) or forgets (None) an HTTPRoute (or a GRPCRoute under
     /// [`grpc_key`]); the one it was.
     pub(super) fn set_http_route(&mut self, ns_name: &str, key: &str, new: Option<HttpRouteInput>) -> Option<HttpRouteInput> {
-        let ns = self.ns(ns_name);
+        let ns = self.namespaces.ns_mut(ns_name);
         let old = ns.http_routes.remove(key);
         if let Some(h) = new {
             ns.http_routes.insert(key.to_string(), h);
         }
-        self.forget_if_empty(ns_name);
+        self.namespaces.forget_if_empty(ns_name);
         old
     }
 
     /// Stores (Some) or forgets (None) a VirtualService; whether it changed.
     pub(super) fn set_virtual_service(&mut self, ns_name: &str, name: &str, new: Option<VirtualServiceInput>) -> bool {
-        let changed = replace(&mut self.ns(ns_name).virtual_services, name, new);
-        self.forget_if_empty(ns_name);
+        let changed = replace(&mut self.namespaces.ns_mut(ns_name).virtual_services, name, new);
+        self.namespaces.forget_if_empty(ns_name);
         changed
     }
 
     /// Stores (Some) or forgets (None) a DestinationRule; whether it
     /// changed.
     pub(super) fn set_destination_rule(&mut self, ns_name: &str, name: &str, new: Option<DestinationRuleInput>) -> bool {
-        let changed = replace(&mut self.ns(ns_name).destination_rules, name, new);
-        self.forget_if_empty(ns_name);
+        let changed = replace(&mut self.namespaces.ns_mut(ns_name).destination_rules, name, new);
+        self.namespaces.forget_if_empty(ns_name);
         changed
     }
 
     /// Stores (Some) or forgets (None) a LocalRateLimitPolicy; whether it
     /// changed.
     pub(super) fn set_rate_limit(&mut self, ns_name: &str, name: &str, new: Option<RateLimitInput>) -> bool {
-        let changed = replace(&mut self.ns(ns_name).rate_limits, name, new);
-        self.forget_if_empty(ns_name);
+        let changed = replace(&mut self.namespaces.ns_mut(ns_name).rate_limits, name, new);
+        self.namespaces.forget_if_empty(ns_name);
         changed
     }
 

@@ -3,6 +3,7 @@
 //! selector (their members come from EndpointSlices), and each service's
 //! slices.
 
+use super::by_namespace::{ByNamespace, NsState};
 use super::selector::SelectorIndex;
 use crate::translate::{Labels, PodInput, ServiceInput, SliceInput, TargetPort};
 use slipstream_core::Port;
@@ -11,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 /// The services and endpoint slices the index holds.
 #[derive(Default)]
 pub(super) struct Services {
-    namespaces: BTreeMap<String, NsServices>,
+    namespaces: ByNamespace<NsServices>,
 }
 
 /// One namespace's.
@@ -24,27 +25,17 @@ struct NsServices {
     slices_by_service: HashMap<String, BTreeSet<String>>,
 }
 
-impl NsServices {
+impl NsState for NsServices {
     fn is_empty(&self) -> bool {
         self.services.is_empty() && self.slices.is_empty()
     }
 }
 
 impl Services {
-    fn ns(&mut self, name: &str) -> &mut NsServices {
-        self.namespaces.entry(name.to_string()).or_default()
-    }
-
-    fn forget_if_empty(&mut self, name: &str) {
-        if self.namespaces.get(name).is_some_and(NsServices::is_empty) {
-            self.namespaces.remove(name);
-        }
-    }
-
     /// Stores (Some) or forgets (None) the service `ns/name`; the one it
     /// was.
     pub(super) fn set(&mut self, ns_name: &str, name: &str, new: Option<ServiceInput>) -> Option<ServiceInput> {
-        let ns = self.ns(ns_name);
+        let ns = self.namespaces.ns_mut(ns_name);
         let old = ns.services.remove(name);
         if let Some(old) = &old {
             ns.by_selector.remove(name, old.selector.as_ref());
@@ -57,7 +48,7 @@ impl Services {
             ns.by_selector.insert(name, s.selector.as_ref());
             ns.services.insert(name.to_string(), s);
         }
-        self.forget_if_empty(ns_name);
+        self.namespaces.forget_if_empty(ns_name);
         old
     }
 
@@ -92,7 +83,7 @@ impl Services {
 
     /// Stores (Some) or forgets (None) an EndpointSlice; the one it was.
     pub(super) fn set_slice(&mut self, ns_name: &str, name: &str, new: Option<SliceInput>) -> Option<SliceInput> {
-        let ns = self.ns(ns_name);
+        let ns = self.namespaces.ns_mut(ns_name);
         let old = ns.slices.remove(name);
         if let Some(svc) = old.as_ref().and_then(|s| s.service.as_ref()) {
             if let Some(set) = ns.slices_by_service.get_mut(svc) {
@@ -108,7 +99,7 @@ impl Services {
             }
             ns.slices.insert(name.to_string(), s);
         }
-        self.forget_if_empty(ns_name);
+        self.namespaces.forget_if_empty(ns_name);
         old
     }
 

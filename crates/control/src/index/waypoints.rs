@@ -2,6 +2,7 @@
 //! only counted), which pods are a waypoint's, and what an object is bound
 //! to.
 
+use super::by_namespace::{ByNamespace, NsState};
 use super::workloads::Workloads;
 use super::IndexSettings;
 use crate::gateway::{genuine, render};
@@ -13,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The Gateways the index holds.
 #[derive(Default)]
 pub(super) struct Waypoints {
-    namespaces: BTreeMap<String, NsGateways>,
+    namespaces: ByNamespace<NsGateways>,
 }
 
 /// One namespace's.
@@ -25,18 +26,18 @@ struct NsGateways {
     others: BTreeSet<String>,
 }
 
-impl Waypoints {
-    fn forget_if_empty(&mut self, name: &str) {
-        if self.namespaces.get(name).is_some_and(|n| n.waypoints.is_empty() && n.others.is_empty()) {
-            self.namespaces.remove(name);
-        }
+impl NsState for NsGateways {
+    fn is_empty(&self) -> bool {
+        self.waypoints.is_empty() && self.others.is_empty()
     }
+}
 
+impl Waypoints {
     /// Stores a Gateway; whether it changed what binding reads (a Gateway
     /// written again unchanged, its status on Kubernetes, changes
     /// nothing).
     pub(super) fn set(&mut self, ns_name: &str, name: &str, g: GatewayInput) -> bool {
-        let ns = self.namespaces.entry(ns_name.to_string()).or_default();
+        let ns = self.namespaces.ns_mut(ns_name);
         let was = ns.waypoints.remove(name);
         ns.others.remove(name);
         let now = match g {
@@ -58,7 +59,7 @@ impl Waypoints {
         let Some(ns) = self.namespaces.get_mut(ns_name) else { return false };
         ns.others.remove(name);
         let was = ns.waypoints.remove(name).is_some();
-        self.forget_if_empty(ns_name);
+        self.namespaces.forget_if_empty(ns_name);
         was
     }
 

@@ -2,14 +2,15 @@
 //! pods per namespace by label pair and by address, so that a selector or
 //! an EndpointSlice finds its pods without a scan of the namespace.
 
+use super::by_namespace::{ByNamespace, NsState};
 use crate::translate::{selector_matches, Labels, NamespaceInput, PodInput, SliceInput};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 /// The namespaces and pods the index holds.
 #[derive(Default)]
 pub(super) struct Workloads {
-    namespaces: BTreeMap<String, NsWorkloads>,
+    namespaces: ByNamespace<NsWorkloads>,
 }
 
 /// One namespace's.
@@ -23,7 +24,7 @@ struct NsWorkloads {
     service_accounts: BTreeSet<String>,
 }
 
-impl NsWorkloads {
+impl NsState for NsWorkloads {
     fn is_empty(&self) -> bool {
         self.namespace.is_none() && self.pods.is_empty() && self.service_accounts.is_empty()
     }
@@ -32,21 +33,10 @@ impl NsWorkloads {
 static NO_LABELS: Labels = Labels::new();
 
 impl Workloads {
-    fn ns(&mut self, name: &str) -> &mut NsWorkloads {
-        self.namespaces.entry(name.to_string()).or_default()
-    }
-
-    /// Drops a namespace's entry once nothing of it is left.
-    fn forget_if_empty(&mut self, name: &str) {
-        if self.namespaces.get(name).is_some_and(NsWorkloads::is_empty) {
-            self.namespaces.remove(name);
-        }
-    }
-
     /// Sets the Namespace object; whether its labels changed (or it is
     /// new).
     pub(super) fn set_namespace(&mut self, name: &str, n: NamespaceInput) -> bool {
-        let ns = self.ns(name);
+        let ns = self.namespaces.ns_mut(name);
         let changed = ns.namespace.as_ref().is_none_or(|old| old.labels != n.labels);
         ns.namespace = Some(n);
         changed
@@ -56,7 +46,7 @@ impl Workloads {
     pub(super) fn remove_namespace(&mut self, name: &str) -> bool {
         let Some(ns) = self.namespaces.get_mut(name) else { return false };
         let had_labels = ns.namespace.take().is_some_and(|n| !n.labels.is_empty());
-        self.forget_if_empty(name);
+        self.namespaces.forget_if_empty(name);
         had_labels
     }
 
@@ -66,19 +56,19 @@ impl Workloads {
     }
 
     pub(super) fn add_service_account(&mut self, ns: &str, name: &str) {
-        self.ns(ns).service_accounts.insert(name.to_string());
+        self.namespaces.ns_mut(ns).service_accounts.insert(name.to_string());
     }
 
     pub(super) fn remove_service_account(&mut self, ns: &str, name: &str) {
         if let Some(n) = self.namespaces.get_mut(ns) {
             n.service_accounts.remove(name);
         }
-        self.forget_if_empty(ns);
+        self.namespaces.forget_if_empty(ns);
     }
 
     /// Stores a pod; the one it replaces.
     pub(super) fn upsert_pod(&mut self, p: PodInput) -> Option<PodInput> {
-        let ns = self.ns(&p.namespace);
+        let ns = self.namespaces.ns_mut(&p.namespace);
         let old = ns.remove_pod(&p.name);
         for kv in &p.labels {
             ns.pods_by_label.entry((kv.0.clone(), kv.1.clone())).or_default().insert(p.name.clone());
@@ -93,7 +83,7 @@ impl Workloads {
     /// Forgets a pod; the one it was.
     pub(super) fn remove_pod(&mut self, ns: &str, name: &str) -> Option<PodInput> {
         let old = self.namespaces.get_mut(ns)?.remove_pod(name);
-        self.forget_if_empty(ns);
+        self.namespaces.forget_if_empty(ns);
         old
     }
 
