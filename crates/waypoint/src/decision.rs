@@ -160,7 +160,7 @@ pub fn decide<'r>(
     checks: Checks<'_>,
     route: impl FnOnce() -> plan::Decision<'r>,
     limit: impl FnOnce(Option<&str>) -> Result<(), Limited>,
-    draws: Draws,
+    draws: impl FnOnce() -> Draws,
 ) -> Decision<'r> {
     let by = checks.authz.by.as_ref().map(|b| format!("{}/{}", b.namespace, b.name));
     let refuse = |policy, r| Decision { rule: None, policy, then: Then::Refuse(r) };
@@ -183,7 +183,10 @@ pub fn decide<'r>(
         Action::Respond { status, flag, detail } => Then::Refuse(Refusal::Route { status, flag, detail }),
         Action::Redirect { status, location } => Then::Redirect { status, location },
         Action::Forward(f) => {
-            let attempts = attempts(&f, rule, draws);
+            // Drawn only for a request that has something to draw for (a
+            // fault, a mirror): not on every request.
+            let wants = f.fault.is_some() || rule.is_some_and(|r| !r.filters.mirrors.is_empty());
+            let attempts = attempts(&f, rule, if wants { draws() } else { Draws::default() });
             Then::Forward(Forwarding { route: f, attempts })
         }
     };

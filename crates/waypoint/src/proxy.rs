@@ -173,7 +173,7 @@ pub async fn handle(
         || plan::decide(&state, routes, &|svc: &str| shared.traffic_of(svc), &target, &Req { view, host, draw_backend: rand::random() }),
         // LocalRateLimitPolicy: the service's buckets, if it has routes.
         |rule| routes.map_or(Ok(()), |r| shared.rate_limit(r, rule)),
-        Draws::random(),
+        Draws::random,
     );
     let rule = decision.rule.map_or("-", |r| r.name.as_str());
     let call = Call { shared: &shared, state: &state, peer: &peer, caller, view, host, id, activity: &activity };

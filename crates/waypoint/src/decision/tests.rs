@@ -72,7 +72,7 @@ fn run(path: Option<PathError>, jwt: Option<&JwtError>, allowed: bool, route: Ro
                 Ok(())
             }
         },
-        Draws::default(),
+        Draws::default,
     );
     let (what, flag) = match &d.then {
         Then::Refuse(r) => (r.status().to_string(), r.flag()),
@@ -154,7 +154,7 @@ fn a_forwarded_request_carries_its_attempts_policy_and_its_draws() {
             Checks { path: None, jwt: None, authz: &authz },
             || plan::Decision { rule: Some(&rule), action: Action::Forward(Box::new(f)) },
             |_| Ok(()),
-            draws,
+            || draws,
         );
         let Then::Forward(f) = d.then else { panic!("not forwarded") };
         let want =
@@ -167,7 +167,7 @@ fn a_forwarded_request_carries_its_attempts_policy_and_its_draws() {
         Checks { path: None, jwt: None, authz: &authz },
         || plan::Decision { rule: None, action: Action::Forward(Box::new(forward(None, None))) },
         |_| Ok(()),
-        Draws::default(),
+        || -> Draws { panic!("drew for a request with no fault and no mirror") },
     );
     let Then::Forward(f) = d.then else { panic!("not forwarded") };
     assert_eq!((f.attempts.retries, f.attempts.mirror, f.attempts.delay, f.attempts.abort), (0, false, None, None));
