@@ -181,8 +181,6 @@ struct Mesh {
     net: u8,
     sockets: LoopbackFactory,
     node1: NodeProxy,
-    /// Keeps the waypoint's HBONE server serving.
-    _drain: slipstream_hbone::drain::DrainTrigger,
     _turn: Turn,
 }
 
@@ -305,9 +303,10 @@ async fn mesh_in_turn(net: u8, fairness: slipstream_waypoint::fair::Fairness, tu
     let tls = ServerTls::new(ca.roots(), TrustDomain::default()).unwrap();
     let listener = TcpListener::bind(SocketAddr::new(wp_ip, 15008)).await.unwrap();
     let server = Server::new(listener, tls, Arc::new(OwnCert { certs, id }), wp.handler(), ServerConfig::default());
-    let (trigger, drain) = slipstream_hbone::drain::channel();
-    tokio::spawn(server.serve(drain));
-    (Mesh { net, sockets, node1, _drain: trigger, _turn: turn }, node2, wp, cfg)
+    // The server follows the waypoint's own drain, as `slipstream waypoint`
+    // wires it (run.rs).
+    tokio::spawn(server.serve(wp.drain().watch()));
+    (Mesh { net, sockets, node1, _turn: turn }, node2, wp, cfg)
 }
 
 /// GETs `path` `n` times on one keep-alive connection from the client pod
@@ -946,13 +945,21 @@ async fn a_draining_waypoint_moves_clients_between_requests() {
     // The idle connection stays open until the drain's end.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!idle_conn.is_finished(), "an idle connection is not closed while Closing (its next request may be on the way)");
+    let hbone = SocketAddr::new(m.ip(5, 1), 15008);
+    let listening = move || std::net::TcpStream::connect_timeout(&hbone, Duration::from_millis(200)).is_ok();
+    assert!(listening(), "the HBONE listener stays open while Closing");
     wp.drain().shut(Duration::from_secs(5));
     tokio::time::timeout(Duration::from_secs(5), idle_conn).await.expect("closed at Closed").unwrap().unwrap();
+    // The HBONE server follows the same drain: its listener closes at Closed.
+    wait_for("the HBONE listener to close", || !listening()).await;
     // Never back: a stage once reached stays.
     assert!(!wp.drain().close());
-    let (mut after, _) = h1().await;
-    if let Ok(r) = after.send_request(req()).await {
-        assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
+    // Nothing new is served after Closed: the client's node proxy finds the
+    // waypoint's listener closed and the new connection fails.
+    if let Ok(s) = m.sockets.connect_captured(m.ip(1, 1), Listener::Outbound, dst).await {
+        let (mut after, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.unwrap();
+        tokio::spawn(conn);
+        assert!(after.send_request(req()).await.is_err(), "a request after Closed was served");
     }
 }
 
