@@ -260,6 +260,13 @@ enum Command {
     /// over TLS. `slipstream up` runs it for the local cluster; on
     /// Kubernetes it runs as a Deployment (see docs/control-plane.md).
     Control(slipstream_control::run::ControlArgs),
+    /// The node agent of the Kubernetes install (the DaemonSet's `agent`
+    /// container): installs the CNI plugin `slipstream-cni` and answers it,
+    /// and takes its node's pods into and out of the mesh while they run;
+    /// see docs/kubernetes.md. The plugin is this binary run under the
+    /// name `slipstream-cni`.
+    #[command(name = "node-agent")]
+    NodeAgent(slipstream_cni::agent::AgentArgs),
     Bench(slipstream_bench::BenchArgs),
     #[command(name = "bench-control")]
     BenchControl(slipstream_bench::control::ControlBenchArgs),
@@ -376,6 +383,7 @@ enum AppCommand {
 }
 
 fn main() {
+    tool::cni_plugin_if_named();
     let cli = Cli::parse_from(tool::as_tool(std::env::args_os().collect()));
     let result = match cli.command {
         // First, before anything could start a process: pod-init's first
@@ -390,6 +398,10 @@ fn main() {
         Command::Waypoint(args) => cmd::waypoint::run(args),
         Command::Node(args) => cmd::node::run(&cli.cluster, args),
         Command::Control(args) => cmd::control::run(args),
+        Command::NodeAgent(args) => {
+            slipstream_proxy::process::init();
+            slipstream_cni::agent::run(args)
+        }
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
             Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas, datapath } => {
                 common::set_load_options("up", validate);
@@ -460,6 +472,7 @@ fn main() {
             | Command::BenchPolicy(_)
             | Command::Waypoint(_)
             | Command::Node(_)
+            | Command::NodeAgent(_)
             | Command::Control(_) => {
                 unreachable!("handled above")
             }

@@ -1,5 +1,6 @@
 //! Run under the name `kubectl`, `istioctl` or `hubble`, slipstream takes
-//! those tools' words (`main` calls [`as_tool`] before parsing).
+//! those tools' words (`main` calls [`as_tool`] before parsing); under the
+//! name `slipstream-cni` it is the CNI plugin.
 
 /// Run under the name `kubectl`, `istioctl` or `hubble` (a symlink, or an
 /// alias), slipstream takes those tools' words: the tutorials' commands
@@ -30,6 +31,15 @@ pub fn as_tool(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
         _ => {}
     }
     args
+}
+
+/// Run by a container runtime under the name `slipstream-cni`, slipstream
+/// is the CNI plugin: it speaks the CNI protocol and exits.
+pub fn cni_plugin_if_named() {
+    let name = std::env::args_os().next();
+    if name.as_ref().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == slipstream_cni::conflist::PLUGIN_TYPE) {
+        slipstream_cni::plugin::main();
+    }
 }
 
 #[cfg(test)]

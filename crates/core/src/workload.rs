@@ -219,6 +219,14 @@ pub struct PodRegistration {
     pub uid: String,
     /// Path of the network namespace (`/run/netns/<name>`).
     pub netns: String,
+    /// The pod's address, from its CNI result, when the control plane may
+    /// not know it yet: on Kubernetes a pod is registered before its
+    /// sandbox exists for the API server, so the proxy opens its listeners
+    /// on this address and the pod's first connection waits for its
+    /// workload (and certificate). Absent in the local cluster, whose
+    /// control plane always knows the pod first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

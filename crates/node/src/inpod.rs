@@ -52,7 +52,7 @@ impl InPod {
 
     /// Opens listeners for new pods, drains removed ones, reports the set.
     pub async fn reconcile(&mut self, pods: &NodePods, mesh: &MeshState) {
-        let wanted: HashMap<&str, &str> = pods.pods.iter().map(|p| (p.uid.as_str(), p.netns.as_str())).collect();
+        let wanted: HashMap<&str, (&str, Option<IpAddr>)> = pods.pods.iter().map(|p| (p.uid.as_str(), (p.netns.as_str(), p.ip))).collect();
         let gone: Vec<String> = self.running.keys().filter(|u| !wanted.contains_key(u.as_str())).cloned().collect();
         for uid in gone {
             if let Some(r) = self.running.remove(&uid) {
@@ -64,26 +64,31 @@ impl InPod {
         }
         self.failed.clear();
         let mut states = BTreeMap::new();
-        for (uid, netns) in wanted {
+        for (uid, (netns, registered_ip)) in wanted {
             let w = mesh.workload(uid);
             if !self.running.contains_key(uid) {
-                match &w {
+                // The mesh's address of the pod, else the one it was
+                // registered with (a new pod on Kubernetes: its first
+                // connection waits for the mesh to name it).
+                match w.as_ref().map(|w| w.address()).or(registered_ip) {
                     // Registered before the mesh configuration names it: next time.
                     None => {
                         self.failed.insert(uid.to_string());
                     }
-                    Some(w) => match self.start(uid, w.address(), Path::new(netns)) {
+                    Some(ip) => match self.start(uid, ip, Path::new(netns)) {
                         Ok(r) => {
-                            tracing::info!(pod = %uid, ip = %w.address(), netns, "listening in the pod on :15001, :15006, :15008");
+                            tracing::info!(pod = %uid, %ip, netns, known = w.is_some(), "listening in the pod on :15001, :15006, :15008");
                             // Issued ahead of the first connection, so
                             // readiness can say the pod is served; renewed
                             // in the background from then on.
-                            let (certs, id) = (self.shared.certs.clone(), w.identity().clone());
-                            tokio::spawn(async move {
-                                if let Err(e) = certs.fetch_certificate(&id).await {
-                                    tracing::warn!(identity = %id, "certificate not issued yet: {e}");
-                                }
-                            });
+                            if let Some(w) = &w {
+                                let (certs, id) = (self.shared.certs.clone(), w.identity().clone());
+                                tokio::spawn(async move {
+                                    if let Err(e) = certs.fetch_certificate(&id).await {
+                                        tracing::warn!(identity = %id, "certificate not issued yet: {e}");
+                                    }
+                                });
+                            }
                             self.running.insert(uid.to_string(), r);
                         }
                         Err(e) => {

@@ -19,6 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Poll};
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// A captured connection, as the planner sees it.
@@ -249,6 +250,27 @@ enum Carry {
     Passthrough { app: Metered<TcpStream>, upstream: TcpStream, _upstream_fd: SlotGuard },
 }
 
+/// How long a pod's connection waits for the mesh to name the pod: a pod
+/// registered from its CNI call on Kubernetes (its first init container)
+/// may connect before the control plane has seen its address.
+const SOURCE_WAIT: Duration = Duration::from_secs(15);
+
+/// The pod's own workload, waiting up to [`SOURCE_WAIT`] for the mesh to
+/// name it (at once when it already does, as always in the local cluster).
+async fn source_workload(shared: &Shared, mut snap: Arc<MeshState>, uid: &str) -> (Arc<MeshState>, Option<Arc<MeshWorkload>>) {
+    let deadline = tokio::time::Instant::now() + SOURCE_WAIT;
+    loop {
+        if let Some(w) = snap.workload(uid) {
+            return (snap, Some(w));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return (snap, None);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        snap = shared.snapshot();
+    }
+}
+
 /// Plans and connects; `None` when the connection was refused (and already
 /// recorded).
 async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketAddr) -> Option<Carry> {
@@ -265,8 +287,8 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
     // Steered at connect() (eBPF), the app dialed 127.0.0.1 from
     // 127.0.0.1: it is still the pod speaking, from its own address.
     let peer = if loopback_is_local && peer.ip().is_loopback() { SocketAddr::new(pod.ip, peer.port()) } else { peer };
-    let req =
-        Request { src: snap.workload(&pod.uid), src_addr: peer, pod_ip: pod.ip, dst, chosen, draw: rand::random(), loopback_is_local };
+    let (snap, src) = source_workload(&shared, snap, &pod.uid).await;
+    let req = Request { src, src_addr: peer, pod_ip: pod.ip, dst, chosen, draw: rand::random(), loopback_is_local };
     let refuse = |info: ConnInfo, e: ProxyError| {
         reset(&app);
         ConnRecord::open(info, shared.telemetry.clone()).close(Err(e));

@@ -120,7 +120,9 @@ impl Mesh {
         tokio::spawn(hold(TcpListener::bind(SocketAddr::new(echo_ip, HOLD_PORT)).await.unwrap()));
         let mut m = Mesh { client_ip, echo_ip, vip, sockets, node1, node2, config, seen };
         m.apply().await;
-        let pods = |name: &str| NodePods { pods: vec![PodRegistration { uid: format!("test//Pod/default/{name}"), netns: String::new() }] };
+        let pods = |name: &str| NodePods {
+            pods: vec![PodRegistration { uid: format!("test//Pod/default/{name}"), netns: String::new(), ip: None }],
+        };
         m.node1.apply_pods(pods("client"));
         m.node2.apply_pods(pods("echo"));
         m.node1.reconcile().await;
@@ -391,11 +393,11 @@ async fn readiness_says_why_until_configuration_listeners_and_certificates_are_t
     let ip: IpAddr = "127.84.1.1".parse().unwrap();
     let cfg =
         MeshConfig { workloads: vec![workload("client", ip, "node1", None)], services: vec![], policies: vec![], net_policies: vec![] };
-    p.apply_pods(NodePods { pods: vec![PodRegistration { uid: "test//Pod/default/ghost".into(), netns: String::new() }] });
+    p.apply_pods(NodePods { pods: vec![PodRegistration { uid: "test//Pod/default/ghost".into(), netns: String::new(), ip: None }] });
     p.apply_mesh(&cfg);
     p.reconcile().await;
     assert_eq!(get(ready, "/healthz/ready").await, (503, "pod test//Pod/default/ghost: not in the mesh configuration yet\n".to_string()));
-    p.apply_pods(NodePods { pods: vec![PodRegistration { uid: "test//Pod/default/client".into(), netns: String::new() }] });
+    p.apply_pods(NodePods { pods: vec![PodRegistration { uid: "test//Pod/default/client".into(), netns: String::new(), ip: None }] });
     p.reconcile().await;
     let s = p.shared().clone();
     wait_for("ready once the pod's certificate is issued", || s.ready().is_ok()).await;

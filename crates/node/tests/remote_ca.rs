@@ -183,7 +183,9 @@ impl Mesh {
         }
         for (n, pod) in [(&mut node1, "a"), (&mut node2, "b")] {
             assert!(n.apply_mesh(&mesh).errors.is_empty());
-            n.apply_pods(NodePods { pods: vec![PodRegistration { uid: format!("test//Pod/default/{pod}"), netns: String::new() }] });
+            n.apply_pods(NodePods {
+                pods: vec![PodRegistration { uid: format!("test//Pod/default/{pod}"), netns: String::new(), ip: None }],
+            });
             n.reconcile().await;
         }
         let (s1, s2) = (node1.shared().clone(), node2.shared().clone());

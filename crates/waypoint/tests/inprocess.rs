@@ -274,7 +274,7 @@ async fn mesh_in_turn(net: u8, fairness: slipstream_waypoint::fair::Fairness, tu
         }
     });
     let pods = |names: &[&str]| NodePods {
-        pods: names.iter().map(|n| PodRegistration { uid: format!("test//Pod/default/{n}"), netns: String::new() }).collect(),
+        pods: names.iter().map(|n| PodRegistration { uid: format!("test//Pod/default/{n}"), netns: String::new(), ip: None }).collect(),
     };
     node1.apply_pods(pods(&["client", "attacker"]));
     node2.apply_pods(pods(&["reviews-v1", "reviews-v2"]));

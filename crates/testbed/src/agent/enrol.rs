@@ -11,7 +11,9 @@
 //! object store, so a node agent on Kubernetes (issue 39: a CNI plugin and
 //! its DaemonSet) can run it unchanged, fed from the CNI's ADD and DEL
 //! calls and the node proxy's report of the pods it serves.
-//! [`next_step`] is the decision, pure; [`reconcile`] applies it.
+//! [`next_step`] is the decision, pure, and the product's
+//! (`slipstream_cni::enrol`, which the node agent on Kubernetes applies);
+//! [`reconcile`] applies it here.
 
 use super::datapath::Capture;
 use std::net::Ipv4Addr;
@@ -33,39 +35,7 @@ pub struct PodRef {
     pub nftables: bool,
 }
 
-/// Where a running pod stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct State {
-    /// The node proxy carries it (told through pods.json).
-    pub meshed: bool,
-    /// Its capture is on.
-    pub captured: bool,
-}
-
-/// What to do next for one running pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Its labels now mesh it: the node proxy first (it serves the pod).
-    Admit,
-    /// The node proxy serves it: switch its capture on.
-    Capture,
-    /// Its labels take it out: capture off, then the node proxy lets it go.
-    Release,
-    /// Not captured yet and no longer wanted: the node proxy lets it go.
-    Forget,
-}
-
-/// The next step for a pod whose labels `want` it meshed (or not), while
-/// its node proxy does (or does not) `serve` it. None: nothing to do.
-pub fn next_step(state: State, want: bool, served: bool) -> Option<Step> {
-    match (want, state.meshed, state.captured) {
-        (true, false, _) => Some(Step::Admit),
-        (true, true, false) if served => Some(Step::Capture),
-        (false, _, true) => Some(Step::Release),
-        (false, true, false) => Some(Step::Forget),
-        _ => None,
-    }
-}
+pub use slipstream_cni::enrol::{next_step, State, Step};
 
 /// Puts a new pod's sandbox on the datapath, before its first process
 /// runs: a meshed app never sends a byte outside the mesh, and on the eBPF
@@ -104,30 +74,5 @@ pub fn reconcile(capture: &mut Capture, pod: &PodRef, state: &mut State, want: b
             Err(e) => tracing::warn!(pod = %pod.name, "leaving the mesh: {e} (retried)"),
         },
         Step::Forget => state.meshed = false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_node_proxy_first_then_capture_and_capture_off_first() {
-        let s = |meshed, captured| State { meshed, captured };
-        // (state, want, served, step)
-        let table = [
-            (s(false, false), true, false, Some(Step::Admit)),
-            (s(false, false), true, true, Some(Step::Admit)),
-            (s(true, false), true, false, None),
-            (s(true, false), true, true, Some(Step::Capture)),
-            (s(true, true), true, true, None),
-            (s(true, true), false, true, Some(Step::Release)),
-            (s(true, true), false, false, Some(Step::Release)),
-            (s(true, false), false, true, Some(Step::Forget)),
-            (s(false, false), false, true, None),
-        ];
-        for (state, want, served, step) in table {
-            assert_eq!(next_step(state, want, served), step, "{state:?} want={want} served={served}");
-        }
     }
 }

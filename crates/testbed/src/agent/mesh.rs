@@ -9,18 +9,7 @@ use crate::plan;
 use slipstream_core::{NodePods, PodRegistration};
 use slipstream_k8s::{Labels, Object, ObjectKey};
 
-/// The label Istio users already put on namespaces (and pods).
-pub const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
-
-/// Meshed when the pod says `ambient`, or its namespace does and the pod
-/// does not opt out with `none`.
-pub fn is_meshed(namespace_labels: &Labels, pod_labels: &Labels) -> bool {
-    match pod_labels.get(DATAPLANE_MODE).map(String::as_str) {
-        Some("none") => false,
-        Some("ambient") => true,
-        _ => namespace_labels.get(DATAPLANE_MODE).map(String::as_str) == Some("ambient"),
-    }
-}
+pub use slipstream_cni::enrol::{is_meshed, workload_uid, DATAPLANE_MODE};
 
 /// Our label, on a namespace or a pod: `nftables` keeps its pods on the
 /// nftables path even on a node running the eBPF datapath: nftables
@@ -43,10 +32,6 @@ pub fn hostname(name: &str, ns: &str) -> String {
     format!("{name}.{ns}.svc.{}", plan::CLUSTER_DOMAIN)
 }
 
-pub fn workload_uid(cluster: &str, ns: &str, name: &str) -> String {
-    format!("{cluster}//Pod/{ns}/{name}")
-}
-
 /// The meshed pods of one node and their network namespaces.
 pub fn node_pods(cluster: &str, node: usize, pods: &[&PodRuntime]) -> NodePods {
     let mut v: Vec<PodRegistration> = pods
@@ -55,27 +40,9 @@ pub fn node_pods(cluster: &str, node: usize, pods: &[&PodRuntime]) -> NodePods {
         .map(|p| PodRegistration {
             uid: workload_uid(cluster, &p.inst.namespace, &p.inst.name),
             netns: crate::names::netns_path(&p.netns).display().to_string(),
+            ip: None,
         })
         .collect();
     v.sort_by(|a, b| a.uid.cmp(&b.uid));
     NodePods { pods: v }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn labels(kv: &[(&str, &str)]) -> Labels {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
-    #[test]
-    fn mesh_membership() {
-        let amb = labels(&[(DATAPLANE_MODE, "ambient")]);
-        let none = labels(&[(DATAPLANE_MODE, "none")]);
-        assert!(is_meshed(&amb, &labels(&[])));
-        assert!(!is_meshed(&amb, &none), "pods opt out with none");
-        assert!(is_meshed(&labels(&[]), &amb), "pods opt in themselves");
-        assert!(!is_meshed(&labels(&[]), &labels(&[])));
-    }
 }

@@ -1,141 +1,22 @@
-//! Traffic capture for meshed pods with nftables, installed inside the pod's
-//! network namespace before its containers start (the CNI plugin's role in
-//! Kubernetes). This is the one place that knows how capture is done; the
-//! eBPF datapath replaces it behind the same two functions.
-//!
-//! Modeled on ztunnel's in-pod rules: the pod's outbound TCP goes to the
-//! node proxy's listener on 127.0.0.1:15001, plaintext inbound to :15006,
-//! HBONE to the proxy's :15008 listener untouched; the proxy's own sockets
-//! carry mark 0x539 (skip capture) or 0x111 (transparent inbound, whose
-//! replies are routed back to the proxy through table 100).
-//!
-//! IPv6: the local cluster addresses pods over IPv4 only, yet every pod
-//! interface has an IPv6 link-local address and apps listen on `[::]`.
-//! Capture and policy are IPv4, so IPv6 would be a side door around STRICT
-//! mTLS: a meshed pod's eth0 refuses IPv6 in both directions (TCP gets a
-//! reset so clients fail at once, everything else is dropped). The resets
-//! that refusal sends leave through the output hook too, so bare resets
-//! pass: a 20-byte TCP header with no options and no payload (IPv6 payload
-//! length 20, no extension header), RST set and none of SYN, FIN, PSH, URG.
-//! Neighbour discovery passes too (without it no SYN ever arrives to be
-//! reset and clients wait for a timeout). Neither carries a byte to or from
-//! an app. Loopback (`::1`) inside the pod is untouched.
+//! Traffic capture for the local cluster's meshed pods: the rules are the
+//! product's (`slipstream_cni::capture`, the same the node agent installs
+//! on Kubernetes), applied here to a pod's namespace by its name under
+//! /run/netns. The local cluster's kubelet probes are not rewritten (its
+//! pods need no probe exception).
 
-use super::cmd::{ip_batch, run, CmdError};
-// The marks, ports and table are shared with the node proxy (and later the
-// eBPF programs); they are defined once, in core's ABI module.
-use slipstream_core::abi::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, INPOD_MARK, MARK_MASK, OUTBOUND_PORT, PROXY_MARK, ROUTE_TABLE};
+use slipstream_cni::cmd::CmdError;
 
-pub const TABLE: &str = "slipstream_mesh";
-
-pub fn ruleset() -> String {
-    format!(
-        r#"table inet {TABLE} {{}}
-delete table inet {TABLE}
-table inet {TABLE} {{
-  chain prerouting {{
-    type nat hook prerouting priority dstnat; policy accept;
-    iifname "eth0" meta nfproto ipv4 meta l4proto tcp tcp dport != {HBONE_PORT} redirect to :{INBOUND_PLAINTEXT_PORT}
-  }}
-  chain output {{
-    type nat hook output priority -100; policy accept;
-    meta mark & {MARK_MASK:#x} == {PROXY_MARK:#x} return
-    meta mark & {MARK_MASK:#x} == {INPOD_MARK:#x} return
-    oifname "lo" return
-    fib daddr type local return
-    meta nfproto ipv4 meta l4proto tcp redirect to :{OUTBOUND_PORT}
-  }}
-  chain ipv6_in {{
-    type filter hook input priority filter; policy accept;
-    iifname "eth0" icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept
-    iifname "eth0" meta nfproto ipv6 meta l4proto tcp counter reject with tcp reset
-    iifname "eth0" meta nfproto ipv6 counter drop
-  }}
-  chain ipv6_out {{
-    type filter hook output priority filter; policy accept;
-    oifname "eth0" icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept
-    oifname "eth0" ip6 nexthdr tcp ip6 length 20 tcp flags & (fin | syn | rst | psh | urg) == rst accept
-    oifname "eth0" meta nfproto ipv6 meta l4proto tcp counter reject with tcp reset
-    oifname "eth0" meta nfproto ipv6 counter drop
-  }}
-  chain output_route {{
-    type route hook output priority mangle; policy accept;
-    meta mark & {MARK_MASK:#x} == {INPOD_MARK:#x} ct mark set {INPOD_MARK:#x}
-    ct mark {INPOD_MARK:#x} meta mark set {INPOD_MARK:#x}
-  }}
-}}
-"#
-    )
-}
-
-/// Installs capture in a new pod network namespace.
+/// Installs capture in a pod network namespace.
 pub fn enable(pod_netns: &str) -> Result<(), CmdError> {
-    run(&["ip", "netns", "exec", pod_netns, "nft", "-f", "-"], Some(&ruleset()))?;
-    reply_route(pod_netns)
+    slipstream_cni::capture::enable(&crate::names::netns_path(pod_netns), None)
 }
 
-/// What the eBPF datapath needs in a meshed pod's namespace besides its
-/// programs (which also refuse IPv6 there, so no nftables rule is left in
-/// the pod): the reply route of transparent inbound connections.
-/// `tcp_fwmark_accept` makes the app's side of a connection
-/// the proxy opened with INPOD_MARK carry that mark too, so its replies
-/// take the reply route back to the proxy, and `fwmark_reflect` does the
-/// same for what the kernel answers with no socket (the reset of a closed
-/// port); nftables capture restores the mark from conntrack instead.
+/// What the eBPF datapath needs in a meshed pod's namespace besides its programs.
 pub fn enable_ebpf_support(pod_netns: &str) -> Result<(), CmdError> {
-    run(&["ip", "netns", "exec", pod_netns, "sysctl", "-qw", "net.ipv4.tcp_fwmark_accept=1", "net.ipv4.fwmark_reflect=1"], None)?;
-    reply_route(pod_netns)
+    slipstream_cni::capture::enable_ebpf_support(&crate::names::netns_path(pod_netns))
 }
 
-/// Takes nftables capture out of a pod's namespace (a running pod leaving
-/// the mesh); its reply route stays, unused.
+/// Takes nftables capture out of a pod's namespace (a running pod leaving the mesh).
 pub fn disable(pod_netns: &str) -> Result<(), CmdError> {
-    run(&["ip", "netns", "exec", pod_netns, "nft", "-f", "-"], Some("table inet slipstream_mesh {}\ndelete table inet slipstream_mesh\n"))
-        .map(|_| ())
-}
-
-fn reply_route(pod_netns: &str) -> Result<(), CmdError> {
-    // Idempotent: a pod enrolled again (its namespace labelled back) has
-    // the rule already.
-    let _ = ip_batch(Some(pod_netns), &[format!("rule del fwmark {INPOD_MARK:#x}/{MARK_MASK:#x} pref 32764 lookup {ROUTE_TABLE}")]);
-    ip_batch(
-        Some(pod_netns),
-        &[
-            format!("rule add fwmark {INPOD_MARK:#x}/{MARK_MASK:#x} pref 32764 lookup {ROUTE_TABLE}"),
-            format!("route replace local 0.0.0.0/0 dev lo table {ROUTE_TABLE}"),
-        ],
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ruleset_replaces_atomically_and_skips_proxy_sockets() {
-        let r = super::ruleset();
-        assert!(r.starts_with("table inet slipstream_mesh {}\ndelete table inet slipstream_mesh\n"));
-        assert!(r.contains("meta mark & 0xfff == 0x539 return"));
-        assert!(r.contains("tcp dport != 15008 redirect to :15006"));
-        assert!(r.contains("redirect to :15001"));
-    }
-
-    #[test]
-    fn ipv6_is_refused_both_ways_on_the_pod_interface_but_not_on_loopback() {
-        let r = super::ruleset();
-        for dir in ["iifname", "oifname"] {
-            assert!(r.contains(&format!("{dir} \"eth0\" meta nfproto ipv6 meta l4proto tcp counter reject with tcp reset")), "{dir}");
-            assert!(r.contains(&format!("{dir} \"eth0\" meta nfproto ipv6 counter drop")), "{dir}");
-        }
-        assert!(!r.contains("\"lo\" meta nfproto ipv6"), "loopback IPv6 inside the pod stays usable");
-        // Only bare resets leave: no payload (payload length = a TCP header
-        // without options), no SYN/FIN/PSH/URG, so nothing rides on them.
-        let out: Vec<&str> = r.lines().filter(|l| l.contains("oifname \"eth0\"") && l.trim_end().ends_with("accept")).collect();
-        assert_eq!(
-            out,
-            [
-                "    oifname \"eth0\" icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept",
-                "    oifname \"eth0\" ip6 nexthdr tcp ip6 length 20 tcp flags & (fin | syn | rst | psh | urg) == rst accept",
-            ],
-            "the only IPv6 the pod may send on eth0"
-        );
-    }
+    slipstream_cni::capture::disable(&crate::names::netns_path(pod_netns))
 }

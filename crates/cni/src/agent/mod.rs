@@ -1,0 +1,274 @@
+//! The node agent (`slipstream node-agent`, the DaemonSet's `agent`
+//! container): on its node it installs the CNI plugin, answers it, and
+//! takes pods into and out of the mesh while they run, the same enrolment
+//! as the local cluster's agent (`crate::enrol`, `crate::capture`).
+//!
+//! - watches of its node's pods, of namespaces and of its DaemonSet;
+//! - a pass thread ([`pass`]) that steps every pod towards what its labels
+//!   want and writes the node proxy's pod list (`files`) and the probe
+//!   table (`probes`);
+//! - the CNI socket ([`server`]);
+//! - the plugin kept installed ([`install`]); on a stop marked as an
+//!   uninstall ([`uninstall`]), every pod released and the plugin removed.
+//!   Any other stop (upgrade, eviction) leaves the node meshed and failing
+//!   closed: new pods wait for the next agent, which adopts the pods.
+
+pub mod discover;
+pub mod files;
+pub mod install;
+pub mod pass;
+pub mod probes;
+pub mod server;
+pub mod uninstall;
+mod watch;
+
+use slipstream_core::sync::LockExt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `slipstream node-agent`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct AgentArgs {
+    #[command(subcommand)]
+    pub command: Option<AgentCommand>,
+    /// This node's name (the downward API's spec.nodeName)
+    #[arg(long, env = "NODE_NAME")]
+    pub node: Option<String>,
+    /// Shared with the node proxy: `<node>/pods.json` (written here),
+    /// `<node>/served.json` (the proxy's), and the CNI socket `cni.sock`
+    #[arg(long, default_value = "/var/run/slipstream")]
+    pub run_dir: PathBuf,
+    /// The node's CNI binary directory, as mounted in this container
+    #[arg(long, default_value = "/host/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    /// The node's CNI configuration directory, as mounted in this container
+    #[arg(long, default_value = "/host/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// Where the runtime pins pods' network namespaces (CNI_NETNS paths)
+    #[arg(long, default_value = "/var/run/netns")]
+    pub netns_dir: PathBuf,
+    /// The host's /proc (hostPID), to find pods that ran before the agent
+    #[arg(long, default_value = "/proc")]
+    pub proc_dir: PathBuf,
+    /// This cluster's id, as the control plane's --cluster-id: pods are
+    /// `<id>//Pod/<namespace>/<name>` in the workload API
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    /// `namespace/name` of the agent's own DaemonSet, watched for the
+    /// uninstall mark (without it, a stop never releases pods)
+    #[arg(long, env = "SLIPSTREAM_DAEMONSET")]
+    pub daemonset: Option<String>,
+    /// Rewrite the node's own connections to meshed pods (kubelet probes)
+    /// to 169.254.7.127, which the pods let through under STRICT mTLS
+    #[arg(long, env = "SLIPSTREAM_AGENT_PROBE_REWRITE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub probes: bool,
+    /// How pods' traffic reaches the node proxy. Only `nftables` on
+    /// Kubernetes for now (the eBPF datapath runs in the local cluster)
+    #[arg(long, env = "SLIPSTREAM_AGENT_DATAPATH", default_value = "nftables", value_parser = ["nftables"])]
+    pub datapath: String,
+    /// Connect-time Service balancing in eBPF: off on Kubernetes, where
+    /// kube-proxy routes Services (docs/kubernetes.md)
+    #[arg(long, env = "SLIPSTREAM_AGENT_SERVICE_BALANCING", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolValueParser::new())]
+    pub service_balancing: bool,
+    /// Readiness (/ready: 200 once the plugin is installed and the watches synced)
+    #[arg(long, default_value = "0.0.0.0:15023")]
+    pub ready_addr: SocketAddr,
+    /// Kubeconfig (default: KUBECONFIG, else the in-cluster service account)
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AgentCommand {
+    /// Mark the DaemonSet for uninstall (Helm's pre-delete hook runs this):
+    /// its agents then release every pod and remove the plugin when they stop
+    MarkUninstall {
+        /// `namespace/name` of the DaemonSet
+        #[arg(long, env = "SLIPSTREAM_DAEMONSET")]
+        daemonset: String,
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    use anyhow::Context;
+    let config = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("reading the kubeconfig {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("using the kubeconfig {}", p.display()))?
+        }
+        None => kube::Config::infer().await.context("finding the Kubernetes API (in-cluster service account, or KUBECONFIG)")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// Runs the agent (or its subcommand) to the end.
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        if let Some(AgentCommand::MarkUninstall { daemonset, kubeconfig }) = &args.command {
+            let (ns, name) = uninstall::parse_daemonset(daemonset).map_err(anyhow::Error::msg)?;
+            return uninstall::mark(client(kubeconfig.as_deref()).await?, &ns, &name).await;
+        }
+        agent(args).await
+    })
+}
+
+async fn agent(args: AgentArgs) -> anyhow::Result<()> {
+    if args.service_balancing {
+        anyhow::bail!("--service-balancing true: connect-time Service balancing is not available on Kubernetes yet (kube-proxy routes Services); leave it false");
+    }
+    let node = args.node.clone().ok_or_else(|| anyhow::anyhow!("--node (or NODE_NAME) is required: the node this agent serves"))?;
+    let daemonset = args.daemonset.as_deref().map(uninstall::parse_daemonset).transpose().map_err(anyhow::Error::msg)?;
+    let settings = pass::Settings {
+        node: node.clone(),
+        cluster_id: args.cluster_id.clone(),
+        run_dir: args.run_dir.clone(),
+        netns_dir: args.netns_dir.clone(),
+        proc_dir: args.proc_dir.clone(),
+        probes: args.probes,
+    };
+    let client = client(args.kubeconfig.as_deref()).await?;
+    let (wake_tx, wake_rx) = std::sync::mpsc::channel();
+    let marked = Arc::new(AtomicBool::new(false));
+    let views = watch::start(client, &node, daemonset, wake_tx.clone(), marked.clone()).await?;
+    tracing::info!(%node, "watching the node's pods and the namespaces");
+
+    let board = server::Shared::default();
+    let socket = args.run_dir.join(crate::protocol::SOCKET);
+    let listener = server::bind(&socket).map_err(|e| anyhow::anyhow!("binding the CNI socket {}: {e}", socket.display()))?;
+    let serving = tokio::spawn(server::serve(listener, board.clone(), wake_tx.clone()));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let passes = {
+        let (board, stop, settings) = (board.clone(), stop.clone(), settings.clone());
+        std::thread::Builder::new().name("pass".into()).spawn(move || pass_loop(&settings, &views, &board, &wake_rx, &stop))?
+    };
+
+    let ready = Arc::new(AtomicBool::new(false));
+    tokio::spawn(serve_ready(args.ready_addr, ready.clone()));
+    let keeper = tokio::spawn(keep_installed(args.cni_bin_dir.clone(), args.cni_conf_dir.clone(), socket.display().to_string(), ready));
+
+    wait_for_stop().await;
+    keeper.abort();
+    serving.abort();
+    let _ = std::fs::remove_file(&socket);
+    stop.store(true, Ordering::SeqCst);
+    let _ = wake_tx.send(());
+    let mut state = passes.join().map_err(|_| anyhow::anyhow!("the pass thread panicked"))?;
+    if marked.load(Ordering::SeqCst) {
+        tracing::info!("stopping for an uninstall (the DaemonSet is marked): removing the plugin, then releasing every pod of the node");
+        if let Err(e) = install::remove(&args.cni_conf_dir, &args.cni_bin_dir) {
+            tracing::error!("removing the CNI plugin: {e}");
+        }
+        state.release_all(&settings);
+        let _ = std::fs::remove_dir_all(args.run_dir.join(&node));
+        tracing::info!("uninstalled from this node: pods serve without the mesh");
+    } else {
+        tracing::info!("stopping (an upgrade, an eviction or a restart: the DaemonSet is not marked for uninstall): the node stays meshed; new pods wait for the next agent");
+    }
+    Ok(())
+}
+
+fn pass_loop(
+    settings: &pass::Settings,
+    views: &watch::Views,
+    board: &server::Shared,
+    wake: &std::sync::mpsc::Receiver<()>,
+    stop: &AtomicBool,
+) -> pass::Node {
+    let mut node = pass::Node::adopt(settings);
+    let mut busy = true;
+    while !stop.load(Ordering::SeqCst) {
+        let _ = wake.recv_timeout(if busy { Duration::from_millis(200) } else { Duration::from_secs(2) });
+        while wake.try_recv().is_ok() {}
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let sandboxes = board.locked().sandboxes.clone();
+        let (pods, labels) = views.snapshot();
+        let answers = node.pass(settings, &pods, &labels, &sandboxes);
+        busy = answers.values().any(|a| matches!(a, pass::Answer::Waiting(_)));
+        let mut b = board.locked();
+        b.answers = answers;
+        b.passes += 1;
+    }
+    node
+}
+
+/// Installs the plugin and keeps it installed.
+async fn keep_installed(bin_dir: PathBuf, conf_dir: PathBuf, socket: String, ready: Arc<AtomicBool>) {
+    let mut said = String::new();
+    loop {
+        let outcome = install::install_binary(&bin_dir).and_then(|copied| {
+            if copied {
+                tracing::info!(dir = %bin_dir.display(), "CNI plugin binary installed");
+            }
+            install::chain(&conf_dir, &socket)
+        });
+        match outcome {
+            Ok(changed) => {
+                if let Some(file) = changed {
+                    tracing::info!(file = %file.display(), "chained into the primary CNI's configuration: new pods call slipstream-cni");
+                }
+                ready.store(true, Ordering::SeqCst);
+                said.clear();
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if msg != said {
+                    tracing::warn!("CNI plugin: {msg} (retried every 5s)");
+                    said = msg;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+async fn serve_ready(addr: SocketAddr, ready: Arc<AtomicBool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%addr, "readiness: cannot listen: {e}");
+            return;
+        }
+    };
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else { continue };
+        let ready = ready.load(Ordering::SeqCst);
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+            let (status, body) =
+                if ready { ("200 OK", "ready\n") } else { ("503 Service Unavailable", "the CNI plugin is not installed yet\n") };
+            let _ = s
+                .write_all(format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).as_bytes())
+                .await;
+        });
+    }
+}
+
+async fn wait_for_stop() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot wait for SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
