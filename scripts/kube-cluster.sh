@@ -54,7 +54,10 @@ CP_IP=$(node_ip control-plane)
 SHIELDED_SYSCTLS="kernel/panic kernel/panic_on_oops vm/overcommit_memory vm/panic_on_oom kernel/keys/root_maxkeys kernel/keys/root_maxbytes"
 # Paths a kubelet or containerd uses whatever their flags say: a directory
 # of the node's own is bind-mounted over each in its mount namespace.
-NODE_PATHS="/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/containerd /run/containerd /var/lib/cni /etc/cni/net.d"
+# /opt/cni/bin and /run/slipstream too: a CNI plugin a DaemonSet installs
+# (Slipstream's) and the files it shares with its node proxy are each
+# node's own, as on machines of their own.
+NODE_PATHS="/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/containerd /run/containerd /var/lib/cni /etc/cni/net.d /opt/cni/bin /run/slipstream"
 
 log() { echo "kube-cluster.sh: $*" >&2; }
 die() {
@@ -249,8 +252,12 @@ make_mount_namespaces() {
       # of staying behind as empty files in the machine's /run/netns.
       mkdir -p /run/netns
       mount -t tmpfs -o mode=0755 kh-netns /run/netns
-      # The kubelet makes its root shared for mount propagation to pods.
-      mount --make-rshared /var/lib/kubelet
+      # Every mount of the node shared (peer groups of the node's own, not
+      # the machine's), as systemd leaves a real node's root: pods may
+      # mount host paths with HostToContainer propagation (a node proxy
+      # opening pods' network namespaces made after it started), and the
+      # kubelet's root propagates to pods.
+      mount --make-rshared /
     "
   done
 }
@@ -308,6 +315,11 @@ make_cgroup_roots() {
 write_node_configs() {
   local n=$1 dir="$STATE/nodes/$1"
   mkdir -p "$dir"
+  # The node's CNI plugins (Debian's), in its own /opt/cni/bin.
+  mkdir -p "$dir/paths/opt/cni/bin"
+  for p in bridge host-local loopback; do
+    install -m 0755 "/usr/lib/cni/$p" "$dir/paths/opt/cni/bin/$p"
+  done
   kubeconfig "kubelet-$n" "$dir/kubelet.kubeconfig"
   cat >"$dir/containerd.toml" <<EOF
 version = 2
@@ -329,7 +341,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "/opt/cni/bin"
     conf_dir = "/etc/cni/net.d"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$STATE/registry-hosts"

@@ -85,13 +85,22 @@ new_rootfs() {
   printf 'hosts: files dns\n' >"$r/etc/nsswitch.conf"
 }
 
-# The slipstream image's files: the binary, its libraries, its users, /tmp.
+# The slipstream image's files: the binary, its libraries, its users, /tmp,
+# and Debian's `nft` and `ip` with their libraries: the node agent installs
+# pods' capture with them (nftables rules and the reply route in each
+# meshed pod's namespace, the probe table in the node's).
 slipstream_rootfs() {
-  local r="$OUT/slipstream-rootfs"
+  local r="$OUT/slipstream-rootfs" exe
   new_rootfs "$r" nonroot 65532
   mkdir -p "$r/usr/local/bin"
   install -m 0755 "$BIN" "$r/usr/local/bin/slipstream"
   copy_libs "$r" "$BIN"
+  for exe in /usr/sbin/nft /usr/sbin/ip; do
+    [ -x "$exe" ] || die "$exe is missing; run scripts/setup.sh"
+    mkdir -p "$r$(dirname "$exe")"
+    cp -L "$exe" "$r$exe"
+    copy_libs "$r" "$exe"
+  done
   make_layer "$r" "$OUT/slipstream.tar"
 }
 
