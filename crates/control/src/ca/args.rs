@@ -4,6 +4,7 @@
 use super::roots::{CaFiles, CaSource};
 use super::service::CaConfig;
 use super::tokenreview::ReviewPolicy;
+use crate::namespaced::NamespacedName;
 use slipstream_core::TrustDomain;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -30,6 +31,20 @@ pub struct CaArgs {
     /// (root-cert.pem, and root-key.pem readable by its owner only).
     #[arg(long, default_value = "/var/lib/slipstream/ca")]
     pub ca_dir: PathBuf,
+    /// Kubernetes: the CA from this Secret, in Istio's `cacerts` layout
+    /// (ca-cert.pem, ca-key.pem, optionally cert-chain.pem and
+    /// root-cert.pem). Absent, it is created holding a generated root (the
+    /// first replica to create it wins; the others read its root); present
+    /// but unusable, startup fails naming the key, and it is not changed.
+    #[arg(long, value_name = "NAMESPACE/NAME", conflicts_with_all = ["ca_cert", "ca_key", "ca_dir"])]
+    pub ca_secret: Option<NamespacedName>,
+    /// Kubernetes: publish the roots proxies must trust (PEM) in this
+    /// ConfigMap, key root-cert.pem, in the namespace of --ca-secret (else
+    /// POD_NAMESPACE): created if absent, written when it differs, at
+    /// startup and when the roots change. The node proxies mount it as
+    /// their --control-plane-root.
+    #[arg(long, value_name = "NAME", value_parser = parse_configmap_name)]
+    pub root_configmap: Option<String>,
     /// The longest workload certificate lifetime issued (and the default).
     #[arg(long, default_value = "24h", value_parser = parse_lifetime)]
     pub max_cert_validity: Duration,
@@ -41,6 +56,10 @@ pub struct CaArgs {
     /// repeatable or comma-separated.
     #[arg(long = "token-audience", default_value = "istio-ca", value_delimiter = ',')]
     pub token_audiences: Vec<String>,
+}
+
+fn parse_configmap_name(s: &str) -> Result<String, String> {
+    slipstream_k8s::names::check_dns_subdomain(s).map(|()| s.to_string()).map_err(|e| format!("{s:?}: a ConfigMap name {e}"))
 }
 
 fn parse_lifetime(s: &str) -> Result<Duration, String> {
@@ -64,6 +83,20 @@ impl CaArgs {
             (None, None) => Ok(CaSource::Generated { dir: self.ca_dir.clone() }),
             _ => anyhow::bail!("the CA: give both --ca-cert and --ca-key (your CA), or neither (a root generated and kept in --ca-dir)"),
         }
+    }
+
+    /// Where the roots are published (`--root-configmap`), if anywhere:
+    /// the namespace is --ca-secret's, else `pod_namespace` (POD_NAMESPACE).
+    pub fn root_configmap_target(&self, pod_namespace: Option<&str>) -> anyhow::Result<Option<NamespacedName>> {
+        let Some(name) = &self.root_configmap else { return Ok(None) };
+        let namespace = match (&self.ca_secret, pod_namespace.filter(|n| !n.is_empty())) {
+            (Some(s), _) => s.namespace.clone(),
+            (None, Some(ns)) => ns.to_string(),
+            (None, None) => {
+                anyhow::bail!("--root-configmap {name}: in which namespace? Give --ca-secret NAMESPACE/NAME or set POD_NAMESPACE")
+            }
+        };
+        Ok(Some(NamespacedName { namespace, name: name.clone() }))
     }
 
     pub fn config(&self, trust_domain: TrustDomain) -> CaConfig {
@@ -116,5 +149,24 @@ mod tests {
         assert_eq!(policy.audiences, ["x", "y"]);
         let bad = parse(&["--ca-dir", "d", "--node-proxy-account", "ztunnel"]).unwrap().review_policy().unwrap_err();
         assert!(bad.to_string().contains("not a service account as namespace/name"), "{bad}");
+    }
+
+    #[test]
+    fn the_ca_from_a_secret_and_the_published_roots() {
+        let a = parse(&["--ca-secret", "slipstream-system/slipstream-ca", "--root-configmap", "slipstream-ca-root"]).unwrap();
+        assert_eq!(a.ca_secret, Some(NamespacedName::new("slipstream-system", "slipstream-ca")));
+        let target = a.root_configmap_target(Some("elsewhere")).unwrap();
+        assert_eq!(target, Some(NamespacedName::new("slipstream-system", "slipstream-ca-root")), "the Secret's namespace first");
+        let b = parse(&["--root-configmap", "roots"]).unwrap();
+        assert_eq!(b.root_configmap_target(Some("mine")).unwrap(), Some(NamespacedName::new("mine", "roots")));
+        assert!(b.root_configmap_target(None).unwrap_err().to_string().contains("POD_NAMESPACE"));
+        assert_eq!(parse(&[]).unwrap().root_configmap_target(Some("mine")).unwrap(), None);
+
+        for conflicting in [["--ca-cert", "c.pem"], ["--ca-key", "k.pem"], ["--ca-dir", "d"]] {
+            let e = parse(&["--ca-secret", "a/b", conflicting[0], conflicting[1]]).unwrap_err();
+            assert!(e.contains("cannot be used with"), "{conflicting:?}: {e}");
+        }
+        assert!(parse(&["--ca-secret", "no-namespace"]).unwrap_err().contains("NAMESPACE/NAME"));
+        assert!(parse(&["--root-configmap", "Bad_Name"]).is_err());
     }
 }

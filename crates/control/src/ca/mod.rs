@@ -8,7 +8,11 @@
 //! - [`placement`]: which identities run on which node, from the workload
 //!   resources the control plane publishes.
 //! - [`roots`]: the CA material (operator's files or generated), reloaded
-//!   on SIGHUP and when the files change.
+//!   on SIGHUP and when the files change; `load` makes it from its texts.
+//! - [`secret`]: the CA material from a Kubernetes Secret (Istio's
+//!   `cacerts` layout), created with a generated root when absent.
+//! - [`root_configmap`]: the roots published in a ConfigMap for the node
+//!   proxies.
 //! - [`limits`]: per-caller bounds on requests and refusal log lines.
 //! - [`tokenreview`]: Kubernetes callers, by TokenReview.
 //! - [`args`]: the flags, for `slipstream control`.
@@ -18,8 +22,11 @@
 
 pub mod args;
 pub mod limits;
+mod load;
 pub mod placement;
+pub mod root_configmap;
 pub mod roots;
+pub mod secret;
 pub mod service;
 pub mod testing;
 pub mod tokenreview;

@@ -10,14 +10,15 @@
 //! operator replacing the bundle (old and new roots), then the signing
 //! certificate and key (docs/control-plane.md, "Certificates").
 
+use super::load::{load_texts, CaTexts, Part};
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use slipstream_core::sync::LockExt;
 use slipstream_core::TrustDomain;
-use slipstream_identity::{ca_validity_problem, certificate_validity, format_time, Ca, TrustBundle};
+use slipstream_identity::{format_time, Ca, TrustBundle};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// The operator's CA files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,102 +250,23 @@ fn read_and_load(files: &CaFiles, needed: Duration) -> anyhow::Result<(Vec<u8>, 
     Ok((bytes, ca))
 }
 
-/// Parses PEM certificates, naming the file on failure.
-fn pem_certs(text: &str, path: &Path, flag: &str) -> anyhow::Result<Vec<Vec<u8>>> {
-    let certs: Vec<Vec<u8>> = rustls_pemfile::certs(&mut text.as_bytes())
-        .map(|c| c.map(|c| c.as_ref().to_vec()))
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("{flag} {}: malformed PEM", path.display()))?;
-    anyhow::ensure!(!certs.is_empty(), "{flag} {}: no CERTIFICATE in it", path.display());
-    Ok(certs)
-}
-
-fn is_self_signed(der: &[u8]) -> bool {
-    use x509_parser::prelude::FromDer;
-    x509_parser::certificate::X509Certificate::from_der(der).is_ok_and(|(_, c)| c.subject().as_raw() == c.issuer().as_raw())
-}
-
-/// A validity problem of one certificate of the operator's files, with the
-/// file and the certificate's position named.
-fn check_window(der: &[u8], needed: Duration, what: &str) -> anyhow::Result<()> {
-    let (nb, na) = certificate_validity(der).with_context(|| what.to_string())?;
-    let now = SystemTime::now();
-    match ca_validity_problem(nb, na, now, needed) {
-        None => Ok(()),
-        Some(p) => anyhow::bail!("{what} {p} (valid from {} to {}; now {})", format_time(nb), format_time(na), format_time(now)),
-    }
-}
-
 fn load_files(files: &CaFiles, needed: Duration) -> anyhow::Result<Ca> {
-    let cert_text = read(&files.cert, "--ca-cert")?;
-    let key_text = read(&files.key, "--ca-key")?;
-    let signing = pem_certs(&cert_text, &files.cert, "--ca-cert")?;
-    check_window(&signing[0], needed, &format!("the CA certificate {}", files.cert.display()))?;
-    let mut chain_text = String::new();
-    let mut chain_root = None;
-    if let Some(chain) = &files.chain {
-        chain_text = read(chain, "--ca-chain")?;
-        let certs = pem_certs(&chain_text, chain, "--ca-chain")?;
-        for (i, der) in certs.iter().enumerate() {
-            if is_self_signed(der) {
-                // The operator's root: it must be valid now; its end is
-                // watched through the roots of the bundle.
-                check_window(
-                    der,
-                    Duration::ZERO,
-                    &format!("the root (certificate {} of {}) in --ca-chain {}", i + 1, certs.len(), chain.display()),
-                )?;
-                chain_root = Some(der.clone());
-            } else {
-                check_window(
-                    der,
-                    needed,
-                    &format!("the intermediate (certificate {} of {}) in --ca-chain {}", i + 1, certs.len(), chain.display()),
-                )?;
-            }
-        }
-    }
-    let bundle_text = match &files.root_bundle {
-        Some(p) => {
-            let text = read(p, "--root-bundle")?;
-            let roots = pem_certs(&text, p, "--root-bundle")?;
-            let now = SystemTime::now();
-            let mut valid = 0;
-            for (i, der) in roots.iter().enumerate() {
-                match certificate_validity(der).map(|(nb, na)| ca_validity_problem(nb, na, now, Duration::ZERO)) {
-                    Ok(None) => valid += 1,
-                    Ok(Some(problem)) => {
-                        tracing::warn!("root {} of {} in --root-bundle {} {problem}: it trusts nothing", i + 1, roots.len(), p.display())
-                    }
-                    Err(e) => anyhow::bail!("root {} of {} in --root-bundle {}: {e}", i + 1, roots.len(), p.display()),
-                }
-            }
-            anyhow::ensure!(valid > 0, "--root-bundle {}: every root in it has expired or is not valid yet", p.display());
-            Some(text)
-        }
-        None => chain_root.map(|der| slipstream_identity::TrustBundle::from_der(vec![der.into()]).map(|b| b.to_pem())).transpose()?,
+    let part = |path: &Path, flag: &str| -> anyhow::Result<Part> {
+        Ok(Part { text: read(path, flag)?, what: flag.to_string(), place: path.display().to_string() })
     };
-    if files.chain.is_some() && bundle_text.is_none() && !is_self_signed(&signing[0]) {
-        anyhow::bail!(
-            "--ca-chain {} does not end with the operator's root and no --root-bundle was given: the mesh would not know which root to trust",
-            files.chain.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
-        );
-    }
-    let full_chain = format!("{cert_text}\n{chain_text}");
+    let cert = part(&files.cert, "--ca-cert")?;
+    let key = part(&files.key, "--ca-key")?;
+    let chain = files.chain.as_deref().map(|p| part(p, "--ca-chain")).transpose()?;
+    let root_bundle = files.root_bundle.as_deref().map(|p| part(p, "--root-bundle")).transpose()?;
     let named = |flag: &str, p: &Option<PathBuf>| p.as_ref().map(|p| format!(", {flag} {}", p.display())).unwrap_or_default();
-    let ca = Ca::from_pem_named(&full_chain, &key_text, bundle_text.as_deref(), &files.cert).with_context(|| {
-        format!(
-            "loading the CA from --ca-cert {}, --ca-key {}{}{}",
-            files.cert.display(),
-            files.key.display(),
-            named("--ca-chain", &files.chain),
-            named("--root-bundle", &files.root_bundle)
-        )
-    })?;
-    // Intermediates given in --ca-cert after the signing certificate, and
-    // the whole chain as the CA computed it.
-    ca.check_lifetime(needed)?;
-    Ok(ca)
+    let origin = format!(
+        "loading the CA from --ca-cert {}, --ca-key {}{}{}",
+        files.cert.display(),
+        files.key.display(),
+        named("--ca-chain", &files.chain),
+        named("--root-bundle", &files.root_bundle)
+    );
+    load_texts(&CaTexts { cert, key, chain, root_bundle, bundle_hint: "--root-bundle".into(), origin }, needed)
 }
 
 /// Generates a root in `dir` unless one is there. Two replicas starting at
