@@ -17,12 +17,14 @@
 
 mod controllers;
 mod progress;
+mod replicas;
 mod servers;
 mod sources;
 
 use crate::auth::{Authenticator, Gate, GateSettings, NodeTokens};
-use crate::ca::{CaArgs, CaMaterial};
+use crate::ca::CaArgs;
 use crate::index::{Index, IndexSettings};
+use crate::leader::Leadership;
 use crate::resources::{Changes, Resources};
 use crate::serve::ServeSettings;
 use crate::source::ObjectEvent;
@@ -153,6 +155,27 @@ pub struct ControlArgs {
     /// it). At least 5s.
     #[arg(long, default_value = "60s", value_parser = parse_resync)]
     pub gateway_resync: Duration,
+    /// Kubernetes: run the gateway controller only while this replica holds
+    /// the coordination.k8s.io/v1 Lease NAMESPACE/NAME (created if absent),
+    /// so that replicas never fight over a waypoint's objects. Every
+    /// replica serves xDS and certificates either way.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub leader_elect: Option<crate::namespaced::NamespacedName>,
+    /// This replica's name in the Lease (default: the host name, which is
+    /// a pod's name).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_elect_identity: Option<String>,
+    /// How long the Lease holds without renewal: a replica that died is
+    /// replaced after it. The leader steps down when it could not renew
+    /// for two thirds of it.
+    #[arg(long, default_value = "15s", value_parser = slipstream_core::duration::parse_flag)]
+    pub leader_elect_lease_duration: Duration,
+    /// How often the leader renews the Lease.
+    #[arg(long, default_value = "5s", value_parser = slipstream_core::duration::parse_flag)]
+    pub leader_elect_renew: Duration,
+    /// How often a replica that does not lead tries to take the Lease.
+    #[arg(long, default_value = "2s", value_parser = slipstream_core::duration::parse_flag)]
+    pub leader_elect_retry: Duration,
     /// How often the JWKS of a RequestAuthentication's `jwksUri` (a Service
     /// of the cluster) is fetched again; a failed fetch is retried sooner,
     /// and the last good key set stays in force.
@@ -277,21 +300,25 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
     if matches!(args.source, SourceArg::Dir(_)) && args.node_tokens.is_none() {
         bail!("--source dir: needs --node-tokens (there is no API server to review tokens)");
     }
+    replicas::check(&args)?;
     let node_tokens = args.node_tokens.as_deref().map(NodeTokens::load).transpose()?;
-    let ca_source = args.ca.source()?;
 
     // The waypoints' pods, as the index publishes them: the CA lets them
     // obtain their own identity.
     let (waypoint_pods, waypoint_pods_rx) = tokio::sync::watch::channel(BTreeSet::new());
-    let Sources { mut batches, task: source_task, auth, gateway_client } = build_sources(&args, node_tokens, waypoint_pods_rx).await?;
+    let Sources { mut batches, task: source_task, auth, gateway_client, client } =
+        build_sources(&args, node_tokens, waypoint_pods_rx).await?;
 
     // The CA after the source: a control plane that cannot find its
     // objects generates no root.
-    let material = CaMaterial::load(&ca_source, &trust_domain, args.ca.max_cert_validity)?;
+    let material = replicas::load_ca(&args, client.as_ref(), &trust_domain).await?;
     let reload = AbortOnDrop(material.watch(Duration::from_secs(5)));
+    let roots_task = replicas::publish_roots(&args, client.as_ref(), &material).await?;
     let waypoint_template = controllers::waypoint_template(&args)?;
-    // (Both are set on Kubernetes only.)
-    let gateway_task = controllers::build_gateway_controller(&args, &material, gateway_client, waypoint_template.as_ref());
+    // (Set on Kubernetes only.)
+    let leader = replicas::leadership(&args, client.as_ref(), gateway_client.is_some() && waypoint_template.is_some());
+    let leading = leader.as_ref().map(Leadership::watch);
+    let gateway_task = controllers::build_gateway_controller(&args, &material, gateway_client, waypoint_template.as_ref(), leading);
 
     // Both services authenticate through one gate: bounded, and a token
     // refused a moment ago is refused again without asking.
@@ -326,7 +353,8 @@ pub async fn start(args: ControlArgs) -> anyhow::Result<Running> {
         jwks_wanted: jwks.wanted,
         jwks_rx: jwks.results,
         servers,
-        others: vec![Some(monitor_task), Some(reload), gateway_task, Some(jwks.task)],
+        others: vec![Some(monitor_task), Some(reload), gateway_task, Some(jwks.task), roots_task],
+        leader,
     };
     let task = tokio::spawn(serving.run(stopped));
     Ok(Running { addr, monitor: monitor_addr, stop: Some(stop), task })
@@ -390,9 +418,13 @@ struct Serving {
     jwks_wanted: tokio::sync::watch::Sender<BTreeMap<Fetch, Result<SocketAddr, String>>>,
     jwks_rx: mpsc::Receiver<(Fetch, Option<String>)>,
     servers: Servers,
-    /// The monitor, the CA's reload, the gateway controller and the key
-    /// set fetcher: they end with the loop, after the port.
+    /// The monitor, the CA's reload, the gateway controller, the key set
+    /// fetcher and the roots' publisher: they end with the loop, after the
+    /// port.
     others: Vec<Option<AbortOnDrop>>,
+    /// The leader election: the Lease is given up once the gateway
+    /// controller has stopped (with `others`).
+    leader: Option<Leadership>,
 }
 
 impl Serving {
@@ -440,6 +472,9 @@ impl Serving {
         let _ = self.servers.stop.send(());
         let _ = self.servers.serving.await;
         drop(self.others);
+        if let Some(l) = self.leader {
+            l.release().await;
+        }
         result
     }
 }

@@ -38,12 +38,14 @@ pub(super) fn waypoint_template(args: &ControlArgs) -> anyhow::Result<Option<Dep
 }
 
 /// The gateway controller, when there is a client for it (Kubernetes, with
-/// `--gateway-controller`) and a template.
+/// `--gateway-controller`) and a template; with `leading` (leader
+/// election), only while this replica leads.
 pub(super) fn build_gateway_controller(
     args: &ControlArgs,
     material: &CaMaterial,
     client: Option<(kube::Client, Arc<Mirror>)>,
     template: Option<&DeploySettings>,
+    leading: Option<watch::Receiver<bool>>,
 ) -> Option<AbortOnDrop> {
     let ((client, mirror), template) = client.zip(template.cloned())?;
     let material = material.clone();
@@ -58,11 +60,37 @@ pub(super) fn build_gateway_controller(
              on its PATH and give it with --waypoint-image, or waypoint pods will not start (their Gateways stay Programmed=False)"
         );
     }
-    Some(AbortOnDrop(tokio::spawn(crate::gateway::controller::run(client, mirror, move || ControllerSettings {
-        deploy: DeploySettings { root_pem: material.roots().to_pem(), ..template.clone() },
-        domain: domain.clone(),
-        resync,
-    }))))
+    let start = move || {
+        let (material, template, domain) = (material.clone(), template.clone(), domain.clone());
+        AbortOnDrop(tokio::spawn(crate::gateway::controller::run(client.clone(), mirror.clone(), move || ControllerSettings {
+            deploy: DeploySettings { root_pem: material.roots().to_pem(), ..template.clone() },
+            domain: domain.clone(),
+            resync,
+        })))
+    };
+    match leading {
+        None => Some(start()),
+        Some(leading) => Some(AbortOnDrop(tokio::spawn(while_leading(leading, start)))),
+    }
+}
+
+/// Runs what `start` starts while `leading` says this replica leads, and
+/// stops it (its task aborted) as soon as it does not; ends when the
+/// election ends.
+async fn while_leading(mut leading: watch::Receiver<bool>, start: impl Fn() -> AbortOnDrop) {
+    loop {
+        if leading.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        let running = start();
+        tracing::info!("gateway controller: started (this replica leads)");
+        let ended = leading.wait_for(|l| !*l).await.is_err();
+        drop(running);
+        tracing::info!("gateway controller: stopped (this replica no longer leads)");
+        if ended {
+            return;
+        }
+    }
 }
 
 /// The key set fetcher, running.
@@ -95,4 +123,51 @@ pub(super) async fn build_jwks(args: &ControlArgs, index: &mut Index, store: &St
     let (tx, results) = mpsc::channel(16);
     let task = AbortOnDrop(tokio::spawn(crate::jwks::run(wanted_rx, tx, settings, held)));
     Jwks { wanted, results, task }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The controller runs only while leading: started on each gain,
+    /// aborted on each loss, and at the end of the election.
+    #[tokio::test]
+    async fn the_controller_runs_only_while_leading() {
+        let started = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = watch::channel(false);
+        let (alive_tx, mut alive) = watch::channel(0usize);
+        let alive_tx = Arc::new(alive_tx);
+        let count = started.clone();
+        let gate = tokio::spawn(while_leading(rx, move || {
+            count.fetch_add(1, Ordering::SeqCst);
+            let alive_tx = alive_tx.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                // Counts itself alive while it runs.
+                struct Alive(Arc<watch::Sender<usize>>);
+                impl Drop for Alive {
+                    fn drop(&mut self) {
+                        self.0.send_modify(|n| *n -= 1);
+                    }
+                }
+                alive_tx.send_modify(|n| *n += 1);
+                let _alive = Alive(alive_tx);
+                std::future::pending::<()>().await;
+            }))
+        }));
+        tokio::task::yield_now().await;
+        assert_eq!(started.load(Ordering::SeqCst), 0, "not leading: not started");
+        for round in 1..=2 {
+            tx.send_replace(true);
+            alive.wait_for(|n| *n == 1).await.unwrap();
+            assert_eq!(started.load(Ordering::SeqCst), round);
+            tx.send_replace(false);
+            alive.wait_for(|n| *n == 0).await.unwrap();
+        }
+        tx.send_replace(true);
+        alive.wait_for(|n| *n == 1).await.unwrap();
+        drop(tx);
+        alive.wait_for(|n| *n == 0).await.unwrap();
+        gate.await.unwrap();
+    }
 }

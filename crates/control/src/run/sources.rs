@@ -29,6 +29,9 @@ pub(super) struct Sources {
     /// Kubernetes, with the gateway controller: its client and the mirror
     /// of the objects it reads.
     pub(super) gateway_client: Option<(kube::Client, Arc<Mirror>)>,
+    /// Kubernetes: the API server's client (the CA's Secret, the published
+    /// roots, the leader election).
+    pub(super) client: Option<kube::Client>,
 }
 
 /// The source `args` name: a directory (with the local cluster's tokens)
@@ -51,6 +54,7 @@ pub(super) async fn build_sources(
                 task: None,
                 auth: Arc::new(crate::auth::LocalTokens { nodes: NodeTokens::load(tokens)?, workloads }),
                 gateway_client: None,
+                client: None,
             })
         }
         SourceArg::Kubernetes => {
@@ -65,8 +69,8 @@ pub(super) async fn build_sources(
             tracing::info!("objects from the Kubernetes API");
             let mirror = args.gateway_controller.then(|| Arc::new(Mirror::default()));
             let gateway_client = mirror.as_ref().map(|m| (client.clone(), m.clone()));
-            let (batches, task) = kube_batches(client, mirror, &args.root_namespace);
-            Ok(Sources { batches, task: Some(task), auth, gateway_client })
+            let (batches, task) = kube_batches(client.clone(), mirror, &args.root_namespace);
+            Ok(Sources { batches, task: Some(task), auth, gateway_client, client: Some(client) })
         }
     }
 }
