@@ -4,7 +4,8 @@
 # the slipstream image's files and that its layers build the same twice,
 # runs bookinfo (examples/istio-samples/bookinfo.yaml, no mesh yet) with
 # kubectl, checks that productpage renders from a pod on the other worker
-# through its Service's name, then takes everything down and checks that
+# through its Service's name, installs Slipstream and proves it there
+# (scripts/kube-mesh-test.sh), then takes everything down and checks that
 # nothing is left and the machine's kernel settings never changed. Prints
 # the time of each part. Needs root.
 set -euo pipefail
@@ -89,6 +90,11 @@ if kubectl exec -n bookinfo curl -- curl -sS --max-time 3 -o /dev/null "http://$
   fail "a pod reached the image registry at $SLIPSTREAM_KH_REGISTRY"
 fi
 [ "$(dropped)" -gt "${was:-0}" ] 2>/dev/null || fail "the machine's guard did not see the pod's packets (nft list table inet slipstream_kube_harness)"
+
+# Slipstream on this cluster (issue 39): installed with Helm, the scenarios
+# of the local cluster, upgrade, rollback, uninstall (scripts/kube-mesh-test.sh).
+./scripts/kube-mesh-test.sh "$tag" || fail "Slipstream on the harness cluster (scripts/kube-mesh-test.sh)"
+lap "Slipstream installed, proven and uninstalled on the cluster"
 
 ./scripts/kube-cluster.sh down >/dev/null
 left=""

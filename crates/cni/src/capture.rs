@@ -110,9 +110,17 @@ pub fn enable_ebpf_support(pod_netns: &Path) -> Result<(), CmdError> {
 }
 
 /// Takes nftables capture out of a pod's namespace (a running pod leaving
-/// the mesh); its reply route stays, unused.
+/// the mesh); its reply route stays, unused (a pod that comes back needs it
+/// again; [`remove_reply_route`] takes it away on uninstall).
 pub fn disable(pod_netns: &Path) -> Result<(), CmdError> {
     run_in(pod_netns, &["nft", "-f", "-"], Some("table inet slipstream_mesh {}\ndelete table inet slipstream_mesh\n")).map(|_| ())
+}
+
+/// Removes the reply route and its rule (uninstall: nothing of ours is
+/// left in the pod). Safe to repeat.
+pub fn remove_reply_route(pod_netns: &Path) -> Result<(), CmdError> {
+    let _ = ip_batch(pod_netns, &[format!("rule del fwmark {INPOD_MARK:#x}/{MARK_MASK:#x} pref 32764 lookup {ROUTE_TABLE}")]);
+    ip_batch(pod_netns, &[format!("route flush table {ROUTE_TABLE}")])
 }
 
 fn reply_route(pod_netns: &Path) -> Result<(), CmdError> {

@@ -72,8 +72,13 @@ fn eligible(pod: &Pod) -> bool {
 pub struct Node {
     pub entries: BTreeMap<String, Entry>,
     written: Option<NodePods>,
-    probes_written: Option<BTreeSet<Ipv4Addr>>,
+    /// The probe table's addresses as last written, and when: it is
+    /// written again when they change, and every [`PROBES_REFRESH`] in
+    /// case something of the node removed it (a firewall reload).
+    probes_written: Option<(BTreeSet<Ipv4Addr>, std::time::Instant)>,
 }
+
+const PROBES_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Node {
     /// Adopts what the last agent left: the pods of pods.json are meshed
@@ -187,9 +192,10 @@ impl Node {
             return;
         }
         let captured: BTreeSet<Ipv4Addr> = self.entries.values().filter(|e| e.state.captured).map(|e| e.ip).collect();
-        if self.probes_written.as_ref() != Some(&captured) {
+        let fresh = self.probes_written.as_ref().is_some_and(|(ips, at)| *ips == captured && at.elapsed() < PROBES_REFRESH);
+        if !fresh {
             match probes::apply(&captured) {
-                Ok(()) => self.probes_written = Some(captured),
+                Ok(()) => self.probes_written = Some((captured, std::time::Instant::now())),
                 Err(e) => tracing::error!("kubelet probes of meshed pods: {e} (retried)"),
             }
         }
@@ -201,6 +207,9 @@ impl Node {
         for (key, e) in &mut self.entries {
             if e.state.captured {
                 apply(s, key, e, Some(Step::Release));
+            }
+            if let Err(err) = capture::remove_reply_route(&e.netns) {
+                tracing::warn!(pod = %key, "removing the reply route: {err}");
             }
             e.state = State::default();
         }

@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# The real-cluster tier of issue 39 (docs/kubernetes.md): Slipstream
+# installed with Helm on the harness cluster (docs/kube-harness.md) and the
+# scenarios the local cluster passes, proven there. Called by
+# scripts/kube-harness-test.sh once the harness is up, the images pushed and
+# bookinfo running WITHOUT the mesh in namespace `bookinfo` (a curl pod
+# `curl` on the worker productpage is not on); it leaves the harness up
+# with Slipstream uninstalled.
+#
+#   scripts/kube-mesh-test.sh TAG      TAG: the slipstream image's tag (kube-images.sh's last line)
+#
+# Checks, in order: install (both charts); the running pods meshed without
+# a restart; productpage through the mesh from the other worker, only TLS on
+# 15008 between the workers, both SPIFFE identities in the node proxies'
+# logs; a new pod's init container meshed and served; kubelet probes under
+# STRICT; the billing policies; a waypoint splitting reviews 90/10; helm
+# upgrade to a new tag with a changed value and rollback; the CLI
+# (scripts/kube-cli-test.sh, when present); helm uninstall leaving the pods
+# serving without the mesh and nothing of ours on any node.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+TAG=${1:?usage: kube-mesh-test.sh TAG}
+STATE=/var/lib/slipstream-kube
+NS=slipstream-system
+WORKERS="worker-1 worker-2"
+NODES="control-plane $WORKERS"
+
+fail() {
+  echo "kube-mesh-test: FAILED: $*" >&2
+  {
+    kubectl get pods -A -o wide
+    for c in agent proxy; do kubectl logs -n "$NS" -l app.kubernetes.io/name=slipstream-node -c "$c" --prefix --tail 40; done
+    kubectl logs -n "$NS" -l app.kubernetes.io/name=slipstream-control --prefix --tail 40
+  } >&2 2>&1 || true
+  exit 1
+}
+t0=$(date +%s)
+lap() {
+  local now
+  now=$(date +%s)
+  echo "kube-mesh-test: $1 in $((now - t0))s" >&2
+  t0=$now
+}
+# `until CMD` for up to $1 seconds.
+wait_for() {
+  local secs=$1
+  shift
+  local end=$(($(date +%s) + secs))
+  until "$@"; do
+    [ "$(date +%s)" -lt "$end" ] || return 1
+    sleep 1
+  done
+}
+in_pod() { kubectl exec -n "$1" "$2" -- "${@:3}"; }
+# Every node proxy's access log since the install.
+proxy_logs() { kubectl logs -n "$NS" -l app.kubernetes.io/name=slipstream-node -c proxy --tail=-1 --max-log-requests 10; }
+# The uids the node proxy of node $1 serves (its served.json, a file of the node).
+served() { cat "$STATE/nodes/$1/paths/run/slipstream/$1/served.json" 2>/dev/null || true; }
+# A process of pod $1/$2 (found by its cgroup), to enter its namespaces.
+pod_pid() {
+  local uid
+  uid=$(kubectl get pod -n "$1" "$2" -o jsonpath='{.metadata.uid}')
+  grep -l "pod$uid" /proc/[0-9]*/cgroup 2>/dev/null | head -n 1 | cut -d/ -f3
+}
+pod_state() { kubectl get pods -n "$1" -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}/{.status.containerStatuses[0].restartCount} {end}'; }
+CURL_IMAGE=$(kubectl get pod -n bookinfo curl -o jsonpath='{.spec.containers[0].image}')
+pp=$(kubectl get pod -n bookinfo -l app=productpage -o jsonpath='{.items[0].spec.nodeName}')
+other=$([ "$pp" = worker-1 ] && echo worker-2 || echo worker-1)
+
+# ---------------------------------------------------------------- install
+helm install slipstream-crds deploy/helm/slipstream-crds --set istio.enabled=true --wait >/dev/null || fail "helm install slipstream-crds"
+helm install slipstream deploy/helm/slipstream -n "$NS" --create-namespace --set image.tag="$TAG" --wait --timeout 180s >/dev/null ||
+  fail "helm install slipstream"
+ds=$(kubectl get ds -n "$NS" slipstream-node -o jsonpath='{.status.numberReady}/{.status.desiredNumberScheduled}')
+[ "$ds" = "3/3" ] || fail "node DaemonSet ready $ds"
+for n in $NODES; do
+  grep -q '"type": "slipstream-cni"' "$STATE/nodes/$n/paths/etc/cni/net.d/10-kube-harness.conflist" || fail "node $n: slipstream-cni is not chained in its conflist"
+  [ -x "$STATE/nodes/$n/paths/opt/cni/bin/slipstream-cni" ] || fail "node $n: the plugin binary is missing"
+done
+lap "installed (charts slipstream-crds and slipstream, tag $TAG): control plane and 3 node agents ready, the plugin chained on every node"
+
+# ------------------------------------------- running pods, meshed in place
+before=$(pod_state bookinfo)
+kubectl label namespace bookinfo istio.io/dataplane-mode=ambient >/dev/null
+all_served() {
+  local n want got
+  for n in $WORKERS; do
+    want=$(kubectl get pods -n bookinfo --field-selector "spec.nodeName=$n" -o jsonpath='{range .items[*]}{.metadata.name} {end}')
+    for p in $want; do grep -q "Kubernetes//Pod/bookinfo/$p\"" <<<"$(served "$n")" || return 1; done
+  done
+}
+wait_for 60 all_served || fail "bookinfo's running pods were not all served by their node proxies within 60s"
+[ "$(pod_state bookinfo)" = "$before" ] || fail "pods restarted or were replaced when meshed: before $before, after $(pod_state bookinfo)"
+lap "bookinfo's $(wc -w <<<"$before") running pods meshed in place (same UIDs, no restart)"
+
+# --------------------- productpage through the mesh: TLS on 15008 only
+capture=$(mktemp)
+tcpdump -i khbr0 -n -s 0 -U -w "$capture" 'net 10.78.0.0/16' 2>/dev/null &
+dump=$!
+sleep 1
+page=$(in_pod bookinfo curl curl -sS --max-time 10 http://productpage:9080/productpage) || fail "productpage did not answer through the mesh"
+grep -qF "<title>Simple Bookstore App</title>" <<<"$page" || fail "productpage through the mesh lacks its title"
+grep -qF "Book Reviews" <<<"$page" || fail "productpage through the mesh lacks its reviews"
+sleep 1
+kill "$dump"
+wait "$dump" 2>/dev/null || true
+ports=$(tcpdump -r "$capture" -n 'tcp and src net 10.78.1.0/24 and dst net 10.78.2.0/24 or tcp and src net 10.78.2.0/24 and dst net 10.78.1.0/24' 2>/dev/null |
+  sed -n 's/.* IP [0-9.]*\.\([0-9]*\) > [0-9.]*\.\([0-9]*\):.*/\1 \2/p' | tr ' ' '\n' | sort -n | uniq -c | sort -rn)
+grep -qw 15008 <<<"$ports" || fail "no HBONE (15008) between the workers during the request: $ports"
+# Every packet between the workers has 15008 at one end.
+strays=$(tcpdump -r "$capture" -n 'tcp and not port 15008 and (src net 10.78.1.0/24 and dst net 10.78.2.0/24 or src net 10.78.2.0/24 and dst net 10.78.1.0/24)' 2>/dev/null | head -n 3)
+[ -z "$strays" ] || fail "traffic between the workers outside HBONE: $strays"
+if grep -qaF "Simple Bookstore" "$capture" || grep -qaF "GET /productpage" "$capture"; then
+  fail "the page or the request crossed the bridge in clear text"
+fi
+rm -f "$capture"
+logs=$(proxy_logs)
+for id in spiffe://cluster.local/ns/bookinfo/sa/default spiffe://cluster.local/ns/bookinfo/sa/bookinfo-productpage; do
+  grep -q "identity=$id" <<<"$logs" || fail "the node proxies' logs never name $id"
+done
+lap "productpage through the mesh from $other: only TLS on 15008 between the workers, both identities in the node proxies' logs"
+
+# ------------------------- a new pod's first connection, from its init container
+kubectl apply -n bookinfo -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: first-call, labels: {app: first-call}}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $other}
+  initContainers:
+  - name: first
+    image: $CURL_IMAGE
+    command: [curl, -sS, --fail, --max-time, "30", -o, /dev/null, http://productpage:9080/productpage]
+  containers:
+  - {name: main, image: $CURL_IMAGE, command: [sleep, infinity]}
+EOF
+kubectl wait -n bookinfo --for=condition=Ready pod/first-call --timeout=90s >/dev/null ||
+  fail "the init container's first connection did not succeed ($(kubectl get pod -n bookinfo first-call -o jsonpath='{.status.initContainerStatuses[0].state}'))"
+grep -q "src.workload=first-call .*dst.addr=[0-9.]*:15008" <<<"$(proxy_logs)" || fail "the init container's connection did not go through HBONE"
+kubectl delete pod -n bookinfo first-call --wait=false >/dev/null
+lap "a new pod's first connection (its init container's) meshed and served"
+
+# ------------------------------------------- kubelet probes under STRICT
+kubectl apply -n bookinfo -f - >/dev/null <<EOF
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: strict}
+spec: {mtls: {mode: STRICT}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: probed, labels: {app: probed}}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $pp}
+  containers:
+  - name: echo
+    image: docker.io/mccutchen/go-httpbin:v2.15.0
+    ports: [{name: http, containerPort: 8080}]
+    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 2}
+    livenessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 2, failureThreshold: 2}
+EOF
+kubectl wait -n bookinfo --for=condition=Ready pod/probed --timeout=60s >/dev/null || fail "a meshed pod's kubelet probes fail under STRICT"
+sleep 8
+restarts=$(kubectl get pod -n bookinfo probed -o jsonpath='{.status.containerStatuses[0].restartCount}')
+[ "$restarts" = 0 ] || fail "the liveness probe restarted a meshed pod under STRICT ($restarts restarts)"
+probed_ip=$(kubectl get pod -n bookinfo probed -o jsonpath='{.status.podIP}')
+kubectl create namespace outside >/dev/null
+kubectl run -n outside plain --image="$CURL_IMAGE" --restart=Never --command -- sleep infinity >/dev/null
+kubectl wait -n outside --for=condition=Ready pod/plain --timeout=60s >/dev/null || fail "an unmeshed pod did not start"
+if in_pod outside plain curl -sS --max-time 5 -o /dev/null "http://$probed_ip:8080/healthz" 2>/dev/null; then
+  fail "STRICT: an unmeshed pod reached the probed pod in plaintext"
+fi
+in_pod bookinfo curl curl -sS --max-time 10 -o /dev/null "http://$probed_ip:8080/healthz" || fail "STRICT: a meshed pod could not reach the probed pod"
+kubectl delete -n bookinfo peerauthentication strict >/dev/null
+lap "kubelet probes pass under STRICT (ready, no restart); a plaintext pod is refused, a meshed one served"
+
+# ------------------------------------------------------ billing policies
+# The example's apps as they run here: tagged images (never :latest) and
+# the harness's node names; its policies unchanged.
+sed -e "s#image: curlimages/curl.*#image: $CURL_IMAGE#" \
+  -e "s#image: slipstream .*#image: ghcr.io/slipstream-mesh/slipstream:$TAG#" \
+  -e 's/nodeName: node1/nodeName: worker-1/' -e 's/nodeName: node2/nodeName: worker-2/' \
+  examples/policies/billing/00-apps.yaml | kubectl apply -f - >/dev/null
+kubectl apply -f examples/policies/billing/10-billing-l4.yaml -f examples/policies/billing/20-default-deny.yaml \
+  -f examples/policies/billing/30-allow-frontend.yaml >/dev/null
+kubectl wait -n production --for=condition=Available deployment --all --timeout=120s >/dev/null || fail "billing's apps did not start"
+wait_for 30 in_pod production deploy/frontend curl -sS --max-time 5 -o /dev/null --fail http://billing-service.production:8080/headers ||
+  fail "frontend was not answered by billing-service"
+if out=$(in_pod production deploy/legacy-service curl -sS --max-time 5 http://billing-service.production:8080/headers 2>&1); then
+  fail "legacy-service was answered by billing-service: $out"
+fi
+denial=$(proxy_logs | grep "src.workload=legacy-service.*direction=inbound" | grep -o 'error="denied by [^"]*"' | tail -n 1)
+grep -q "production/billing-l4\|AuthorizationPolicy production/" <<<"$denial" ||
+  fail "no node proxy logged legacy-service's refusal naming the policy (last: $denial)"
+lap "billing: frontend answered, legacy-service refused at connect, the refusal logged as $denial"
+
+# ---------------------------------------------- a waypoint, reviews 90/10
+kubectl apply -f examples/bookinfo/canary/canary.yaml >/dev/null
+kubectl wait -n bookinfo --for=condition=Programmed gateway/waypoint --timeout=90s >/dev/null || fail "the waypoint Gateway was not programmed"
+kubectl wait -n bookinfo --for=condition=Available deployment/waypoint --timeout=90s >/dev/null || fail "the waypoint did not start"
+split() {
+  in_pod bookinfo curl sh -c 'i=0; while [ $i -lt 200 ]; do curl -s --max-time 5 http://reviews:9080/reviews/0; echo; i=$((i+1)); done' >"$1"
+  [ "$(grep -c '"served_by": "reviews-v[12]"' "$1")" = 200 ]
+}
+out=$(mktemp)
+wait_for 30 split "$out" || fail "reviews through the waypoint: not 200 answers of v1 and v2 ($(grep -o '"served_by": "[^"]*"' "$out" | sort | uniq -c | tr '\n' ' '))"
+v2=$(grep -c '"served_by": "reviews-v2"' "$out")
+rm -f "$out"
+# Binomial(200, 0.1): mean 20, sd 4.2; the issue's bounds, 6 to 34.
+[ "$v2" -ge 6 ] && [ "$v2" -le 34 ] || fail "v2 served $v2 of 200 (want 6 to 34)"
+kubectl delete -n bookinfo gateway/waypoint httproute/reviews service/reviews-v1 service/reviews-v2 >/dev/null
+kubectl label -n bookinfo service/reviews istio.io/use-waypoint- >/dev/null
+lap "waypoint from a Gateway of class istio-waypoint: reviews v2 served $v2 of 200"
+
+# ----------------------------------------------- upgrade, then rollback
+crane="$(./scripts/kube-build.sh crane | tail -n 1)/crane"
+"$crane" tag --insecure "$SLIPSTREAM_KH_REGISTRY/slipstream-mesh/slipstream:$TAG" "$TAG-upgrade" >/dev/null ||
+  fail "tagging the image $TAG-upgrade"
+page_ok() { in_pod bookinfo curl curl -sS --max-time 10 http://productpage:9080/productpage | grep -qF "Book Reviews"; }
+images() { kubectl get pods -n "$NS" -o jsonpath='{range .items[*]}{.spec.containers[0].image} {end}' | tr ' ' '\n' | sort -u | tr '\n' ' '; }
+helm upgrade slipstream deploy/helm/slipstream -n "$NS" --reuse-values --set image.tag="$TAG-upgrade" --set logLevel=debug --wait --timeout 180s >/dev/null ||
+  fail "helm upgrade"
+kubectl rollout status -n "$NS" ds/slipstream-node --timeout=180s >/dev/null || fail "the DaemonSet did not roll"
+[ "$(images)" = "ghcr.io/slipstream-mesh/slipstream:$TAG-upgrade " ] || fail "after the upgrade, pods run $(images)"
+wait_for 60 page_ok || fail "productpage through the mesh after the upgrade"
+grep -q "adopted the meshed pods" <<<"$(kubectl logs -n "$NS" -l app.kubernetes.io/name=slipstream-node -c agent --tail=-1)" ||
+  fail "the upgraded agents did not adopt the node's meshed pods"
+helm rollback slipstream 1 -n "$NS" --wait --timeout 180s >/dev/null || fail "helm rollback"
+kubectl rollout status -n "$NS" ds/slipstream-node --timeout=180s >/dev/null || fail "the DaemonSet did not roll back"
+[ "$(images)" = "ghcr.io/slipstream-mesh/slipstream:$TAG " ] || fail "after the rollback, pods run $(images)"
+wait_for 60 page_ok || fail "productpage through the mesh after the rollback"
+lap "helm upgrade (tag $TAG-upgrade, logLevel debug) and rollback, the mesh serving after each"
+
+# ------------------------------------------------------------------ CLI
+if [ -x scripts/kube-cli-test.sh ]; then
+  ./scripts/kube-cli-test.sh || fail "the CLI against the cluster (scripts/kube-cli-test.sh)"
+  lap "the CLI against the cluster"
+fi
+
+# ------------------------------------------------------------ uninstall
+helm uninstall slipstream -n "$NS" --wait --timeout 180s >/dev/null || fail "helm uninstall"
+gone() { [ -z "$(kubectl get pods -n "$NS" -l app.kubernetes.io/name=slipstream-node -o name)" ]; }
+wait_for 90 gone || fail "the node pods did not go"
+page=$(in_pod bookinfo curl curl -sS --max-time 10 http://productpage:9080/productpage) || fail "productpage did not answer without the mesh"
+grep -qF "Book Reviews" <<<"$page" || fail "productpage without the mesh lacks its reviews"
+left=""
+for n in $NODES; do
+  grep -q slipstream-cni "$STATE/nodes/$n/paths/etc/cni/net.d/"* && left="$left $n: conflist entry;"
+  [ -e "$STATE/nodes/$n/paths/opt/cni/bin/slipstream-cni" ] && left="$left $n: plugin binary;"
+  [ -n "$(ls -A "$STATE/nodes/$n/paths/run/slipstream" 2>/dev/null)" ] && left="$left $n: files in /run/slipstream;"
+  ip netns exec "kh-$n" nft list tables 2>/dev/null | grep -q slipstream && left="$left $n: nft tables in the node's namespace;"
+done
+for p in $(kubectl get pods -n bookinfo -o jsonpath='{range .items[*]}{.metadata.name} {end}'); do
+  pid=$(pod_pid bookinfo "$p")
+  [ -n "$pid" ] || continue
+  nsenter -t "$pid" -n nft list tables 2>/dev/null | grep -q slipstream && left="$left pod $p: nft table;"
+  nsenter -t "$pid" -n ip rule 2>/dev/null | grep -q "lookup 100" && left="$left pod $p: reply route rule;"
+done
+pgrep -f 'slipstream (node|node-agent|control)( |$)' >/dev/null && left="$left processes;"
+[ -z "$left" ] || fail "uninstall left:$left"
+kubectl label namespace bookinfo istio.io/dataplane-mode- >/dev/null
+lap "uninstalled: pods serve without the mesh, nothing of ours left on any node"
+echo "kube-mesh-test: ok"
