@@ -200,6 +200,44 @@ fn is_absent(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
 }
 
+/// The control plane's account may not list the kind (403): e.g. the
+/// MeshConfig ConfigMap of a root namespace the install was not given a
+/// Role in. Treated as absent and asked again every [`FORBIDDEN_RETRY`],
+/// not at the watcher's back-off, whose every attempt kube logs.
+fn forbidden(e: &watcher::Error) -> Option<String> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403 => {
+            Some(s.message.clone())
+        }
+        _ => None,
+    }
+}
+
+/// How often a kind the account may not list is tried again.
+pub const FORBIDDEN_RETRY: Duration = Duration::from_secs(60);
+
+/// Says once that `k` may not be read (and that it is treated as absent),
+/// then waits [`FORBIDDEN_RETRY`]; false when the consumer is gone.
+async fn wait_forbidden(k: &Kind, why: &str, refused: &mut bool, tx: &mpsc::Sender<RawEvent>) -> bool {
+    if !*refused {
+        tracing::warn!(
+            kind = k.kind,
+            "not permitted to read {} ({}): {why}; treated as absent{}, asked again every {FORBIDDEN_RETRY:?}",
+            k.plural,
+            k.api_version(),
+            if k.root_only.is_some() { " (Istio's defaults apply)" } else { "" }
+        );
+        *refused = true;
+        if tx.send(RawEvent::Absent { kind: k.kind }).await.is_err() {
+            return false;
+        }
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(FORBIDDEN_RETRY) => true,
+        _ = tx.closed() => false,
+    }
+}
+
 /// Whether the API server's discovery lists the kind. Asked instead of
 /// listing the kind itself while it is absent: a list of a resource that
 /// is not served answers a bare "404 page not found", which kube's client
@@ -217,6 +255,63 @@ async fn served(client: &kube::Client, k: &Kind) -> Result<bool, kube::Error> {
     Ok(resources.resources.iter().any(|r| r.name == k.plural))
 }
 
+/// What a watcher has met so far, for its log lines and its relists.
+struct WatchState<'a> {
+    failing: bool,
+    absent: bool,
+    refused: bool,
+    /// The keys of the list under way (between Init and InitDone).
+    listing: &'a mut Option<BTreeSet<(String, String)>>,
+}
+
+impl WatchState<'_> {
+    /// One watcher event: Ok(what to send, if anything), or Err when the
+    /// watcher must end: the kind is not served (None) or reading it is
+    /// forbidden (why).
+    fn on_event(
+        &mut self,
+        k: &Kind,
+        ev: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    ) -> Result<Option<RawEvent>, Option<String>> {
+        Ok(match ev {
+            Ok(watcher::Event::Init) => {
+                *self.listing = Some(BTreeSet::new());
+                None
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                if let Some(l) = self.listing.as_mut() {
+                    l.insert(key(&o));
+                }
+                Some(RawEvent::Apply(to_json(k, o)))
+            }
+            Ok(watcher::Event::InitDone) => {
+                if self.absent {
+                    tracing::info!(kind = k.kind, "the API server serves {} ({}) now: watching", k.plural, k.api_version());
+                } else if self.failing {
+                    tracing::info!(kind = k.kind, "watching again");
+                }
+                (self.failing, self.absent, self.refused) = (false, false, false);
+                Some(RawEvent::Relisted { kind: k.kind, present: self.listing.take().unwrap_or_default() })
+            }
+            Ok(watcher::Event::Apply(o)) => Some(RawEvent::Apply(to_json(k, o))),
+            Ok(watcher::Event::Delete(o)) => {
+                let (namespace, name) = key(&o);
+                Some(RawEvent::Delete { kind: k.kind, namespace, name })
+            }
+            Err(e) if is_absent(&e) => return Err(None),
+            Err(e) if forbidden(&e).is_some() => return Err(forbidden(&e)),
+            Err(e) => {
+                // Said once per outage; the back-off retries meanwhile.
+                if !self.failing {
+                    tracing::warn!(kind = k.kind, "cannot watch {} ({}): {e}; retrying with back-off", k.plural, k.api_version());
+                    self.failing = true;
+                }
+                None
+            }
+        })
+    }
+}
+
 async fn watch_kind(client: kube::Client, k: Kind, tx: mpsc::Sender<RawEvent>, root_namespace: String) {
     let gvk = GroupVersionKind::gvk(k.group, k.version, k.kind);
     let ar = ApiResource::from_gvk_with_plural(&gvk, k.plural);
@@ -229,6 +324,7 @@ async fn watch_kind(client: kube::Client, k: Kind, tx: mpsc::Sender<RawEvent>, r
     };
     let mut failing = false;
     let mut absent = false;
+    let mut refused = false;
     // Each pass is one watcher, started once discovery lists the kind (custom
     // kinds; built-in ones are always served). A pass ends when the kind
     // turns out not to be served (its CRD deleted); discovery is then asked
@@ -236,52 +332,35 @@ async fn watch_kind(client: kube::Client, k: Kind, tx: mpsc::Sender<RawEvent>, r
     loop {
         // A discovery failure is left to the watcher to meet and report.
         let not_served = (k.custom || absent) && matches!(served(&client, &k).await, Ok(false));
+        let mut forbidden_now = None;
         if !not_served {
             let mut stream = std::pin::pin!(watcher(api.clone(), config.clone()).default_backoff());
             let mut listing: Option<BTreeSet<(String, String)>> = None;
             while let Some(ev) = stream.next().await {
-                let out = match ev {
-                    Ok(watcher::Event::Init) => {
-                        listing = Some(BTreeSet::new());
-                        None
-                    }
-                    Ok(watcher::Event::InitApply(o)) => {
-                        if let Some(l) = listing.as_mut() {
-                            l.insert(key(&o));
+                let mut state = WatchState { failing, absent, refused, listing: &mut listing };
+                let out = state.on_event(&k, ev);
+                (failing, absent, refused) = (state.failing, state.absent, state.refused);
+                match out {
+                    Ok(Some(ev)) => {
+                        if tx.send(ev).await.is_err() {
+                            return;
                         }
-                        Some(RawEvent::Apply(to_json(&k, o)))
                     }
-                    Ok(watcher::Event::InitDone) => {
-                        if absent {
-                            tracing::info!(kind = k.kind, "the API server serves {} ({}) now: watching", k.plural, k.api_version());
-                        } else if failing {
-                            tracing::info!(kind = k.kind, "watching again");
-                        }
-                        (failing, absent) = (false, false);
-                        Some(RawEvent::Relisted { kind: k.kind, present: listing.take().unwrap_or_default() })
-                    }
-                    Ok(watcher::Event::Apply(o)) => Some(RawEvent::Apply(to_json(&k, o))),
-                    Ok(watcher::Event::Delete(o)) => {
-                        let (namespace, name) = key(&o);
-                        Some(RawEvent::Delete { kind: k.kind, namespace, name })
-                    }
-                    Err(e) if is_absent(&e) => break,
-                    Err(e) => {
-                        // Said once per outage; the back-off retries meanwhile.
-                        if !failing {
-                            tracing::warn!(kind = k.kind, "cannot watch {} ({}): {e}; retrying with back-off", k.plural, k.api_version());
-                            failing = true;
-                        }
-                        None
-                    }
-                };
-                if let Some(ev) = out {
-                    if tx.send(ev).await.is_err() {
-                        return;
+                    Ok(None) => {}
+                    Err(why) => {
+                        forbidden_now = why;
+                        break;
                     }
                 }
             }
         }
+        if let Some(why) = forbidden_now {
+            if !wait_forbidden(&k, &why, &mut refused, &tx).await {
+                return;
+            }
+            continue;
+        }
+        refused = false;
         if !absent {
             tracing::warn!(
                 kind = k.kind,
