@@ -41,6 +41,11 @@ fi
 export SLIPSTREAM_KUBE_APISERVER
 echo "test.sh: kube-apiserver $SLIPSTREAM_KUBE_APISERVER"
 
+# The Helm charts without a cluster (docs/kubernetes.md): lint with Helm 3
+# and 4, the values schema, the golden files of deploy/kubernetes, the
+# RBAC rules, and a real API server taking every object.
+./scripts/chart-test.sh
+
 # Release profile everywhere: the integration tests measure a real data path,
 # and one profile means one compile of the dependencies.
 cargo test --release --locked --workspace --no-fail-fast
