@@ -80,6 +80,39 @@ impl LeaderSettings {
     }
 }
 
+/// The flags of the election, for `slipstream control`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct LeaderArgs {
+    /// Kubernetes: run the gateway controller only while this replica holds
+    /// the coordination.k8s.io/v1 Lease NAMESPACE/NAME (created if absent),
+    /// so that replicas never fight over a waypoint's objects. Every
+    /// replica serves xDS and certificates either way.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub leader_elect: Option<NamespacedName>,
+    /// This replica's name in the Lease (default: the host name, which is
+    /// a pod's name).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_elect_identity: Option<String>,
+    /// How long the Lease holds without renewal: a replica that died is
+    /// replaced after it. The leader steps down when it could not renew
+    /// for two thirds of it.
+    #[arg(long, default_value = "15s", value_parser = slipstream_core::duration::parse_flag)]
+    pub leader_elect_lease_duration: Duration,
+    /// How often the leader renews the Lease.
+    #[arg(long, default_value = "5s", value_parser = slipstream_core::duration::parse_flag)]
+    pub leader_elect_renew: Duration,
+    /// How often a replica that does not lead tries to take the Lease.
+    #[arg(long, default_value = "2s", value_parser = slipstream_core::duration::parse_flag)]
+    pub leader_elect_retry: Duration,
+}
+
+impl LeaderArgs {
+    /// The elector's timing from the flags.
+    pub fn settings(&self) -> LeaderSettings {
+        LeaderSettings::new(self.leader_elect_lease_duration, self.leader_elect_renew, self.leader_elect_retry)
+    }
+}
+
 /// Who this replica is in the Lease: `POD_NAME`'s value (given), else the
 /// host name (a pod's host name is its name).
 pub fn identity(given: Option<&str>) -> String {
@@ -319,6 +352,32 @@ mod tests {
             LeaderSettings::new(Duration::from_millis(1500), Duration::from_millis(300), Duration::from_millis(100)).duration_secs(),
             2
         );
+    }
+
+    #[test]
+    fn flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            leader: LeaderArgs,
+        }
+        let parse = |args: &[&str]| Cmd::try_parse_from(std::iter::once("control").chain(args.iter().copied())).map(|c| c.leader);
+        let off = parse(&[]).unwrap();
+        assert_eq!((off.leader_elect.clone(), off.settings()), (None, LeaderSettings::default()));
+        let on = parse(&[
+            "--leader-elect",
+            "slipstream-system/slipstream-control",
+            "--leader-elect-identity",
+            "pod-a",
+            "--leader-elect-retry",
+            "1s",
+        ])
+        .unwrap();
+        assert_eq!(on.leader_elect, Some(NamespacedName::new("slipstream-system", "slipstream-control")));
+        assert_eq!(on.leader_elect_identity.as_deref(), Some("pod-a"));
+        assert_eq!(on.settings().retry_every, Duration::from_secs(1));
+        assert!(parse(&["--leader-elect", "no-namespace"]).is_err());
     }
 
     #[test]

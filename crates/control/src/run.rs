@@ -155,27 +155,11 @@ pub struct ControlArgs {
     /// it). At least 5s.
     #[arg(long, default_value = "60s", value_parser = parse_resync)]
     pub gateway_resync: Duration,
-    /// Kubernetes: run the gateway controller only while this replica holds
-    /// the coordination.k8s.io/v1 Lease NAMESPACE/NAME (created if absent),
-    /// so that replicas never fight over a waypoint's objects. Every
-    /// replica serves xDS and certificates either way.
-    #[arg(long, value_name = "NAMESPACE/NAME")]
-    pub leader_elect: Option<crate::namespaced::NamespacedName>,
-    /// This replica's name in the Lease (default: the host name, which is
-    /// a pod's name).
-    #[arg(long, env = "POD_NAME")]
-    pub leader_elect_identity: Option<String>,
-    /// How long the Lease holds without renewal: a replica that died is
-    /// replaced after it. The leader steps down when it could not renew
-    /// for two thirds of it.
-    #[arg(long, default_value = "15s", value_parser = slipstream_core::duration::parse_flag)]
-    pub leader_elect_lease_duration: Duration,
-    /// How often the leader renews the Lease.
-    #[arg(long, default_value = "5s", value_parser = slipstream_core::duration::parse_flag)]
-    pub leader_elect_renew: Duration,
-    /// How often a replica that does not lead tries to take the Lease.
-    #[arg(long, default_value = "2s", value_parser = slipstream_core::duration::parse_flag)]
-    pub leader_elect_retry: Duration,
+    /// Kubernetes: the leader election of the replica that runs the
+    /// gateway controller (boxed: it keeps `slipstream`'s command enum
+    /// small).
+    #[command(flatten)]
+    pub leader: Box<crate::leader::LeaderArgs>,
     /// How often the JWKS of a RequestAuthentication's `jwksUri` (a Service
     /// of the cluster) is fetched again; a failed fetch is retried sooner,
     /// and the last good key set stays in force.

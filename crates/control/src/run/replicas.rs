@@ -7,7 +7,7 @@
 
 use super::{AbortOnDrop, ControlArgs, SourceArg};
 use crate::ca::{root_configmap, secret, CaMaterial};
-use crate::leader::{self, LeaderSettings, Leadership};
+use crate::leader::{self, Leadership};
 use anyhow::{anyhow, bail};
 use slipstream_core::TrustDomain;
 
@@ -17,24 +17,20 @@ fn pod_namespace() -> Option<String> {
     std::env::var("POD_NAMESPACE").ok()
 }
 
-fn leader_settings(args: &ControlArgs) -> LeaderSettings {
-    LeaderSettings::new(args.leader_elect_lease_duration, args.leader_elect_renew, args.leader_elect_retry)
-}
-
 /// Refuses a combination that cannot work, before anything is created.
 pub(super) fn check(args: &ControlArgs) -> anyhow::Result<()> {
     let given = [
         ("--ca-secret", args.ca.ca_secret.is_some()),
         ("--root-configmap", args.ca.root_configmap.is_some()),
-        ("--leader-elect", args.leader_elect.is_some()),
+        ("--leader-elect", args.leader.leader_elect.is_some()),
     ];
     for (flag, given) in given {
         if given && !matches!(args.source, SourceArg::Kubernetes) {
             bail!("{flag}: needs --source kubernetes (it reads and writes objects of the API server)");
         }
     }
-    if args.leader_elect.is_some() {
-        leader_settings(args).check().map_err(|e| anyhow!("--leader-elect: {e}"))?;
+    if args.leader.leader_elect.is_some() {
+        args.leader.settings().check().map_err(|e| anyhow!("--leader-elect: {e}"))?;
     }
     args.ca.root_configmap_target(pod_namespace().as_deref())?;
     Ok(())
@@ -66,12 +62,12 @@ pub(super) async fn publish_roots(
 
 /// `--leader-elect`, when there is a gateway controller to elect for.
 pub(super) fn leadership(args: &ControlArgs, client: Option<&kube::Client>, controller: bool) -> Option<Leadership> {
-    let lease = args.leader_elect.as_ref()?;
+    let lease = args.leader.leader_elect.as_ref()?;
     if !controller {
         tracing::info!(lease = %lease, "--leader-elect: no gateway controller runs here, so there is nothing to elect a leader for");
         return None;
     }
-    let me = leader::identity(args.leader_elect_identity.as_deref());
+    let me = leader::identity(args.leader.leader_elect_identity.as_deref());
     tracing::info!(lease = %lease, identity = %me, "leader election: only the holder of the Lease runs the gateway controller");
-    Some(Leadership::start(client?.clone(), lease, me, leader_settings(args)))
+    Some(Leadership::start(client?.clone(), lease, me, args.leader.settings()))
 }
