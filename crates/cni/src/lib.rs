@@ -12,6 +12,8 @@
 //!
 //! docs/kubernetes.md says how they fit on a node.
 
+#![forbid(unsafe_code)]
+
 pub mod agent;
 pub mod capture;
 pub mod cmd;

@@ -15,8 +15,11 @@
 //!   VERSION: the versions we speak.
 //!
 //! The CNI protocol (the spec's environment variables, JSON on stdin and
-//! stdout, errors as JSON with a code) is small enough to write here; no
-//! crate of the field covers the plugin side for Rust.
+//! stdout, errors as JSON with a code) is written here rather than taken
+//! from `cni-plugin` (last released 2021) or `rscni-plugin` (young): a
+//! chained plugin that changes nothing must hand back the primary's result
+//! as it came, fields newer than any library's types included, and that is
+//! a `serde_json::Value` passed through, not a typed result re-serialised.
 
 use crate::protocol::{Command, Reply, Request};
 use serde_json::{json, Value};
