@@ -5,6 +5,7 @@
 mod cmd;
 mod common;
 mod examples;
+mod kube;
 mod tool;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +32,11 @@ struct Cli {
     /// Name of the local cluster to act on; several can run side by side.
     #[arg(long, global = true, env = "SLIPSTREAM_CLUSTER", default_value = slipstream_testbed::names::DEFAULT_CLUSTER)]
     cluster: String,
+    /// `--kubeconfig` and `--context`: `status`, `proxy-status`,
+    /// `proxy-config`, `policy check`, `observe` and `x waypoint` act on a
+    /// Kubernetes install (docs/kubernetes.md, "The CLI on Kubernetes").
+    #[command(flatten)]
+    kube: kube::target::KubeFlags,
     #[command(subcommand)]
     command: Command,
 }
@@ -385,6 +391,8 @@ enum AppCommand {
 fn main() {
     tool::cni_plugin_if_named();
     let cli = Cli::parse_from(tool::as_tool(std::env::args_os().collect()));
+    // Asked only by the commands that can act on Kubernetes.
+    let on_kube = std::cell::LazyCell::new(|| kube::target::from_cli(&cli.cluster, &cli.kube));
     let result = match cli.command {
         // First, before anything could start a process: pod-init's first
         // child becomes PID 1 of the pod's namespace.
@@ -402,6 +410,7 @@ fn main() {
             slipstream_proxy::process::init();
             slipstream_cni::agent::run(args)
         }
+        cmd if on_kubernetes_too(&cmd) && on_kube.is_some() => on_kubernetes(on_kube.as_ref().expect("checked"), cmd),
         cmd => common::Ctx::new(&cli.cluster).and_then(|ctx| match cmd {
             Command::Up { files, nodes, timeout, ca_cert, ca_key, validate, control_replicas, datapath } => {
                 common::set_load_options("up", validate);
@@ -481,6 +490,34 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// The commands that can act on a Kubernetes install.
+fn on_kubernetes_too(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Status { .. }
+            | Command::ProxyStatus { .. }
+            | Command::ProxyConfig { .. }
+            | Command::Policy(_)
+            | Command::Observe(_)
+            | Command::X(_)
+    )
+}
+
+/// The commands that act on a Kubernetes install, there.
+fn on_kubernetes(target: &kube::target::KubeTarget, cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Status { output } => kube::status::run(target, &output),
+        Command::ProxyStatus { output } => kube::proxies::proxy_status(target, &output),
+        Command::ProxyConfig { args, node, output } => kube::proxies::proxy_config(target, &args, node, &output),
+        Command::Policy(cmd::policy::PolicyCommand::Check { from, to, filename, node, output }) => {
+            kube::proxies::policy_check(target, &from, &to, &filename, node.as_deref(), &output)
+        }
+        Command::Observe(args) => kube::observe::run(target, &args),
+        Command::X(x) => kube::waypoint::run(target, x),
+        _ => anyhow::bail!("this command acts on the local cluster only, not on Kubernetes"),
     }
 }
 

@@ -93,18 +93,18 @@ fn waypoints(all: &[Value]) -> impl Iterator<Item = &Value> {
 
 /// The Gateway's `Programmed` condition, which the agent writes once a pod
 /// of the waypoint is ready (`control::gateway::status`).
-fn programmed(gateway: &Value) -> bool {
+pub fn programmed(gateway: &Value) -> bool {
     condition_true(gateway, "Programmed", None)
 }
 
 /// `o` has a condition of this type that says exactly `message`.
-fn has_condition_message(o: &Value, type_: &str, message: &str) -> bool {
+pub fn has_condition_message(o: &Value, type_: &str, message: &str) -> bool {
     o["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == type_ && c["message"] == message))
 }
 
 /// `o` has a condition of this type that is `True` (and, when given, says
 /// exactly `message`).
-fn condition_true(o: &Value, type_: &str, message: Option<&str>) -> bool {
+pub fn condition_true(o: &Value, type_: &str, message: Option<&str>) -> bool {
     o["status"]["conditions"]
         .as_array()
         .is_some_and(|cs| cs.iter().any(|c| c["type"] == type_ && c["status"] == "True" && message.is_none_or(|m| c["message"] == m)))

@@ -72,6 +72,11 @@ fn state_of_node(ctx: &Ctx, node: Option<&str>) -> anyhow::Result<MeshConfig> {
         None => ctx.status()?.nodes.first().map(|n| n.name.clone()).context("the cluster has no nodes")?,
     };
     let dump = crate::cmd::proxy_config::fetch(ctx, &node)?;
+    mesh_config_of(&dump)
+}
+
+/// The mesh configuration a node proxy's config dump holds.
+pub fn mesh_config_of(dump: &serde_json::Value) -> anyhow::Result<MeshConfig> {
     let part = |k: &str| dump.get(k).cloned().unwrap_or(serde_json::Value::Array(vec![]));
     let cfg = serde_json::json!({
         "workloads": part("workloads"),
@@ -117,33 +122,54 @@ pub fn check(ctx: &Ctx, from: &str, to: &str, files: &[PathBuf], node: Option<&s
     if output != "table" && output != "json" {
         bail!("unknown output format {output:?}: use table or json");
     }
+    let question = question(from, to)?;
+    if !files.is_empty() {
+        return check_manifests(question, files, output);
+    }
+    let cfg = state_of_node(ctx, node)?;
+    // The objects the policies came from, for what this L4 answer cannot
+    // say: the cluster's.
+    let objects: Vec<ClusterObject> = crate::cmd::kubectl::objects(ctx)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| slipstream_control::objects::parse_value(v).ok().flatten())
+        .collect();
+    answer(&cfg, question, &objects, output)
+}
+
+/// `policy check -f`: over the state the control plane would compute from
+/// manifests (no cluster needed).
+pub fn check_manifests(question: Question, files: &[PathBuf], output: &str) -> anyhow::Result<()> {
+    let text = read_files(files)?;
+    let cfg = state_of_files(&text)?;
+    let objects = slipstream_control::translate::parse_manifests(&text).unwrap_or_default();
+    answer(&cfg, question, &objects, output)
+}
+
+/// The question of `--from` and `--to`.
+pub fn question(from: &str, to: &str) -> anyhow::Result<Question> {
     let from: PodName = from.parse().map_err(|e| anyhow::anyhow!("--from {e}"))?;
     let (to, port) = parse_target(to)?;
-    let text = if files.is_empty() { None } else { Some(read_files(files)?) };
-    let cfg = match &text {
-        None => state_of_node(ctx, node)?,
-        Some(t) => state_of_files(t)?,
-    };
-    let (state, refused) = MeshState::from_config(&cfg);
+    Ok(Question { from, to, port })
+}
+
+/// Answers `question` over `cfg` and prints it, with the warnings the
+/// policies among `objects` call for (the local cluster's and a Kubernetes
+/// install's alike).
+pub fn answer(cfg: &MeshConfig, question: Question, objects: &[ClusterObject], output: &str) -> anyhow::Result<()> {
+    if output != "table" && output != "json" {
+        bail!("unknown output format {output:?}: use table or json");
+    }
+    let (state, refused) = MeshState::from_config(cfg);
     for r in refused {
         eprintln!("warning: a resource of the state was refused: {r}");
     }
-    let answer = engine::check(&state, &Question { from, to, port })?;
-    // The objects the policies came from, for what this L4 answer cannot
-    // say: the manifests given, or the cluster's.
-    let objects: Vec<ClusterObject> = match &text {
-        Some(t) => slipstream_control::translate::parse_manifests(t).unwrap_or_default(),
-        None => crate::cmd::kubectl::objects(ctx)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|v| slipstream_control::objects::parse_value(v).ok().flatten())
-            .collect(),
-    };
+    let answer = engine::check(&state, &question)?;
     let printed = match output {
         "json" => common::out(&format!("{}\n", serde_json::to_string_pretty(&answer)?)),
         _ => common::out(&human(&answer)),
     };
-    for w in l7_warnings(&objects, &answer.to) {
+    for w in l7_warnings(objects, &answer.to) {
         eprintln!("warning: {w}");
     }
     printed

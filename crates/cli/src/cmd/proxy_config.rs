@@ -48,7 +48,8 @@ pub fn target(ctx: &Ctx, args: &[String], node: Option<String>) -> anyhow::Resul
     Ok((node, section))
 }
 
-fn split_target(args: &[String]) -> anyhow::Result<(Section, Vec<String>)> {
+/// The section and the node names among `args` (pure, for tests).
+pub fn split_target(args: &[String]) -> anyhow::Result<(Section, Vec<String>)> {
     let mut section = None;
     let mut nodes = Vec::new();
     for a in args {
@@ -84,6 +85,12 @@ pub fn fetch(ctx: &Ctx, node: &str) -> anyhow::Result<Value> {
 
 pub fn run(ctx: &Ctx, node: &str, section: Section, output: &str) -> anyhow::Result<()> {
     let dump = fetch(ctx, node)?;
+    show(&dump, section, output)
+}
+
+/// Prints one section of a node proxy's config dump (the local cluster's
+/// and a Kubernetes install's alike).
+pub fn show(dump: &Value, section: Section, output: &str) -> anyhow::Result<()> {
     let key = match section {
         Section::Workloads => "workloads",
         Section::Services => "services",
@@ -93,7 +100,7 @@ pub fn run(ctx: &Ctx, node: &str, section: Section, output: &str) -> anyhow::Res
     };
     match output {
         "json" => {
-            let v = if key.is_empty() { &dump } else { &dump[key] };
+            let v = if key.is_empty() { dump } else { &dump[key] };
             common::out(&format!("{}\n", serde_json::to_string_pretty(v)?))
         }
         "table" => {

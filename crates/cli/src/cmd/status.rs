@@ -37,8 +37,16 @@ pub fn columns(rows: &[Vec<String>]) -> String {
     s
 }
 
-/// `ready, pid 12`, `NOT READY (why), pid 12`, `NOT RUNNING (why)`.
-fn process_state(p: &slipstream_testbed::status::ProxyStatus) -> String {
+/// `ready, pid 12`, `NOT READY (why), pid 12`, `NOT RUNNING (why)`; on
+/// Kubernetes (no pids: the kubelet runs the processes) `ready` or
+/// `NOT READY (why)`, from the container's readiness.
+fn process_state(p: &slipstream_testbed::status::ProxyStatus, kubernetes: bool) -> String {
+    if kubernetes {
+        return match p.ready {
+            Some(true) => "ready".into(),
+            _ => format!("NOT READY ({})", if p.reason.is_empty() { "no reason given" } else { &p.reason }),
+        };
+    }
     match (p.pid, p.ready) {
         (Some(pid), Some(true)) => format!("ready, pid {pid}"),
         (Some(pid), Some(false)) => {
@@ -50,6 +58,16 @@ fn process_state(p: &slipstream_testbed::status::ProxyStatus) -> String {
 }
 
 pub fn table(st: &ClusterStatus) -> String {
+    render(st, false)
+}
+
+/// The table of a Kubernetes install's status (`kube::status`): its
+/// processes have no pids, only their containers' readiness.
+pub fn table_on_kubernetes(st: &ClusterStatus) -> String {
+    render(st, true)
+}
+
+fn render(st: &ClusterStatus, kubernetes: bool) -> String {
     let mut s = if st.agent.running {
         format!("cluster {} (agent pid {})\n\n", st.cluster, st.agent.pid)
     } else {
@@ -62,7 +80,7 @@ pub fn table(st: &ClusterStatus) -> String {
                 c.name.clone(),
                 c.address.clone(),
                 c.netns.clone(),
-                format!("{}, {} restart(s)", process_state(&c.process), c.process.restarts),
+                format!("{}, {} restart(s)", process_state(&c.process, kubernetes), c.process.restarts),
             ]);
         }
         s.push_str(&columns(&rows));
@@ -71,7 +89,7 @@ pub fn table(st: &ClusterStatus) -> String {
     let mut rows = vec![["NODE", "IP", "POD CIDR", "NETNS", "DATAPATH", "NODE PROXY"].map(String::from).to_vec()];
     for n in &st.nodes {
         let proxy = match &n.proxy {
-            Some(p) => format!("{}, serving {} pod(s), {} restart(s)", process_state(p), p.serving, p.restarts),
+            Some(p) => format!("{}, serving {} pod(s), {} restart(s)", process_state(p, kubernetes), p.serving, p.restarts),
             None => "-".into(),
         };
         let datapath = match &n.datapath {
