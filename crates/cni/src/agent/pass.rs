@@ -76,7 +76,12 @@ pub struct Node {
     /// written again when they change, and every [`PROBES_REFRESH`] in
     /// case something of the node removed it (a firewall reload).
     probes_written: Option<(BTreeSet<Ipv4Addr>, std::time::Instant)>,
+    /// When each pod's namespace was last looked for in /proc (a scan of
+    /// every process): at most every [`DISCOVERY_RETRY`] per pod.
+    discovered_at: BTreeMap<String, std::time::Instant>,
 }
+
+const DISCOVERY_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 const PROBES_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -124,6 +129,7 @@ impl Node {
             answers.insert(key, answer);
         }
         // Pods gone from the node: their capture went with their namespace.
+        self.discovered_at.retain(|key, _| present.contains(key));
         self.entries.retain(|key, e| {
             let keep = present.contains(key);
             if !keep {
@@ -147,6 +153,13 @@ impl Node {
         if !self.entries.contains_key(key) {
             if !want {
                 return Answer::NotMeshed;
+            }
+            if sandbox.is_none() {
+                let now = std::time::Instant::now();
+                if self.discovered_at.get(key).is_some_and(|at| now.duration_since(*at) < DISCOVERY_RETRY) {
+                    return Answer::Waiting("its network namespace is looked for again shortly".into());
+                }
+                self.discovered_at.insert(key.to_string(), now);
             }
             match locate(s, pod, &uid, sandbox) {
                 Ok((netns, ip)) => {
