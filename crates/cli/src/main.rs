@@ -524,6 +524,23 @@ fn on_kubernetes(target: &kube::target::KubeTarget, cmd: Command) -> anyhow::Res
 #[cfg(test)]
 mod arguments {
     #[test]
+    fn kubeconfig_and_context_anywhere_on_the_commands_that_take_them() {
+        use clap::Parser;
+        for argv in [
+            &["slipstream", "status", "--kubeconfig", "/k", "-o", "json"][..],
+            &["slipstream", "--kubeconfig", "/k", "proxy-status"],
+            &["slipstream", "x", "waypoint", "list", "-n", "ns", "--kubeconfig=/k", "--context", "c"],
+            &["slipstream", "policy", "check", "--from", "a/b", "--to", "a/c:80", "--kubeconfig", "/k"],
+        ] {
+            let cli = super::Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            assert_eq!(cli.kube.kubeconfig.as_deref(), Some(std::path::Path::new("/k")), "{argv:?}");
+            assert!(super::on_kubernetes_too(&cli.command), "{argv:?}");
+        }
+        let cli = super::Cli::try_parse_from(["slipstream", "get", "pods"]).unwrap();
+        assert!(!super::on_kubernetes_too(&cli.command), "kubectl's verbs act on the local cluster only");
+    }
+
+    #[test]
     fn label_takes_flags_between_its_words() {
         use clap::Parser;
         for argv in [
