@@ -173,6 +173,10 @@ if in_pod outside plain curl -sS --max-time 5 -o /dev/null "http://$probed_ip:80
 fi
 in_pod bookinfo curl curl -sS --max-time 10 -o /dev/null "http://$probed_ip:8080/healthz" || fail "STRICT: a meshed pod could not reach the probed pod"
 kubectl delete -n bookinfo peerauthentication strict >/dev/null
+# Every node proxy ready: each has the certificates of all its pods,
+# those registered before the control plane knew them included.
+proxies_ready() { [ "$(kubectl get ds -n "$NS" slipstream-node -o jsonpath='{.status.numberReady}')" = 3 ]; }
+wait_for 30 proxies_ready || fail "not every node proxy is ready: $(kubectl get pods -n "$NS" -o wide)"
 lap "kubelet probes pass under STRICT (ready, no restart); a plaintext pod is refused, a meshed one served"
 
 # ------------------------------------------------------ billing policies

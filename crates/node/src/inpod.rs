@@ -30,6 +30,11 @@ struct Running {
     ip: IpAddr,
     drain: DrainTrigger,
     conns: Arc<Conns>,
+    /// Its certificate was asked for ahead of its first connection (once
+    /// the mesh names the pod: at once in the local cluster, later for a
+    /// pod registered from its CNI call on Kubernetes).
+    /// Cleared again when the request failed, so the next reconcile asks again.
+    cert_requested: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub struct InPod {
@@ -78,17 +83,6 @@ impl InPod {
                     Some(ip) => match self.start(uid, ip, Path::new(netns)) {
                         Ok(r) => {
                             tracing::info!(pod = %uid, %ip, netns, known = w.is_some(), "listening in the pod on :15001, :15006, :15008");
-                            // Issued ahead of the first connection, so
-                            // readiness can say the pod is served; renewed
-                            // in the background from then on.
-                            if let Some(w) = &w {
-                                let (certs, id) = (self.shared.certs.clone(), w.identity().clone());
-                                tokio::spawn(async move {
-                                    if let Err(e) = certs.fetch_certificate(&id).await {
-                                        tracing::warn!(identity = %id, "certificate not issued yet: {e}");
-                                    }
-                                });
-                            }
                             self.running.insert(uid.to_string(), r);
                         }
                         Err(e) => {
@@ -96,6 +90,19 @@ impl InPod {
                             self.failed.insert(uid.to_string());
                         }
                     },
+                }
+            }
+            // Issued ahead of the first connection, so readiness can say
+            // the pod is served; renewed in the background from then on.
+            if let (Some(w), Some(r)) = (&w, self.running.get(uid)) {
+                if !r.cert_requested.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let (certs, id, requested) = (self.shared.certs.clone(), w.identity().clone(), r.cert_requested.clone());
+                    tokio::spawn(async move {
+                        if let Err(e) = certs.fetch_certificate(&id).await {
+                            tracing::warn!(identity = %id, "certificate not issued yet: {e} (asked again at the next change)");
+                            requested.store(false, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    });
                 }
             }
             let state = PodState { identity: w.map(|w| w.identity().clone()), listening: self.running.contains_key(uid) };
@@ -138,7 +145,7 @@ impl InPod {
             }
         }));
         self.shared.pods.insert(pod);
-        Ok(Running { ip, drain: trigger, conns })
+        Ok(Running { ip, drain: trigger, conns, cert_requested: Arc::default() })
     }
 
     fn report(&mut self) {
