@@ -15,25 +15,44 @@ pub enum ExperimentId {
     Q1,
     C1,
     R1,
+    /// Pod start, on Kubernetes only: from a pod's creation to its first
+    /// request served (`crate::kube::podstart`).
+    S1,
 }
 
 /// In the order they run within a repetition.
 pub const EXPERIMENTS: [ExperimentId; 6] =
     [ExperimentId::T1, ExperimentId::T2, ExperimentId::L1, ExperimentId::Q1, ExperimentId::C1, ExperimentId::R1];
 
+/// The experiments on Kubernetes (`--kubeconfig`), in run order: R1's held
+/// connections need the bench inside the client pod's network namespace,
+/// which it cannot enter on a remote node; S1 (pod start) is Kubernetes'
+/// own.
+pub const KUBE_EXPERIMENTS: [ExperimentId; 6] =
+    [ExperimentId::T1, ExperimentId::T2, ExperimentId::L1, ExperimentId::Q1, ExperimentId::C1, ExperimentId::S1];
+
+/// Every experiment, local or not, in report order.
+pub const ALL_EXPERIMENTS: [ExperimentId; 7] =
+    [ExperimentId::T1, ExperimentId::T2, ExperimentId::L1, ExperimentId::Q1, ExperimentId::C1, ExperimentId::R1, ExperimentId::S1];
+
 /// The experiments named in `requested` (comma-separated ids such as `L1,Q1`,
 /// any case), in run order; all of them when empty or `all`.
 pub fn select(requested: &[String]) -> Result<Vec<ExperimentId>, String> {
+    select_from(&EXPERIMENTS, requested)
+}
+
+/// [`select`] among `known`.
+pub fn select_from(known: &[ExperimentId], requested: &[String]) -> Result<Vec<ExperimentId>, String> {
     let wanted: Vec<String> = requested.iter().map(|s| s.trim().to_ascii_uppercase()).filter(|s| !s.is_empty()).collect();
     if wanted.is_empty() || wanted == ["ALL"] {
-        return Ok(EXPERIMENTS.to_vec());
+        return Ok(known.to_vec());
     }
-    let unknown: Vec<&str> = wanted.iter().map(String::as_str).filter(|w| !EXPERIMENTS.iter().any(|e| e.to_string() == *w)).collect();
+    let unknown: Vec<&str> = wanted.iter().map(String::as_str).filter(|w| !known.iter().any(|e| e.to_string() == *w)).collect();
     if !unknown.is_empty() {
-        let known: Vec<String> = EXPERIMENTS.iter().map(|e| e.to_string()).collect();
-        return Err(format!("unknown experiment(s) {}: known are {}", unknown.join(", "), known.join(", ")));
+        let names: Vec<String> = known.iter().map(|e| e.to_string()).collect();
+        return Err(format!("unknown experiment(s) {}: known are {}", unknown.join(", "), names.join(", ")));
     }
-    Ok(EXPERIMENTS.into_iter().filter(|e| wanted.contains(&e.to_string())).collect())
+    Ok(known.iter().copied().filter(|e| wanted.contains(&e.to_string())).collect())
 }
 
 impl fmt::Display for ExperimentId {
@@ -77,6 +96,7 @@ const LATENCY: &[FigureDef] =
     &[ms("p50_ms", "p50"), ms("p90_ms", "p90"), ms("p99_ms", "p99"), ms("p99.9_ms", "p99.9"), ms("avg_ms", "average")];
 const MAX_RATE: &[FigureDef] = &[fig("rps", "requests/s", "req/s", Better::Higher), ms("p50_ms", "p50"), ms("p99_ms", "p99")];
 const CONNECT: &[FigureDef] = &[fig("cps", "connections/s", "conn/s", Better::Higher)];
+const POD_START: &[FigureDef] = &[ms("p50_ms", "p50"), ms("p99_ms", "p99")];
 const HOLD: &[FigureDef] = &[
     FigureDef { key: "connections", label: "connections held", unit: "", better: Better::Higher, ratio: false, added: false },
     FigureDef {
@@ -117,6 +137,12 @@ pub enum Action {
     Hold {
         connections: usize,
     },
+    /// Creates `pods` pods one after the other, each requesting the server
+    /// until it answers, and times each from its creation to its first
+    /// answer (Kubernetes only).
+    PodStart {
+        pods: u32,
+    },
 }
 
 impl ExperimentId {
@@ -128,6 +154,7 @@ impl ExperimentId {
             ExperimentId::Q1 => "maximum request rate",
             ExperimentId::C1 => "new connections per second",
             ExperimentId::R1 => "open connections held through the mesh",
+            ExperimentId::S1 => "pod start: creation to first request served",
         }
     }
 
@@ -138,6 +165,7 @@ impl ExperimentId {
             ExperimentId::Q1 => MAX_RATE,
             ExperimentId::C1 => CONNECT,
             ExperimentId::R1 => HOLD,
+            ExperimentId::S1 => POD_START,
         }
     }
 
@@ -154,14 +182,15 @@ impl ExperimentId {
             ExperimentId::Q1 => fortio(None, s.max_rate_secs, true),
             ExperimentId::C1 => fortio(None, s.connect_secs, false),
             ExperimentId::R1 => Action::Hold { connections: s.hold_connections },
+            ExperimentId::S1 => Action::PodStart { pods: s.pod_starts },
         }
     }
 }
 
 impl Action {
     /// The command run in the client pod, addressing the server by its
-    /// service name (the same in every scenario). None for `Hold`, which the
-    /// bench does itself.
+    /// service name (the same in every scenario). None for `Hold` and
+    /// `PodStart`, which the bench does itself.
     pub fn command(&self) -> Option<Vec<String>> {
         let host = manifests::SERVER;
         let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
@@ -185,7 +214,7 @@ impl Action {
                 c.push(format!("http://{host}:{}/echo?size={payload}", manifests::HTTP_PORT));
                 Some(c)
             }
-            Action::Hold { .. } => None,
+            Action::Hold { .. } | Action::PodStart { .. } => None,
         }
     }
 
@@ -194,6 +223,7 @@ impl Action {
         match *self {
             Action::Iperf { secs, .. } | Action::Fortio { secs, .. } => secs,
             Action::Hold { connections } => (connections / 500) as u32 + 5,
+            Action::PodStart { pods } => pods * 3,
         }
     }
 
@@ -204,6 +234,10 @@ impl Action {
                 "{connections} TCP connections from the client pod to {}:{} (echo), each echoing a byte, held open",
                 manifests::SERVER,
                 manifests::TCP_ECHO_PORT
+            ),
+            Action::PodStart { pods } => format!(
+                "{pods} pods, one after the other on the client's node, each running sh -c \"{}\"; timed from the create request to the log line of the first answer",
+                crate::kube::objects::POD_START_LOOP
             ),
             other => other.command().unwrap_or_default().join(" "),
         }
@@ -221,6 +255,7 @@ pub fn estimate(settings: &Settings, scenarios: usize, experiments: &[Experiment
             ExperimentId::Q1 => s.max_rate_secs as u64 * 1000,
             ExperimentId::C1 => s.connect_secs as u64 * 1000,
             ExperimentId::R1 => s.hold_settle_ms + s.hold_connections as u64 / 2,
+            ExperimentId::S1 => s.pod_starts as u64 * 2500,
         };
         run + s.pause_ms + 700
     };
@@ -246,6 +281,14 @@ mod tests {
             "fortio load -c 64 -qps -1 -t 5s -keepalive=false -p 50,90,99,99.9 -json - http://server:8080/echo?size=1024"
         );
         assert_eq!(ExperimentId::R1.action(&s), Action::Hold { connections: 10_000 });
+        assert_eq!(ExperimentId::S1.action(&s), Action::PodStart { pods: 50 });
+        assert!(ExperimentId::S1.action(&s).command().is_none());
+        let s1 = ExperimentId::S1.action(&s).describe();
+        assert!(
+            s1.starts_with("50 pods, one after the other on the client's node, each running sh -c \"echo started; until curl "),
+            "{s1}"
+        );
+        assert!(!s1.contains('`'), "the report puts it in a code span");
         assert!(ExperimentId::R1.action(&s).command().is_none());
     }
 
@@ -256,6 +299,9 @@ mod tests {
         assert_eq!(select(&["q1".into(), " L1".into()]).unwrap(), [ExperimentId::L1, ExperimentId::Q1]);
         let e = select(&["L1".into(), "X9".into()]).unwrap_err();
         assert!(e.contains("unknown experiment(s) X9") && e.contains("T1, T2, L1, Q1, C1, R1"), "{e}");
+        assert!(select(&["S1".into()]).is_err(), "pod start is Kubernetes' only");
+        assert_eq!(select_from(&KUBE_EXPERIMENTS, &["s1".into()]).unwrap(), [ExperimentId::S1]);
+        assert!(select_from(&KUBE_EXPERIMENTS, &["R1".into()]).is_err());
     }
 
     #[test]

@@ -120,6 +120,7 @@ pub fn headline(e: ExperimentId, o: &Outcome) -> String {
             Some(rss) => format!("{:.0} connections, largest node proxy {rss:.1} MB", f("connections")),
             None => format!("{:.0} connections", f("connections")),
         },
+        ExperimentId::S1 => format!("p50 {:.0} ms, p99 {:.0} ms", f("p50_ms"), f("p99_ms")),
     }
 }
 

@@ -9,7 +9,9 @@
 //! report ([`report`]: Markdown and SVG). The parts that touch the machine:
 //! [`cluster`] (drives the `slipstream` binary), [`mesh`] (CPU and memory of
 //! the mesh processes), [`hold`] (R1's open connections), [`preflight`],
-//! [`machine`], and [`runner`], which joins them. [`control`] is
+//! [`machine`], and [`runner`], which joins them. [`kube`] runs the same
+//! experiments, and pod start, on a Kubernetes cluster
+//! (`--kubeconfig`). [`control`] is
 //! `slipstream bench-control`, the control plane's benchmark.
 #![forbid(unsafe_code)]
 
@@ -18,6 +20,7 @@ pub mod control;
 pub mod experiment;
 pub mod figures;
 pub mod hold;
+pub mod kube;
 pub mod machine;
 pub mod manifests;
 pub mod mesh;
@@ -76,9 +79,24 @@ pub struct BenchArgs {
     /// Connections held open for R1 (default 10000, or 1000 with --quick).
     #[arg(long, value_name = "N")]
     pub hold_connections: Option<usize>,
+    /// Run on the Kubernetes cluster of this kubeconfig (its current
+    /// context) instead of a local cluster: Slipstream installed there by
+    /// its Helm chart, the bench's namespaces made and deleted by the run,
+    /// two schedulable nodes (client and server apart), `kubectl` on the
+    /// PATH. Scenarios none, l4-nft and l7; experiments T1, T2, L1, Q1, C1
+    /// and S1 (pod start); no root needed.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: the kubeconfig context to use (default: its
+    /// current context).
+    #[arg(long, value_name = "NAME", requires = "kubeconfig")]
+    pub context: Option<String>,
 }
 
 /// Runs the benchmark; see [`BenchArgs`].
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    runner::run(args)
+    match args.kubeconfig.clone() {
+        Some(kubeconfig) => kube::run(&args, &kubeconfig),
+        None => runner::run(args),
+    }
 }

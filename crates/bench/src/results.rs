@@ -30,6 +30,10 @@ pub struct Results {
     pub tools: BTreeMap<String, String>,
     pub scenarios: Vec<ScenarioInfo>,
     pub experiments: Vec<ExperimentInfo>,
+    /// Set for a run on Kubernetes (`--kubeconfig`): the cluster and its
+    /// nodes; `machine` is then where the bench ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubeInfo>,
     /// Memory of every mesh process after `up`, before any traffic.
     pub idle: Vec<ProcSample>,
     pub runs: Vec<Run>,
@@ -56,6 +60,36 @@ pub struct Machine {
     /// RLIMIT_NOFILE the cluster ran with (R1 needs about 2 per held connection).
     #[serde(default)]
     pub open_files_limit: u64,
+}
+
+/// The Kubernetes cluster a run measured.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct KubeInfo {
+    /// The API server's version (`v1.32.13`).
+    pub server_version: String,
+    /// The kubeconfig's context used.
+    pub context: String,
+    /// Where the client pods run (and S1's pods).
+    pub client_node: String,
+    /// Where the server pods run.
+    pub server_node: String,
+    /// Those two nodes, as they report themselves.
+    pub nodes: Vec<KubeNode>,
+    /// The image of the node proxies (the `proxy` container of DaemonSet
+    /// `slipstream-node`).
+    pub mesh_image: String,
+}
+
+/// A node of the cluster, from its status.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct KubeNode {
+    pub name: String,
+    pub cpus: String,
+    pub memory: String,
+    pub kernel: String,
+    pub os: String,
+    pub runtime: String,
+    pub kubelet: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -91,6 +91,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .iter()
             .map(|e| ExperimentInfo { id: *e, title: e.title().to_string(), command: e.action(&settings).describe() })
             .collect(),
+        kubernetes: None,
         idle: vec![],
         runs: vec![],
         medians: Default::default(),
@@ -297,7 +298,7 @@ fn run_step(
     Ok(run)
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let v: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     v[v.len().saturating_sub(lines)..].join("\n")
@@ -374,7 +375,7 @@ fn hold_step(target: &Target, count: usize, settings: &Settings, procs: &[MeshPr
     Ok(o)
 }
 
-fn write_json(results: &Results, out: &Path) -> anyhow::Result<()> {
+pub(crate) fn write_json(results: &Results, out: &Path) -> anyhow::Result<()> {
     let path = out.join("results.json");
     let tmp = out.join("results.json.tmp");
     std::fs::write(&tmp, serde_json::to_string_pretty(results)? + "\n").with_context(|| format!("writing {}", tmp.display()))?;
@@ -382,9 +383,10 @@ fn write_json(results: &Results, out: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_outputs(results: &Results, out: &Path, docs: Option<&Path>) -> anyhow::Result<()> {
+pub(crate) fn write_outputs(results: &Results, out: &Path, docs: Option<&Path>) -> anyhow::Result<()> {
     write_json(results, out)?;
-    let page = Page { title: "Slipstream benchmark".into(), chart_href: "chart.svg".into(), preamble: None };
+    let title = if results.kubernetes.is_some() { "Slipstream benchmark on Kubernetes" } else { "Slipstream benchmark" };
+    let page = Page { title: title.into(), chart_href: "chart.svg".into(), preamble: None };
     std::fs::write(out.join("report.md"), report::markdown(results, &page))?;
     std::fs::write(out.join("chart.svg"), report::svg(results))?;
     if let Some(docs) = docs {
@@ -430,7 +432,7 @@ fn docs_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// The command as typed, with the binary called `slipstream`.
-fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)
         .map(|a| {
@@ -444,7 +446,7 @@ fn command_line() -> String {
     format!("slipstream {}", args.join(" "))
 }
 
-fn sleep_interruptibly(d: Duration) -> anyhow::Result<()> {
+pub(crate) fn sleep_interruptibly(d: Duration) -> anyhow::Result<()> {
     let end = Instant::now() + d;
     while Instant::now() < end {
         if cluster::interrupted() {
@@ -455,6 +457,6 @@ fn sleep_interruptibly(d: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn flush() {
+pub(crate) fn flush() {
     let _ = std::io::stdout().flush();
 }

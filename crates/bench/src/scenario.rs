@@ -26,6 +26,9 @@ pub enum Setup {
     Namespace { namespace: &'static str, labels: &'static [(&'static str, &'static str)] },
     /// Not measurable with this version of Slipstream: why.
     NotAvailable { reason: &'static str },
+    /// Measured in the local cluster, not on Kubernetes (`--kubeconfig`):
+    /// why.
+    NotOnKubernetes { reason: &'static str },
 }
 
 pub const SCENARIOS: &[Scenario] = &[
@@ -73,7 +76,7 @@ impl Scenario {
     pub fn namespace(&self) -> Option<&'static str> {
         match self.setup {
             Setup::Namespace { namespace, .. } => Some(namespace),
-            Setup::NotAvailable { .. } => None,
+            Setup::NotAvailable { .. } | Setup::NotOnKubernetes { .. } => None,
         }
     }
 
@@ -89,6 +92,7 @@ impl Scenario {
             l4_targets: self.l4_targets,
             not_available: match self.setup {
                 Setup::NotAvailable { reason } => Some(format!("not available in this version: {reason}")),
+                Setup::NotOnKubernetes { reason } => Some(format!("not available on Kubernetes: {reason}")),
                 Setup::Namespace { .. } => None,
             },
         }
@@ -97,6 +101,10 @@ impl Scenario {
 
 pub fn find(name: &str) -> Option<&'static Scenario> {
     SCENARIOS.iter().find(|s| s.name == name)
+}
+
+fn find_in(registry: &'static [Scenario], name: &str) -> Option<&'static Scenario> {
+    registry.iter().find(|s| s.name == name)
 }
 
 /// What the results record of a scenario.
@@ -118,19 +126,24 @@ pub struct ScenarioInfo {
 /// order, always with the baseline. Unknown names are an error naming the
 /// known ones. Returns all selected scenarios, measurable or not.
 pub fn select(requested: &[String]) -> Result<Vec<&'static Scenario>, String> {
+    select_in(SCENARIOS, requested)
+}
+
+/// [`select`] in another registry (Kubernetes': `crate::kube::scenarios`).
+pub fn select_in(registry: &'static [Scenario], requested: &[String]) -> Result<Vec<&'static Scenario>, String> {
     let mut wanted: Vec<&str> = requested.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
     if wanted.is_empty() || wanted == ["all"] {
-        return Ok(SCENARIOS.iter().collect());
+        return Ok(registry.iter().collect());
     }
-    let unknown: Vec<&str> = wanted.iter().copied().filter(|w| find(w).is_none()).collect();
+    let unknown: Vec<&str> = wanted.iter().copied().filter(|w| find_in(registry, w).is_none()).collect();
     if !unknown.is_empty() {
-        let known: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+        let known: Vec<&str> = registry.iter().map(|s| s.name).collect();
         return Err(format!("unknown scenario(s) {}: known are {}", unknown.join(", "), known.join(", ")));
     }
     if !wanted.contains(&BASELINE) {
         wanted.push(BASELINE);
     }
-    Ok(SCENARIOS.iter().filter(|s| wanted.contains(&s.name)).collect())
+    Ok(registry.iter().filter(|s| wanted.contains(&s.name)).collect())
 }
 
 #[cfg(test)]

@@ -31,9 +31,17 @@ pub struct Settings {
     /// Linux), so that the proxies' sockets of the previous 10k connections
     /// are gone and cannot collide with the next ones.
     pub hold_cooldown_ms: u64,
+    /// S1 (Kubernetes): pods started per repetition, one after the other.
+    #[serde(default = "default_pod_starts")]
+    pub pod_starts: u32,
     /// Pause between steps (iperf3's server takes a moment to accept the
     /// next test; CPU caches and timers settle).
     pub pause_ms: u64,
+}
+
+/// BENCHMARKS.md: pod start's p50 and p99 over 50 pods.
+fn default_pod_starts() -> u32 {
+    50
 }
 
 impl Settings {
@@ -51,6 +59,7 @@ impl Settings {
             hold_connections: 10_000,
             hold_settle_ms: 2000,
             hold_cooldown_ms: 61_000,
+            pod_starts: default_pod_starts(),
             pause_ms: 1000,
         }
     }
@@ -65,6 +74,7 @@ impl Settings {
             connect_secs: 2,
             hold_connections: 1000,
             hold_settle_ms: 500,
+            pod_starts: 5,
             pause_ms: 300,
             ..Settings::full()
         }

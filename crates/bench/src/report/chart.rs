@@ -7,7 +7,6 @@
 use super::fmt::{ratio as fmt_ratio, xml};
 use super::{targets, View};
 use crate::experiment::Better;
-use crate::experiment::EXPERIMENTS;
 use crate::results::Results;
 use crate::stats::figure_id;
 
@@ -156,7 +155,7 @@ pub fn rows(r: &Results) -> Vec<ChartRow> {
     let v = View::new(r);
     let compared = v.compared();
     let mut rows = Vec::new();
-    for e in EXPERIMENTS {
+    for &e in v.experiments() {
         for f in e.figures().iter().filter(|f| f.ratio) {
             let id = figure_id(e, f.key);
             let target = targets::TARGETS.iter().find_map(|t| match t.rule {
@@ -179,6 +178,7 @@ pub fn rows(r: &Results) -> Vec<ChartRow> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::experiment::EXPERIMENTS;
     use crate::report::tests::sample;
 
     /// Minimal XML well-formedness check: tags balance, attributes are

@@ -5,10 +5,12 @@
 //!
 //! The tables are in `tables`, the chart's rows and its SVG in [`chart`],
 //! the prose sections (facts, failures, scenarios, experiments,
-//! reproduce) in `prose`.
+//! reproduce) in `prose`, what differs on Kubernetes (`--kubeconfig`: the
+//! cluster, S1's target) in `kube`.
 
 pub mod chart;
 pub mod fmt;
+mod kube;
 mod prose;
 mod tables;
 pub mod targets;
@@ -48,6 +50,16 @@ impl<'a> View<'a> {
     fn new(r: &'a Results) -> View<'a> {
         let measured = r.scenarios.iter().filter(|s| s.not_available.is_none()).map(|s| s.name.as_str()).collect();
         View { r, medians: stats::medians(&r.runs), measured, empty: BTreeMap::new() }
+    }
+
+    /// The experiments the report has rows for: the local bench's, or
+    /// Kubernetes' (with S1, without R1's held connections).
+    fn experiments(&self) -> &'static [ExperimentId] {
+        if self.r.kubernetes.is_some() {
+            &crate::experiment::KUBE_EXPERIMENTS
+        } else {
+            &crate::experiment::EXPERIMENTS
+        }
     }
 
     fn compared(&self) -> Vec<&'a str> {
@@ -112,6 +124,7 @@ pub fn markdown(r: &Results, page: &Page) -> String {
     tables::targets_table(&mut s, &v);
     tables::ebpf_targets(&mut s, &v);
     tables::waypoint_targets(&mut s, &v);
+    kube::pod_start_targets(&mut s, &v);
     prose::failures(&mut s, r);
     prose::scenarios(&mut s, r);
     prose::experiments(&mut s, r);
@@ -128,5 +141,6 @@ pub fn summary(r: &Results) -> String {
     tables::targets_table(&mut s, &v);
     tables::ebpf_targets(&mut s, &v);
     tables::waypoint_targets(&mut s, &v);
+    kube::pod_start_targets(&mut s, &v);
     s.trim_end().to_string()
 }

@@ -34,6 +34,9 @@ pub(super) fn facts(s: &mut String, r: &Results) {
         m.open_files_limit,
         if tools.is_empty() { "unknown".into() } else { tools.join(", ") },
     );
+    if let Some(k) = &r.kubernetes {
+        super::kube::facts(s, k);
+    }
 }
 
 /// The repetitions that failed or warned, if any.
@@ -69,6 +72,9 @@ pub(super) fn scenarios(s: &mut String, r: &Results) {
             }
         }
     }
+    if let Some(k) = &r.kubernetes {
+        return super::kube::scenarios(s, k);
+    }
     let _ = writeln!(
         s,
         "\nEach measured scenario is a namespace of one local cluster (`bench`, 2 nodes) holding the same two pods: a \
@@ -83,6 +89,9 @@ pub(super) fn experiments(s: &mut String, r: &Results) {
     for e in &r.experiments {
         let _ = writeln!(s, "| {} | {} | `{}` |", e.id, e.title, fmt::cell(&e.command));
     }
+    if r.kubernetes.is_some() {
+        return super::kube::steps(s);
+    }
     let _ = writeln!(
         s,
         "\nSteps run in the order repetition, experiment, scenario: the scenarios compared in one figure are measured \
@@ -95,6 +104,9 @@ pub(super) fn experiments(s: &mut String, r: &Results) {
 
 /// The commands that reproduce the run.
 pub(super) fn reproduce(s: &mut String, r: &Results) {
+    if r.kubernetes.is_some() {
+        return super::kube::reproduce(s, r);
+    }
     let _ = writeln!(
         s,
         "## Reproduce\n\nAs root, from a clone of the repository{}:\n\n```sh\nscripts/setup.sh\ncargo build --release -p slipstream-cli\n{}\n```\n\n\
@@ -106,7 +118,7 @@ pub(super) fn reproduce(s: &mut String, r: &Results) {
 
 /// The recorded command, run from the build directory, without `--out`
 /// (where the files went changes no figure).
-fn reproduce_command(command: &str) -> String {
+pub(super) fn reproduce_command(command: &str) -> String {
     let mut out = Vec::new();
     let mut words = command.split(' ');
     while let Some(w) = words.next() {

@@ -9,7 +9,7 @@ use crate::stats::{figure_id, MESH_CPU, MESH_PEAK_RSS};
 use std::fmt::Write;
 
 /// A table's header: the `first` columns, then one per measured scenario.
-fn header(s: &mut String, first: &[&str], v: &View) {
+pub(super) fn header(s: &mut String, first: &[&str], v: &View) {
     let _ = writeln!(s, "| {} | {} |", first.join(" | "), v.measured.join(" | "));
     let _ = writeln!(s, "|{}{}", "---|".repeat(first.len()), "---:|".repeat(v.measured.len()));
 }
@@ -22,7 +22,7 @@ pub(super) fn main_table(s: &mut String, v: &View) {
          (for latencies also the milliseconds added).\n"
     );
     header(s, &["experiment", "figure"], v);
-    for e in EXPERIMENTS {
+    for &e in v.experiments() {
         for f in e.figures().iter().filter(|f| f.ratio) {
             let id = figure_id(e, f.key);
             let mut cells = Vec::new();
@@ -54,6 +54,9 @@ pub(super) fn main_table(s: &mut String, v: &View) {
 
 /// R1: what the mesh processes took, idle and during each experiment.
 pub(super) fn resources_table(s: &mut String, v: &View) {
+    if v.r.kubernetes.is_some() {
+        return super::kube::resources_table(s, v);
+    }
     let procs: Vec<String> = v
         .r
         .idle

@@ -74,6 +74,7 @@ pub(super) fn sample() -> Results {
             .iter()
             .map(|e| ExperimentInfo { id: *e, title: e.title().into(), command: e.action(&s).describe() })
             .collect(),
+        kubernetes: None,
         idle: vec![
             ProcSample { process: "node proxy node1".into(), pids: vec![1], rss_mb: 13.9, anon_mb: Some(1.8), pod_rss_mb: None },
             ProcSample { process: "node proxy node2".into(), pids: vec![2], rss_mb: 14.2, anon_mb: None, pod_rss_mb: None },
