@@ -18,6 +18,7 @@
 #   docker.io/mccutchen/go-httpbin:v2.15.0, docker.io/istio/examples-helloworld-v{1,2}:1.0
 #                                                            slipstream's echo, as httpbin and helloworld
 #   docker.io/fortio/fortio:<version> and :latest_release    the fortio scripts/setup.sh installed
+#   docker.io/networkstatic/iperf3:latest                    Debian's iperf3 (`slipstream bench --kubeconfig`)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -130,6 +131,18 @@ fortio_rootfs() {
   make_layer "$r" "$OUT/fortio.tar"
 }
 
+# networkstatic/iperf3's part: Debian's iperf3 and its libraries, for
+# T1 and T2 of `slipstream bench --kubeconfig` (the pods run `iperf3 -s`).
+iperf3_rootfs() {
+  local r="$OUT/iperf3-rootfs" exe=/usr/bin/iperf3
+  [ -x "$exe" ] || die "$exe is missing; run scripts/setup.sh"
+  new_rootfs "$r" iperf 65532
+  mkdir -p "$r/usr/bin"
+  cp -L "$exe" "$r$exe"
+  copy_libs "$r" "$exe"
+  make_layer "$r" "$OUT/iperf3.tar"
+}
+
 # pause, from build/pause/linux/pause.c of the k8s.io/kubernetes module.
 pause_rootfs() {
   local src
@@ -150,7 +163,8 @@ slipstream_rootfs
 pause_rootfs
 curl_rootfs
 fortio_rootfs
-for l in slipstream pause curl fortio; do
+iperf3_rootfs
+for l in slipstream pause curl fortio iperf3; do
   log "layer $l.tar: sha256:$(sha256sum "$OUT/$l.tar" | cut -d' ' -f1)"
 done
 if [ -n "$layers_only" ]; then
@@ -205,4 +219,6 @@ done
 CURL_TAG=$(dpkg-query -W -f='${Version}' curl | sed 's/[-+~].*//')
 digest=$(push "$OUT/curl.tar" "curlimages/curl:$CURL_TAG" --entrypoint /usr/bin/curl --user 100:100 --workdir /)
 log "docker.io/curlimages/curl:$CURL_TAG $digest"
+digest=$(push "$OUT/iperf3.tar" "networkstatic/iperf3:latest" --entrypoint /usr/bin/iperf3 --cmd -s --user 65532:65532 --workdir /)
+log "docker.io/networkstatic/iperf3:latest $digest"
 echo "$SLIPSTREAM_TAG"
