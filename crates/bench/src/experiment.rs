@@ -237,7 +237,7 @@ impl Action {
             ),
             Action::PodStart { pods } => format!(
                 "{pods} pods, one after the other on the client's node, each running sh -c \"{}\"; timed from the create request to the log line of the first answer",
-                crate::kube::objects::POD_START_LOOP
+                manifests::POD_START_LOOP
             ),
             other => other.command().unwrap_or_default().join(" "),
         }

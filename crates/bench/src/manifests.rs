@@ -15,6 +15,15 @@ pub const IPERF_PORT: u16 = 5201;
 pub const TCP_ECHO_PORT: u16 = 8078;
 pub use crate::scenario::WAYPOINT;
 
+/// What S1's container runs (on Kubernetes: `crate::kube::objects`):
+/// `started` (when the container is running), then a request to the
+/// server until one is answered. curl writes `served <code>` when each
+/// attempt ends (`000` when none was answered), so the first `served 2xx`
+/// line is the first answer; the container runtime timestamps each line as
+/// it is written.
+pub const POD_START_LOOP: &str =
+    "echo started; until curl -sf -o /dev/null --max-time 5 -w 'served %{http_code}\\n' http://server:8080/; do sleep 0.01; done";
+
 /// YAML for every measurable scenario among `scenarios`.
 pub fn render(scenarios: &[&Scenario]) -> String {
     let mut docs = Vec::new();

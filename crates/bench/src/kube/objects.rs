@@ -22,13 +22,7 @@ pub const IPERF_CONTAINER: &str = "iperf3";
 /// Label of S1's pods (`app=<it>`).
 pub const POD_START_APP: &str = "pod-start";
 
-/// What S1's container runs: `started` (when the container is running),
-/// then a request to the server until one is answered. curl writes
-/// `served <code>` when each attempt ends (`000` when none was answered),
-/// so the first `served 2xx` line is the first answer; the container
-/// runtime timestamps each line as it is written.
-pub const POD_START_LOOP: &str =
-    "echo started; until curl -sf -o /dev/null --max-time 5 -w 'served %{http_code}\\n' http://server:8080/; do sleep 0.01; done";
+pub use crate::manifests::POD_START_LOOP;
 
 pub fn namespace(name: &str, labels: &[(&str, &str)]) -> Value {
     let labels: serde_json::Map<String, Value> = labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();

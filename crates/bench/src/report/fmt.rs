@@ -46,6 +46,21 @@ pub fn cell(s: &str) -> String {
     s.replace('|', "\\|")
 }
 
+/// The recorded command, run from the build directory, without `--out`
+/// (where the files went changes no figure).
+pub fn reproduce_command(command: &str) -> String {
+    let mut out = Vec::new();
+    let mut words = command.split(' ');
+    while let Some(w) = words.next() {
+        if w == "--out" {
+            words.next();
+        } else if !w.starts_with("--out=") {
+            out.push(w);
+        }
+    }
+    out.join(" ").replacen("slipstream ", "/var/tmp/slipstream-target/release/slipstream ", 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +81,13 @@ mod tests {
     fn escaping() {
         assert_eq!(xml("a<b & \"c\""), "a&lt;b &amp; &quot;c&quot;");
         assert_eq!(cell("x|y"), "x\\|y");
+    }
+
+    #[test]
+    fn reproduce_command_drops_the_output_directory() {
+        assert_eq!(
+            reproduce_command("slipstream bench --out /tmp/x --update-docs --out=y --reps 5"),
+            "/var/tmp/slipstream-target/release/slipstream bench --update-docs --reps 5"
+        );
     }
 }

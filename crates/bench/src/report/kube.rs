@@ -3,8 +3,7 @@
 //! one, the mesh's resources as the kubelet reports its containers, and
 //! pod start (S1) with its target.
 
-use super::tables::header;
-use super::{fmt, View};
+use super::{fmt, header, View};
 use crate::experiment::ExperimentId;
 use crate::results::{KubeInfo, Results};
 use crate::scenario::BASELINE;
@@ -63,7 +62,7 @@ pub(super) fn steps(s: &mut String) {
 
 /// The command that reproduces the run.
 pub(super) fn reproduce(s: &mut String, r: &Results) {
-    let cmd = super::prose::reproduce_command(&r.command);
+    let cmd = fmt::reproduce_command(&r.command);
     let _ = writeln!(
         s,
         "## Reproduce\n\nFrom a clone of the repository{}, with Slipstream installed on the cluster by its Helm chart \

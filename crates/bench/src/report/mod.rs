@@ -97,6 +97,12 @@ impl<'a> View<'a> {
     }
 }
 
+/// A table's header: the `first` columns, then one per measured scenario.
+fn header(s: &mut String, first: &[&str], v: &View) {
+    let _ = writeln!(s, "| {} | {} |", first.join(" | "), v.measured.join(" | "));
+    let _ = writeln!(s, "|{}{}", "---|".repeat(first.len()), "---:|".repeat(v.measured.len()));
+}
+
 /// The SVG chart: every figure's ratio to `none`, per compared scenario.
 pub fn svg(r: &Results) -> String {
     let v = View::new(r);

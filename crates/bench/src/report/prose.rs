@@ -112,34 +112,6 @@ pub(super) fn reproduce(s: &mut String, r: &Results) {
         "## Reproduce\n\nAs root, from a clone of the repository{}:\n\n```sh\nscripts/setup.sh\ncargo build --release -p slipstream-cli\n{}\n```\n\n\
          `results.json` holds every repetition, the machine and the tools; `--quick` is the smoke test CI runs.",
         r.commit.as_ref().map(|c| format!(" at commit `{}`", c.hash)).unwrap_or_default(),
-        reproduce_command(&r.command),
+        fmt::reproduce_command(&r.command),
     );
-}
-
-/// The recorded command, run from the build directory, without `--out`
-/// (where the files went changes no figure).
-pub(super) fn reproduce_command(command: &str) -> String {
-    let mut out = Vec::new();
-    let mut words = command.split(' ');
-    while let Some(w) = words.next() {
-        if w == "--out" {
-            words.next();
-        } else if !w.starts_with("--out=") {
-            out.push(w);
-        }
-    }
-    out.join(" ").replacen("slipstream ", "/var/tmp/slipstream-target/release/slipstream ", 1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reproduce_command_drops_the_output_directory() {
-        assert_eq!(
-            reproduce_command("slipstream bench --out /tmp/x --update-docs --out=y --reps 5"),
-            "/var/tmp/slipstream-target/release/slipstream bench --update-docs --reps 5"
-        );
-    }
 }

@@ -2,17 +2,11 @@
 //! processes' resources, and the targets (the L4 mesh's, the eBPF
 //! datapath's, the waypoint's).
 
-use super::{fmt, targets, View};
+use super::{fmt, header, targets, View};
 use crate::experiment::{ExperimentId, EXPERIMENTS};
 use crate::scenario::BASELINE;
 use crate::stats::{figure_id, MESH_CPU, MESH_PEAK_RSS};
 use std::fmt::Write;
-
-/// A table's header: the `first` columns, then one per measured scenario.
-pub(super) fn header(s: &mut String, first: &[&str], v: &View) {
-    let _ = writeln!(s, "| {} | {} |", first.join(" | "), v.measured.join(" | "));
-    let _ = writeln!(s, "|{}{}", "---|".repeat(first.len()), "---:|".repeat(v.measured.len()));
-}
 
 /// Every figure reported as a ratio, per measured scenario.
 pub(super) fn main_table(s: &mut String, v: &View) {
