@@ -9,7 +9,7 @@ use super::usage::{self, Sample};
 use crate::results::{KubeInfo, KubeNode};
 use anyhow::{anyhow, bail, Context};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, LogParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::ApiResource;
@@ -166,16 +166,26 @@ impl KubeCluster {
                     return Err(crate::cluster::Interrupted.into());
                 }
                 if t0.elapsed() > timeout {
-                    bail!(
-                        "pod {ns}/{name} not ready after {}s: {}",
-                        timeout.as_secs(),
-                        pod.as_ref().map(why_not_ready).unwrap_or("missing".into())
-                    );
+                    let why = pod.as_ref().map(why_not_ready).unwrap_or("missing".into());
+                    let event = self.last_warning(ns, name).map(|e| format!("; last warning: {e}")).unwrap_or_default();
+                    bail!("pod {ns}/{name} not ready after {}s: {why}{event}", timeout.as_secs());
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
         Ok(())
+    }
+
+    /// The message of the object's latest Warning event, if any.
+    fn last_warning(&self, ns: &str, name: &str) -> Option<String> {
+        let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+        let events = self.rt.block_on(self.api::<Event>(ns).list(&lp)).ok()?;
+        events
+            .items
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))
+            .and_then(|e| Some(format!("{}: {}", e.reason?, e.message?)))
     }
 
     /// Pods of a namespace whose names start with `prefix`.
