@@ -234,6 +234,7 @@ mod tests {
         );
         assert!(!md.contains("As root"), "no root needed on Kubernetes");
         assert!(summary(&kube_sample()).contains("## Targets for pod start"));
+        assert!(md.contains("The waypoint's memory is its container's working set, as the kubelet reports it."));
     }
 
     #[test]

@@ -193,14 +193,13 @@ pub(super) fn waypoint_targets(s: &mut String, v: &View) {
             })
             .collect();
     let rss_cell = if idle.is_empty() { "not measured".to_string() } else { idle.join("; ") };
-    let _ = writeln!(
-        s,
-        "## Targets for the waypoint
-
-For reference only: the benchmark measures, it never fails on a target. The waypoint's memory is its \
-process, as Kubernetes reports a container's; its pod adds the sandbox's `pod-init` processes.
-"
-    );
+    let memory = if v.r.kubernetes.is_some() {
+        "The waypoint's memory is its container's working set, as the kubelet reports it."
+    } else {
+        "The waypoint's memory is its process, as Kubernetes reports a container's; its pod adds the sandbox's `pod-init` processes."
+    };
+    let _ =
+        writeln!(s, "## Targets for the waypoint\n\nFor reference only: the benchmark measures, it never fails on a target. {memory}\n");
     let _ = writeln!(s, "| target | l7 |\n|---|---|");
     let _ = writeln!(s, "| Q1 requests/s ≥ 0.30 × none | {q1_cell} |");
     let _ = writeln!(s, "| L1 p50 ≤ none + 3 ms | {l1_cell} |");
