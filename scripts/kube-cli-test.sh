@@ -7,7 +7,8 @@
 #
 # Assumes the harness is up (scripts/kube-cluster.sh up), the chart
 # installed and bookinfo meshed in namespace `bookinfo` with a curl pod
-# `client` there. Makes namespace kube-cli-test (deleted at the end).
+# there (`curl`, as scripts/kube-harness-test.sh makes it; CLIENT= names
+# another). Makes namespace kube-cli-test (deleted at the end).
 # No root needed beyond reading the harness's kubeconfig.
 #
 #   scripts/kube-cli-test.sh
@@ -116,7 +117,7 @@ assert j["verdict"] == "allow", j["verdict"]
 ok "policy check productpage -> reviews:9080: allow"
 
 # observe: bookinfo's connections, from the node proxies' access logs.
-kubectl -n bookinfo exec client -- curl -s -o /dev/null -w '%{http_code}\n' http://productpage:9080/productpage | grep -q 200 ||
+kubectl -n bookinfo exec "${CLIENT:-curl}" -- curl -s -o /dev/null -w '%{http_code}\n' http://productpage:9080/productpage | grep -q 200 ||
     fail "productpage through the mesh"
 found=
 for _ in $(seq 1 20); do
@@ -133,7 +134,7 @@ assert any(f['verdict'] == 'REDIRECTED' and f['destination'].get('pod', '').star
 done
 [[ -n $found ]] || fail "observe shows the connection to productpage (output in $WORK/observe.json)"
 grep -q 'nftables' "$WORK/observe.err" || fail "observe says there are no eBPF flows on Kubernetes"
-ok "observe -o json: client -> productpage REDIRECTED by the node proxies (and says why no eBPF flows)"
+ok "observe -o json: ${CLIENT:-curl} -> productpage REDIRECTED by the node proxies (and says why no eBPF flows)"
 
 # The tools' names.
 ln -s "$SLIPSTREAM" "$WORK/istioctl"

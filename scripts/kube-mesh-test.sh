@@ -223,16 +223,22 @@ crane="$(./scripts/kube-build.sh crane | tail -n 1)/crane"
   fail "tagging the image $TAG-upgrade"
 page_ok() { in_pod bookinfo curl curl -sS --max-time 10 http://productpage:9080/productpage | grep -qF "Book Reviews"; }
 images() { kubectl get pods -n "$NS" -o jsonpath='{range .items[*]}{.spec.containers[0].image} {end}' | tr ' ' '\n' | sort -u | tr '\n' ' '; }
+# Every pod of the install on image tag $1 (the old ones gone, not only terminating).
+all_on() { [ "$(images)" = "ghcr.io/slipstream-mesh/slipstream:$1 " ]; }
+rolled() {
+  kubectl rollout status -n "$NS" ds/slipstream-node --timeout=180s >/dev/null &&
+    kubectl rollout status -n "$NS" deployment/slipstream-control --timeout=180s >/dev/null
+}
 helm upgrade slipstream deploy/helm/slipstream -n "$NS" --reuse-values --set image.tag="$TAG-upgrade" --set logLevel=debug --wait --timeout 180s >/dev/null ||
   fail "helm upgrade"
-kubectl rollout status -n "$NS" ds/slipstream-node --timeout=180s >/dev/null || fail "the DaemonSet did not roll"
-[ "$(images)" = "ghcr.io/slipstream-mesh/slipstream:$TAG-upgrade " ] || fail "after the upgrade, pods run $(images)"
+rolled || fail "the DaemonSet or the control plane did not roll"
+wait_for 90 all_on "$TAG-upgrade" || fail "after the upgrade, pods run $(images)"
 wait_for 60 page_ok || fail "productpage through the mesh after the upgrade"
 grep -q "adopted the meshed pods" <<<"$(kubectl logs -n "$NS" -l app.kubernetes.io/name=slipstream-node -c agent --tail=-1)" ||
   fail "the upgraded agents did not adopt the node's meshed pods"
 helm rollback slipstream 1 -n "$NS" --wait --timeout 180s >/dev/null || fail "helm rollback"
-kubectl rollout status -n "$NS" ds/slipstream-node --timeout=180s >/dev/null || fail "the DaemonSet did not roll back"
-[ "$(images)" = "ghcr.io/slipstream-mesh/slipstream:$TAG " ] || fail "after the rollback, pods run $(images)"
+rolled || fail "the DaemonSet or the control plane did not roll back"
+wait_for 90 all_on "$TAG" || fail "after the rollback, pods run $(images)"
 wait_for 60 page_ok || fail "productpage through the mesh after the rollback"
 lap "helm upgrade (tag $TAG-upgrade, logLevel debug) and rollback, the mesh serving after each"
 
