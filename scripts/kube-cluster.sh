@@ -57,6 +57,7 @@ SHIELDED_SYSCTLS="kernel/panic kernel/panic_on_oops vm/overcommit_memory vm/pani
 # /opt/cni/bin and /run/slipstream too: a CNI plugin a DaemonSet installs
 # (Slipstream's) and the files it shares with its node proxy are each
 # node's own, as on machines of their own.
+KEEP_FILE=/run/slipstream/.kube-harness
 NODE_PATHS="/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/containerd /run/containerd /var/lib/cni /etc/cni/net.d /opt/cni/bin /run/slipstream"
 
 log() { echo "kube-cluster.sh: $*" >&2; }
@@ -223,6 +224,15 @@ make_mount_namespaces() {
     mount --bind "$RUN/mnt" "$RUN/mnt"
   fi
   mount --make-private "$RUN/mnt"
+  # The machine's /run/slipstream (the local cluster's run directory) is
+  # under every node's own: a local cluster that removes it when empty
+  # would detach the nodes' mounts there (rmdir of a mountpoint of another
+  # mount namespace detaches it). A file of ours keeps it from being empty.
+  if [ ! -e /run/slipstream ]; then
+    mkdir -p /run/slipstream
+    echo /run/slipstream >>"$STATE/made-paths"
+  fi
+  touch "$KEEP_FILE"
   for n in $NODES; do
     local f="$RUN/mnt/$n" dir="$STATE/nodes/$n"
     if [ -f "$f" ] && nsenter --mount="$f" true 2>/dev/null; then
@@ -629,6 +639,7 @@ cmd_down() {
   done
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
   nft delete table inet "$NFT_TABLE" 2>/dev/null || true
+  rm -f "$KEEP_FILE"
   if [ -f "$STATE/made-paths" ]; then
     sort -r "$STATE/made-paths" | while read -r p; do rmdir "$p" 2>/dev/null || true; done
   fi
