@@ -255,19 +255,23 @@ wait_for 90 gone || fail "the node pods did not go"
 page=$(in_pod bookinfo curl curl -sS --max-time 10 http://productpage:9080/productpage) || fail "productpage did not answer without the mesh"
 grep -qF "Book Reviews" <<<"$page" || fail "productpage without the mesh lacks its reviews"
 left=""
+# (`if`, not `a && b`: a loop whose last test is false would end the script.)
 for n in $NODES; do
-  grep -q slipstream-cni "$STATE/nodes/$n/paths/etc/cni/net.d/"* && left="$left $n: conflist entry;"
-  [ -e "$STATE/nodes/$n/paths/opt/cni/bin/slipstream-cni" ] && left="$left $n: plugin binary;"
-  [ -n "$(ls -A "$STATE/nodes/$n/paths/run/slipstream" 2>/dev/null)" ] && left="$left $n: files in /run/slipstream;"
-  ip netns exec "kh-$n" nft list tables 2>/dev/null | grep -q slipstream && left="$left $n: nft tables in the node's namespace;"
+  if grep -q slipstream-cni "$STATE/nodes/$n/paths/etc/cni/net.d/"*; then left="$left $n: conflist entry;"; fi
+  if [ -e "$STATE/nodes/$n/paths/opt/cni/bin/slipstream-cni" ]; then left="$left $n: plugin binary;"; fi
+  if [ -n "$(ls -A "$STATE/nodes/$n/paths/run/slipstream" 2>/dev/null)" ]; then left="$left $n: files in /run/slipstream;"; fi
+  if ip netns exec "kh-$n" nft list tables 2>/dev/null | grep -q slipstream; then left="$left $n: nft tables in the node's namespace;"; fi
 done
+checked=0
 for p in $(kubectl get pods -n bookinfo -o jsonpath='{range .items[*]}{.metadata.name} {end}'); do
   pid=$(pod_pid bookinfo "$p")
-  [ -n "$pid" ] || continue
-  nsenter -t "$pid" -n nft list tables 2>/dev/null | grep -q slipstream && left="$left pod $p: nft table;"
-  nsenter -t "$pid" -n ip rule 2>/dev/null | grep -q "lookup 100" && left="$left pod $p: reply route rule;"
+  if [ -z "$pid" ]; then continue; fi
+  checked=$((checked + 1))
+  if nsenter -t "$pid" -n nft list tables 2>/dev/null | grep -q slipstream; then left="$left pod $p: nft table;"; fi
+  if nsenter -t "$pid" -n ip rule 2>/dev/null | grep -q "lookup 100"; then left="$left pod $p: reply route rule;"; fi
 done
-pgrep -f 'slipstream (node|node-agent|control)( |$)' >/dev/null && left="$left processes;"
+[ "$checked" -ge 7 ] || fail "found the namespaces of only $checked of bookinfo's pods to check"
+if pgrep -f 'slipstream (node|node-agent|control)( |$)' >/dev/null; then left="$left processes;"; fi
 [ -z "$left" ] || fail "uninstall left:$left"
 kubectl label namespace bookinfo istio.io/dataplane-mode- >/dev/null
 lap "uninstalled: pods serve without the mesh, nothing of ours left on any node"

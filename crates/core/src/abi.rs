@@ -34,6 +34,11 @@ pub const MARK_MASK: u32 = 0xfff;
 /// the rule (`fwmark INPOD_MARK/MARK_MASK lookup ROUTE_TABLE`) and the route.
 pub const ROUTE_TABLE: u32 = 100;
 
+/// The nftables table (family `inet`) in which a node proxy enforces
+/// network policy for its node's pods outside the mesh (`--netpol-kernel`);
+/// the node agent removes it on uninstall.
+pub const NETPOL_TABLE: &str = "slipstream_netpol";
+
 /// The proxy's outbound listener in each pod (`127.0.0.1:15001`), where
 /// capture redirects the pod's outbound TCP. Relied on by capture and by
 /// the proxy's self-call check (CONNECT may never target it).

@@ -29,7 +29,7 @@ use std::fmt::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-pub const TABLE: &str = "slipstream_netpol";
+pub const TABLE: &str = slipstream_core::abi::NETPOL_TABLE;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Dir {

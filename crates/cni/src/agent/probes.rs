@@ -49,9 +49,16 @@ pub fn apply(meshed: &BTreeSet<Ipv4Addr>) -> Result<(), CmdError> {
     run(&["nft", "-f", "-"], Some(&ruleset(meshed))).map(|_| ())
 }
 
-/// Removes it (uninstall).
+/// Removes it (uninstall), and the node proxy's network-policy table of
+/// the same namespace (the proxy, stopping too, leaves it for its next
+/// start: only an uninstall takes it away).
 pub fn remove() -> Result<(), CmdError> {
-    run(&["nft", "-f", "-"], Some(&format!("table ip {TABLE} {{}}\ndelete table ip {TABLE}\n"))).map(|_| ())
+    let netpol = slipstream_core::abi::NETPOL_TABLE;
+    run(
+        &["nft", "-f", "-"],
+        Some(&format!("table ip {TABLE} {{}}\ndelete table ip {TABLE}\ntable inet {netpol} {{}}\ndelete table inet {netpol}\n")),
+    )
+    .map(|_| ())
 }
 
 #[cfg(test)]
