@@ -63,7 +63,9 @@ pod_pid() {
   uid=$(kubectl get pod -n "$1" "$2" -o jsonpath='{.metadata.uid}')
   grep -l "pod$uid" /proc/[0-9]*/cgroup 2>/dev/null | head -n 1 | cut -d/ -f3
 }
-pod_state() { kubectl get pods -n "$1" -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}/{.status.containerStatuses[0].restartCount} {end}'; }
+# `name=uid/restarts` of the pods of namespace $1 (matching selector $2 if given).
+pod_state() { kubectl get pods -n "$1" ${2:+-l "$2"} -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}/{.status.containerStatuses[0].restartCount} {end}'; }
+SLIPSTREAM=${SLIPSTREAM_BIN:-${CARGO_TARGET_DIR:-/var/tmp/slipstream-target}/release/slipstream}
 CURL_IMAGE=$(kubectl get pod -n bookinfo curl -o jsonpath='{.spec.containers[0].image}')
 pp=$(kubectl get pod -n bookinfo -l app=productpage -o jsonpath='{.items[0].spec.nodeName}')
 other=$([ "$pp" = worker-1 ] && echo worker-2 || echo worker-1)
@@ -72,8 +74,9 @@ other=$([ "$pp" = worker-1 ] && echo worker-2 || echo worker-1)
 helm install slipstream-crds deploy/helm/slipstream-crds --set istio.enabled=true --wait >/dev/null || fail "helm install slipstream-crds"
 helm install slipstream deploy/helm/slipstream -n "$NS" --create-namespace --set image.tag="$TAG" --wait --timeout 180s >/dev/null ||
   fail "helm install slipstream"
-ds=$(kubectl get ds -n "$NS" slipstream-node -o jsonpath='{.status.numberReady}/{.status.desiredNumberScheduled}')
-[ "$ds" = "3/3" ] || fail "node DaemonSet ready $ds"
+# (helm's --wait counts a DaemonSet ready with maxUnavailable pods still starting)
+proxies_ready() { [ "$(kubectl get ds -n "$NS" slipstream-node -o jsonpath='{.status.numberReady}')" = 3 ]; }
+wait_for 60 proxies_ready || fail "node DaemonSet ready $(kubectl get ds -n "$NS" slipstream-node -o jsonpath='{.status.numberReady}')/3"
 for n in $NODES; do
   grep -q '"type": "slipstream-cni"' "$STATE/nodes/$n/paths/etc/cni/net.d/10-kube-harness.conflist" || fail "node $n: slipstream-cni is not chained in its conflist"
   [ -x "$STATE/nodes/$n/paths/opt/cni/bin/slipstream-cni" ] || fail "node $n: the plugin binary is missing"
@@ -175,7 +178,6 @@ in_pod bookinfo curl curl -sS --max-time 10 -o /dev/null "http://$probed_ip:8080
 kubectl delete -n bookinfo peerauthentication strict >/dev/null
 # Every node proxy ready: each has the certificates of all its pods,
 # those registered before the control plane knew them included.
-proxies_ready() { [ "$(kubectl get ds -n "$NS" slipstream-node -o jsonpath='{.status.numberReady}')" = 3 ]; }
 wait_for 30 proxies_ready || fail "not every node proxy is ready: $(kubectl get pods -n "$NS" -o wide)"
 lap "kubelet probes pass under STRICT (ready, no restart); a plaintext pod is refused, a meshed one served"
 
@@ -197,7 +199,13 @@ fi
 denial=$(proxy_logs | grep "src.workload=legacy-service.*direction=inbound" | grep -o 'error="denied by [^"]*"' | tail -n 1)
 grep -q "production/billing-l4\|AuthorizationPolicy production/" <<<"$denial" ||
   fail "no node proxy logged legacy-service's refusal naming the policy (last: $denial)"
-lap "billing: frontend answered, legacy-service refused at connect, the refusal logged as $denial"
+# The same refusal in `slipstream observe` through the API server, naming the policy.
+observed() {
+  "$SLIPSTREAM" observe --kubeconfig "$KUBECONFIG" --from-pod production/legacy-service --type drop --last 0 -o json 2>/dev/null |
+    grep -q 'production/billing-l4\|AuthorizationPolicy production/'
+}
+wait_for 20 observed || fail "slipstream observe --type drop does not show legacy-service's refusal naming the policy"
+lap "billing: frontend answered, legacy-service refused at connect, the refusal logged as $denial and shown by slipstream observe"
 
 # ---------------------------------------------- a waypoint, reviews 90/10
 kubectl apply -f examples/bookinfo/canary/canary.yaml >/dev/null
@@ -216,6 +224,21 @@ rm -f "$out"
 kubectl delete -n bookinfo gateway/waypoint httproute/reviews service/reviews-v1 service/reviews-v2 >/dev/null
 kubectl label -n bookinfo service/reviews istio.io/use-waypoint- >/dev/null
 lap "waypoint from a Gateway of class istio-waypoint: reviews v2 served $v2 of 200"
+
+# ------------------------- a namespace unlabelled, then labelled, in place
+apps='app in (productpage,details,ratings,reviews)'
+before=$(pod_state bookinfo "$apps")
+kubectl label namespace bookinfo istio.io/dataplane-mode- >/dev/null
+none_served() { ! grep -q 'Kubernetes//Pod/bookinfo/' <<<"$(served worker-1)$(served worker-2)"; }
+wait_for 30 none_served || fail "bookinfo's pods still served by their node proxies 30s after the label went"
+pid=$(pod_pid bookinfo "$(kubectl get pod -n bookinfo -l app=productpage -o jsonpath='{.items[0].metadata.name}')")
+if nsenter -t "$pid" -n nft list tables | grep -q slipstream_mesh; then fail "productpage's capture stayed after the label went"; fi
+page_plain() { in_pod bookinfo curl curl -sS --max-time 10 http://productpage:9080/productpage | grep -qF "Book Reviews"; }
+wait_for 20 page_plain || fail "productpage did not answer without the mesh after the label went"
+kubectl label namespace bookinfo istio.io/dataplane-mode=ambient >/dev/null
+wait_for 60 all_served || fail "bookinfo's pods were not served again 60s after the label came back"
+[ "$(pod_state bookinfo "$apps")" = "$before" ] || fail "pods restarted when released and enrolled again: before $before, after $(pod_state bookinfo "$apps")"
+lap "bookinfo released (label removed) and enrolled again (label back) in place: same UIDs, no restart"
 
 # ----------------------------------------------- upgrade, then rollback
 crane="$(./scripts/kube-build.sh crane | tail -n 1)/crane"
