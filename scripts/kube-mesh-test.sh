@@ -144,6 +144,22 @@ grep -q "src.workload=first-call .*dst.addr=[0-9.]*:15008" <<<"$(proxy_logs)" ||
 kubectl delete pod -n bookinfo first-call --wait=false >/dev/null
 lap "a new pod's first connection (its init container's) meshed and served"
 
+# ------------- no agent answering: a new pod waits, it never starts unmeshed
+sock="$STATE/nodes/$other/paths/run/slipstream/cni.sock"
+mv "$sock" "$sock.away"
+kubectl run -n bookinfo waits --image="$CURL_IMAGE" --restart=Never \
+  --overrides="{\"spec\":{\"nodeSelector\":{\"kubernetes.io/hostname\":\"$other\"}}}" --command -- sleep infinity >/dev/null
+sleep 8
+phase=$(kubectl get pod -n bookinfo waits -o jsonpath='{.status.phase}')
+said=$(kubectl get events -n bookinfo --field-selector involvedObject.name=waits -o jsonpath='{range .items[*]}{.message}{"\n"}{end}')
+mv "$sock.away" "$sock"
+[ "$phase" = Pending ] || fail "a pod started on $other while no node agent answered (phase $phase)"
+grep -q "slipstream node agent" <<<"$said" || fail "the waiting pod's events do not say it waits for the node agent: $said"
+kubectl wait -n bookinfo --for=condition=Ready pod/waits --timeout=90s >/dev/null || fail "the waiting pod did not start once the agent answered again"
+grep -q 'Kubernetes//Pod/bookinfo/waits"' <<<"$(served "$other")" || fail "the pod that waited for the agent is not meshed"
+kubectl delete pod -n bookinfo waits --grace-period=1 >/dev/null
+lap "no node agent answering: a new pod waited (Pending, the plugin's reason in its events), then started meshed"
+
 # ------------------------------------------- kubelet probes under STRICT
 kubectl apply -n bookinfo -f - >/dev/null <<EOF
 apiVersion: security.istio.io/v1
