@@ -6,6 +6,7 @@
 #   iproute2        ip netns / veth / routes for the local cluster
 #   nftables        service VIPs (kernel DNAT) and, in l4-nft mode, capture
 #   curl python3    the tour and the integration tests use them from inside pods
+#   python3-yaml    scripts/chart-test.sh reads the charts' rendered objects
 #   iperf3          benchmark T1/T2 and throughput tests
 #   tcpdump         tests that prove only TLS crosses the node network
 #   procps psmisc   ps/pkill for debugging
@@ -25,7 +26,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 clang llvm libbpf-dev bpftool etcd-server
+PKGS=(iproute2 nftables curl iperf3 tcpdump procps psmisc python3 python3-yaml clang llvm libbpf-dev bpftool etcd-server
   containerd runc containernetworking-plugins conntrack docker-registry)
 
 missing=()
