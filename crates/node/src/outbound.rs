@@ -255,20 +255,18 @@ enum Carry {
 /// may connect before the control plane has seen its address.
 const SOURCE_WAIT: Duration = Duration::from_secs(15);
 
-/// The pod's own workload, waiting up to [`SOURCE_WAIT`] for the mesh to
-/// name it (at once when it already does, as always in the local cluster).
-async fn source_workload(shared: &Shared, mut snap: Arc<MeshState>, uid: &str) -> (Arc<MeshState>, Option<Arc<MeshWorkload>>) {
+/// Waits up to [`SOURCE_WAIT`] for the mesh to name a pod it does not name
+/// yet; the snapshot that names it, and its workload.
+async fn wait_for_source(shared: &Shared, uid: &str) -> Option<(Arc<MeshState>, Arc<MeshWorkload>)> {
     let deadline = tokio::time::Instant::now() + SOURCE_WAIT;
-    loop {
-        if let Some(w) = snap.workload(uid) {
-            return (snap, Some(w));
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return (snap, None);
-        }
+    while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        snap = shared.snapshot();
+        let snap = shared.snapshot();
+        if let Some(w) = snap.workload(uid) {
+            return Some((snap, w));
+        }
     }
+    None
 }
 
 /// Plans and connects; `None` when the connection was refused (and already
@@ -282,13 +280,13 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             return None;
         }
     };
-    let snap = shared.snapshot();
+    let mut snap = shared.snapshot();
     let loopback_is_local = pod.sockets.loopback_is_local();
     // Steered at connect() (eBPF), the app dialed 127.0.0.1 from
     // 127.0.0.1: it is still the pod speaking, from its own address.
     let peer = if loopback_is_local && peer.ip().is_loopback() { SocketAddr::new(pod.ip, peer.port()) } else { peer };
-    let (snap, src) = source_workload(&shared, snap, &pod.uid).await;
-    let req = Request { src, src_addr: peer, pod_ip: pod.ip, dst, chosen, draw: rand::random(), loopback_is_local };
+    let mut req =
+        Request { src: snap.workload(&pod.uid), src_addr: peer, pod_ip: pod.ip, dst, chosen, draw: rand::random(), loopback_is_local };
     let refuse = |info: ConnInfo, e: ProxyError| {
         reset(&app);
         ConnRecord::open(info, shared.telemetry.clone()).close(Err(e));
@@ -302,6 +300,14 @@ async fn setup(shared: Arc<Shared>, pod: LocalPod, app: TcpStream, peer: SocketA
             return None;
         }
     };
+    // A pod the mesh does not name yet (registered from its CNI call on
+    // Kubernetes) waits for it, inside its bounds: a connection waiting
+    // holds one of the pod's open and pending slots like any other.
+    if req.src.is_none() {
+        if let Some((named, w)) = wait_for_source(&shared, &pod.uid).await {
+            (snap, req.src) = (named, Some(w));
+        }
+    }
     let Plan { route, info } = match plan(&snap, &req) {
         Ok(p) => p,
         Err(e) => {
