@@ -50,8 +50,7 @@ mod tests {
     }
 
     #[test]
-    fn our_own_namespace_is_found_in_proc() {
-        // No pod cgroup here: nothing is found, and nothing fails.
+    fn a_pod_with_no_process_is_not_found_and_nothing_fails() {
         assert_eq!(super::pod_netns(std::path::Path::new("/proc"), std::path::Path::new("/nonexistent"), "no-such-uid"), None);
     }
 }

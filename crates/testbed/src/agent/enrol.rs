@@ -8,10 +8,7 @@
 //! whose proxy serves it), whether its labels want it in the mesh, whether
 //! the node proxy already serves it, and the datapath handle
 //! ([`Capture`]). It reads nothing of the local cluster's API server or
-//! object store, so a node agent on Kubernetes (issue 39: a CNI plugin and
-//! its DaemonSet) can run it unchanged, fed from the CNI's ADD and DEL
-//! calls and the node proxy's report of the pods it serves.
-//! [`next_step`] is the decision, pure, and the product's
+//! object store. [`next_step`] is the decision, pure, and the product's
 //! (`slipstream_cni::enrol`, which the node agent on Kubernetes applies);
 //! [`reconcile`] applies it here.
 
