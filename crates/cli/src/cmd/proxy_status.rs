@@ -40,16 +40,7 @@ pub fn run(ctx: &Ctx, output: &str) -> anyhow::Result<()> {
     }
     let replies = fetch(ctx, &st);
     match output {
-        "json" => {
-            let v: Vec<serde_json::Value> = replies
-                .iter()
-                .map(|(name, r)| match r {
-                    Ok(s) => serde_json::to_value(s).unwrap_or_default(),
-                    Err(e) => serde_json::json!({"replica": name, "error": e}),
-                })
-                .collect();
-            common::out(&format!("{}\n", serde_json::to_string_pretty(&v).context("encoding")?))
-        }
+        "json" => json(&replies),
         "table" => {
             let nodes: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
             common::out(&table(&nodes, &replies))
@@ -70,6 +61,18 @@ fn type_state(p: &ProxySync, ty: &str) -> String {
 
 /// The table (pure, for tests): one row per node proxy connection, and a
 /// row for each node with none.
+/// `-o json`: each replica's sync state, or its error (local and Kubernetes).
+pub fn json(replies: &[(String, Result<Syncz, String>)]) -> anyhow::Result<()> {
+    let v: Vec<serde_json::Value> = replies
+        .iter()
+        .map(|(name, r)| match r {
+            Ok(s) => serde_json::to_value(s).unwrap_or_default(),
+            Err(e) => serde_json::json!({"replica": name, "error": e}),
+        })
+        .collect();
+    common::out(&format!("{}\n", serde_json::to_string_pretty(&v).context("encoding")?))
+}
+
 pub fn table(nodes: &[String], replies: &[(String, Result<Syncz, String>)]) -> String {
     let mut rows = vec![["NODE", "CONTROL PLANE", "ADDRESS", "AUTHORIZATION", "CONNECTED", "PROXY ID"].map(String::from).to_vec()];
     let mut seen = std::collections::BTreeSet::new();

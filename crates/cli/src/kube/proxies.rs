@@ -36,16 +36,7 @@ pub fn proxy_status(t: &KubeTarget, output: &str) -> anyhow::Result<()> {
         let k = reach::connect(t).await?;
         let replies = syncz(&k).await?;
         match output {
-            "json" => {
-                let v: Vec<serde_json::Value> = replies
-                    .iter()
-                    .map(|(name, r)| match r {
-                        Ok(s) => serde_json::to_value(s).unwrap_or_default(),
-                        Err(e) => serde_json::json!({"replica": name, "error": e}),
-                    })
-                    .collect();
-                common::out(&format!("{}\n", serde_json::to_string_pretty(&v).context("encoding")?))
-            }
+            "json" => crate::cmd::proxy_status::json(&replies),
             "table" => {
                 // Nodes that run a node proxy (the DaemonSet's), by name.
                 let nodes: Vec<String> =
