@@ -208,17 +208,25 @@ fn status(ctx: &Ctx, namespace: String, name: String) -> anyhow::Result<()> {
     else {
         bail!("waypoint {namespace}/{name} not found");
     };
-    let ok = programmed(w);
-    let for_ = w["metadata"]["labels"]["istio.io/waypoint-for"].as_str().unwrap_or("service");
-    // The services bound to it, as their istio.io/WaypointBound
-    // condition says (the control plane's binding, every label and
-    // rule of it), and those waiting for it to be ready.
+    println!("{}", status_table(&namespace, &name, w, all.iter().filter(|o| o["kind"] == "Service")));
+    Ok(())
+}
+
+/// `x waypoint status`'s table, here and on Kubernetes: waypoint `w`,
+/// whether it is programmed, and which of `services` are bound to it or
+/// waiting for it, as their istio.io/WaypointBound condition says (the
+/// control plane's binding, every label and rule of it).
+pub fn status_table<'a>(
+    namespace: &str,
+    name: &str,
+    w: &serde_json::Value,
+    services: impl IntoIterator<Item = &'a serde_json::Value>,
+) -> String {
     use slipstream_control::gateway::status as st;
-    let bound = st::bound_message(&namespace, &name);
-    let waiting = st::refused_message(&namespace, &name, &slipstream_control::translate::waypoint::NotBound::NotReady);
-    let services: Vec<String> = all
-        .iter()
-        .filter(|o| o["kind"] == "Service")
+    let bound = st::bound_message(namespace, name);
+    let waiting = st::refused_message(namespace, name, &slipstream_control::translate::waypoint::NotBound::NotReady);
+    let services: Vec<String> = services
+        .into_iter()
         .filter(|o| condition_true(o, st::WAYPOINT_BOUND, Some(&bound)) || has_condition_message(o, st::WAYPOINT_BOUND, &waiting))
         .map(|o| {
             let (ns, n) = (o["metadata"]["namespace"].as_str().unwrap_or(""), o["metadata"]["name"].as_str().unwrap_or(""));
@@ -232,15 +240,14 @@ fn status(ctx: &Ctx, namespace: String, name: String) -> anyhow::Result<()> {
     let rows = vec![
         vec!["NAMESPACE".to_string(), "NAME".into(), "FOR".into(), "STATUS".into(), "BOUND SERVICES".into()],
         vec![
-            namespace.clone(),
-            name.clone(),
-            for_.to_string(),
-            if ok { "Programmed" } else { "NotProgrammed (no ready pod)" }.into(),
+            namespace.to_string(),
+            name.to_string(),
+            w["metadata"]["labels"]["istio.io/waypoint-for"].as_str().unwrap_or("service").to_string(),
+            if programmed(w) { "Programmed" } else { "NotProgrammed (no ready pod)" }.into(),
             if services.is_empty() { "<none>".into() } else { services.join(",") },
         ],
     ];
-    println!("{}", crate::cmd::kubectl::table(&rows));
-    Ok(())
+    crate::cmd::kubectl::table(&rows)
 }
 
 /// `x waypoint delete`: by name, or `--all` of the namespace.

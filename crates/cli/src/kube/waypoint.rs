@@ -109,39 +109,14 @@ async fn status(k: &Kube, namespace: &str, name: &str) -> anyhow::Result<()> {
     let Some(w) = gateways(k, Some(namespace)).get_opt(name).await?.and_then(|o| serde_json::to_value(o).ok()) else {
         bail!("waypoint {namespace}/{name} not found");
     };
-    use slipstream_control::gateway::status as st;
-    let bound = st::bound_message(namespace, name);
-    let waiting = st::refused_message(namespace, name, &slipstream_control::translate::waypoint::NotBound::NotReady);
-    let services: Vec<String> = Api::<Service>::all(k.client.clone())
+    let services: Vec<serde_json::Value> = Api::<Service>::all(k.client.clone())
         .list(&ListParams::default())
         .await?
         .items
         .into_iter()
         .filter_map(|s| serde_json::to_value(s).ok())
-        .filter(|o| {
-            istioctl::condition_true(o, st::WAYPOINT_BOUND, Some(&bound))
-                || istioctl::has_condition_message(o, st::WAYPOINT_BOUND, &waiting)
-        })
-        .map(|o| {
-            let (ns, n) = (o["metadata"]["namespace"].as_str().unwrap_or(""), o["metadata"]["name"].as_str().unwrap_or(""));
-            if ns == namespace {
-                n.to_string()
-            } else {
-                format!("{ns}/{n}")
-            }
-        })
         .collect();
-    let rows = vec![
-        vec!["NAMESPACE".to_string(), "NAME".into(), "FOR".into(), "STATUS".into(), "BOUND SERVICES".into()],
-        vec![
-            namespace.to_string(),
-            name.to_string(),
-            w["metadata"]["labels"]["istio.io/waypoint-for"].as_str().unwrap_or("service").to_string(),
-            if istioctl::programmed(&w) { "Programmed" } else { "NotProgrammed (no ready pod)" }.into(),
-            if services.is_empty() { "<none>".into() } else { services.join(",") },
-        ],
-    ];
-    println!("{}", crate::cmd::kubectl::table(&rows));
+    println!("{}", istioctl::status_table(namespace, name, &w, &services));
     Ok(())
 }
 
