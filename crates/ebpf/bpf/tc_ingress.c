@@ -140,6 +140,11 @@ int ss_tc_ingress(struct __sk_buff *skb)
 	struct ss_local *local = bpf_map_lookup_elem(&ss_local_v1, &t.daddr);
 	if (!local)
 		return TC_ACT_OK;
+	/* The kubelet's probe (every segment, so a handshake finished under
+	 * SYN cookies stays the app's too): only the node can answer to this
+	 * source, so no one else completes a connection with it. */
+	if (ss_probe_source && t.saddr == ss_probe_source)
+		return TC_ACT_OK;
 	if (t.syn && !t.ack) {
 		struct ss_policy_value *v = t.dport == SS_HBONE_PORT && (local->flags & SS_POD_MESHED)
 						    ? ss_policy_all_ports_denied(local->node, t.saddr, t.daddr)

@@ -13,5 +13,5 @@ pub mod node;
 pub mod sys;
 
 pub use flows::FlowReader;
-pub use loader::{remove_all, Datapath, Hook, PodAttach, ServiceLb};
+pub use loader::{remove_all, Datapath, Hook, Options, PodAttach, ServiceLb};
 pub use node::NodeMaps;

@@ -143,6 +143,19 @@ pub struct PodAttach<'a> {
     pub meshed: bool,
 }
 
+/// Load-time settings of the programs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// The source the node gives its kubelet's probes of meshed pods (on
+    /// Kubernetes, `slipstream_cni::capture::PROBE_SOURCE`): tc ingress
+    /// leaves TCP from it to the pod's own stack, as the nftables capture
+    /// does. None: no exception (the local cluster).
+    pub probe_source: Option<Ipv4Addr>,
+}
+
+/// The programs' load-time constant for [`Options::probe_source`].
+const PROBE_SOURCE_GLOBAL: &str = "ss_probe_source";
+
 /// A service port as the connect-time balancer sees it (TCP).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceLb {
@@ -170,6 +183,12 @@ impl Datapath {
     /// `dir/links` to the new programs. An error here means the kernel
     /// cannot run this datapath; the message says which part failed.
     pub fn load(dir: &Path) -> Result<Self, Error> {
+        Self::load_with(dir, &Options::default())
+    }
+
+    /// As [`Datapath::load`], with the load-time settings of `options`.
+    pub fn load_with(dir: &Path, options: &Options) -> Result<Self, Error> {
+        let probe_source = options.probe_source.map(abi::ip_key).unwrap_or(0);
         let maps = dir.join("maps");
         std::fs::create_dir_all(&maps).map_err(io(format!("creating {}", maps.display())))?;
         std::fs::create_dir_all(dir.join("links")).map_err(io(format!("creating {}", dir.join("links").display())))?;
@@ -186,7 +205,11 @@ impl Datapath {
             (Hook::TcEgress, TC_EGRESS),
         ] {
             let load_err = |e: Box<dyn std::error::Error + Send + Sync>| Error::Load { hook: hook.name(), error: e };
-            let mut obj = EbpfLoader::new().map_pin_path(&maps).load(bytes).map_err(|e| load_err(e.into()))?;
+            let mut obj = EbpfLoader::new()
+                .map_pin_path(&maps)
+                .set_global(PROBE_SOURCE_GLOBAL, &probe_source, false)
+                .load(bytes)
+                .map_err(|e| load_err(e.into()))?;
             let prog = obj.program_mut(hook.program()).ok_or_else(|| load_err("program missing from its object".into()))?;
             match hook {
                 Hook::Connect4 | Hook::Connect6 | Hook::GetPeername4 | Hook::SendMsg4 | Hook::SendMsg6 => {
@@ -325,12 +348,23 @@ impl Datapath {
     /// its own subtree, with its own bpffs directory.
     pub fn attach_socket_hooks_at(&mut self, root: &Path) -> Result<(), Error> {
         let cgroup = File::open(root).map_err(io(format!("opening cgroup {}", root.display())))?;
+        let id = std::os::unix::fs::MetadataExt::ino(&cgroup.metadata().map_err(io(format!("reading cgroup {}", root.display())))?);
         let links = self.dir.join("links").join(SOCKET_HOOKS_DIR);
         std::fs::create_dir_all(&links).map_err(io(format!("creating {}", links.display())))?;
         for hook in Hook::ALL.into_iter().filter(|h| !h.per_pod()) {
             let pin = links.join(hook.name());
-            if pin.exists() {
-                continue;
+            // Kept only when attached to this very cgroup: a pin left by a
+            // datapath attached elsewhere (another --cgroup, or a cgroup
+            // removed and made again) would hook nothing here.
+            match sys::obj_get(&pin).and_then(|l| sys::link_cgroup_id(l.as_fd())) {
+                Ok(at) if at == id => continue,
+                Ok(at) => {
+                    tracing::info!(hook = hook.name(), was = at, now = id, cgroup = %root.display(), "socket hook pinned at another cgroup: attached again here");
+                    let _ = std::fs::remove_file(&pin);
+                }
+                Err(_) => {
+                    let _ = std::fs::remove_file(&pin);
+                }
             }
             let link = sys::link_create(self.prog_fd(hook), cgroup.as_fd(), hook.attach_type()).map_err(io(format!(
                 "attaching {} to cgroup {}",

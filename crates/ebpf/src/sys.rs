@@ -16,6 +16,7 @@ const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 
 pub const ATTACH_CGROUP_SOCK_OPS: u32 = 3;
 pub const ATTACH_CGROUP_INET4_CONNECT: u32 = 10;
@@ -191,6 +192,25 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     a.0[0] = ptr as u32;
     a.0[1] = (ptr >> 32) as u32;
     bpf(BPF_OBJ_GET, &mut a).map(owned)
+}
+
+/// The cgroup a cgroup link is attached to (its id, the inode number of
+/// its cgroup2 directory), from BPF_OBJ_GET_INFO_BY_FD; 0 when the cgroup
+/// is gone (the link is defunct).
+pub fn link_cgroup_id(link: BorrowedFd<'_>) -> io::Result<u64> {
+    // struct bpf_link_info: type, id, prog_id (u32 each), then the union,
+    // 8-aligned: for a cgroup link, cgroup_id (u64) and attach_type.
+    #[repr(C, align(8))]
+    struct Info([u64; 8]);
+    let mut info = Info([0; 8]);
+    let mut a = Attr([0; 32]);
+    a.0[0] = link.as_raw_fd() as u32;
+    a.0[1] = std::mem::size_of::<Info>() as u32;
+    let ptr = &mut info as *mut Info as u64;
+    a.0[2] = ptr as u32;
+    a.0[3] = (ptr >> 32) as u32;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
+    Ok(info.0[2])
 }
 
 /// BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map (Linux 5.14): one

@@ -482,6 +482,31 @@ fn numbered(dir: &Path) -> HashMap<MapData, PolicyKey, PolicyValue> {
 
 const OTHER: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 3);
 
+/// On Kubernetes the node gives its kubelet's probes of meshed pods a
+/// source of their own; tc ingress leaves TCP from it to the pod's own
+/// stack (no steering, no policy), and only when the loader was told it.
+#[test]
+fn tc_ingress_leaves_the_probe_source_to_the_pod_only_when_configured() {
+    let d = Dir::new("tcprobe");
+    let dp = Datapath::load_with(&d.0, &slipstream_ebpf::Options { probe_source: Some(PEER) }).unwrap();
+    let mut local: HashMap<MapData, u32, Local> = HashMap::try_from(Map::HashMap(map(&d.0, abi::maps::LOCAL))).unwrap();
+    local.insert(abi::ip_key(POD), Local { node: 3, flags: abi::POD_MESHED, pad: 0 }, 0).unwrap();
+    let mut policy = numbered(&d.0);
+    policy.insert(PolicyKey::tcp(3, 2, 1, 0), PolicyValue::deny(4, 0), 0).unwrap();
+    let run = |dp: &Datapath, p: &[u8]| sys::prog_test_run(dp.prog_fd(Hook::TcIngress), p).expect("BPF_PROG_TEST_RUN");
+    assert_eq!(run(&dp, &tcp(PEER, POD, 40000, 9090, true, false)), TC_ACT_OK, "a probe is not refused by the policy map");
+    assert_eq!(run(&dp, &tcp(PEER, POD, 40001, 8080, true, false)), TC_ACT_OK, "nor steered to the proxy (none listens here)");
+    assert_eq!(run(&dp, &tcp(PEER, POD, 40001, 8080, false, true)), TC_ACT_OK, "its later segments too");
+    assert_eq!(run(&dp, &tcp(OTHER, POD, 40002, 8080, true, false)), TC_ACT_SHOT, "any other source: no proxy listens, dropped");
+    drop(dp);
+    // The same maps, programs loaded without the setting (the local cluster).
+    let plain = Datapath::load(&d.0).unwrap();
+    assert_eq!(run(&plain, &tcp(PEER, POD, 40003, 9090, true, false)), TC_ACT_SHOT, "without it, the probe source is a peer like any");
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(map(&d.0, abi::maps::DROPS))).unwrap();
+    let count = |r: DropReason| -> u64 { drops.get(&(3 * abi::DROP_MAX + r as u32), 0).unwrap().iter().sum() };
+    assert_eq!((count(DropReason::PolicyDenied), count(DropReason::NoProxy)), (1, 1));
+}
+
 #[test]
 fn tc_ingress_refuses_a_denied_new_connection_before_any_socket_meshed_or_not() {
     let d = Dir::new("tcpolicy");
@@ -958,10 +983,30 @@ fn socket_hooks_attached_at_a_subtree_act_only_inside_it() {
     };
     let outside = send(false);
     let inside = send(true);
+    // The pinned hooks are this cgroup's; attaching again keeps them. The
+    // subtree removed and made again (a harness brought down and up, its
+    // pins left behind): the stale links are replaced, not kept.
+    use std::os::unix::fs::MetadataExt;
+    let pin = d.0.join("links/node/connect4");
+    let attached_to = || sys::link_cgroup_id(sys::obj_get(&pin).unwrap().as_fd()).unwrap();
+    let first = std::fs::metadata(&sub).unwrap().ino();
+    let was = attached_to();
+    dp.attach_socket_hooks_at(&sub).unwrap();
+    let kept = attached_to();
+    std::fs::remove_dir(&sub).unwrap();
+    std::fs::create_dir(&sub).unwrap();
+    let second = std::fs::metadata(&sub).unwrap().ino();
+    dp.attach_socket_hooks_at(&sub).unwrap();
+    let again = attached_to();
+    let inside_again = send(true);
     drop(pod);
     drop(dp);
     drop(d);
     let _ = std::fs::remove_dir(&sub);
     assert_eq!(outside, "sent", "a process outside the subtree meets no hook of this datapath");
     assert_eq!(inside, libc::EPERM.to_string(), "a process inside it meets the pod's egress policy");
+    assert_eq!((was, kept), (first, first), "the pinned link is the subtree's, and kept");
+    assert_ne!(first, second);
+    assert_eq!(again, second, "attached to the subtree made again");
+    assert_eq!(inside_again, libc::EPERM.to_string(), "and acting there");
 }

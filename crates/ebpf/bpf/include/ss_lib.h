@@ -10,11 +10,25 @@
 #include <bpf/bpf_endian.h>
 #include "ss_abi.h"
 
+/* Hash maps are not preallocated (BPF_F_NO_PREALLOC): an entry costs
+ * memory when it exists, not a node's worth of empty slots from the start
+ * (about 110 MB of the datapath's 200 MB before; the memory is charged to
+ * the node agent's cgroup, which loads them). The LRU maps must be
+ * preallocated. */
+
 /* Load-time constant: 0 turns flow events off (counters stay). */
 volatile const __u32 ss_events_enabled = 1;
 
+/* Load-time constant: the source address (network order) the node gives
+ * the kubelet's probes of meshed pods (Kubernetes' node agent rewrites
+ * the node's own connections to it, as Istio does); tc ingress leaves TCP
+ * from it to the pod's own stack, around the proxy and the policy, as the
+ * nftables capture's exception does. 0 (the local cluster): none. */
+volatile const __u32 ss_probe_source = 0;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 65536);
 	__type(key, __u64);
 	__type(value, struct ss_pod);
@@ -23,6 +37,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 65536);
 	__type(key, __u32);
 	__type(value, struct ss_local);
@@ -31,6 +46,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 65536);
 	__type(key, struct ss_mac_key);
 	__type(value, struct ss_pod);
@@ -55,6 +71,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 262144);
 	__type(key, struct ss_ipcache_key);
 	__type(value, __u32);
@@ -72,6 +89,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 262144);
 	__type(key, struct ss_policy_key);
 	__type(value, struct ss_policy_value);
@@ -88,6 +106,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 65536);
 	__type(key, struct ss_svc_key);
 	__type(value, struct ss_svc);
@@ -96,6 +115,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 262144);
 	__type(key, struct ss_backend_key);
 	__type(value, struct ss_origdst);
@@ -114,6 +134,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 65536);
 	__type(key, __u64);
 	__type(value, struct ss_pending);
@@ -125,6 +146,7 @@ struct {
  * with the socket; aya 0.13 cannot create it, so sock_release.c does.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 262144);
 	__type(key, __u64);
 	__type(value, struct ss_sockstate);
