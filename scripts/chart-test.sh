@@ -204,6 +204,10 @@ while read -r chart set; do
   say "ok: schema refuses --set $set ($(basename "$chart"): $(grep -m1 "^- at" "$WORK/refuse.out" || true))"
 done <<EOF
 $MAIN_CHART datapath.mode=bogus
+$MAIN_CHART datapath.mode=auto
+$MAIN_CHART datapath.bpfDir=/tmp/bpf
+$MAIN_CHART datapath.cgroup=kh
+$MAIN_CHART datapath.cgroup=/a/../b
 $MAIN_CHART datapath.serviceBalancing=true
 $MAIN_CHART control.replicas=-1
 $MAIN_CHART control.replicas=0

@@ -305,6 +305,21 @@ wait_for() {
   done
 }
 
+# ------------------------------------------------------------------- bpffs
+
+# The BPF filesystem at /sys/fs/bpf, before the nodes' mount namespaces copy
+# the machine's mounts: a node's eBPF datapath pins its maps and links there
+# (each node in its own directory, ${BPF_PREFIX}<node>, the chart's
+# datapath.bpfDir on the harness). Mounted only when absent, and left
+# mounted (other users of the machine may pin there too).
+BPF_PREFIX=/sys/fs/bpf/slipstream/kh-
+ensure_bpffs() {
+  if ! awk '$2 == "/sys/fs/bpf" && $3 == "bpf" { found = 1 } END { exit !found }' /proc/mounts; then
+    mount -t bpf bpf /sys/fs/bpf
+    log "mounted the BPF filesystem at /sys/fs/bpf"
+  fi
+}
+
 # ------------------------------------------------------------------ cgroups
 
 make_cgroup_roots() {
@@ -465,6 +480,7 @@ cmd_up() {
   kubeconfig coredns "$STATE/coredns.kubeconfig"
   write_registry_hosts
   make_network
+  ensure_bpffs
   make_mount_namespaces
   make_cgroup_roots
   for n in $NODES; do
@@ -608,6 +624,11 @@ cmd_down() {
       [ -d "$cg" ] || continue
       find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     done
+  done
+  # A node's eBPF datapath left pinned (an agent killed before an
+  # uninstall): its links detach, its maps go, with their pins.
+  for d in "$BPF_PREFIX"*; do
+    [ -d "$d" ] && rm -rf "$d"
   done
   sleep 0.5
   for m in $(cgroup_mounts); do

@@ -92,9 +92,12 @@ fi
 [ "$(dropped)" -gt "${was:-0}" ] 2>/dev/null || fail "the machine's guard did not see the pod's packets (nft list table inet slipstream_kube_harness)"
 
 # Slipstream on this cluster (issue 39): installed with Helm, the scenarios
-# of the local cluster, upgrade, rollback, uninstall (scripts/kube-mesh-test.sh).
-./scripts/kube-mesh-test.sh "$tag" || fail "Slipstream on the harness cluster (scripts/kube-mesh-test.sh)"
-lap "Slipstream installed, proven and uninstalled on the cluster"
+# of the local cluster, upgrade, rollback, uninstall (scripts/kube-mesh-test.sh),
+# once with each datapath (KUBE_DATAPATHS narrows it: "ebpf").
+for dp in ${KUBE_DATAPATHS:-ebpf nftables}; do
+  DATAPATH=$dp ./scripts/kube-mesh-test.sh "$tag" || fail "Slipstream on the harness cluster, datapath $dp (scripts/kube-mesh-test.sh)"
+  lap "Slipstream installed, proven and uninstalled on the cluster (datapath $dp)"
+done
 
 ./scripts/kube-cluster.sh down >/dev/null
 left=""

@@ -9,6 +9,11 @@
 #
 #   scripts/kube-mesh-test.sh TAG      TAG: the slipstream image's tag (kube-images.sh's last line)
 #
+# DATAPATH=ebpf (the default) installs with the eBPF datapath, each node's
+# programs in its own bpffs directory and attached at its kubelet's cgroup
+# root (the harness's nodes share one kernel); DATAPATH=nftables with
+# nftables capture. The checks are the same; where they look differs.
+#
 # Checks, in order: install (both charts); the running pods meshed without
 # a restart; productpage through the mesh from the other worker, only TLS on
 # 15008 between the workers, both SPIFFE identities in the node proxies'
@@ -25,6 +30,14 @@ STATE=/var/lib/slipstream-kube
 NS=slipstream-system
 WORKERS="worker-1 worker-2"
 NODES="control-plane $WORKERS"
+DATAPATH=${DATAPATH:-ebpf}
+# Node $1's bpffs directory (the chart's datapath.bpfDir below).
+BPF_PREFIX=/sys/fs/bpf/slipstream/kh-
+case "$DATAPATH" in
+  ebpf) DATAPATH_VALUES=(--set datapath.mode=ebpf --set "datapath.bpfDir=${BPF_PREFIX}\$(NODE_NAME)" --set "datapath.cgroup=/kh-\$(NODE_NAME)") ;;
+  nftables) DATAPATH_VALUES=(--set datapath.mode=nftables) ;;
+  *) echo "kube-mesh-test: DATAPATH=$DATAPATH: ebpf or nftables" >&2 && exit 2 ;;
+esac
 
 fail() {
   echo "kube-mesh-test: FAILED: $*" >&2
@@ -53,6 +66,13 @@ wait_for() {
   done
 }
 in_pod() { kubectl exec -n "$1" "$2" -- "${@:3}"; }
+# Whether Slipstream's programs are attached at cgroup $1 (output taken
+# whole first: under pipefail, `grep -q` ending a pipe early fails it).
+hooked() {
+  local out
+  out=$(bpftool cgroup show "$1" 2>&1) || true
+  grep -q ss_connect4 <<<"$out"
+}
 # Every node proxy's access log since the install.
 proxy_logs() { kubectl logs -n "$NS" -l app.kubernetes.io/name=slipstream-node -c proxy --tail=-1 --max-log-requests 10; }
 # The uids the node proxy of node $1 serves (its served.json, a file of the node).
@@ -71,8 +91,8 @@ pp=$(kubectl get pod -n bookinfo -l app=productpage -o jsonpath='{.items[0].spec
 other=$([ "$pp" = worker-1 ] && echo worker-2 || echo worker-1)
 
 # ---------------------------------------------------------------- install
-helm install slipstream-crds deploy/helm/slipstream-crds --set istio.enabled=true --wait >/dev/null || fail "helm install slipstream-crds"
-helm install slipstream deploy/helm/slipstream -n "$NS" --create-namespace --set image.tag="$TAG" --wait --timeout 180s >/dev/null ||
+helm upgrade --install slipstream-crds deploy/helm/slipstream-crds --set istio.enabled=true --wait >/dev/null || fail "helm install slipstream-crds"
+helm install slipstream deploy/helm/slipstream -n "$NS" --create-namespace --set image.tag="$TAG" "${DATAPATH_VALUES[@]}" --wait --timeout 180s >/dev/null ||
   fail "helm install slipstream"
 # (helm's --wait counts a DaemonSet ready with maxUnavailable pods still starting)
 proxies_ready() { [ "$(kubectl get ds -n "$NS" slipstream-node -o jsonpath='{.status.numberReady}')" = 3 ]; }
@@ -81,7 +101,16 @@ for n in $NODES; do
   grep -q '"type": "slipstream-cni"' "$STATE/nodes/$n/paths/etc/cni/net.d/10-kube-harness.conflist" || fail "node $n: slipstream-cni is not chained in its conflist"
   [ -x "$STATE/nodes/$n/paths/opt/cni/bin/slipstream-cni" ] || fail "node $n: the plugin binary is missing"
 done
-lap "installed (charts slipstream-crds and slipstream, tag $TAG): control plane and 3 node agents ready, the plugin chained on every node"
+if [ "$DATAPATH" = ebpf ]; then
+  for n in $NODES; do
+    for pin in maps/ss_pods_v1 links/node/connect4 links/node/sockops; do
+      [ -e "$BPF_PREFIX$n/$pin" ] || fail "node $n: the eBPF datapath has no $BPF_PREFIX$n/$pin"
+    done
+    cg=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)/kh-$n
+    wait_for 10 hooked "$cg" || fail "node $n: no connect4 program attached at its cgroup $cg: $(bpftool cgroup show "$cg" 2>&1)"
+  done
+fi
+lap "installed (charts slipstream-crds and slipstream, tag $TAG, datapath $DATAPATH): control plane and 3 node agents ready, the plugin chained on every node"
 
 # ------------------------------------------- running pods, meshed in place
 before=$(pod_state bookinfo)
@@ -95,6 +124,16 @@ all_served() {
 }
 wait_for 60 all_served || fail "bookinfo's running pods were not all served by their node proxies within 60s"
 [ "$(pod_state bookinfo)" = "$before" ] || fail "pods restarted or were replaced when meshed: before $before, after $(pod_state bookinfo)"
+pp_pod=$(kubectl get pod -n bookinfo -l app=productpage -o jsonpath='{.items[0].metadata.name}')
+pid=$(pod_pid bookinfo "$pp_pod")
+if [ "$DATAPATH" = ebpf ]; then
+  # The programs capture: no rule of ours in the pod, its links pinned.
+  if nsenter -t "$pid" -n nft list tables | grep -q slipstream; then fail "productpage has nftables capture on the eBPF datapath"; fi
+  [ -d "$BPF_PREFIX$pp/links/bookinfo_$pp_pod" ] || fail "productpage has no links on its node's eBPF datapath"
+  [ "$(nsenter -t "$pid" -n cat /proc/sys/net/ipv4/tcp_fwmark_accept)" = 1 ] || fail "productpage's tcp_fwmark_accept is not set"
+else
+  nsenter -t "$pid" -n nft list tables | grep -q slipstream_mesh || fail "productpage has no nftables capture"
+fi
 lap "bookinfo's $(wc -w <<<"$before") running pods meshed in place (same UIDs, no restart)"
 
 # --------------------- productpage through the mesh: TLS on 15008 only
@@ -212,7 +251,12 @@ wait_for 30 in_pod production deploy/frontend curl -sS --max-time 5 -o /dev/null
 if out=$(in_pod production deploy/legacy-service curl -sS --max-time 5 http://billing-service.production:8080/headers 2>&1); then
   fail "legacy-service was answered by billing-service: $out"
 fi
-denial=$(proxy_logs | grep "src.workload=legacy-service.*direction=inbound" | grep -o 'error="denied by [^"]*"' | tail -n 1)
+# nftables: refused by billing's node proxy (inbound); eBPF: by the kernel
+# at legacy's connect(), logged by legacy's node proxy (outbound).
+denial=$(proxy_logs | grep "src.workload=legacy-service" | grep -o 'error="denied by [^"]*"' | tail -n 1)
+if [ "$DATAPATH" = ebpf ]; then
+  grep -q "in the kernel, at connect()" <<<"$denial" || fail "on the eBPF datapath legacy-service was not refused by the kernel at connect() (last: $denial)"
+fi
 grep -q "production/billing-l4\|AuthorizationPolicy production/" <<<"$denial" ||
   fail "no node proxy logged legacy-service's refusal naming the policy (last: $denial)"
 # The same refusal in `slipstream observe` through the API server, naming the policy.
@@ -247,8 +291,9 @@ before=$(pod_state bookinfo "$apps")
 kubectl label namespace bookinfo istio.io/dataplane-mode- >/dev/null
 none_served() { ! grep -q 'Kubernetes//Pod/bookinfo/' <<<"$(served worker-1)$(served worker-2)"; }
 wait_for 30 none_served || fail "bookinfo's pods still served by their node proxies 30s after the label went"
-pid=$(pod_pid bookinfo "$(kubectl get pod -n bookinfo -l app=productpage -o jsonpath='{.items[0].metadata.name}')")
+pid=$(pod_pid bookinfo "$pp_pod")
 if nsenter -t "$pid" -n nft list tables | grep -q slipstream_mesh; then fail "productpage's capture stayed after the label went"; fi
+if [ -d "$BPF_PREFIX$pp/links/bookinfo_$pp_pod" ]; then fail "productpage's eBPF links stayed after the label went"; fi
 page_plain() { in_pod bookinfo curl curl -sS --max-time 10 http://productpage:9080/productpage | grep -qF "Book Reviews"; }
 wait_for 20 page_plain || fail "productpage did not answer without the mesh after the label went"
 kubectl label namespace bookinfo istio.io/dataplane-mode=ambient >/dev/null
@@ -300,6 +345,9 @@ for n in $NODES; do
   if [ -e "$STATE/nodes/$n/paths/opt/cni/bin/slipstream-cni" ]; then left="$left $n: plugin binary;"; fi
   if [ -n "$(ls -A "$STATE/nodes/$n/paths/run/slipstream" 2>/dev/null)" ]; then left="$left $n: files in /run/slipstream;"; fi
   if ip netns exec "kh-$n" nft list tables 2>/dev/null | grep -q slipstream; then left="$left $n: nft tables in the node's namespace;"; fi
+  if [ -e "$BPF_PREFIX$n" ]; then left="$left $n: eBPF pins in $BPF_PREFIX$n;"; fi
+  cg=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)/kh-$n
+  if hooked "$cg"; then left="$left $n: programs attached at $cg;"; fi
 done
 checked=0
 for p in $(kubectl get pods -n bookinfo -o jsonpath='{range .items[*]}{.metadata.name} {end}'); do
@@ -308,10 +356,19 @@ for p in $(kubectl get pods -n bookinfo -o jsonpath='{range .items[*]}{.metadata
   checked=$((checked + 1))
   if nsenter -t "$pid" -n nft list tables 2>/dev/null | grep -q slipstream; then left="$left pod $p: nft table;"; fi
   if nsenter -t "$pid" -n ip rule 2>/dev/null | grep -q "lookup 100"; then left="$left pod $p: reply route rule;"; fi
+  if [ "$(nsenter -t "$pid" -n cat /proc/sys/net/ipv4/tcp_fwmark_accept /proc/sys/net/ipv4/fwmark_reflect | tr -d '\n')" != 00 ]; then
+    left="$left pod $p: sysctls tcp_fwmark_accept/fwmark_reflect;"
+  fi
+  progs=$(nsenter -t "$pid" -n bpftool net show dev eth0 2>&1 || true)
+  if grep -q 'ss_tc' <<<"$progs"; then left="$left pod $p: programs on eth0;"; fi
 done
 [ "$checked" -ge 7 ] || fail "found the namespaces of only $checked of bookinfo's pods to check"
 if pgrep -f 'slipstream (node|node-agent|control)( |$)' >/dev/null; then left="$left processes;"; fi
 [ -z "$left" ] || fail "uninstall left:$left"
 kubectl label namespace bookinfo istio.io/dataplane-mode- >/dev/null
 lap "uninstalled: pods serve without the mesh, nothing of ours left on any node"
+# What this test made, so that it can run again on the same cluster (the
+# other datapath): bookinfo stays, as it was given.
+kubectl delete namespace production outside --wait --timeout 120s >/dev/null || fail "deleting the test's namespaces"
+kubectl delete pod -n bookinfo probed --wait --timeout 60s >/dev/null || fail "deleting the probed pod"
 echo "kube-mesh-test: ok"

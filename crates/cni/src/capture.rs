@@ -104,9 +104,43 @@ pub fn is_enabled(pod_netns: &Path) -> Result<bool, CmdError> {
 /// take the reply route back to the proxy, and `fwmark_reflect` does the
 /// same for what the kernel answers with no socket (the reset of a closed
 /// port); nftables capture restores the mark from conntrack instead.
-pub fn enable_ebpf_support(pod_netns: &Path) -> Result<(), CmdError> {
-    run_in(pod_netns, &["sysctl", "-qw", "net.ipv4.tcp_fwmark_accept=1", "net.ipv4.fwmark_reflect=1"], None)?;
+///
+/// `sysctl_net` is where this process sees `/proc/sys/net` writable (a
+/// container's own /proc/sys is read-only: the node agent is given the
+/// node's, [`SYSCTL_NET`] elsewhere); what it shows follows the network
+/// namespace of the thread that opens it, the pod's here.
+pub fn enable_ebpf_support(pod_netns: &Path, sysctl_net: &Path) -> Result<(), CmdError> {
+    set_ebpf_sysctls(pod_netns, true, sysctl_net)?;
     reply_route(pod_netns)
+}
+
+/// The sysctls [`enable_ebpf_support`] sets, in the pod's namespace
+/// (under `/proc/sys/net`).
+pub const EBPF_SYSCTLS: [&str; 2] = ["ipv4/tcp_fwmark_accept", "ipv4/fwmark_reflect"];
+
+/// Where a process sees its network namespace's sysctls.
+pub const SYSCTL_NET: &str = "/proc/sys/net";
+
+/// Sets (`on`) or puts back to the kernel's default of a new namespace
+/// (0) the sysctls of [`EBPF_SYSCTLS`] in a pod's namespace: written from
+/// a thread inside it, so no `sysctl` program is needed in the image.
+pub fn set_ebpf_sysctls(pod_netns: &Path, on: bool, sysctl_net: &Path) -> Result<(), CmdError> {
+    let value = if on { "1\n" } else { "0\n" };
+    crate::cmd::in_netns(pod_netns, "setting net.ipv4.tcp_fwmark_accept and net.ipv4.fwmark_reflect", || {
+        for name in EBPF_SYSCTLS {
+            let path = sysctl_net.join(name);
+            std::fs::write(&path, value).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        }
+        Ok(())
+    })
+}
+
+/// Reads the sysctls of [`EBPF_SYSCTLS`] in a pod's namespace (tests and
+/// the uninstall check).
+pub fn ebpf_sysctls(pod_netns: &Path, sysctl_net: &Path) -> Result<Vec<String>, CmdError> {
+    crate::cmd::in_netns(pod_netns, "reading net.ipv4.tcp_fwmark_accept and net.ipv4.fwmark_reflect", || {
+        EBPF_SYSCTLS.iter().map(|n| std::fs::read_to_string(sysctl_net.join(n)).map(|v| v.trim().to_string())).collect()
+    })
 }
 
 /// Takes nftables capture out of a pod's namespace (a running pod leaving

@@ -76,6 +76,24 @@ pub fn run_in(netns: &Path, argv: &[&str], stdin: Option<&str>) -> Result<String
     })
 }
 
+/// Runs `f` on a short-lived thread inside the network namespace at
+/// `netns` (what this process's own files under /proc/sys/net then show
+/// is that namespace's), for work that needs no tool.
+pub fn in_netns<T: Send>(netns: &Path, what: &str, f: impl FnOnce() -> std::io::Result<T> + Send) -> Result<T, CmdError> {
+    let err = |detail: String| CmdError { cmd: format!("{what} (in {})", netns.display()), detail };
+    let ns = std::fs::File::open(netns).map_err(|e| err(format!("cannot open the network namespace: {e}")))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // This thread only: it ends with the scope.
+            move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Network))
+                .map_err(|e| err(format!("cannot enter the network namespace: {e}")))?;
+            f().map_err(|e| err(e.to_string()))
+        })
+        .join()
+        .map_err(|_| err("the thread running it panicked".into()))?
+    })
+}
+
 /// Runs several `ip` commands inside one network namespace with one process.
 pub fn ip_batch(netns: &Path, lines: &[String]) -> Result<(), CmdError> {
     run_in(netns, &["ip", "-batch", "-"], Some(&(lines.join("\n") + "\n"))).map(|_| ())
@@ -91,6 +109,19 @@ mod tests {
         assert!(e.to_string().contains("oops") && e.to_string().contains("exit status: 3"), "{e}");
         let e = super::run_in(std::path::Path::new("/nonexistent/netns"), &["true"], None).unwrap_err();
         assert!(e.to_string().contains("cannot open the network namespace"), "{e}");
+    }
+
+    #[test]
+    fn a_closure_runs_inside_the_namespace_and_its_error_names_it() {
+        let ours = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+        let seen =
+            super::in_netns(std::path::Path::new("/proc/self/ns/net"), "look", || std::fs::read_link("/proc/thread-self/ns/net")).unwrap();
+        assert_eq!(seen, ours);
+        let e = super::in_netns(std::path::Path::new("/proc/self/ns/net"), "write x", || -> std::io::Result<()> {
+            Err(std::io::Error::other("refused"))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("write x (in /proc/self/ns/net)") && e.to_string().contains("refused"), "{e}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod agent;
 pub mod capture;
 pub mod cmd;
 pub mod conflist;
+pub mod datapath;
 pub mod enrol;
 pub mod plugin;
 pub mod protocol;

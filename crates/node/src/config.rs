@@ -74,6 +74,17 @@ pub struct NodeArgs {
     /// `/sys/fs/bpf/slipstream/<cluster>`).
     #[arg(long, env = "SLIPSTREAM_NODE_BPF_DIR")]
     pub bpf_dir: Option<PathBuf>,
+    /// With `--datapath ebpf`: write what the programs refused (a denied
+    /// connect(), a SYN refused at the destination) to the access log,
+    /// naming the deciding policy. One reader per datapath: the local
+    /// cluster's agent reads them itself; the Kubernetes chart turns this on
+    #[arg(long, env = "SLIPSTREAM_NODE_DATAPATH_DROPS_LOG", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolValueParser::new())]
+    pub datapath_drops_log: bool,
+    /// How long to wait at start for the datapath's maps (`--datapath
+    /// ebpf`), which the CNI or node agent pins: on Kubernetes the agent
+    /// beside this proxy may load them a moment later
+    #[arg(long, env = "SLIPSTREAM_NODE_DATAPATH_WAIT", default_value = "60s", value_parser = slipstream_core::duration::parse_flag)]
+    pub datapath_wait: Duration,
     /// This node's index in the datapath's per-node counters (0-63).
     #[arg(long, env = "SLIPSTREAM_NODE_DATAPATH_INDEX", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..64))]
     pub datapath_index: u16,
@@ -190,6 +201,11 @@ pub struct Config {
 pub struct EbpfSettings {
     pub bpf_dir: PathBuf,
     pub node_index: u16,
+    /// Log the programs' drops (`kernel_drops`).
+    pub log_drops: bool,
+    /// How long the maps are waited for at start.
+    #[serde(serialize_with = "as_secs")]
+    pub wait: Duration,
 }
 
 /// The open-file limit the proxy will run with: raised to the hard limit
@@ -225,6 +241,8 @@ impl Config {
         c.ebpf = (a.datapath == "ebpf").then(|| EbpfSettings {
             bpf_dir: a.bpf_dir.clone().unwrap_or_else(|| PathBuf::from("/sys/fs/bpf/slipstream").join(cluster)),
             node_index: a.datapath_index,
+            log_drops: a.datapath_drops_log,
+            wait: a.datapath_wait,
         });
         c.admin_addr = a.admin_addr;
         c.stats_addr = a.stats_addr;

@@ -21,6 +21,7 @@
 pub mod config;
 pub mod conns;
 pub mod error;
+pub mod kernel_drops;
 pub mod memtrim;
 pub mod netpol;
 pub mod ready;

@@ -53,6 +53,9 @@ pub struct NodeProxy {
     datapath: Option<Arc<slipstream_ebpf::NodeMaps>>,
     /// This node's numbering of identities for the kernel's policy maps.
     identities: Option<slipstream_ebpf::kernel_policy::Identities>,
+    /// The rule texts of what was last written to the policy map (the
+    /// kernel's drops name them, `kernel_drops`).
+    kernel_rules: crate::kernel_drops::Rules,
 }
 
 impl NodeProxy {
@@ -97,6 +100,7 @@ impl NodeProxy {
             netpol,
             datapath: None,
             identities: None,
+            kernel_rules: Default::default(),
         })
     }
 
@@ -296,6 +300,7 @@ impl NodeProxy {
                 return None;
             }
         }
+        *self.kernel_rules.locked() = Arc::new(compiled.rules);
         Some(compiled.left_to_nftables)
     }
 
@@ -337,6 +342,26 @@ impl NodeProxy {
 /// The mesh comes from the control plane when one is configured (delta
 /// xDS), else from `workloads.json`; the node's pods come from
 /// `pods.json` either way (the CNI role).
+/// Opens the datapath's pinned maps, waiting up to `e.wait` for them (the
+/// node agent beside this proxy may pin them a moment after it starts).
+async fn open_maps(e: &crate::config::EbpfSettings) -> Result<slipstream_ebpf::NodeMaps, slipstream_ebpf::node::Error> {
+    let deadline = tokio::time::Instant::now() + e.wait;
+    let mut said = false;
+    loop {
+        match slipstream_ebpf::NodeMaps::open(&e.bpf_dir, e.node_index) {
+            Ok(m) => return Ok(m),
+            Err(err) if tokio::time::Instant::now() >= deadline => return Err(err),
+            Err(err) => {
+                if !said {
+                    tracing::info!(dir = %e.bpf_dir.display(), "waiting for the datapath's maps (the node agent pins them): {err}");
+                    said = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // With a control plane, certificates and the mesh come from it over
     // one channel, and the signing key is never read here; without, the
@@ -357,8 +382,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let every = config.timeouts.poll_interval;
     let datapath = match &config.ebpf {
         Some(e) => {
-            let maps = slipstream_ebpf::NodeMaps::open(&e.bpf_dir, e.node_index).with_context(|| {
-                format!("--datapath ebpf: the datapath's maps under {} (does the CNI, `slipstream up`, run it?)", e.bpf_dir.display())
+            let maps = open_maps(e).await.with_context(|| {
+                format!(
+                    "--datapath ebpf: the datapath's maps under {} (does the CNI, `slipstream up` or the node agent, run it?)",
+                    e.bpf_dir.display()
+                )
             })?;
             tracing::info!(dir = %e.bpf_dir.display(), node_index = e.node_index, "eBPF datapath: capture by the connect4/sockops/tc programs the CNI attached, kernel policy map kept by this proxy");
             Some(Arc::new(maps))
@@ -369,6 +397,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut proxy = NodeProxy::new(config, deps).await?;
     if let Some(maps) = datapath {
         proxy.use_datapath(maps);
+    }
+    if let Some(e) = proxy.shared.config.ebpf.as_ref().filter(|e| e.log_drops) {
+        let shared = proxy.shared.clone();
+        crate::kernel_drops::start(&e.bpf_dir, shared.telemetry.clone(), move || shared.snapshot(), proxy.kernel_rules.clone())?;
+        tracing::info!("the datapath's drops are written to the access log (--datapath-drops-log)");
     }
     proxy.serve();
     let l = &proxy.shared.config.limits;

@@ -1,10 +1,12 @@
-//! `slipstream observe` (`hubble observe`) on Kubernetes. There the
-//! datapath is nftables: no eBPF program records flows, so there are no
-//! connect()-time events (FORWARDED, connect drops). What the install does
-//! have is every node proxy's access log: one line per connection it
-//! carried or refused, read through the API server's pod logs (container
-//! `proxy` of each `slipstream-node` pod) and shown as flows, a refusal
-//! naming the policy that decided it as the proxy logged it.
+//! `slipstream observe` (`hubble observe`) on Kubernetes. No agent there
+//! keeps a flow log: what the install has is every node proxy's access
+//! log, one line per connection it carried or refused, read through the
+//! API server's pod logs (container `proxy` of each `slipstream-node` pod)
+//! and shown as flows, a refusal naming the policy that decided it as the
+//! proxy logged it. On the eBPF datapath the node proxies also log what the
+//! kernel refused (a denied connect(), a SYN refused at the destination,
+//! `node::kernel_drops`); connections the kernel let through are not
+//! events of their own (no FORWARDED flows).
 
 use super::reach::{self, Kube};
 use super::target::KubeTarget;
@@ -18,9 +20,8 @@ use kube::api::{Api, LogParams};
 use slipstream_testbed::ipc::Flow;
 
 /// What `observe` says first (on standard error) on Kubernetes.
-pub const NOTE: &str = "note: on Kubernetes the datapath is nftables, which records no flow events (no eBPF): \
-these are the node proxies' connections, from their access logs through the API server \
-(REDIRECTED: carried by a node proxy; DROPPED POLICY_DENIED: refused by one, naming the policy)";
+pub const NOTE: &str = "note: on Kubernetes these are the node proxies' connections, from their access logs through the API server \
+(REDIRECTED: carried by a node proxy; DROPPED POLICY_DENIED: refused by one, or by the eBPF datapath's kernel programs, naming the policy)";
 
 /// How many lines of each node proxy's log are read before following.
 const TAIL_LINES: i64 = 5000;

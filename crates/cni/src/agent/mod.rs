@@ -66,10 +66,34 @@ pub struct AgentArgs {
     /// to 169.254.7.127, which the pods let through under STRICT mTLS
     #[arg(long, env = "SLIPSTREAM_AGENT_PROBE_REWRITE", default_value_t = true, action = clap::ArgAction::Set)]
     pub probes: bool,
-    /// How pods' traffic reaches the node proxy. Only `nftables` on
-    /// Kubernetes for now (the eBPF datapath runs in the local cluster)
-    #[arg(long, env = "SLIPSTREAM_AGENT_DATAPATH", default_value = "nftables", value_parser = ["nftables"])]
+    /// How meshed pods' traffic reaches the node proxy: `nftables` (rules
+    /// in each meshed pod's namespace) or `ebpf` (programs: connect() and
+    /// tc on each meshed pod, policy in the kernel). No `auto` here: the
+    /// node proxy beside the agent is given the same value (the chart's
+    /// `datapath.mode`), so a fallback would leave them disagreeing
+    #[arg(long, env = "SLIPSTREAM_AGENT_DATAPATH", default_value = "nftables", value_parser = ["nftables", "ebpf"])]
     pub datapath: String,
+    /// With `--datapath ebpf`: the bpffs directory of the datapath's pins
+    /// (the node proxy's --bpf-dir). One per node where nodes share a
+    /// kernel (the test harness)
+    #[arg(long, env = "SLIPSTREAM_AGENT_BPF_DIR", default_value = "/sys/fs/bpf/slipstream/kubernetes")]
+    pub bpf_dir: PathBuf,
+    /// With `--datapath ebpf`: the cgroup2 directory, inside the node's
+    /// hierarchy, the socket hooks attach to (every socket of a process
+    /// below it meets them): `/`, the root, on a real node; the kubelet's
+    /// cgroup root where nodes share a kernel
+    #[arg(long, env = "SLIPSTREAM_AGENT_CGROUP", default_value = "/")]
+    pub cgroup: String,
+    /// The node's /sys/fs/cgroup as mounted in this container (cgroup2 is
+    /// it, or its `unified` on a hybrid host)
+    #[arg(long, default_value = "/host/sys/fs/cgroup")]
+    pub cgroup_mount: PathBuf,
+    /// With `--datapath ebpf`: the node's /proc/sys/net as mounted,
+    /// writable, in this container (a container's own /proc/sys is
+    /// read-only); a meshed pod's sysctls are written through it from a
+    /// thread inside the pod's network namespace
+    #[arg(long, default_value = "/host/proc/sys/net")]
+    pub sysctl_net: PathBuf,
     /// Connect-time Service balancing in eBPF: off on Kubernetes, where
     /// kube-proxy routes Services (docs/kubernetes.md)
     #[arg(long, env = "SLIPSTREAM_AGENT_SERVICE_BALANCING", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolValueParser::new())]
@@ -135,6 +159,7 @@ async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         proc_dir: args.proc_dir.clone(),
         probes: args.probes,
     };
+    let capture = choose_datapath(&args)?;
     let client = client(args.kubeconfig.as_deref()).await?;
     let (wake_tx, wake_rx) = std::sync::mpsc::channel();
     let marked = Arc::new(AtomicBool::new(false));
@@ -149,7 +174,7 @@ async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let passes = {
         let (board, stop, settings) = (board.clone(), stop.clone(), settings.clone());
-        std::thread::Builder::new().name("pass".into()).spawn(move || pass_loop(&settings, &views, &board, &wake_rx, &stop))?
+        std::thread::Builder::new().name("pass".into()).spawn(move || pass_loop(&settings, capture, &views, &board, &wake_rx, &stop))?
     };
 
     let ready = Arc::new(AtomicBool::new(false));
@@ -169,6 +194,12 @@ async fn agent(args: AgentArgs) -> anyhow::Result<()> {
             tracing::error!("removing the CNI plugin: {e}");
         }
         state.release_all(&settings);
+        if args.datapath == "ebpf" {
+            match slipstream_ebpf::remove_all(&args.bpf_dir) {
+                Ok(()) => tracing::info!(dir = %args.bpf_dir.display(), "eBPF datapath removed: its socket hooks detached, its maps gone"),
+                Err(e) => tracing::error!(dir = %args.bpf_dir.display(), "removing the eBPF datapath: {e}"),
+            }
+        }
         let _ = std::fs::remove_dir_all(args.run_dir.join(&node));
         tracing::info!("uninstalled from this node: pods serve without the mesh");
     } else {
@@ -179,12 +210,13 @@ async fn agent(args: AgentArgs) -> anyhow::Result<()> {
 
 fn pass_loop(
     settings: &pass::Settings,
+    capture: crate::datapath::Capture,
     views: &watch::Views,
     board: &server::Shared,
     wake: &std::sync::mpsc::Receiver<()>,
     stop: &AtomicBool,
 ) -> pass::Node {
-    let mut node = pass::Node::adopt(settings);
+    let mut node = pass::Node::adopt(settings, capture);
     let mut busy = true;
     while !stop.load(Ordering::SeqCst) {
         // While a pod waits (a CNI ADD among them), the node proxy's report is
@@ -208,6 +240,24 @@ fn pass_loop(
         b.passes += 1;
     }
     node
+}
+
+/// Loads the eBPF datapath (`--datapath ebpf`) before anything is
+/// enrolled, with the kubelet probes' source when they are rewritten; a
+/// kernel that cannot run it stops the agent with the kernel's answer.
+fn choose_datapath(args: &AgentArgs) -> anyhow::Result<crate::datapath::Capture> {
+    use crate::datapath::{Capture, Mode, Placement};
+    if args.datapath != "ebpf" {
+        return Capture::choose(Mode::Nftables, &Placement::local(args.bpf_dir.clone()));
+    }
+    let cgroup = crate::datapath::node_cgroup(&args.cgroup_mount, &args.cgroup, crate::datapath::is_cgroup2)
+        .map_err(|e| anyhow::anyhow!("--datapath ebpf: --cgroup {}: {e}", args.cgroup))?;
+    if !cgroup.is_dir() {
+        anyhow::bail!("--datapath ebpf: --cgroup {}: {} is not a directory of the node's cgroup2 hierarchy", args.cgroup, cgroup.display());
+    }
+    let options = slipstream_ebpf::Options { probe_source: args.probes.then_some(crate::capture::PROBE_SOURCE) };
+    let at = Placement { bpf_dir: args.bpf_dir.clone(), cgroup: Some(cgroup), options, sysctl_net: args.sysctl_net.clone() };
+    Capture::choose(Mode::Ebpf, &at)
 }
 
 /// Installs the plugin and keeps it installed.

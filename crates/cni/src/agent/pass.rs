@@ -8,6 +8,7 @@
 
 use super::{discover, files, probes};
 use crate::capture;
+use crate::datapath::{self, Capture};
 use crate::enrol::{self, State, Step};
 use k8s_openapi::api::core::v1::Pod;
 use slipstream_core::{NodePods, PodRegistration};
@@ -71,6 +72,9 @@ fn eligible(pod: &Pod) -> bool {
 #[derive(Debug, Default)]
 pub struct Node {
     pub entries: BTreeMap<String, Entry>,
+    /// The datapath meshed pods are put on (only meshed pods: the node's
+    /// other pods keep the primary CNI's path untouched).
+    pub capture: Capture,
     written: Option<NodePods>,
     /// The probe table's addresses as last written, and when: it is
     /// written again when they change, and every [`PROBES_REFRESH`] in
@@ -88,8 +92,8 @@ const PROBES_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
 impl Node {
     /// Adopts what the last agent left: the pods of pods.json are meshed
     /// and captured (capture is only ever on for a registered pod).
-    pub fn adopt(s: &Settings) -> Node {
-        let mut node = Node::default();
+    pub fn adopt(s: &Settings, capture: Capture) -> Node {
+        let mut node = Node { capture, ..Node::default() };
         for r in files::read_pods(&s.run_dir, &s.node).pods {
             let Some(key) = r.uid.split("//Pod/").nth(1).map(str::to_string) else { continue };
             let ip = match r.ip {
@@ -130,13 +134,13 @@ impl Node {
         }
         // Pods gone from the node: their capture went with their namespace.
         self.discovered_at.retain(|key, _| present.contains(key));
-        self.entries.retain(|key, e| {
-            let keep = present.contains(key);
-            if !keep {
+        let gone: Vec<String> = self.entries.keys().filter(|k| !present.contains(*k)).cloned().collect();
+        for key in gone {
+            if let Some(e) = self.entries.remove(&key) {
                 tracing::info!(pod = %key, workload = %e.workload_uid, "pod gone: the node proxy lets it go");
+                self.forget(&key, &e);
             }
-            keep
-        });
+        }
         self.write(s);
         answers
     }
@@ -147,7 +151,9 @@ impl Node {
         if let (Some(sb), Some(e)) = (sandbox, self.entries.get(key)) {
             if sb.netns != e.netns && (sb.uid.is_empty() || sb.uid == uid) {
                 tracing::info!(pod = %key, old = %e.netns.display(), new = %sb.netns.display(), "pod has a new sandbox");
-                self.entries.remove(key);
+                if let Some(old) = self.entries.remove(key) {
+                    self.forget(key, &old);
+                }
             }
         }
         if !self.entries.contains_key(key) {
@@ -175,7 +181,7 @@ impl Node {
         }
         let Some(e) = self.entries.get_mut(key) else { return Answer::NotMeshed };
         let step = enrol::next_step(e.state, want, served.contains(&e.workload_uid));
-        apply(s, key, e, step);
+        apply(s, &mut self.capture, key, e, step);
         match (want, e.state) {
             (true, State { captured: true, .. }) => Answer::Meshed,
             (true, State { meshed: true, .. }) => Answer::Waiting("the node proxy has not reported its listeners in the pod yet".into()),
@@ -219,7 +225,7 @@ impl Node {
     pub fn release_all(&mut self, s: &Settings) {
         for (key, e) in &mut self.entries {
             if e.state.captured {
-                apply(s, key, e, Some(Step::Release));
+                apply(s, &mut self.capture, key, e, Some(Step::Release));
             }
             if let Err(err) = capture::remove_reply_route(&e.netns) {
                 tracing::warn!(pod = %key, "removing the reply route: {err}");
@@ -232,6 +238,23 @@ impl Node {
             tracing::warn!("removing the probe table: {e}");
         }
     }
+}
+
+impl Node {
+    /// A pod that went (or whose sandbox was replaced): its entries on the
+    /// datapath go with it (its namespace, and with it its capture rules,
+    /// is gone already).
+    fn forget(&mut self, key: &str, e: &Entry) {
+        if let Err(err) = self.capture.withdraw(&datapath_key(key), e.ip) {
+            tracing::warn!(pod = %key, "{err}");
+        }
+    }
+}
+
+/// A pod's key on the datapath from its `namespace/name`.
+fn datapath_key(key: &str) -> String {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    datapath::pod_key(ns, name)
 }
 
 /// A meshed pod's network namespace and address: the CNI's word, else
@@ -256,22 +279,24 @@ fn locate(s: &Settings, pod: &Pod, uid: &str, sandbox: Option<&Sandbox>) -> Resu
 
 /// Takes one enrolment step; a failed one is logged and retried at the
 /// next pass.
-fn apply(s: &Settings, key: &str, e: &mut Entry, step: Option<Step>) {
+fn apply(s: &Settings, capture: &mut Capture, key: &str, e: &mut Entry, step: Option<Step>) {
     let probes = s.probes.then_some(capture::PROBE_SOURCE);
+    let dp_key = datapath_key(key);
+    let pod = |meshed| datapath::Pod { key: &dp_key, netns: &e.netns, ip: e.ip, node: 0, meshed };
     match step {
         None => {}
         Some(Step::Admit) => {
             tracing::info!(pod = %key, netns = %e.netns.display(), ip = %e.ip, "enrolling in the mesh: the node proxy first, then capture");
             e.state.meshed = true;
         }
-        Some(Step::Capture) => match capture::enable(&e.netns, probes) {
+        Some(Step::Capture) => match capture.set_meshed(&pod(true), false, probes) {
             Ok(()) => {
                 e.state.captured = true;
                 tracing::info!(pod = %key, "in the mesh: its connections are captured");
             }
             Err(err) => tracing::warn!(pod = %key, "capture: {err} (retried)"),
         },
-        Some(Step::Release) => match capture::disable(&e.netns) {
+        Some(Step::Release) => match capture.release(&pod(false)) {
             Ok(()) => {
                 e.state = State::default();
                 tracing::info!(pod = %key, "left the mesh without a restart: capture off, the node proxy lets it go");

@@ -13,6 +13,7 @@
 //! [`reconcile`] applies it here.
 
 use super::datapath::Capture;
+use slipstream_cni::datapath::Pod;
 use std::net::Ipv4Addr;
 
 /// One pod as the enrolment controller sees it.
@@ -32,18 +33,27 @@ pub struct PodRef {
     pub nftables: bool,
 }
 
+/// Runs `f` with the pod as the datapath takes it (its namespace by path).
+fn on_datapath<T>(pod: &PodRef, meshed: bool, f: impl FnOnce(&Pod<'_>) -> T) -> T {
+    let netns = crate::names::netns_path(&pod.netns);
+    f(&Pod { key: &pod.key, netns: &netns, ip: pod.ip, node: pod.node, meshed })
+}
+
 pub use slipstream_cni::enrol::{next_step, State, Step};
 
 /// Puts a new pod's sandbox on the datapath, before its first process
 /// runs: a meshed app never sends a byte outside the mesh, and on the eBPF
 /// datapath every pod's connect() meets policy.
 pub fn add(capture: &mut Capture, pod: &PodRef, meshed: bool) -> Result<(), String> {
-    capture.enrol(&pod.key, &pod.netns, pod.ip, pod.node, meshed, pod.nftables)
+    // The local cluster's kubelet probes are not rewritten.
+    on_datapath(pod, meshed, |p| capture.enrol(p, pod.nftables, None))
 }
 
 /// Takes a pod off the datapath (its processes are gone).
 pub fn release(capture: &mut Capture, pod: &PodRef) {
-    capture.withdraw(&pod.key, pod.ip);
+    if let Err(e) = capture.withdraw(&pod.key, pod.ip) {
+        tracing::warn!(pod = %pod.name, "{e}");
+    }
 }
 
 /// Takes one step towards what the pod's labels want; a failed step is
@@ -55,14 +65,14 @@ pub fn reconcile(capture: &mut Capture, pod: &PodRef, state: &mut State, want: b
             tracing::info!(pod = %pod.name, "enrolling in the mesh (its labels now say ambient): the node proxy first, then capture");
             state.meshed = true;
         }
-        Step::Capture => match capture.set_meshed(&pod.key, &pod.netns, pod.ip, pod.node, true, pod.nftables) {
+        Step::Capture => match on_datapath(pod, true, |p| capture.set_meshed(p, pod.nftables, None)) {
             Ok(()) => {
                 state.captured = true;
                 tracing::info!(pod = %pod.name, "enrolled in the mesh without a restart: its new connections are captured");
             }
             Err(e) => tracing::warn!(pod = %pod.name, "enrolling in the mesh: {e} (retried)"),
         },
-        Step::Release => match capture.set_meshed(&pod.key, &pod.netns, pod.ip, pod.node, false, pod.nftables) {
+        Step::Release => match on_datapath(pod, false, |p| capture.set_meshed(p, pod.nftables, None)) {
             Ok(()) => {
                 state.captured = false;
                 state.meshed = false;

@@ -13,7 +13,10 @@ pub fn enable(pod_netns: &str) -> Result<(), CmdError> {
 
 /// What the eBPF datapath needs in a meshed pod's namespace besides its programs.
 pub fn enable_ebpf_support(pod_netns: &str) -> Result<(), CmdError> {
-    slipstream_cni::capture::enable_ebpf_support(&crate::names::netns_path(pod_netns))
+    slipstream_cni::capture::enable_ebpf_support(
+        &crate::names::netns_path(pod_netns),
+        std::path::Path::new(slipstream_cni::capture::SYSCTL_NET),
+    )
 }
 
 /// Takes nftables capture out of a pod's namespace (a running pod leaving the mesh).
