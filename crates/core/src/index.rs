@@ -147,6 +147,11 @@ impl fmt::Display for ApplyReport {
 #[derive(Debug, Default)]
 pub struct MeshIndex {
     state: MeshState,
+    /// Workloads received without an address (a pod scheduled whose
+    /// address the API does not know yet): not on the data path, kept so
+    /// that the node proxy of their node can give them the address its
+    /// CNI reported ([`MeshIndex::fill_address`]).
+    unaddressed: std::collections::HashMap<String, Workload>,
 }
 
 impl MeshIndex {
@@ -155,8 +160,17 @@ impl MeshIndex {
         Arc::new(self.state.clone())
     }
 
-    /// Adds or replaces the workload named by `w.uid`.
+    /// Adds or replaces the workload named by `w.uid`. One without an
+    /// address is no error (the control plane publishes a pod as soon as
+    /// it is scheduled, so that its node proxy can name it before the API
+    /// knows its address): it leaves the data path and is kept aside.
     pub fn upsert_workload(&mut self, w: Workload) -> Result<Change, ResourceError> {
+        if w.addresses.is_empty() && !w.uid.is_empty() {
+            let uid = w.uid.clone();
+            self.unaddressed.insert(uid.clone(), w);
+            return Ok(self.remove_live_workload(&uid));
+        }
+        self.unaddressed.remove(w.uid.as_str());
         let held = self.state.workloads.get(w.uid.as_str()).cloned();
         if held.as_ref().is_some_and(|h| *h.workload() == w) {
             return Ok(Change::Unchanged);
@@ -187,6 +201,33 @@ impl MeshIndex {
     }
 
     pub fn remove_workload(&mut self, uid: &str) -> Change {
+        let aside = self.unaddressed.remove(uid).is_some();
+        match self.remove_live_workload(uid) {
+            Change::Absent if aside => Change::Unchanged,
+            c => c,
+        }
+    }
+
+    /// A workload received without an address, as received.
+    pub fn unaddressed(&self, uid: &str) -> Option<&Workload> {
+        self.unaddressed.get(uid)
+    }
+
+    /// Puts a workload received without an address on the data path with
+    /// `ip`, the address its node's CNI gave it (the node proxy's own pods
+    /// only: it alone knows it). A later version from the control plane
+    /// replaces it; one still without an address sets it aside again.
+    pub fn fill_address(&mut self, uid: &str, ip: IpAddr) -> Result<Change, ResourceError> {
+        let Some(w) = self.unaddressed.get(uid).cloned() else { return Ok(Change::Absent) };
+        let r = self.upsert_workload(Workload { addresses: vec![ip], ..w.clone() });
+        if r.is_err() {
+            // Refused (its identity, say): kept aside as received.
+            self.unaddressed.insert(uid.to_string(), w);
+        }
+        r
+    }
+
+    fn remove_live_workload(&mut self, uid: &str) -> Change {
         let st = &mut self.state;
         let Some(old) = st.workloads.remove(uid) else {
             return Change::Absent;
@@ -597,13 +638,47 @@ mod tests {
     }
 
     #[test]
+    fn a_workload_without_an_address_leaves_the_data_path_until_its_node_gives_it_one() {
+        let mut ix = index_with(&[wl("web", "10.244.1.5")], &[], &[]);
+        let uid = uid("web");
+        let held = ix.snapshot().workload(&uid).unwrap().workload().clone();
+        let bare = Workload { addresses: vec![], ..held.clone() };
+        assert_eq!(
+            ix.upsert_workload(bare.clone()),
+            Ok(Change::Removed),
+            "no error: the control plane publishes pods before their address"
+        );
+        assert!(ix.snapshot().workload(&uid).is_none(), "not on the data path");
+        assert_eq!(ix.snapshot().workload_by_ip("10.244.1.5".parse().unwrap()), None);
+        assert_eq!(ix.unaddressed(&uid), Some(&bare));
+        assert_eq!(ix.fill_address(&uid, "10.244.1.9".parse().unwrap()), Ok(Change::Added));
+        let snap = ix.snapshot();
+        let w = snap.workload_by_ip("10.244.1.9".parse().unwrap()).expect("named by the address its node gave");
+        assert_eq!((w.uid.as_str(), w.addresses.len()), (uid.as_str(), 1));
+        assert_eq!(ix.unaddressed(&uid), None);
+        assert_eq!(ix.fill_address(&uid, "10.244.1.9".parse().unwrap()), Ok(Change::Absent), "nothing aside any more");
+        // The control plane's own version, with its address, replaces it.
+        assert_eq!(ix.upsert_workload(held.clone()), Ok(Change::Updated));
+        assert!(ix.snapshot().workload_by_ip("10.244.1.9".parse().unwrap()).is_none());
+        // Set aside, then deleted: gone from both.
+        assert_eq!(ix.upsert_workload(bare), Ok(Change::Removed));
+        assert_eq!(ix.remove_workload(&uid), Change::Unchanged);
+        assert_eq!(ix.unaddressed(&uid), None);
+        assert_eq!(ix.remove_workload(&uid), Change::Absent);
+        // A refused one (a bad identity) stays aside as received.
+        let bad = Workload { addresses: vec![], service_account: "a?b".into(), ..held };
+        assert_eq!(ix.upsert_workload(bad.clone()), Ok(Change::Absent));
+        assert!(ix.fill_address(&uid, "10.244.1.9".parse().unwrap()).is_err());
+        assert_eq!(ix.unaddressed(&uid), Some(&bad));
+    }
+
+    #[test]
     fn refused_workloads_name_the_field_and_keep_the_previous_version() {
         let key = ECHO;
         let field = |s: &str| s.to_string();
         let rows: Vec<Row<Workload, String>> = vec![
             ("no uid", |w| w.uid.clear(), field("uid")),
             ("no namespace", |w| w.namespace.clear(), field("namespace")),
-            ("no address", |w| w.addresses.clear(), field("addresses")),
             ("namespace not a SPIFFE segment", |w| w.namespace = "de fault".into(), field("namespace")),
             ("trust domain not a SPIFFE segment", |w| w.trust_domain = "cluster/local".into(), field("trust_domain")),
             ("service account not a SPIFFE segment", |w| w.service_account = "a?b".into(), field("service_account")),
@@ -653,12 +728,6 @@ mod tests {
         let mut no_uid = wl("a", "10.0.0.1");
         no_uid.uid.clear();
         assert_eq!(MeshIndex::default().upsert_workload(no_uid).unwrap_err().name, "default/a", "found by namespace/name");
-        let mut no_address = wl("a", "10.0.0.1");
-        no_address.addresses.clear();
-        assert_eq!(
-            MeshIndex::default().upsert_workload(no_address).unwrap_err().to_string(),
-            "workload c//Pod/default/a: addresses: is empty: the data path could not reach the workload"
-        );
     }
 
     #[test]
@@ -915,7 +984,7 @@ mod tests {
         // stays (and is not removed for being "absent"); a bad new one is
         // not added; a name given twice keeps the first.
         let mut bad_a = a.clone();
-        bad_a.addresses.clear();
+        bad_a.service_account = "a?b".into();
         let mut bad_d = wl("d", "10.0.0.4");
         bad_d.service_account = "x y".into();
         let mut c2 = wl("c", "10.0.0.33");
@@ -933,7 +1002,7 @@ mod tests {
         assert_eq!(
             refused,
             [
-                (ResourceKind::Workload, ua.as_str(), "addresses"),
+                (ResourceKind::Workload, ua.as_str(), "service_account"),
                 (ResourceKind::Workload, ud.as_str(), "service_account"),
                 (ResourceKind::Workload, uc.as_str(), "uid")
             ]

@@ -468,10 +468,10 @@ mod tests {
     #[test]
     fn from_config_returns_the_refusals() {
         let mut bad = wl("x", "10.0.0.1");
-        bad.addresses.clear();
+        bad.service_account = "a?b".into();
         let (s, errors) = MeshState::from_config(&MeshConfig { workloads: vec![bad, wl("y", "10.0.0.2")], ..Default::default() });
         assert_eq!(s.counts(), (1, 0, 0));
         assert_eq!(errors.len(), 1);
-        assert_eq!((errors[0].kind, errors[0].field.as_str()), (ResourceKind::Workload, "addresses"));
+        assert_eq!((errors[0].kind, errors[0].field.as_str()), (ResourceKind::Workload, "service_account"));
     }
 }

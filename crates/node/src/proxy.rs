@@ -131,7 +131,8 @@ impl NodeProxy {
     /// removals; a new snapshot is published if anything changed, and open
     /// connections the new policies deny are closed.
     pub fn apply_mesh(&mut self, cfg: &MeshConfig) -> ApplyReport {
-        let report = self.index.apply_config(cfg);
+        let mut report = self.index.apply_config(cfg);
+        report.updated += self.fill_local_addresses().iter().filter(|c| matches!(c, Change::Added | Change::Updated)).count();
         for e in &report.errors {
             tracing::error!("configuration refused, the previous version is kept: {e}");
         }
@@ -201,6 +202,9 @@ impl NodeProxy {
                 Ok(c) => count(c),
                 Err(e) => errors.push(e),
             }
+        }
+        for c in self.fill_local_addresses() {
+            count(c);
         }
         // The xDS client logs the refusals with its NACK.
         report.errors = errors;
@@ -319,6 +323,37 @@ impl NodeProxy {
     /// This node's pods (what the CNI plugin reports in Kubernetes).
     pub fn apply_pods(&mut self, pods: NodePods) {
         self.pods = pods;
+        let filled = self.fill_local_addresses();
+        if filled.iter().any(|c| matches!(c, Change::Added | Change::Updated)) && self.shared.readiness.locked().config_loaded {
+            self.shared.mesh.store(self.index.snapshot());
+            self.apply_kernel_netpol();
+        }
+    }
+
+    /// This node's own pods that the control plane published before the
+    /// API knew their address (it publishes a pod once scheduled) get the
+    /// address the CNI reported in their registration: the pod is named,
+    /// its certificate asked for and its first connection carried without
+    /// waiting for the kubelet to report the address. Pods of other nodes
+    /// stay off the data path until the control plane has their address.
+    fn fill_local_addresses(&mut self) -> Vec<Change> {
+        let node = &self.shared.config.node;
+        let mut changes = Vec::new();
+        for r in &self.pods.pods {
+            let Some(ip) = r.ip else { continue };
+            let Some(w) = self.index.unaddressed(&r.uid) else { continue };
+            if w.node != *node {
+                continue;
+            }
+            match self.index.fill_address(&r.uid, ip) {
+                Ok(c) => {
+                    tracing::debug!(uid = %r.uid, %ip, "pod named by the address its CNI reported (the API has none yet)");
+                    changes.push(c);
+                }
+                Err(e) => tracing::warn!(uid = %r.uid, "the pod's workload is refused: {e}"),
+            }
+        }
+        changes
     }
 
     /// Opens listeners for new pods, drains removed ones.

@@ -383,6 +383,50 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
 }
 
+/// On Kubernetes the control plane publishes a scheduled pod before the
+/// API knows its address; the pod's own node proxy names it by the address
+/// its CNI reported (the registration's), so its certificate is issued and
+/// its first connection carried at once, while the other node, which does
+/// not know the address yet, still serves it by its certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_published_without_an_address_is_named_by_its_registration() {
+    let mut m = Mesh::new(85).await;
+    let bare = |w: &Workload| Workload { addresses: vec![], ..w.clone() };
+    let client = m.config.workloads[0].clone();
+    m.config.workloads[0] = bare(&client);
+    let newcomer = Workload { uid: "test//Pod/default/newcomer".into(), name: "newcomer".into(), ..bare(&client) };
+    m.config.workloads.push(newcomer);
+    m.apply().await;
+    // Still named on node1 (its registration has no address): the client
+    // registered without one is off the data path on both nodes...
+    let (n1, n2) = (m.node1.shared().clone(), m.node2.shared().clone());
+    assert!(n1.snapshot().workload_by_ip(m.client_ip).is_none() && n2.snapshot().workload_by_ip(m.client_ip).is_none());
+    // ...until node1's registrations carry the CNI's addresses.
+    let newcomer_ip: IpAddr = [127, 85, 1, 2].into();
+    m.node1.apply_pods(NodePods {
+        pods: vec![
+            PodRegistration { uid: client.uid.clone(), netns: String::new(), ip: Some(m.client_ip) },
+            PodRegistration { uid: "test//Pod/default/newcomer".into(), netns: String::new(), ip: Some(newcomer_ip) },
+        ],
+    });
+    m.node1.reconcile().await;
+    let named = n1.snapshot().workload_by_ip(newcomer_ip).map(|w| w.name.clone());
+    assert_eq!(named.as_deref(), Some("newcomer"), "named on its own node by the address its CNI gave");
+    assert!(n2.snapshot().workload_by_ip(newcomer_ip).is_none(), "the other node has no address for it");
+    wait_for("node1 ready: the newcomer's certificate issued", || n1.ready().is_ok()).await;
+    let mut c = m.connect(m.vip).await;
+    assert_eq!(exchange(&mut c, b"ping").await, b"ping");
+    drop(c);
+    wait_for("node2 logged the connection with the client's verified identity", || {
+        m.log(2).iter().any(|l| l.contains("src.identity=spiffe://cluster.local/ns/default/sa/client"))
+    })
+    .await;
+    // The control plane's own version, with the address, replaces it.
+    m.config.workloads[0] = client;
+    m.apply().await;
+    assert!(n2.snapshot().workload_by_ip(m.client_ip).is_some());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_says_why_until_configuration_listeners_and_certificates_are_there() {
     let ca = Arc::new(Ca::generate(&TrustDomain::default()).unwrap());

@@ -127,10 +127,16 @@ impl Views<'_> {
         converted
     }
 
-    /// A pod's workload (none without an address, or once it has ended)
-    /// and its converted PeerAuthentication policy.
+    /// A pod's workload and its converted PeerAuthentication policy. None
+    /// before it is scheduled, or once it has ended. A scheduled pod whose
+    /// address the API does not know yet is published without one: its
+    /// node proxy gives it the address its CNI reported, and can ask for
+    /// its certificate (the CA places identities on nodes by these
+    /// resources), without waiting for the kubelet to report the address
+    /// (docs/kubernetes.md, "Pod start"). Every other consumer keeps it off
+    /// the data path until it has one.
     pub(super) fn pod_resources(&self, pod: &PodInput) -> (Option<Versioned>, Option<Authorization>) {
-        if pod.ips.is_empty() || pod.terminal {
+        if (pod.ips.is_empty() && (pod.node.is_empty() || pod.host_network)) || pod.terminal {
             return (None, None);
         }
         let meshed = !pod.host_network && translate::is_meshed(self.workloads.labels(&pod.namespace), &pod.labels);

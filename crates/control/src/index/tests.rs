@@ -191,11 +191,21 @@ fn trust_domain_and_settings_shape_names() {
 }
 
 #[test]
-fn pods_without_address_or_ended_have_no_workload() {
-    let mut ix = index(&pod_with("demo", "p", "app: a", "", "node1", false));
-    assert!(ix.resources().is_empty());
+fn pods_unscheduled_or_ended_have_no_workload_and_scheduled_ones_one_without_address() {
+    let unscheduled = pod_with("demo", "p", "app: a", "", "node1", false).replace("  nodeName: node1\n", "");
+    let mut ix = index(&unscheduled);
+    assert!(ix.resources().is_empty(), "not scheduled: no workload");
+    // Scheduled, no address yet: published without one (its node proxy
+    // gives it the CNI's; the CA places its identity on node1).
+    let c = upsert(&mut ix, &pod_with("demo", "p", "app: a", "", "node1", false));
+    assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/p"]);
+    let w = workload(&ix, "demo", "p").unwrap();
+    assert_eq!((w.addresses.len(), w.node.as_str(), w.service_account.as_str()), (0, "node1", "web"));
+    let v = ix.resources().get(&addr("c1//Pod/demo/p")).cloned().unwrap();
+    assert_eq!((v.node.as_deref(), v.identity.as_deref()), (Some("node1"), Some("spiffe://cluster.local/ns/demo/sa/web")));
     let c = upsert(&mut ix, &pod("demo", "p", "a", "10.244.1.9", "node1"));
     assert_eq!(names(&c.upserted), ["Address c1//Pod/demo/p"]);
+    assert_eq!(workload(&ix, "demo", "p").unwrap().addresses, vec!["10.244.1.9".parse::<std::net::IpAddr>().unwrap()]);
     let done = pod("demo", "p", "a", "10.244.1.9", "node1").replace("phase: Running", "phase: Succeeded");
     let c = upsert(&mut ix, &done);
     assert_eq!(names(&c.removed), ["Address c1//Pod/demo/p"]);

@@ -91,8 +91,8 @@ pub struct PodInput {
     pub name: String,
     pub namespace: String,
     pub labels: Labels,
-    /// `status.podIPs` (or `status.podIP`); empty until the pod has one,
-    /// and a pod without an address has no workload.
+    /// `status.podIPs` (or `status.podIP`); empty until the pod has one
+    /// (a scheduled pod is published without one, `index::derive`).
     pub ips: Vec<IpAddr>,
     pub node: String,
     /// `default` when the spec names none.
