@@ -18,7 +18,7 @@
 #   docker.io/mccutchen/go-httpbin:v2.15.0, docker.io/istio/examples-helloworld-v{1,2}:1.0
 #                                                            slipstream's echo, as httpbin and helloworld
 #   docker.io/fortio/fortio:<version> and :latest_release    the fortio scripts/setup.sh installed
-#   docker.io/networkstatic/iperf3:latest                    Debian's iperf3 (`slipstream bench --kubeconfig`)
+#   docker.io/networkstatic/iperf3:<version>                 Debian's iperf3 (`slipstream bench --kubeconfig`)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -219,6 +219,8 @@ done
 CURL_TAG=$(dpkg-query -W -f='${Version}' curl | sed 's/[-+~].*//')
 digest=$(push "$OUT/curl.tar" "curlimages/curl:$CURL_TAG" --entrypoint /usr/bin/curl --user 100:100 --workdir /)
 log "docker.io/curlimages/curl:$CURL_TAG $digest"
-digest=$(push "$OUT/iperf3.tar" "networkstatic/iperf3:latest" --entrypoint /usr/bin/iperf3 --cmd -s --user 65532:65532 --workdir /)
-log "docker.io/networkstatic/iperf3:latest $digest"
+# Tagged with Debian's version, as curl is (never `latest`).
+IPERF_TAG=$(dpkg-query -W -f='${Version}' iperf3 | sed 's/[-+~].*//')
+digest=$(push "$OUT/iperf3.tar" "networkstatic/iperf3:$IPERF_TAG" --entrypoint /usr/bin/iperf3 --cmd -s --user 65532:65532 --workdir /)
+log "docker.io/networkstatic/iperf3:$IPERF_TAG $digest"
 echo "$SLIPSTREAM_TAG"

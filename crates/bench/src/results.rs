@@ -78,6 +78,10 @@ pub struct KubeInfo {
     /// The image of the node proxies (the `proxy` container of DaemonSet
     /// `slipstream-node`).
     pub mesh_image: String,
+    /// The install's datapath (`nftables` or `ebpf`, the chart's
+    /// `datapath.mode` as its node agents run it).
+    #[serde(default)]
+    pub datapath: String,
 }
 
 /// A node of the cluster, from its status.

@@ -177,18 +177,17 @@ impl Capture {
     }
 
     /// Takes a meshed pod out of the mesh where only meshed pods are on
-    /// the datapath (the node agent on Kubernetes): on eBPF its programs
-    /// and map entries go and its sysctls are put back, on nftables its
-    /// capture rules go. Its reply route stays (a pod that comes back
-    /// needs it; an uninstall removes it).
+    /// the datapath (the node agent on Kubernetes): its capture rules go
+    /// and, on eBPF, its programs and map entries too and its sysctls are
+    /// put back (both, whichever it had: a pod adopted from an earlier
+    /// agent may have either). Its reply route stays (a pod that comes
+    /// back needs it; an uninstall removes it).
     pub fn release(&mut self, pod: &Pod<'_>) -> Result<(), String> {
-        match self {
-            Capture::Ebpf(e) => {
-                e.dp.withdraw(pod.key, pod.ip).map_err(|e| format!("eBPF datapath: {e}"))?;
-                capture::set_ebpf_sysctls(pod.netns, false, &e.sysctl_net).map_err(|e| format!("capture: {e}"))
-            }
-            Capture::Nftables { .. } => capture::disable(pod.netns).map_err(|e| format!("capture: {e}")),
+        if let Capture::Ebpf(e) = self {
+            e.dp.withdraw(pod.key, pod.ip).map_err(|e| format!("eBPF datapath: {e}"))?;
+            capture::set_ebpf_sysctls(pod.netns, false, &e.sysctl_net).map_err(|e| format!("capture: {e}"))?;
         }
+        capture::disable(pod.netns).map_err(|e| format!("capture: {e}"))
     }
 
     /// Takes a pod off the datapath: its programs and map entries (a

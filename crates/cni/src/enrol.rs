@@ -24,6 +24,17 @@ pub fn is_meshed(namespace_labels: &BTreeMap<String, String>, pod_labels: &BTree
     }
 }
 
+/// The label that keeps a pod (or every pod of a namespace) on nftables
+/// capture on a node running the eBPF datapath: no program on it (to
+/// compare the two side by side, as `slipstream bench` does, or to keep a
+/// workload on the older path). Read when the pod is enrolled.
+pub const DATAPATH_LABEL: &str = "slipstream.io/datapath";
+
+/// Whether a meshed pod stays on nftables capture (pod label first).
+pub fn wants_nftables(namespace_labels: &BTreeMap<String, String>, pod_labels: &BTreeMap<String, String>) -> bool {
+    pod_labels.get(DATAPATH_LABEL).or_else(|| namespace_labels.get(DATAPATH_LABEL)).map(String::as_str) == Some("nftables")
+}
+
 /// A pod's uid in the workload API (the control plane names pods so).
 pub fn workload_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
     format!("{cluster_id}//Pod/{namespace}/{name}")
@@ -99,6 +110,11 @@ mod tests {
         assert!(!is_meshed(&amb, &none), "pods opt out with none");
         assert!(is_meshed(&labels(&[]), &amb), "pods opt in themselves");
         assert!(!is_meshed(&labels(&[]), &labels(&[])));
+        let nft = labels(&[(DATAPATH_LABEL, "nftables")]);
+        let ebpf = labels(&[(DATAPATH_LABEL, "ebpf")]);
+        assert!(wants_nftables(&nft, &labels(&[])) && wants_nftables(&labels(&[]), &nft));
+        assert!(!wants_nftables(&nft, &ebpf), "the pod's label first");
+        assert!(!wants_nftables(&labels(&[]), &labels(&[])));
         assert_eq!(workload_uid("Kubernetes", "bookinfo", "ratings-v1-x"), "Kubernetes//Pod/bookinfo/ratings-v1-x");
     }
 }

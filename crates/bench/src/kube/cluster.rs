@@ -70,12 +70,14 @@ impl KubeCluster {
             let ds = self.api::<DaemonSet>(INSTALL_NS).get_opt(NODE_DAEMONSET).await?.ok_or_else(|| {
                 anyhow!("Slipstream is not installed: no DaemonSet {INSTALL_NS}/{NODE_DAEMONSET} (docs/kubernetes.md, \"Install\")")
             })?;
-            let mesh_image = ds
-                .spec
-                .and_then(|s| s.template.spec)
-                .and_then(|s| s.containers.into_iter().find(|c| c.name == usage::PROXY_CONTAINER))
-                .and_then(|c| c.image)
-                .unwrap_or_default();
+            let containers = ds.spec.and_then(|s| s.template.spec).map(|s| s.containers).unwrap_or_default();
+            let mesh_image = containers.iter().find(|c| c.name == usage::PROXY_CONTAINER).and_then(|c| c.image.clone()).unwrap_or_default();
+            let datapath = containers
+                .iter()
+                .flat_map(|c| c.env.iter().flatten())
+                .find(|e| e.name == "SLIPSTREAM_AGENT_DATAPATH")
+                .and_then(|e| e.value.clone())
+                .unwrap_or_else(|| "nftables".into());
             Ok(KubeInfo {
                 server_version: version.git_version,
                 context: self.context.clone(),
@@ -83,6 +85,7 @@ impl KubeCluster {
                 server_node: usable[1].metadata.name.clone().unwrap_or_default(),
                 nodes: usable[..2].iter().map(|n| node_info(n)).collect(),
                 mesh_image,
+                datapath,
             })
         })
     }

@@ -62,10 +62,15 @@ fn resolve(args: &BenchArgs) -> anyhow::Result<(Settings, Vec<&'static Scenario>
 /// Runs the benchmark on the cluster of `kubeconfig`; see [`BenchArgs`].
 pub fn run(args: &BenchArgs, kubeconfig: &Path) -> anyhow::Result<()> {
     let (settings, selected, experiments) = resolve(args)?;
+    let selected_names: Vec<&str> = selected.iter().map(|s| s.name).collect();
     let kubectl = Kubectl::find(kubeconfig, args.context.as_deref())?;
     slipstream_testbed::sys::signals::install_termination_flag();
     let cluster = KubeCluster::connect(kubeconfig, args.context.as_deref())?;
     let info = cluster.discover()?;
+    // The same names either way (checked above); whether l4-ebpf can be
+    // measured depends on the install's datapath.
+    let selected = scenario::select_in(scenarios::for_datapath(&info.datapath), &args.scenarios).map_err(|e| anyhow!(e))?;
+    let selected = selected.into_iter().filter(|s| selected_names.contains(&s.name)).collect::<Vec<_>>();
     let started = SystemTime::now();
     let t0 = Instant::now();
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("bench-out").join(format!("kube-{}", timefmt::compact(started))));

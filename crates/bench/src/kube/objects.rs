@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 /// the one scripts/setup.sh installed under this name).
 pub const FORTIO_IMAGE: &str = "docker.io/fortio/fortio:1.63.0";
 /// iperf3 (scripts/kube-images.sh: Debian's).
-pub const IPERF_IMAGE: &str = "docker.io/networkstatic/iperf3:latest";
+pub const IPERF_IMAGE: &str = "docker.io/networkstatic/iperf3:3.12";
 /// curl, for S1's pods (scripts/kube-images.sh: Debian's curl and sh).
 pub const CURL_IMAGE: &str = "docker.io/curlimages/curl:7.88.1";
 

@@ -25,10 +25,11 @@ pub(super) fn facts(s: &mut String, k: &KubeInfo) {
         .collect();
     let _ = writeln!(
         s,
-        "Cluster: Kubernetes {} (context `{}`), mesh image `{}`. Nodes: {}. The machine above is where the bench ran.\n",
+        "Cluster: Kubernetes {} (context `{}`), mesh image `{}`, datapath `{}`. Nodes: {}. The machine above is where the bench ran.\n",
         k.server_version,
         k.context,
         k.mesh_image,
+        if k.datapath.is_empty() { "nftables" } else { &k.datapath },
         if nodes.is_empty() { "unknown".into() } else { nodes.join("; ") }
     );
 }
@@ -182,6 +183,7 @@ mod tests {
             server_node: "worker-2".into(),
             nodes: vec![KubeNode { name: "worker-1".into(), cpus: "2".into(), ..Default::default() }],
             mesh_image: "ghcr.io/slipstream-mesh/slipstream:0.1.0".into(),
+            datapath: "nftables".into(),
         });
         r.scenarios = crate::kube::scenarios::SCENARIOS.iter().map(|s| s.info()).collect();
         r.runs.retain(|x| x.experiment != ExperimentId::R1 && x.scenario != "l4-ebpf");
@@ -205,7 +207,7 @@ mod tests {
     fn a_kubernetes_run_reads_as_one() {
         let md = markdown(&kube_sample(), &page());
         assert!(
-            md.contains("Cluster: Kubernetes v1.32.13 (context `kube-harness`), mesh image `ghcr.io/slipstream-mesh/slipstream:0.1.0`.")
+            md.contains("Cluster: Kubernetes v1.32.13 (context `kube-harness`), mesh image `ghcr.io/slipstream-mesh/slipstream:0.1.0`, datapath `nftables`.")
         );
         assert_eq!(line(&md, "| experiment |"), "| experiment | figure | none | l4-nft | l7 |");
         assert_eq!(
@@ -214,7 +216,7 @@ mod tests {
         );
         assert!(!md.contains("| R1 "), "no held connections on Kubernetes");
         assert!(md.contains("The held connections of R1 are not measured on Kubernetes"));
-        assert!(line(&md, "- `l4-ebpf`").contains("**not available on Kubernetes: the chart's `datapath.mode`"));
+        assert!(line(&md, "- `l4-ebpf`").contains("**not available on Kubernetes: the install runs nftables capture"));
         assert_eq!(
             line(&md, "| S1 p50 ≤ none + 100 ms"),
             "| S1 p50 ≤ none + 100 ms | 690 ms vs 600 ms, +90 ms: met | 950 ms vs 600 ms, +350 ms: **missed** |"

@@ -128,8 +128,10 @@ impl Node {
             present.insert(key.clone());
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let no_labels = BTreeMap::new();
-            let want = enrol::is_meshed(labels.get(&ns).unwrap_or(&no_labels), pod.metadata.labels.as_ref().unwrap_or(&no_labels));
-            let answer = self.step(s, pod, &key, want, sandboxes.get(&key), &served);
+            let (ns_labels, pod_labels) = (labels.get(&ns).unwrap_or(&no_labels), pod.metadata.labels.as_ref().unwrap_or(&no_labels));
+            let want = enrol::is_meshed(ns_labels, pod_labels);
+            let path = CapturePath { nftables: enrol::wants_nftables(ns_labels, pod_labels) };
+            let answer = self.step(s, pod, &key, (want, path), sandboxes.get(&key), &served);
             answers.insert(key, answer);
         }
         // Pods gone from the node: their capture went with their namespace.
@@ -145,7 +147,15 @@ impl Node {
         answers
     }
 
-    fn step(&mut self, s: &Settings, pod: &Pod, key: &str, want: bool, sandbox: Option<&Sandbox>, served: &BTreeSet<String>) -> Answer {
+    fn step(
+        &mut self,
+        s: &Settings,
+        pod: &Pod,
+        key: &str,
+        (want, path): (bool, CapturePath),
+        sandbox: Option<&Sandbox>,
+        served: &BTreeSet<String>,
+    ) -> Answer {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         // A new sandbox of the same pod (its old one was torn down): start over.
         if let (Some(sb), Some(e)) = (sandbox, self.entries.get(key)) {
@@ -181,7 +191,7 @@ impl Node {
         }
         let Some(e) = self.entries.get_mut(key) else { return Answer::NotMeshed };
         let step = enrol::next_step(e.state, want, served.contains(&e.workload_uid));
-        apply(s, &mut self.capture, key, e, step);
+        apply(s, &mut self.capture, key, e, step, path);
         match (want, e.state) {
             (true, State { captured: true, .. }) => Answer::Meshed,
             (true, State { meshed: true, .. }) => Answer::Waiting("the node proxy has not reported its listeners in the pod yet".into()),
@@ -225,7 +235,7 @@ impl Node {
     pub fn release_all(&mut self, s: &Settings) {
         for (key, e) in &mut self.entries {
             if e.state.captured {
-                apply(s, &mut self.capture, key, e, Some(Step::Release));
+                apply(s, &mut self.capture, key, e, Some(Step::Release), CapturePath::default());
             }
             if let Err(err) = capture::remove_reply_route(&e.netns) {
                 tracing::warn!(pod = %key, "removing the reply route: {err}");
@@ -249,6 +259,13 @@ impl Node {
             tracing::warn!(pod = %key, "{err}");
         }
     }
+}
+
+/// Which path a pod's capture takes on an eBPF node.
+#[derive(Debug, Clone, Copy, Default)]
+struct CapturePath {
+    /// `slipstream.io/datapath: nftables` on the pod or its namespace.
+    nftables: bool,
 }
 
 /// A pod's key on the datapath from its `namespace/name`.
@@ -279,7 +296,7 @@ fn locate(s: &Settings, pod: &Pod, uid: &str, sandbox: Option<&Sandbox>) -> Resu
 
 /// Takes one enrolment step; a failed one is logged and retried at the
 /// next pass.
-fn apply(s: &Settings, capture: &mut Capture, key: &str, e: &mut Entry, step: Option<Step>) {
+fn apply(s: &Settings, capture: &mut Capture, key: &str, e: &mut Entry, step: Option<Step>, path: CapturePath) {
     let probes = s.probes.then_some(capture::PROBE_SOURCE);
     let dp_key = datapath_key(key);
     let pod = |meshed| datapath::Pod { key: &dp_key, netns: &e.netns, ip: e.ip, node: 0, meshed };
@@ -289,7 +306,7 @@ fn apply(s: &Settings, capture: &mut Capture, key: &str, e: &mut Entry, step: Op
             tracing::info!(pod = %key, netns = %e.netns.display(), ip = %e.ip, "enrolling in the mesh: the node proxy first, then capture");
             e.state.meshed = true;
         }
-        Some(Step::Capture) => match capture.set_meshed(&pod(true), false, probes) {
+        Some(Step::Capture) => match capture.set_meshed(&pod(true), path.nftables, probes) {
             Ok(()) => {
                 e.state.captured = true;
                 tracing::info!(pod = %key, "in the mesh: its connections are captured");

@@ -11,17 +11,8 @@ use slipstream_k8s::{Labels, Object, ObjectKey};
 
 pub use slipstream_cni::enrol::{is_meshed, workload_uid, DATAPLANE_MODE};
 
-/// Our label, on a namespace or a pod: `nftables` keeps its pods on the
-/// nftables path even on a node running the eBPF datapath: nftables
-/// capture for meshed pods, no BPF program on any of them (to compare the
-/// two side by side, as `slipstream bench` does, or to keep a workload on
-/// the older path). Read when the pod is created.
-pub const DATAPATH_LABEL: &str = "slipstream.io/datapath";
-
-/// Whether a meshed pod stays on nftables capture (pod label first).
-pub fn wants_nftables(namespace_labels: &Labels, pod_labels: &Labels) -> bool {
-    pod_labels.get(DATAPATH_LABEL).or_else(|| namespace_labels.get(DATAPATH_LABEL)).map(String::as_str) == Some("nftables")
-}
+/// Shared with the node agent on Kubernetes.
+pub use slipstream_cni::enrol::{wants_nftables, DATAPATH_LABEL};
 
 pub fn namespace_labels(store: &Store, ns: &str) -> Labels {
     let key = ObjectKey { kind: "Namespace".into(), namespace: String::new(), name: ns.into() };
