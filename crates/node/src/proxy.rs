@@ -460,6 +460,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(node = %proxy.shared.config.node, "node proxy started");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // A new pod list is read as soon as it is written (a pod's CNI ADD
+    // waits for this proxy's listeners); the poll stays as the fallback.
+    let mut watch = watch_pods(&proxy.shared.config.pods_file());
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry_at = tokio::time::Instant::now();
@@ -481,6 +484,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         tokio::select! {
             _ = tick.tick() => {}
+            r = pods_changed(watch.as_ref()) => if let Err(e) = r {
+                tracing::warn!("watching the pod list's directory: {e} (read every {every:?} instead)");
+                watch = None;
+            },
             u = next_update(&mut updates) => match u {
                 Some(u) => proxy.apply_update(u).await,
                 None => { failed = Some(anyhow::anyhow!("the control plane client stopped")); break }
@@ -494,6 +501,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 }
 
 /// The next update from the xDS client; never, without one.
+/// A watch of the directory of the pod list (made if missing: the agent
+/// may write its first list after this proxy starts); None, and polling
+/// only, where inotify is refused.
+fn watch_pods(pods_file: &std::path::Path) -> Option<slipstream_proxy::sys::dirwatch::DirWatch> {
+    let dir = pods_file.parent()?;
+    let _ = std::fs::create_dir_all(dir);
+    slipstream_proxy::sys::dirwatch::DirWatch::new(dir)
+        .map_err(|e| tracing::warn!(dir = %dir.display(), "cannot watch the pod list's directory (read every poll instead): {e}"))
+        .ok()
+}
+
+async fn pods_changed(watch: Option<&slipstream_proxy::sys::dirwatch::DirWatch>) -> std::io::Result<()> {
+    match watch {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn next_update(updates: &mut Option<tokio::sync::mpsc::Receiver<xds::Update>>) -> Option<xds::Update> {
     match updates {
         Some(rx) => rx.recv().await,

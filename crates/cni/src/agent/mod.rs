@@ -166,6 +166,18 @@ async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let views = watch::start(client, &node, daemonset, wake_tx.clone(), marked.clone()).await?;
     tracing::info!(%node, "watching the node's pods and the namespaces");
 
+    // The node proxy's report (served.json, beside pods.json) wakes a pass
+    // at once: a pod's CNI ADD waits for it. The pass's own poll stays.
+    let node_dir = args.run_dir.join(&node);
+    let _ = std::fs::create_dir_all(&node_dir);
+    match slipstream_proxy::sys::dirwatch::DirWatch::new(&node_dir) {
+        Ok(w) => {
+            let tx = wake_tx.clone();
+            tokio::spawn(async move { while w.changed().await.is_ok() && tx.send(()).is_ok() {} });
+        }
+        Err(e) => tracing::warn!(dir = %node_dir.display(), "cannot watch the node proxy's report (looked at every pass instead): {e}"),
+    }
+
     let board = server::Shared::default();
     let socket = args.run_dir.join(crate::protocol::SOCKET);
     let listener = server::bind(&socket).map_err(|e| anyhow::anyhow!("binding the CNI socket {}: {e}", socket.display()))?;
@@ -238,6 +250,7 @@ fn pass_loop(
         let mut b = board.locked();
         b.answers = answers;
         b.passes += 1;
+        b.passed.notify_waiters();
     }
     node
 }

@@ -23,6 +23,8 @@ pub struct Board {
     pub answers: BTreeMap<String, Answer>,
     /// Bumped by every pass.
     pub passes: u64,
+    /// Told after every pass: a waiting ADD looks at its answer at once.
+    pub passed: Arc<tokio::sync::Notify>,
 }
 
 pub type Shared = Arc<Mutex<Board>>;
@@ -91,8 +93,14 @@ async fn handle(req: Request, board: &Shared, wake: &std::sync::mpsc::Sender<()>
                 b.answers.remove(&key);
                 b.passes
             };
+            let passed = board.locked().passed.clone();
             let _ = wake.send(());
             loop {
+                // Registered before the answer is looked at, so that a pass
+                // ending in between still wakes this loop.
+                let next_pass = passed.notified();
+                tokio::pin!(next_pass);
+                next_pass.as_mut().enable();
                 let answer = {
                     let b = board.locked();
                     // Only a pass that ran after this ADD counts.
@@ -116,7 +124,12 @@ async fn handle(req: Request, board: &Shared, wake: &std::sync::mpsc::Sender<()>
                         tracing::warn!(pod = %key, "CNI ADD refused after {ADD_WAIT:?}: {why}");
                         return Reply::refused(format!("not meshed within {ADD_WAIT:?}: {why}"));
                     }
-                    _ => tokio::time::sleep(Duration::from_millis(25)).await,
+                    _ => {
+                        tokio::select! {
+                            _ = next_pass => {}
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
                 }
             }
         }
