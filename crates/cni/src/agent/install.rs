@@ -30,16 +30,70 @@ fn replace(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
-/// Copies this very binary into `bin_dir` as `slipstream-cni` (when it
-/// differs), so the plugin is always the agent's own version.
-pub fn install_binary(bin_dir: &Path) -> Result<bool, InstallError> {
-    let me = Path::new("/proc/self/exe");
-    let ours = std::fs::read(me).map_err(io(me))?;
-    let target = bin_dir.join(PLUGIN_TYPE);
-    if std::fs::read(&target).is_ok_and(|b| b == ours) {
+/// What the agent knows of the plugin binary it installed or found equal
+/// to itself: the file's identity then (inode, length, status-change time,
+/// which no one can set back).
+/// While the file keeps it, the check is one stat(2); the contents are
+/// compared only at the first check and after the file changed. (Read
+/// whole every 5 s, the 60 MB binary twice, the check cost the agent
+/// 120 MB and its CPU.)
+#[derive(Debug, Default)]
+pub struct Installed {
+    stamp: Option<(u64, u64, i64, i64)>,
+}
+
+fn stamp(m: &std::fs::Metadata) -> (u64, u64, i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.ino(), m.len(), m.ctime(), m.ctime_nsec())
+}
+
+/// Whether two files hold the same bytes, read in small pieces.
+fn same_contents(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let (mut fa, mut fb) = (std::fs::File::open(a)?, std::fs::File::open(b)?);
+    if fa.metadata()?.len() != fb.metadata()?.len() {
         return Ok(false);
     }
-    replace(&target, &ours, 0o755)?;
+    let (mut ba, mut bb) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    loop {
+        let n = fa.read(&mut ba)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        fb.read_exact(&mut bb[..n])?;
+        if ba[..n] != bb[..n] {
+            return Ok(false);
+        }
+    }
+}
+
+/// Copies this very binary into `bin_dir` as `slipstream-cni` (when it
+/// differs), so the plugin is always the agent's own version. Streams the
+/// copy through a temporary file and a rename.
+pub fn install_binary(bin_dir: &Path, known: &mut Installed) -> Result<bool, InstallError> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = Path::new("/proc/self/exe");
+    let target = bin_dir.join(PLUGIN_TYPE);
+    if let (Some(s), Ok(m)) = (known.stamp, std::fs::metadata(&target)) {
+        if stamp(&m) == s {
+            return Ok(false);
+        }
+    }
+    if same_contents(me, &target).unwrap_or(false) {
+        known.stamp = std::fs::metadata(&target).ok().map(|m| stamp(&m));
+        return Ok(false);
+    }
+    let tmp = target.with_file_name(format!(".{PLUGIN_TYPE}.slipstream-tmp"));
+    let copied = std::fs::File::open(me)
+        .map_err(io(me))
+        .and_then(|mut from| std::fs::File::create(&tmp).and_then(|mut to| std::io::copy(&mut from, &mut to)).map_err(io(&tmp)));
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &target).map_err(io(&target))?;
+    known.stamp = std::fs::metadata(&target).ok().map(|m| stamp(&m));
     Ok(true)
 }
 
@@ -98,8 +152,16 @@ mod tests {
         assert_eq!(chain(conf.path(), "/s").unwrap(), Some(conf.path().join("10-k.conflist")));
         assert_eq!(chain(conf.path(), "/s").unwrap(), None, "idempotent");
         assert_eq!(std::fs::read_to_string(conf.path().join("20-other.conflist")).unwrap(), primary, "only the runtime's file");
-        assert!(install_binary(bin.path()).unwrap());
-        assert!(!install_binary(bin.path()).unwrap(), "same bytes: not copied again");
+        let mut known = Installed::default();
+        assert!(install_binary(bin.path(), &mut known).unwrap());
+        assert!(!install_binary(bin.path(), &mut known).unwrap(), "unchanged (its identity kept): not copied again");
+        assert!(!install_binary(bin.path(), &mut Installed::default()).unwrap(), "same bytes (a restarted agent): not copied again");
+        let installed = bin.path().join(PLUGIN_TYPE);
+        assert!(same_contents(Path::new("/proc/self/exe"), &installed).unwrap());
+        // Someone overwrites it: noticed by its changed identity, put back.
+        std::fs::write(&installed, b"not the plugin").unwrap();
+        assert!(install_binary(bin.path(), &mut known).unwrap(), "a changed file is replaced");
+        assert!(same_contents(Path::new("/proc/self/exe"), &installed).unwrap());
         remove(conf.path(), bin.path()).unwrap();
         let back: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(conf.path().join("10-k.conflist")).unwrap()).unwrap();
         assert_eq!(back, serde_json::from_str::<serde_json::Value>(primary).unwrap());
