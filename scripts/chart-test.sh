@@ -206,6 +206,8 @@ done <<EOF
 $MAIN_CHART datapath.mode=bogus
 $MAIN_CHART datapath.mode=auto
 $MAIN_CHART datapath.bpfDir=/tmp/bpf
+$MAIN_CHART datapath.bpfDir=/sys/fs/bpf/a/..
+$MAIN_CHART datapath.bpfDir=/sys/fs/bpf/node.example.com
 $MAIN_CHART datapath.cgroup=kh
 $MAIN_CHART datapath.cgroup=/a/../b
 $MAIN_CHART datapath.serviceBalancing=true

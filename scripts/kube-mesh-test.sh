@@ -183,6 +183,20 @@ grep -q "src.workload=first-call .*dst.addr=[0-9.]*:15008" <<<"$(proxy_logs)" ||
 kubectl delete pod -n bookinfo first-call --wait=false >/dev/null
 lap "a new pod's first connection (its init container's) meshed and served"
 
+# ------------- eBPF install: a pod kept on nftables capture by its label
+if [ "$DATAPATH" = ebpf ]; then
+  kubectl run -n bookinfo on-nft --image="$CURL_IMAGE" --restart=Never --labels=slipstream.io/datapath=nftables \
+    --overrides="{\"spec\":{\"nodeSelector\":{\"kubernetes.io/hostname\":\"$other\"}}}" --command -- sleep infinity >/dev/null
+  kubectl wait -n bookinfo --for=condition=Ready pod/on-nft --timeout=60s >/dev/null || fail "the pod labelled slipstream.io/datapath=nftables did not start"
+  pid=$(pod_pid bookinfo on-nft)
+  nsenter -t "$pid" -n nft list tables | grep -q slipstream_mesh || fail "the pod labelled for nftables has no nftables capture"
+  if [ -d "${BPF_PREFIX}$other/links/bookinfo_on-nft" ]; then fail "the pod labelled for nftables has eBPF links"; fi
+  in_pod bookinfo on-nft curl -sS --max-time 10 -o /dev/null --fail http://productpage:9080/productpage || fail "the pod on nftables capture was not served"
+  grep -q "src.workload=on-nft .*dst.addr=[0-9.]*:15008" <<<"$(proxy_logs)" || fail "the pod on nftables capture did not go through HBONE"
+  kubectl delete pod -n bookinfo on-nft --grace-period=1 >/dev/null
+  lap "on the eBPF install, a pod labelled slipstream.io/datapath=nftables captured by nftables, no program, served through HBONE"
+fi
+
 # ------------- no agent answering: a new pod waits, it never starts unmeshed
 sock="$STATE/nodes/$other/paths/run/slipstream/cni.sock"
 mv "$sock" "$sock.away"

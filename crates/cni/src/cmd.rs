@@ -113,10 +113,25 @@ mod tests {
 
     #[test]
     fn a_closure_runs_inside_the_namespace_and_its_error_names_it() {
+        // A namespace of its own (root: a process in a new one), so that
+        // running in ours by mistake shows.
+        let mut holder = std::process::Command::new("unshare").args(["--net", "sleep", "30"]).spawn().expect("unshare (util-linux)");
+        let theirs_path = std::path::PathBuf::from(format!("/proc/{}/ns/net", holder.id()));
         let ours = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
-        let seen =
-            super::in_netns(std::path::Path::new("/proc/self/ns/net"), "look", || std::fs::read_link("/proc/thread-self/ns/net")).unwrap();
-        assert_eq!(seen, ours);
+        let mut theirs = std::fs::read_link(&theirs_path).unwrap();
+        for _ in 0..100 {
+            if theirs != ours {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            theirs = std::fs::read_link(&theirs_path).unwrap();
+        }
+        let seen = super::in_netns(&theirs_path, "look", || std::fs::read_link("/proc/thread-self/ns/net")).unwrap();
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert_ne!(theirs, ours, "unshare made no namespace");
+        assert_eq!(seen, theirs, "ran inside the namespace");
+        assert_eq!(std::fs::read_link("/proc/thread-self/ns/net").unwrap(), ours, "this thread stayed in its own");
         let e = super::in_netns(std::path::Path::new("/proc/self/ns/net"), "write x", || -> std::io::Result<()> {
             Err(std::io::Error::other("refused"))
         })

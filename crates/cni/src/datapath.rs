@@ -100,6 +100,15 @@ impl Capture {
             tracing::info!("datapath: nftables capture (--datapath nftables)");
             return Ok(Capture::Nftables { fallback: None });
         }
+        // A datapath already pinned here (a restart) is never removed on a
+        // failure: its programs keep steering and refusing (failing
+        // closed) until a load succeeds. Only what this attempt made is.
+        let existed = at.bpf_dir.join("maps").exists();
+        let cleanup = || {
+            if !existed {
+                let _ = slipstream_ebpf::remove_all(&at.bpf_dir);
+            }
+        };
         let loaded = slipstream_ebpf::Datapath::load_with(&at.bpf_dir, &at.options).and_then(|mut dp| {
             match &at.cgroup {
                 Some(c) => dp.attach_socket_hooks_at(c)?,
@@ -114,13 +123,13 @@ impl Capture {
                 Ok(Capture::Ebpf(Ebpf { dp, sysctl_net: at.sysctl_net.clone() }))
             }
             Err(e) if mode == Mode::Auto => {
-                let _ = slipstream_ebpf::remove_all(&at.bpf_dir);
+                cleanup();
                 let why = format!("the kernel cannot run the eBPF datapath: {e}");
                 tracing::warn!("datapath: nftables capture, because {why}");
                 Ok(Capture::Nftables { fallback: Some(why) })
             }
             Err(e) => {
-                let _ = slipstream_ebpf::remove_all(&at.bpf_dir);
+                cleanup();
                 anyhow::bail!("--datapath ebpf: the kernel cannot run the eBPF datapath: {e}")
             }
         }
@@ -190,6 +199,34 @@ impl Capture {
         capture::disable(pod.netns).map_err(|e| format!("capture: {e}"))
     }
 
+    /// Whether a pod adopted from an earlier agent is still captured: on
+    /// eBPF its links are pinned (or, kept on nftables by its label, its
+    /// table is there); on nftables its table is there. A pod that is not
+    /// (the datapath was removed, or the install switched from eBPF to
+    /// nftables) is captured again by [`Capture::set_meshed`].
+    pub fn still_captures(&self, key: &str, netns: &Path) -> bool {
+        let nft = || capture::is_enabled(netns).unwrap_or(false);
+        match self {
+            Capture::Ebpf(e) => e.dp.dir().join("links").join(key).is_dir() || nft(),
+            Capture::Nftables { .. } => nft(),
+        }
+    }
+
+    /// Takes only a pod's programs away (its links), leaving the map
+    /// entries of its address: another pod holds that address now.
+    pub fn withdraw_links(&mut self, key: &str) -> Result<(), String> {
+        match self {
+            Capture::Ebpf(e) => {
+                let links = e.dp.dir().join("links").join(key);
+                match std::fs::remove_dir_all(&links) {
+                    Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(format!("removing {}: {err}", links.display())),
+                    _ => Ok(()),
+                }
+            }
+            Capture::Nftables { .. } => Ok(()),
+        }
+    }
+
     /// Takes a pod off the datapath: its programs and map entries (a
     /// deleted pod, or one leaving the mesh where only meshed pods are on
     /// the datapath). Idempotent; nothing to do on nftables.
@@ -242,6 +279,23 @@ pub fn node_cgroup(mount: &Path, subtree: &str, is_cgroup2: impl Fn(&Path) -> bo
     Ok(if sub.is_empty() { root } else { root.join(sub) })
 }
 
+/// A bpffs directory the agent may own whole (uninstall removes it): under
+/// `/sys/fs/bpf`, no `..`, and no dot in a name (bpffs refuses them: a
+/// `$(NODE_NAME)` with dots, a node named by its FQDN, cannot be used).
+pub fn check_bpf_dir(dir: &Path) -> Result<(), String> {
+    let rest = dir.strip_prefix("/sys/fs/bpf").map_err(|_| format!("{} is not under /sys/fs/bpf", dir.display()))?;
+    if rest.as_os_str().is_empty() {
+        return Err("/sys/fs/bpf itself: give a directory of its own (uninstall removes it whole)".into());
+    }
+    for c in rest.components() {
+        let name = c.as_os_str().to_string_lossy();
+        if name.contains('.') {
+            return Err(format!("{}: bpffs refuses names with a dot ({name:?}; a node name with dots cannot go in it)", dir.display()));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `p` is on a cgroup2 file system.
 pub fn is_cgroup2(p: &Path) -> bool {
     const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
@@ -275,6 +329,17 @@ mod tests {
         // The real check: this machine's cgroup2 mount is one, / is not.
         let cg2 = slipstream_ebpf::sys::cgroup2_root().unwrap();
         assert!(is_cgroup2(&cg2) && !is_cgroup2(Path::new("/")));
+    }
+
+    #[test]
+    fn a_bpf_directory_of_our_own_under_bpffs_without_dots() {
+        assert!(check_bpf_dir(Path::new("/sys/fs/bpf/slipstream/kh-worker-1")).is_ok());
+        assert!(check_bpf_dir(Path::new("/sys/fs/bpf")).unwrap_err().contains("of its own"));
+        assert!(check_bpf_dir(Path::new("/tmp/bpf")).unwrap_err().contains("not under /sys/fs/bpf"));
+        assert!(check_bpf_dir(Path::new("/sys/fs/bpf/slipstream/..")).unwrap_err().contains("dot"));
+        assert!(check_bpf_dir(Path::new("/sys/fs/bpf/slipstream/ip-10-0-0-1.ec2.internal"))
+            .unwrap_err()
+            .contains("refuses names with a dot"));
     }
 
     #[test]

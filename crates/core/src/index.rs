@@ -166,6 +166,10 @@ impl MeshIndex {
     /// knows its address): it leaves the data path and is kept aside.
     pub fn upsert_workload(&mut self, w: Workload) -> Result<Change, ResourceError> {
         if w.addresses.is_empty() && !w.uid.is_empty() {
+            // Refused as any other version would be (its identity, its
+            // services), the previous version kept: checked with a
+            // stand-in address.
+            validate_workload(Workload { addresses: vec![IpAddr::from([0, 0, 0, 0])], ..w.clone() })?;
             let uid = w.uid.clone();
             self.unaddressed.insert(uid.clone(), w);
             return Ok(self.remove_live_workload(&uid));
@@ -376,6 +380,7 @@ impl MeshIndex {
         for uid in gone {
             report.count(self.remove_workload(&uid));
         }
+        self.unaddressed.retain(|uid, _| uids.contains(uid.as_str()));
         let gone: Vec<Arc<str>> = self.state.services.keys().filter(|k| !service_keys.contains(&***k)).cloned().collect();
         for key in gone {
             report.count(self.remove_service(&key));
@@ -665,11 +670,17 @@ mod tests {
         assert_eq!(ix.remove_workload(&uid), Change::Unchanged);
         assert_eq!(ix.unaddressed(&uid), None);
         assert_eq!(ix.remove_workload(&uid), Change::Absent);
-        // A refused one (a bad identity) stays aside as received.
-        let bad = Workload { addresses: vec![], service_account: "a?b".into(), ..held };
-        assert_eq!(ix.upsert_workload(bad.clone()), Ok(Change::Absent));
-        assert!(ix.fill_address(&uid, "10.244.1.9".parse().unwrap()).is_err());
-        assert_eq!(ix.unaddressed(&uid), Some(&bad));
+        // A bad one (its identity) is refused as any version would be, and
+        // the one held stays.
+        assert_eq!(ix.upsert_workload(held.clone()), Ok(Change::Added));
+        let bad = Workload { addresses: vec![], service_account: "a?b".into(), ..held.clone() };
+        assert_eq!(ix.upsert_workload(bad).unwrap_err().field, "service_account");
+        assert_eq!(ix.unaddressed(&uid), None);
+        assert!(ix.snapshot().workload(&uid).is_some(), "the previous version kept");
+        // A whole configuration without it forgets it, aside or not.
+        assert_eq!(ix.upsert_workload(Workload { addresses: vec![], ..held }), Ok(Change::Removed));
+        ix.apply_config(&MeshConfig::default());
+        assert_eq!(ix.unaddressed(&uid), None);
     }
 
     #[test]

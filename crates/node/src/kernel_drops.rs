@@ -87,7 +87,11 @@ pub fn start(
         }
         let (state, rules) = (snapshot(), rules.locked().clone());
         for e in &events {
-            if let Some(line) = entry(e, &state, &rules) {
+            // Limited per source as the proxy's own refusals are: a pod
+            // looping on a denied connect() (an EPERM costs it nothing)
+            // neither floods the log nor pushes others' lines out of it.
+            let source = abi::ip_from_key(e.src_ip).to_string();
+            if let Some(line) = entry(e, &state, &rules).filter(|_| telemetry.log_refusal(&source)) {
                 telemetry.log(&line);
             }
         }

@@ -16,7 +16,7 @@ use arc_swap::ArcSwap;
 use slipstream_api::TypeUrl;
 use slipstream_core::sync::LockExt;
 use slipstream_core::TrustDomain;
-use slipstream_core::{ApplyReport, Change, MeshConfig, MeshIndex, NodePods};
+use slipstream_core::{ApplyReport, Change, MeshConfig, MeshIndex, NodePods, Workload};
 use slipstream_hbone::Pool;
 use slipstream_identity::tls::ServerTls;
 use slipstream_identity::{CertManager, SharedTrust};
@@ -56,6 +56,9 @@ pub struct NodeProxy {
     /// The rule texts of what was last written to the policy map (the
     /// kernel's drops name them, `kernel_drops`).
     kernel_rules: crate::kernel_drops::Rules,
+    /// This node's pods given their registration's address (the control
+    /// plane published them without one), and that address.
+    filled: std::collections::HashMap<String, std::net::IpAddr>,
 }
 
 impl NodeProxy {
@@ -101,6 +104,7 @@ impl NodeProxy {
             datapath: None,
             identities: None,
             kernel_rules: Default::default(),
+            filled: Default::default(),
         })
     }
 
@@ -192,7 +196,13 @@ impl NodeProxy {
         let mut errors = Vec::new();
         for u in &d.upserts {
             let r = match u.clone() {
-                xds::Upsert::Workload(w) => self.index.upsert_workload(w),
+                xds::Upsert::Workload(w) => {
+                    // The control plane's own address replaces the one given.
+                    if !w.addresses.is_empty() {
+                        self.filled.remove(&w.uid);
+                    }
+                    self.index.upsert_workload(w)
+                }
                 xds::Upsert::Service(s) => self.index.upsert_service(s),
                 xds::Upsert::Policy(p) => self.index.upsert_policy(p),
                 xds::Upsert::NetPolicy(p) => self.index.upsert_net_policy(p),
@@ -324,7 +334,9 @@ impl NodeProxy {
     pub fn apply_pods(&mut self, pods: NodePods) {
         self.pods = pods;
         let filled = self.fill_local_addresses();
-        if filled.iter().any(|c| matches!(c, Change::Added | Change::Updated)) && self.shared.readiness.locked().config_loaded {
+        if filled.iter().any(|c| matches!(c, Change::Added | Change::Updated | Change::Removed))
+            && self.shared.readiness.locked().config_loaded
+        {
             self.shared.mesh.store(self.index.snapshot());
             self.apply_kernel_netpol();
         }
@@ -339,18 +351,39 @@ impl NodeProxy {
     fn fill_local_addresses(&mut self) -> Vec<Change> {
         let node = &self.shared.config.node;
         let mut changes = Vec::new();
-        for r in &self.pods.pods {
-            let Some(ip) = r.ip else { continue };
-            let Some(w) = self.index.unaddressed(&r.uid) else { continue };
+        let registered: std::collections::HashMap<&str, std::net::IpAddr> =
+            self.pods.pods.iter().filter_map(|r| r.ip.map(|ip| (r.uid.as_str(), ip))).collect();
+        // An address given earlier that its registration no longer carries
+        // (the pod went, or has another sandbox) is taken back while the
+        // control plane has none: no address names the wrong pod.
+        let mut stale = Vec::new();
+        for (uid, ip) in &self.filled {
+            if registered.get(uid.as_str()) == Some(ip) {
+                continue;
+            }
+            stale.push(uid.clone());
+            let snap = self.index.snapshot();
+            let Some(w) = snap.workload(uid).filter(|w| w.addresses == [*ip]) else { continue };
+            if let Ok(c) = self.index.upsert_workload(Workload { addresses: vec![], ..w.workload().clone() }) {
+                tracing::debug!(%uid, %ip, "the pod's registration no longer carries the address it was given: taken back");
+                changes.push(c);
+            }
+        }
+        for uid in stale {
+            self.filled.remove(&uid);
+        }
+        for (uid, ip) in registered {
+            let Some(w) = self.index.unaddressed(uid) else { continue };
             if w.node != *node {
                 continue;
             }
-            match self.index.fill_address(&r.uid, ip) {
+            match self.index.fill_address(uid, ip) {
                 Ok(c) => {
-                    tracing::debug!(uid = %r.uid, %ip, "pod named by the address its CNI reported (the API has none yet)");
+                    tracing::debug!(%uid, %ip, "pod named by the address its CNI reported (the API has none yet)");
+                    self.filled.insert(uid.to_string(), ip);
                     changes.push(c);
                 }
-                Err(e) => tracing::warn!(uid = %r.uid, "the pod's workload is refused: {e}"),
+                Err(e) => tracing::warn!(%uid, "the pod's workload is refused: {e}"),
             }
         }
         changes
@@ -373,10 +406,6 @@ impl NodeProxy {
     }
 }
 
-/// The `slipstream node` process, until SIGTERM or Ctrl-C, then a drain.
-/// The mesh comes from the control plane when one is configured (delta
-/// xDS), else from `workloads.json`; the node's pods come from
-/// `pods.json` either way (the CNI role).
 /// Opens the datapath's pinned maps, waiting up to `e.wait` for them (the
 /// node agent beside this proxy may pin them a moment after it starts).
 async fn open_maps(e: &crate::config::EbpfSettings) -> Result<slipstream_ebpf::NodeMaps, slipstream_ebpf::node::Error> {
@@ -397,6 +426,10 @@ async fn open_maps(e: &crate::config::EbpfSettings) -> Result<slipstream_ebpf::N
     }
 }
 
+/// The `slipstream node` process, until SIGTERM or Ctrl-C, then a drain.
+/// The mesh comes from the control plane when one is configured (delta
+/// xDS), else from `workloads.json`; the node's pods come from
+/// `pods.json` either way (the CNI role).
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // With a control plane, certificates and the mesh come from it over
     // one channel, and the signing key is never read here; without, the
@@ -500,7 +533,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     failed.map_or(Ok(()), Err)
 }
 
-/// The next update from the xDS client; never, without one.
 /// A watch of the directory of the pod list (made if missing: the agent
 /// may write its first list after this proxy starts); None, and polling
 /// only, where inotify is refused.
@@ -519,6 +551,7 @@ async fn pods_changed(watch: Option<&slipstream_proxy::sys::dirwatch::DirWatch>)
     }
 }
 
+/// The next update from the xDS client; never, without one.
 async fn next_update(updates: &mut Option<tokio::sync::mpsc::Receiver<xds::Update>>) -> Option<xds::Update> {
     match updates {
         Some(rx) => rx.recv().await,

@@ -158,6 +158,8 @@ async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         netns_dir: args.netns_dir.clone(),
         proc_dir: args.proc_dir.clone(),
         probes: args.probes,
+        sysctl_net: args.sysctl_net.clone(),
+        stale_bpf_dir: (args.datapath != "ebpf" && args.bpf_dir.join("maps").exists()).then(|| args.bpf_dir.clone()),
     };
     let capture = choose_datapath(&args)?;
     let client = client(args.kubeconfig.as_deref()).await?;
@@ -238,7 +240,11 @@ fn pass_loop(
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        let sandboxes = board.locked().sandboxes.clone();
+        let (sandboxes, seq) = {
+            let mut b = board.locked();
+            b.started += 1;
+            (b.sandboxes.clone(), b.started)
+        };
         let (pods, labels) = views.snapshot();
         let answers = node.pass(settings, &pods, &labels, &sandboxes);
         // Busy while a CNI ADD waits or a pod waits for its node proxy:
@@ -249,7 +255,7 @@ fn pass_loop(
         } || node.entries.values().any(|e| e.state.meshed != e.state.captured);
         let mut b = board.locked();
         b.answers = answers;
-        b.passes += 1;
+        b.answered = seq;
         b.passed.notify_waiters();
     }
     node
@@ -263,6 +269,7 @@ fn choose_datapath(args: &AgentArgs) -> anyhow::Result<crate::datapath::Capture>
     if args.datapath != "ebpf" {
         return Capture::choose(Mode::Nftables, &Placement::local(args.bpf_dir.clone()));
     }
+    crate::datapath::check_bpf_dir(&args.bpf_dir).map_err(|e| anyhow::anyhow!("--datapath ebpf: --bpf-dir: {e}"))?;
     let cgroup = crate::datapath::node_cgroup(&args.cgroup_mount, &args.cgroup, crate::datapath::is_cgroup2)
         .map_err(|e| anyhow::anyhow!("--datapath ebpf: --cgroup {}: {e}", args.cgroup))?;
     if !cgroup.is_dir() {
@@ -276,13 +283,33 @@ fn choose_datapath(args: &AgentArgs) -> anyhow::Result<crate::datapath::Capture>
 /// Installs the plugin and keeps it installed.
 async fn keep_installed(bin_dir: PathBuf, conf_dir: PathBuf, socket: String, ready: Arc<AtomicBool>) {
     let mut said = String::new();
+    let mut installed = install::Installed::default();
     loop {
-        let outcome = install::install_binary(&bin_dir).and_then(|copied| {
-            if copied {
-                tracing::info!(dir = %bin_dir.display(), "CNI plugin binary installed");
+        // Blocking file work (the first check reads the binary whole) off
+        // the runtime's threads.
+        let (bin, conf, sock) = (bin_dir.clone(), conf_dir.clone(), socket.clone());
+        let outcome = tokio::task::spawn_blocking(move || {
+            let r = install::install_binary(&bin, &mut installed).and_then(|copied| {
+                if copied {
+                    tracing::info!(dir = %bin.display(), "CNI plugin binary installed");
+                }
+                install::chain(&conf, &sock)
+            });
+            (r, installed)
+        })
+        .await;
+        let outcome = match outcome {
+            Ok((r, known)) => {
+                installed = known;
+                r
             }
-            install::chain(&conf_dir, &socket)
-        });
+            Err(e) => {
+                tracing::error!("CNI plugin check: {e}");
+                installed = install::Installed::default();
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                continue;
+            }
+        };
         match outcome {
             Ok(changed) => {
                 if let Some(file) = changed {

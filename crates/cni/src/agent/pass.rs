@@ -54,6 +54,11 @@ pub struct Settings {
     pub proc_dir: PathBuf,
     /// Rewrite kubelet probes (see `probes`).
     pub probes: bool,
+    /// Where this container writes pods' sysctls (`capture::enable_ebpf_support`).
+    pub sysctl_net: PathBuf,
+    /// An eBPF datapath an earlier install left pinned on a node that now
+    /// runs nftables capture: removed once its pods are adopted.
+    pub stale_bpf_dir: Option<PathBuf>,
 }
 
 /// `namespace/name`.
@@ -108,7 +113,43 @@ impl Node {
         if !node.entries.is_empty() {
             tracing::info!(pods = node.entries.len(), "adopted the meshed pods the previous agent left");
         }
+        node.recapture(s);
+        if let Some(stale) = &s.stale_bpf_dir {
+            // An earlier install's eBPF datapath, on a node now running
+            // nftables capture: its pods were just captured by nftables;
+            // its programs and maps go.
+            match slipstream_ebpf::remove_all(stale) {
+                Ok(()) => {
+                    tracing::info!(dir = %stale.display(), "the eBPF datapath of an earlier install removed (this install runs nftables capture)")
+                }
+                Err(e) => tracing::error!(dir = %stale.display(), "removing the eBPF datapath of an earlier install: {e}"),
+            }
+        }
         node
+    }
+
+    /// Adopted pods whose capture is not there any more (their datapath
+    /// was removed, or the install switched from eBPF to nftables) are
+    /// captured again by this agent's datapath, before anything else.
+    fn recapture(&mut self, s: &Settings) {
+        let probes = s.probes.then_some(capture::PROBE_SOURCE);
+        for (key, e) in &mut self.entries {
+            let dp_key = datapath_key(key);
+            if self.capture.still_captures(&dp_key, &e.netns) || !e.netns.exists() {
+                continue;
+            }
+            let pod = datapath::Pod { key: &dp_key, netns: &e.netns, ip: e.ip, node: 0, meshed: true };
+            match self.capture.set_meshed(&pod, false, probes) {
+                Ok(()) => tracing::warn!(pod = %key, datapath = self.capture.name(), "adopted pod was no longer captured: captured again"),
+                Err(err) => {
+                    tracing::error!(pod = %key, "adopted pod is not captured and capturing it failed: {err} (retried as a new enrolment)");
+                    e.state.captured = false;
+                }
+            }
+            if !self.capture.is_ebpf() {
+                let _ = capture::set_ebpf_sysctls(&e.netns, false, &s.sysctl_net);
+            }
+        }
     }
 
     /// One pass. `pods`: the node's pods from the watch; `labels`: each
@@ -122,19 +163,9 @@ impl Node {
     ) -> BTreeMap<String, Answer> {
         let served = files::read_served(&s.run_dir, &s.node);
         let mut answers = BTreeMap::new();
-        let mut present = BTreeSet::new();
-        for pod in pods.iter().filter(|p| eligible(p)) {
-            let key = pod_key(pod);
-            present.insert(key.clone());
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            let no_labels = BTreeMap::new();
-            let (ns_labels, pod_labels) = (labels.get(&ns).unwrap_or(&no_labels), pod.metadata.labels.as_ref().unwrap_or(&no_labels));
-            let want = enrol::is_meshed(ns_labels, pod_labels);
-            let path = CapturePath { nftables: enrol::wants_nftables(ns_labels, pod_labels) };
-            let answer = self.step(s, pod, &key, (want, path), sandboxes.get(&key), &served);
-            answers.insert(key, answer);
-        }
-        // Pods gone from the node: their capture went with their namespace.
+        // Pods gone from the node first: a new pod given a gone one's
+        // address in this same pass must not lose its entries to it.
+        let present: BTreeSet<String> = pods.iter().filter(|p| eligible(p)).map(|p| pod_key(p)).collect();
         self.discovered_at.retain(|key, _| present.contains(key));
         let gone: Vec<String> = self.entries.keys().filter(|k| !present.contains(*k)).cloned().collect();
         for key in gone {
@@ -142,6 +173,16 @@ impl Node {
                 tracing::info!(pod = %key, workload = %e.workload_uid, "pod gone: the node proxy lets it go");
                 self.forget(&key, &e);
             }
+        }
+        for pod in pods.iter().filter(|p| eligible(p)) {
+            let key = pod_key(pod);
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let no_labels = BTreeMap::new();
+            let (ns_labels, pod_labels) = (labels.get(&ns).unwrap_or(&no_labels), pod.metadata.labels.as_ref().unwrap_or(&no_labels));
+            let want = enrol::is_meshed(ns_labels, pod_labels);
+            let path = CapturePath { nftables: enrol::wants_nftables(ns_labels, pod_labels) };
+            let answer = self.step(s, pod, &key, (want, path), sandboxes.get(&key), &served);
+            answers.insert(key, answer);
         }
         self.write(s);
         answers
@@ -255,7 +296,12 @@ impl Node {
     /// datapath go with it (its namespace, and with it its capture rules,
     /// is gone already).
     fn forget(&mut self, key: &str, e: &Entry) {
-        if let Err(err) = self.capture.withdraw(&datapath_key(key), e.ip) {
+        // Another pod holds its address now (a pod still listed while it
+        // terminated, its address already given again): only its own
+        // programs go, the entries of the address are the other pod's.
+        let reused = self.entries.values().any(|o| o.ip == e.ip);
+        let r = if reused { self.capture.withdraw_links(&datapath_key(key)) } else { self.capture.withdraw(&datapath_key(key), e.ip) };
+        if let Err(err) = r {
             tracing::warn!(pod = %key, "{err}");
         }
     }

@@ -21,8 +21,13 @@ const ADD_WAIT: Duration = Duration::from_secs(45);
 pub struct Board {
     pub sandboxes: BTreeMap<String, Sandbox>,
     pub answers: BTreeMap<String, Answer>,
-    /// Bumped by every pass.
-    pub passes: u64,
+    /// Bumped by every pass as it takes its copy of the sandboxes.
+    pub started: u64,
+    /// The `started` of the pass whose answers these are: an ADD counts
+    /// only answers of a pass that started after its sandbox was recorded
+    /// (one that started before never saw it, and could answer for the
+    /// pod's previous sandbox).
+    pub answered: u64,
     /// Told after every pass: a waiting ADD looks at its answer at once.
     pub passed: Arc<tokio::sync::Notify>,
 }
@@ -91,7 +96,7 @@ async fn handle(req: Request, board: &Shared, wake: &std::sync::mpsc::Sender<()>
                 let mut b = board.locked();
                 b.sandboxes.insert(key.clone(), Sandbox { uid: req.uid.clone(), netns: req.netns.clone().into(), ips: req.ips.clone() });
                 b.answers.remove(&key);
-                b.passes
+                b.started
             };
             let passed = board.locked().passed.clone();
             let _ = wake.send(());
@@ -103,8 +108,8 @@ async fn handle(req: Request, board: &Shared, wake: &std::sync::mpsc::Sender<()>
                 next_pass.as_mut().enable();
                 let answer = {
                     let b = board.locked();
-                    // Only a pass that ran after this ADD counts.
-                    if b.passes > since {
+                    // Only a pass that started after this ADD counts.
+                    if b.answered > since {
                         b.answers.get(&key).cloned()
                     } else {
                         None

@@ -28,8 +28,9 @@ impl DirWatch {
         let theirs = Arc::downgrade(&changed);
         std::thread::Builder::new().name("dirwatch".into()).spawn(move || {
             let mut buf = [0u8; 4096];
-            // Until the watch is dropped (checked at each event) or the
-            // directory goes (the read fails).
+            // Until the watch is dropped (noticed at the next event). A
+            // removed directory sends no more events: its reader keeps
+            // its poll, the fallback.
             while rustix::io::read(&fd, &mut buf).is_ok() {
                 match theirs.upgrade() {
                     // A permit is kept when no one waits: no change is lost.
