@@ -9,7 +9,6 @@
 
 use crate::capture;
 use serde::Serialize;
-use slipstream_ebpf::PodAttach;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
@@ -166,8 +165,7 @@ impl Capture {
                 if pod.meshed {
                     capture::enable_ebpf_support(pod.netns, &e.sysctl_net).map_err(|e| format!("capture: {e}"))?;
                 }
-                let p = PodAttach { key: pod.key, netns: pod.netns, ip: pod.ip, node: pod.node, meshed: pod.meshed };
-                e.dp.enrol(&p).map_err(|e| format!("eBPF datapath: {e}"))
+                e.dp.enrol(pod).map_err(|e| format!("eBPF datapath: {e}"))
             }
             _ if pod.meshed => capture::enable(pod.netns, probes).map_err(|e| format!("capture: {e}")),
             _ => Ok(()),
@@ -238,18 +236,10 @@ impl Capture {
     }
 }
 
-/// A pod as the datapath takes it.
-#[derive(Debug, Clone)]
-pub struct Pod<'a> {
-    /// Its links' directory name: unique, no dot (see [`pod_key`]).
-    pub key: &'a str,
-    pub netns: &'a Path,
-    pub ip: Ipv4Addr,
-    /// Its node's index in the datapath's maps (0 where each node has its
-    /// own maps, as on Kubernetes).
-    pub node: u16,
-    pub meshed: bool,
-}
+/// A pod as the datapath takes it (its key, namespace, address, node
+/// index, membership): the loader's own type. Its node index is 0 where
+/// each node has its own maps, as on Kubernetes.
+pub use slipstream_ebpf::PodAttach as Pod;
 
 /// The key of a pod on the datapath: the name of its links' directory.
 /// bpffs refuses names with a dot; namespaces have none and neither

@@ -206,16 +206,29 @@ async fn a_node_proxy_follows_the_control_plane_keeps_its_configuration_without_
     reg1.wait_acked(generation, Duration::from_secs(10)).await.expect("ACKed");
     assert!(has(&shared, &a2));
 
-    // A workload the proxy's index refuses (no address): NACKed naming the
-    // resource and the field; the previous version stays.
+    // A workload the proxy's index refuses (its service account is no
+    // SPIFFE segment): NACKed naming the resource and the field; the
+    // previous version stays.
     let mut broken = a2.clone();
-    broken.addresses.clear();
+    broken.service_account = "a?b".into();
     let generation = index.upsert(&broken);
     let report = reg1.wait_acked(generation, Duration::from_secs(10)).await.expect("answered");
     assert_eq!(report.refused.len(), 1, "{report:?}");
     let reason = &report.refused[0].1;
-    assert!(reason.contains("test//Pod/default/a") && reason.contains("addresses"), "{reason}");
+    assert!(reason.contains("test//Pod/default/a") && reason.contains("service_account"), "{reason}");
     assert!(has(&shared, &a2), "the previous version is kept");
+
+    // One without an address (a pod scheduled before the API knows its
+    // address) is no error: ACKed, kept off the data path until it has one.
+    let mut bare = a2.clone();
+    bare.addresses.clear();
+    let generation = index.upsert(&bare);
+    let report = reg1.wait_acked(generation, Duration::from_secs(10)).await.expect("answered");
+    assert!(report.refused.is_empty(), "{report:?}");
+    wait_for("the address-less version left the data path", || shared.snapshot().workload(&a2.uid).is_none()).await;
+    let generation = index.upsert(&a2);
+    reg1.wait_acked(generation, Duration::from_secs(10)).await.expect("ACKed");
+    wait_for("back with its address", || has(&shared, &a2)).await;
 
     // The control plane goes away: the proxy keeps serving what it has.
     server1.abort();
