@@ -630,6 +630,8 @@ cmd_down() {
   for d in "$BPF_PREFIX"*; do
     [ -d "$d" ] && rm -rf "$d"
   done
+  # Their parent too, once empty (another datapath's pins keep it).
+  rmdir "$(dirname "$BPF_PREFIX")" 2>/dev/null || true
   sleep 0.5
   for m in $(cgroup_mounts); do
     for cg in "$m"/kh-*; do

@@ -102,6 +102,7 @@ done
 ./scripts/kube-cluster.sh down >/dev/null
 left=""
 compgen -G '/run/netns/kh-*' >/dev/null && left="$left network namespaces;"
+compgen -G '/sys/fs/bpf/slipstream/kh-*' >/dev/null && left="$left eBPF pins;"
 compgen -G '/run/netns/cni-*' >/dev/null && left="$left pods' network namespace files;"
 ip link show khbr0 >/dev/null 2>&1 && left="$left the bridge;"
 nft list table inet slipstream_kube_harness >/dev/null 2>&1 && left="$left nftables rules;"

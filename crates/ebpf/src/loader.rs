@@ -460,7 +460,35 @@ impl Datapath {
 /// Removes every program, link and map of a cluster (`slipstream down`).
 pub fn remove_all(dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        r => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        r => r?,
+    }
+    // The directory of every datapath (`/sys/fs/bpf/slipstream`) goes with
+    // the last one: nothing of ours is left in bpffs (a parent still holding
+    // another datapath is not empty, and stays).
+    if let Some(parent) = dir.parent().filter(|p| p.file_name().is_some_and(|n| n == "slipstream")) {
+        let _ = std::fs::remove_dir(parent);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn remove_all_takes_the_datapaths_directory_with_the_last_one() {
+        let root = tempfile::tempdir().unwrap();
+        let (a, b) = (root.path().join("slipstream/a"), root.path().join("slipstream/b"));
+        for d in [&a, &b] {
+            std::fs::create_dir_all(d.join("maps")).unwrap();
+        }
+        super::remove_all(&a).unwrap();
+        assert!(!a.exists() && b.exists(), "another datapath keeps the directory");
+        super::remove_all(&b).unwrap();
+        assert!(!root.path().join("slipstream").exists(), "the last one takes it");
+        super::remove_all(&b).unwrap();
+        let other = root.path().join("elsewhere/c");
+        std::fs::create_dir_all(&other).unwrap();
+        super::remove_all(&other).unwrap();
+        assert!(root.path().join("elsewhere").exists(), "only our own directory's name is removed");
     }
 }
